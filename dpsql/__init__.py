@@ -1,0 +1,14 @@
+"""dpsql: differentially private domain discovery as SQL inside DuckDB.
+
+``dpsql.connect()`` / ``dpsql.register(con)`` put every dpsql UDF and TEMP macro
+on a DuckDB connection; ``dpsql.set_union(con, table, method=...)`` is the Python
+entry point of the set-union family.
+"""
+from dpsql.registration import connect, register, register_macros
+from dpsql.set_union import DEFAULT_METHOD, METHODS, set_union
+from dpsql.validation import DPParameterError
+
+__version__ = "0.1.0"
+
+__all__ = ["connect", "register", "register_macros", "set_union", "METHODS", "DEFAULT_METHOD",
+           "DPParameterError", "__version__"]

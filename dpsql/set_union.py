@@ -1,0 +1,173 @@
+"""Set union / partition selection: the method registry and the Python API.
+
+Problem ([DPSU] Sec. 1): every user holds a set of items; release as many items
+of the union as possible under user-level add/remove (epsilon, delta)-DP.
+The engine caps each user's distinct items to ``max_items`` (uniform sample
+that depends only on that user's rows), aggregates one weight per item, and
+releases the items whose weight plus calibrated noise exceeds a threshold
+([DPSU] Alg. 1 with an independent update policy; [MAD] Alg. 1).
+
+Privacy argument, per method (user-level, add/remove one user with any set):
+
+* after capping, one user touches at most ``max_items`` coordinates;
+* ``count_*`` adds 1 to each: l1 sensitivity ``max_items``, l2 ``sqrt(max_items)``;
+  ``weighted_laplace`` adds ``1/d``: l1 sensitivity 1; ``weighted_gaussian``
+  adds ``1/sqrt(d)``: l2 sensitivity 1;
+* Laplace/Gaussian noise of that sensitivity makes the noisy histogram over the
+  items of both neighbours (epsilon, 0)- resp. (epsilon, delta/2)-DP;
+* items only the added user holds (``t <= max_items`` of them, weight
+  ``<= h(t)``) pass the threshold with probability ``<= delta`` (Laplace) resp.
+  ``<= delta/2`` (Gaussian) -- see :mod:`dpsql.calibration` -- which pays for
+  releasing a set whose support depends on the data ([DPSU] Thm 4.1, 5.1).
+
+Only the set of items is released; the noisy weights never leave the query.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Optional
+
+import duckdb
+import pyarrow as pa
+
+from dpsql import calibration
+from dpsql.validation import (
+    DPParameterError,
+    check_delta,
+    check_epsilon,
+    check_identifier,
+    check_max_items,
+    check_table_name,
+)
+
+__all__ = ["METHODS", "DEFAULT_METHOD", "SetUnionMethod", "calibrate", "set_union"]
+
+
+@dataclass(frozen=True)
+class SetUnionMethod:
+    """A set-union mechanism: its SQL macro and its calibration function."""
+
+    name: str
+    macro: str
+    description: str
+    calibrate: Callable[[float, float, int], calibration.SetUnionCalibration]
+
+
+METHODS: dict[str, SetUnionMethod] = {
+    m.name: m
+    for m in [
+        SetUnionMethod("count_laplace", "dp_set_union_count_laplace",
+                       "plain counts of capped users, Laplace noise ([DPSU] Sec. 1.1 baseline)",
+                       calibration.count_laplace_calibration),
+        SetUnionMethod("count_gaussian", "dp_set_union_count_gaussian",
+                       "plain counts of capped users, Gaussian noise ([DPSU] Sec. 1.1 baseline)",
+                       calibration.count_gaussian_calibration),
+        SetUnionMethod("weighted_laplace", "dp_set_union_weighted_laplace",
+                       "weights 1/d per capped user, Laplace noise ([DPSU] App. B)",
+                       calibration.weighted_laplace_calibration),
+        SetUnionMethod("weighted_gaussian", "dp_set_union_weighted_gaussian",
+                       "weights 1/sqrt(d) per capped user, Gaussian noise (WGM, Basic; [DPSU] Thm 5.1)",
+                       calibration.weighted_gaussian_calibration),
+    ]
+}
+
+DEFAULT_METHOD = "weighted_gaussian"
+
+
+def check_method(method: object) -> str:
+    """The name of a known set-union method."""
+    if not isinstance(method, str) or method not in METHODS:
+        raise DPParameterError(
+            f"method must be one of {', '.join(sorted(METHODS))} (got {method!r})")
+    return method
+
+
+@lru_cache(maxsize=256)
+def _calibrate(method: str, epsilon: float, delta: float, max_items: int) -> calibration.SetUnionCalibration:
+    return METHODS[method].calibrate(epsilon, delta, max_items)
+
+
+def calibrate(method: str, epsilon: float, delta: float, max_items: int) -> calibration.SetUnionCalibration:
+    """Validate the parameters of ``method`` and return its noise and threshold."""
+    method = check_method(method)
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    max_items = check_max_items(max_items)
+    return _calibrate(method, epsilon, delta, max_items)
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _check_columns(con: duckdb.DuckDBPyConnection, table: str, user_col: str, item_col: str) -> None:
+    try:
+        columns = con.execute(f"SELECT name FROM pragma_table_info({_sql_string(table)})").fetchall()
+    except duckdb.CatalogException:
+        raise DPParameterError(f"table {table!r} does not exist (create it or a view of your data first)") from None
+    names = {str(c[0]).lower() for c in columns}
+    for param, col in (("user_col", user_col), ("item_col", item_col)):
+        if col.lower() not in names:
+            raise DPParameterError(
+                f"{param} := {col!r} is not a column of {table!r}; its columns are "
+                f"{', '.join(str(c[0]) for c in columns)}")
+    if user_col.lower() == item_col.lower():
+        raise DPParameterError("user_col and item_col must name two different columns")
+
+
+def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_METHOD, *,
+              epsilon: float = 1.0, delta: float = 1e-5, max_items: int = 100,
+              user_col: str = "user_id", item_col: str = "item",
+              progress: Optional[Callable[[float], None]] = None) -> pa.Table:
+    """Release items of ``table`` under user-level (epsilon, delta)-DP.
+
+    Runs the SQL macro of ``method`` once on a connection prepared by
+    :func:`dpsql.register` and returns the released items as a one-column
+    Arrow table (``item``, of the input's type). Every parameter is validated
+    before the table is read. ``progress``, if given, is called with the
+    engine's completion percentage (0-100) while the query runs.
+    """
+    method = check_method(method)
+    table = check_table_name(table)
+    user_col = check_identifier("user_col", user_col)
+    item_col = check_identifier("item_col", item_col)
+    calibrate(method, epsilon, delta, max_items)
+    _check_columns(con, table, user_col, item_col)
+    sql = (f"SELECT item FROM {METHODS[method].macro}({_sql_string(table)}, "
+           f"epsilon := {float(epsilon)!r}, delta := {float(delta)!r}, max_items := {int(max_items)}, "
+           f"user_col := {_sql_string(user_col)}, item_col := {_sql_string(item_col)})")
+    if progress is None:
+        return con.sql(sql).to_arrow_table()
+    return _run_with_progress(con, sql, progress)
+
+
+def _run_with_progress(con: duckdb.DuckDBPyConnection, sql: str,
+                       progress: Callable[[float], None], interval: float = 0.5) -> pa.Table:
+    """Run ``sql`` in a worker thread and report ``con.query_progress()`` meanwhile."""
+    result: dict = {}
+
+    def work() -> None:
+        try:
+            result["table"] = con.sql(sql).to_arrow_table()
+        except BaseException as exc:  # re-raised in the caller's thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    last = -1.0
+    while worker.is_alive():
+        worker.join(interval)
+        try:
+            pct = float(con.query_progress())
+        except Exception:  # progress is best effort; the query's own error wins
+            pct = -1.0
+        if pct >= 0 and pct != last:
+            progress(pct)
+            last = pct
+    if "error" in result:
+        raise result["error"]
+    progress(100.0)
+    return result["table"]

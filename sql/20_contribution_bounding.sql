@@ -1,0 +1,30 @@
+-- Contribution bounding shared by every user-level mechanism.
+
+-- Distinct (user_id, item) pairs of one table or view. `tbl` is typed VARCHAR so that a
+-- list of tables is refused by the binder: one release reads one table.
+-- A NULL user or item is an error (a NULL is not a user, and merging all NULL-user rows into
+-- one "user" would under-count people); filter them out first if that is what you mean.
+CREATE OR REPLACE TEMP MACRO dp__user_items(tbl VARCHAR, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+SELECT DISTINCT
+    coalesce(COLUMNS(lambda c: lower(c) = lower(user_col)),
+             error('dpsql: column ' || user_col || ' (user_col) contains NULL; filter NULL users out first, e.g. with a view')) AS user_id,
+    coalesce(COLUMNS(lambda c: lower(c) = lower(item_col)),
+             error('dpsql: column ' || item_col || ' (item_col) contains NULL; filter NULL items out first, e.g. with a view')) AS item
+FROM query_table(tbl);
+
+-- Each user's distinct items capped to max_items by a uniform sample without replacement
+-- that depends only on that user's own rows: order the user's items by a hash keyed with a
+-- per-query secret salt from the secure source and keep the first max_items. Users at or
+-- under the cap keep every item and skip the ranking. Output: user_id, item, d = capped degree.
+CREATE OR REPLACE TEMP MACRO dp__capped_user_items(tbl VARCHAR, max_items DOUBLE := 100,
+                                                   user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+WITH pairs AS (FROM dp__user_items(tbl, user_col := user_col, item_col := item_col)),
+degrees AS (SELECT user_id, count(*) AS d FROM pairs GROUP BY user_id),
+salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s)
+SELECT user_id, item, d FROM pairs JOIN degrees USING (user_id) WHERE d <= max_items
+UNION ALL
+SELECT user_id, item, max_items::BIGINT AS d
+FROM (SELECT user_id, item, hash(xor(hash(user_id, item), s)) AS h
+      FROM pairs JOIN degrees USING (user_id) CROSS JOIN salt
+      WHERE d > max_items)
+QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY h) <= max_items;

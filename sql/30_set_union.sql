@@ -1,0 +1,36 @@
+-- User-level (epsilon, delta)-DP set union (partition selection) with an independent
+-- update policy (Gopi et al. 2020, Alg. 1 / Sec. 1.1, App. B; Chen et al., Alg. 1).
+-- Each returns one column `item` of the input's type and nothing else: the noisy
+-- weights never leave the query. Calibration: dpsql/calibration.py.
+
+CREATE OR REPLACE TEMP MACRO dp_set_union_count_laplace(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+        max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+WITH cal AS (SELECT unnest(dp__set_union_calibration('count_laplace', epsilon, delta, max_items, user_col, item_col))),
+weights AS (SELECT item, count(*)::DOUBLE AS w
+            FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
+            GROUP BY item)
+SELECT item FROM weights CROSS JOIN cal WHERE w + dp_laplace_noise(scale) > threshold;
+
+CREATE OR REPLACE TEMP MACRO dp_set_union_count_gaussian(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+        max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+WITH cal AS (SELECT unnest(dp__set_union_calibration('count_gaussian', epsilon, delta, max_items, user_col, item_col))),
+weights AS (SELECT item, count(*)::DOUBLE AS w
+            FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
+            GROUP BY item)
+SELECT item FROM weights CROSS JOIN cal WHERE w + dp_gaussian_noise(scale) > threshold;
+
+CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_laplace(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+        max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+WITH cal AS (SELECT unnest(dp__set_union_calibration('weighted_laplace', epsilon, delta, max_items, user_col, item_col))),
+weights AS (SELECT item, sum(1.0 / d) AS w
+            FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
+            GROUP BY item)
+SELECT item FROM weights CROSS JOIN cal WHERE w + dp_laplace_noise(scale) > threshold;
+
+CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_gaussian(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+        max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+WITH cal AS (SELECT unnest(dp__set_union_calibration('weighted_gaussian', epsilon, delta, max_items, user_col, item_col))),
+weights AS (SELECT item, sum(1.0 / sqrt(d)) AS w
+            FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
+            GROUP BY item)
+SELECT item FROM weights CROSS JOIN cal WHERE w + dp_gaussian_noise(scale) > threshold;

@@ -1,0 +1,25 @@
+-- dp_set_union(tbl, method := ...): one entry point for every set-union method.
+-- `method` is a constant, so DuckDB folds each branch's filter dp__method_is(method, '...') and
+-- prunes the untaken branches before execution (tests/test_set_union.py counts noise draws to
+-- prove it). DuckDB cannot fold a function that raises, so for an unknown method every
+-- filter stays and the last branch raises the error when the query runs.
+CREATE OR REPLACE TEMP MACRO dp_set_union(tbl VARCHAR, method VARCHAR := 'weighted_gaussian', epsilon DOUBLE := 1.0,
+        delta DOUBLE := 1e-5, max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+SELECT item FROM dp_set_union_count_laplace(tbl, epsilon := epsilon, delta := delta, max_items := max_items,
+                                            user_col := user_col, item_col := item_col)
+WHERE dp__method_is(method, 'count_laplace')
+UNION ALL
+SELECT item FROM dp_set_union_count_gaussian(tbl, epsilon := epsilon, delta := delta, max_items := max_items,
+                                             user_col := user_col, item_col := item_col)
+WHERE dp__method_is(method, 'count_gaussian')
+UNION ALL
+SELECT item FROM dp_set_union_weighted_laplace(tbl, epsilon := epsilon, delta := delta, max_items := max_items,
+                                               user_col := user_col, item_col := item_col)
+WHERE dp__method_is(method, 'weighted_laplace')
+UNION ALL
+SELECT item FROM dp_set_union_weighted_gaussian(tbl, epsilon := epsilon, delta := delta, max_items := max_items,
+                                                user_col := user_col, item_col := item_col)
+WHERE dp__method_is(method, 'weighted_gaussian')
+UNION ALL
+-- Always planned for an unknown method (its filter cannot be folded), and raises when run.
+SELECT NULL AS item WHERE NOT dp__check_method(method);
