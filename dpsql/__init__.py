@@ -5,10 +5,10 @@ on a DuckDB connection; ``dpsql.set_union(con, table, method=...)`` is the Pytho
 entry point of the set-union family.
 """
 from dpsql.registration import connect, register, register_macros
-from dpsql.set_union import DEFAULT_METHOD, METHODS, set_union
+from dpsql.union import DEFAULT_METHOD, METHODS, calibrate, set_union
 from dpsql.validation import DPParameterError
 
 __version__ = "0.1.0"
 
-__all__ = ["connect", "register", "register_macros", "set_union", "METHODS", "DEFAULT_METHOD",
+__all__ = ["connect", "register", "register_macros", "set_union", "calibrate", "METHODS", "DEFAULT_METHOD",
            "DPParameterError", "__version__"]

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR
 
-from dpsql import calibration, noise, set_union
+from dpsql import calibration, noise, union
 from dpsql.validation import DPParameterError, check_delta, check_epsilon, check_max_items, check_positive
 
 __all__ = ["connect", "register", "register_macros", "sql_dir", "sql_files", "source_of"]
@@ -78,25 +78,25 @@ def _laplace_threshold(epsilon, delta, max_items):
 
 def _set_union_calibration(method, epsilon, delta, max_items, user_col, item_col):
     _check_columns(user_col, item_col)
-    cal = set_union.calibrate(method, epsilon, delta, max_items)
+    cal = union.calibrate(method, epsilon, delta, max_items)
     return {"scale": cal.scale, "threshold": cal.threshold}
 
 
 def _set_union_scale(method, epsilon, delta, max_items):
-    return set_union.calibrate(method, epsilon, delta, max_items).scale
+    return union.calibrate(method, epsilon, delta, max_items).scale
 
 
 def _set_union_threshold(method, epsilon, delta, max_items):
-    return set_union.calibrate(method, epsilon, delta, max_items).threshold
+    return union.calibrate(method, epsilon, delta, max_items).threshold
 
 
 def _check_method(method):
-    set_union.check_method(method)
+    union.check_method(method)
     return True
 
 
 def _method_is(method, candidate):
-    return set_union.check_method(method) == candidate
+    return union.check_method(method) == candidate
 
 
 def _check_columns(user_col, item_col):
@@ -126,13 +126,14 @@ _CALIBRATION_UDFS = {
 }
 
 
-def _function_exists(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    rows = con.execute("SELECT count(*) FROM duckdb_functions() WHERE function_name = ?", [name]).fetchall()
-    return bool(rows[0][0])
+def _registered_udfs(con: duckdb.DuckDBPyConnection) -> set[str]:
+    rows = con.execute("SELECT DISTINCT function_name FROM duckdb_functions() "
+                       "WHERE function_name LIKE 'dp%' AND function_type = 'scalar'").fetchall()
+    return {r[0] for r in rows}
 
 
-def _create(con, name, fn, params, ret, *, side_effects=False) -> None:
-    if _function_exists(con, name):
+def _create(con, existing, name, fn, params, ret, *, side_effects=False) -> None:
+    if name in existing:  # re-registering (e.g. with another seed) replaces the UDF
         con.remove_function(name)
     # SPECIAL null handling: the UDF sees NULL parameters and rejects them by name.
     con.create_function(name, fn, params, ret, type=duckdb.func.ARROW,
@@ -141,15 +142,16 @@ def _create(con, name, fn, params, ret, *, side_effects=False) -> None:
 
 def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource) -> None:
     """Register the calibration, validation, noise and salt UDFs (noise drawn from ``source``)."""
+    existing = _registered_udfs(con)
     for name, (fn, params, ret) in _CALIBRATION_UDFS.items():
-        _create(con, name, _scalar(fn), params, ret)
+        _create(con, existing, name, _scalar(fn), params, ret)
     for name, fn in noise.arrow_udfs(source).items():
-        _create(con, name, fn, [DOUBLE], DOUBLE, side_effects=True)
+        _create(con, existing, name, fn, [DOUBLE], DOUBLE, side_effects=True)
 
     def secret_salt() -> pa.Array:
         return pa.array([source.salt()], type=pa.int64())
 
-    _create(con, "dp__secret_salt", secret_salt, [], BIGINT, side_effects=True)
+    _create(con, existing, "dp__secret_salt", secret_salt, [], BIGINT, side_effects=True)
     _SOURCES[id(con)] = source
 
 

@@ -3,34 +3,38 @@
 -- Each returns one column `item` of the input's type and nothing else: the noisy
 -- weights never leave the query. Calibration: dpsql/calibration.py.
 
+-- Pre-noise item weights of the independent update policies. NOT a release: these are exact
+-- aggregates of the raw data (tests and audits use them); only the macros below publish.
+-- weighting: 'count' adds 1 per capped user (count baselines), 'inverse' adds 1/d (Weighted
+-- Laplace, l1 sensitivity 1), 'inverse_sqrt' adds 1/sqrt(d) (Weighted Gaussian, l2 sensitivity 1).
+CREATE OR REPLACE TEMP MACRO dp__set_union_weights(tbl VARCHAR, weighting VARCHAR, max_items DOUBLE := 100,
+        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+SELECT item,
+       sum(CASE weighting WHEN 'count' THEN 1.0 WHEN 'inverse' THEN 1.0 / d WHEN 'inverse_sqrt' THEN 1.0 / sqrt(d)
+                ELSE error('dpsql: unknown weighting ' || weighting) END) AS w
+FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
+GROUP BY item;
+
 CREATE OR REPLACE TEMP MACRO dp_set_union_count_laplace(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH cal AS (SELECT unnest(dp__set_union_calibration('count_laplace', epsilon, delta, max_items, user_col, item_col))),
-weights AS (SELECT item, count(*)::DOUBLE AS w
-            FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
-            GROUP BY item)
+weights AS (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
 SELECT item FROM weights CROSS JOIN cal WHERE w + dp_laplace_noise(scale) > threshold;
 
 CREATE OR REPLACE TEMP MACRO dp_set_union_count_gaussian(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH cal AS (SELECT unnest(dp__set_union_calibration('count_gaussian', epsilon, delta, max_items, user_col, item_col))),
-weights AS (SELECT item, count(*)::DOUBLE AS w
-            FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
-            GROUP BY item)
+weights AS (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
 SELECT item FROM weights CROSS JOIN cal WHERE w + dp_gaussian_noise(scale) > threshold;
 
 CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_laplace(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH cal AS (SELECT unnest(dp__set_union_calibration('weighted_laplace', epsilon, delta, max_items, user_col, item_col))),
-weights AS (SELECT item, sum(1.0 / d) AS w
-            FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
-            GROUP BY item)
+weights AS (FROM dp__set_union_weights(tbl, 'inverse', max_items := max_items, user_col := user_col, item_col := item_col))
 SELECT item FROM weights CROSS JOIN cal WHERE w + dp_laplace_noise(scale) > threshold;
 
 CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_gaussian(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH cal AS (SELECT unnest(dp__set_union_calibration('weighted_gaussian', epsilon, delta, max_items, user_col, item_col))),
-weights AS (SELECT item, sum(1.0 / sqrt(d)) AS w
-            FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
-            GROUP BY item)
+weights AS (FROM dp__set_union_weights(tbl, 'inverse_sqrt', max_items := max_items, user_col := user_col, item_col := item_col))
 SELECT item FROM weights CROSS JOIN cal WHERE w + dp_gaussian_noise(scale) > threshold;

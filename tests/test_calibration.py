@@ -1,0 +1,186 @@
+"""Calibration numbers (spec CHECKS.md A1-A4) and their defining properties."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.stats import norm
+
+from dpsql import calibration as cal
+from dpsql.validation import DPParameterError
+
+E10 = math.exp(-10)
+
+
+@pytest.mark.parametrize("eps, delta, expected", [
+    (1.0, 5e-6, 3.884141),
+    (1.0, 1e-5, 3.730632),
+    (3.0, E10 / 2, 1.332791),
+    (0.1, 5e-6, 32.486035),
+    (0.5, 2.5e-6, 7.661109),
+    (0.1, 5e-7, 37.867164),
+    (0.9, 4.5e-6, 4.303919),
+    (1.0, 5e-12, 6.324115),
+])
+def test_analytic_gaussian_sigma_reference_values(eps, delta, expected):
+    sigma = cal.gaussian_sigma(eps, delta)
+    assert sigma == pytest.approx(expected, abs=1e-6)
+    # The returned sigma meets the target and is (nearly) the smallest that does.
+    assert cal.gaussian_delta(sigma, eps) == pytest.approx(delta, abs=1e-12)
+    assert cal.gaussian_delta(sigma, eps) <= delta
+    assert cal.gaussian_delta(0.999 * sigma, eps) > delta
+    assert sigma < cal.classical_gaussian_sigma(eps, delta) or eps >= 1.0
+
+
+def test_analytic_beats_classical_at_eps_one():
+    assert cal.classical_gaussian_sigma(1.0, 5e-6) == pytest.approx(4.9858, abs=1e-4)
+    assert cal.gaussian_sigma(1.0, 5e-6) < cal.classical_gaussian_sigma(1.0, 5e-6)
+
+
+def test_gaussian_delta_cross_check_with_dp_accounting():
+    pld = pytest.importorskip("dp_accounting.pld.privacy_loss_distribution")
+    dist = pld.from_gaussian_mechanism(3.884141)
+    assert dist.get_delta_for_epsilon(1.0) == pytest.approx(5e-6, rel=1e-3)
+    assert cal.gaussian_delta(3.884141, 1.0) == pytest.approx(5e-6, rel=1e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(eps=st.floats(0.05, 5.0), log_delta=st.floats(-14, -2), sens=st.floats(0.1, 10.0))
+def test_sigma_scale_equivariance_and_monotonicity(eps, log_delta, sens):
+    delta = 10.0 ** log_delta
+    base = cal.gaussian_sigma(eps, delta)
+    assert cal.gaussian_sigma(eps, delta, sens) == pytest.approx(sens * base, rel=1e-12)
+    assert cal.gaussian_sigma(eps * 1.1, delta) < base
+    assert cal.gaussian_sigma(eps, delta * 1.1) < base
+
+
+@pytest.mark.parametrize("max_items, expected", [
+    (1, 18.1569), (10, 19.3160), (50, 20.3364), (100, 20.7897), (150, 21.0557), (200, 21.2444), (300, 21.5097),
+])
+def test_weighted_gaussian_threshold_eps1(max_items, expected):
+    c = cal.weighted_gaussian_calibration(1.0, 1e-5, max_items)
+    assert c.noise == "gaussian"
+    assert c.scale == pytest.approx(3.884141, abs=1e-6)
+    assert c.threshold == pytest.approx(expected, abs=1e-4)
+    # Lemma C.1 of [MM] is a valid (looser) threshold.
+    assert 1 + c.scale * math.sqrt(2 * math.log(2 * max_items / 1e-5)) >= c.threshold
+
+
+def test_lemma_c1_bound_value():
+    sigma = cal.gaussian_sigma(1.0, 5e-6)
+    assert 1 + sigma * math.sqrt(2 * math.log(2 * 100 / 1e-5)) == pytest.approx(23.5222, abs=1e-4)
+
+
+@pytest.mark.parametrize("max_items, rho_gauss, rho_lap", [
+    (1, 6.4353, 4.1023), (10, 6.4353, 4.1023), (50, 6.6862, 4.4263), (100, 6.8237, 4.6473),
+    (200, 6.9689, 4.8734), (300, 7.0561, 5.0069),
+])
+def test_dpsu_thresholds_eps3(max_items, rho_gauss, rho_lap):
+    g = cal.weighted_gaussian_calibration(3.0, E10, max_items)
+    lap = cal.weighted_laplace_calibration(3.0, E10, max_items)
+    assert g.scale == pytest.approx(1.332791, abs=1e-6)
+    assert g.threshold == pytest.approx(rho_gauss, abs=1e-4)
+    assert lap.scale == pytest.approx(1 / 3)
+    assert lap.threshold == pytest.approx(rho_lap, abs=1e-4)
+
+
+def test_dpsu_cutoffs_and_count_baselines_eps3():
+    g = cal.weighted_gaussian_calibration(3.0, E10, 100)
+    lap = cal.weighted_laplace_calibration(3.0, E10, 100)
+    assert g.threshold + 5 * g.scale == pytest.approx(13.4876, abs=1e-4)   # Gamma_Gauss(100), alpha = 5
+    assert lap.threshold + 5 * lap.scale == pytest.approx(6.3140, abs=1e-4)  # Gamma_Lap(100)
+    cl = cal.count_laplace_calibration(3.0, E10, 100)
+    assert (cl.noise, cl.scale) == ("laplace", pytest.approx(33.333, abs=1e-3))
+    assert cl.threshold == pytest.approx(464.73, abs=1e-2)
+    cg = cal.count_gaussian_calibration(3.0, E10, 100)
+    assert (cg.noise, cg.scale) == ("gaussian", pytest.approx(13.3279, abs=1e-4))
+    assert cg.threshold == pytest.approx(68.237, abs=1e-3)
+    generic = cal.gaussian_threshold(g.scale, E10 / 2, 100, cal.one)
+    assert generic == pytest.approx(7.7237, abs=1e-4)
+    assert generic > g.threshold
+
+
+@pytest.mark.parametrize("eps, delta, max_items", [(1.0, 1e-5, 100), (3.0, E10, 50), (0.5, 1e-6, 7), (1.0, 1e-5, 1)])
+def test_gaussian_novel_item_event_is_exactly_delta_half(eps, delta, max_items):
+    c = cal.weighted_gaussian_calibration(eps, delta, max_items)
+    probs = [1 - norm.cdf((c.threshold - 1 / math.sqrt(t)) / c.scale) ** t for t in range(1, max_items + 1)]
+    assert max(probs) <= delta / 2 * (1 + 1e-9)
+    assert max(probs) == pytest.approx(delta / 2, rel=1e-6)
+
+
+@pytest.mark.parametrize("eps, delta, max_items", [(1.0, 1e-5, 100), (3.0, E10, 50), (0.5, 1e-6, 7)])
+def test_laplace_novel_item_event_is_exactly_delta(eps, delta, max_items):
+    c = cal.weighted_laplace_calibration(eps, delta, max_items)
+    probs = [1 - (1 - math.exp(-eps * (c.threshold - 1 / t)) / 2) ** t for t in range(1, max_items + 1)]
+    assert max(probs) <= delta * (1 + 1e-9)
+    assert max(probs) == pytest.approx(delta, rel=1e-6)
+
+
+def test_threshold_argmax_is_not_assumed_at_an_endpoint():
+    # For the h of the set-union methods the maximum sits at t = 1 or t = max_items,
+    # but the formula is a maximum over every t: an h with a bump inside must be found.
+    sigma, d = 4.0, 5e-6
+    h = lambda t: 5.0 if t == 137 else 0.0  # noqa: E731
+    values = [h(t) + sigma * norm.isf(-math.expm1(math.log1p(-d) / t)) for t in range(1, 301)]
+    argmax = max(range(300), key=values.__getitem__) + 1
+    assert argmax == 137
+    assert cal.gaussian_threshold(sigma, d, 300, h) == pytest.approx(max(values), rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(eps=st.floats(0.1, 5.0), log_delta=st.floats(-12, -3), max_items=st.integers(1, 200))
+def test_thresholds_grow_with_max_items(eps, log_delta, max_items):
+    delta = 10.0 ** log_delta
+    for fn in (cal.weighted_gaussian_calibration, cal.weighted_laplace_calibration,
+               cal.count_gaussian_calibration, cal.count_laplace_calibration):
+        assert fn(eps, delta, max_items + 1).threshold >= fn(eps, delta, max_items).threshold - 1e-9
+
+
+@pytest.mark.parametrize("call, param", [
+    (lambda: cal.gaussian_sigma(0.0, 1e-5), "epsilon"),
+    (lambda: cal.gaussian_sigma(-1.0, 1e-5), "epsilon"),
+    (lambda: cal.gaussian_sigma(float("inf"), 1e-5), "epsilon"),
+    (lambda: cal.gaussian_sigma(float("nan"), 1e-5), "epsilon"),
+    (lambda: cal.gaussian_sigma(1.0, 0.0), "delta"),
+    (lambda: cal.gaussian_sigma(1.0, 1.0), "delta"),
+    (lambda: cal.gaussian_sigma(1.0, None), "delta"),
+    (lambda: cal.gaussian_sigma(1.0, 1e-5, -2.0), "sensitivity"),
+    (lambda: cal.weighted_gaussian_calibration(1.0, 1e-5, 0), "max_items"),
+    (lambda: cal.weighted_gaussian_calibration(1.0, 1e-5, 2.5), "max_items"),
+    (lambda: cal.weighted_laplace_calibration(1.0, 1e-5, True), "max_items"),
+    (lambda: cal.count_laplace_calibration(0.0, 1e-5, 10), "epsilon"),
+    (lambda: cal.laplace_threshold(-1.0, 1e-5, 10), "scale"),
+])
+def test_bad_parameters_name_the_parameter(call, param):
+    with pytest.raises(DPParameterError, match=param):
+        call()
+
+
+def test_sql_calibration_functions_equal_python(con):
+    row = con.execute(
+        "SELECT dp_gaussian_sigma(1.0, 5e-6), dp_gaussian_sigma(1.0, 5e-6, sensitivity := 2.0), "
+        "dp_gaussian_threshold(1.0, 1e-5, 100), dp_laplace_threshold(3.0, exp(-10), 100), "
+        "dp_gaussian_threshold(1.0, 1e-5), "
+        "dp_set_union_noise_scale('count_gaussian', epsilon := 3.0, delta := exp(-10), max_items := 100), "
+        "dp_set_union_threshold('count_laplace', epsilon := 3.0, delta := exp(-10), max_items := 100)").fetchall()[0]
+    assert row[0] == pytest.approx(cal.gaussian_sigma(1.0, 5e-6), rel=1e-15)
+    assert row[1] == pytest.approx(2 * cal.gaussian_sigma(1.0, 5e-6), rel=1e-12)
+    assert row[2] == pytest.approx(20.7897, abs=1e-4)
+    assert row[3] == pytest.approx(4.6473, abs=1e-4)
+    assert row[4] == row[2]  # max_items defaults to 100
+    assert row[5] == pytest.approx(13.3279, abs=1e-4)
+    assert row[6] == pytest.approx(464.73, abs=1e-2)
+
+
+@pytest.mark.parametrize("sql, param", [
+    ("SELECT dp_gaussian_sigma(0.0, 1e-5)", "epsilon"),
+    ("SELECT dp_gaussian_sigma(1.0, 2.0)", "delta"),
+    ("SELECT dp_gaussian_threshold(1.0, 1e-5, 0)", "max_items"),
+    ("SELECT dp_laplace_threshold(1.0, NULL, 10)", "delta"),
+    ("SELECT dp_set_union_threshold('nope')", "method"),
+])
+def test_sql_calibration_errors_name_the_parameter(con, sql, param):
+    with pytest.raises(Exception, match=param):
+        con.execute(sql).fetchall()
