@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import weakref
 from importlib import resources
 from pathlib import Path
 from typing import Optional
@@ -25,8 +26,8 @@ from dpsql.validation import DPParameterError, check_delta, check_epsilon, check
 
 __all__ = ["connect", "register", "register_macros", "sql_dir", "sql_files", "source_of"]
 
-# Connection id -> noise source, so tests and tools can inspect what a connection draws.
-_SOURCES: dict[int, noise.NoiseSource] = {}
+# Connection -> noise source, so tests and audits can inspect what a connection draws.
+_SOURCES: "weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, noise.NoiseSource]" = weakref.WeakKeyDictionary()
 
 
 def sql_dir() -> Path:
@@ -152,7 +153,7 @@ def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource
         return pa.array([source.salt()], type=pa.int64())
 
     _create(con, existing, "dp__secret_salt", secret_salt, [], BIGINT, side_effects=True)
-    _SOURCES[id(con)] = source
+    _SOURCES[con] = source
 
 
 def register_macros(con: duckdb.DuckDBPyConnection) -> None:
@@ -188,4 +189,4 @@ def connect(database: str = ":memory:", *, read_only: bool = False, config: Opti
 
 def source_of(con: duckdb.DuckDBPyConnection) -> noise.NoiseSource:
     """The noise source whose draws the connection's UDFs use (for tests and audits)."""
-    return _SOURCES[id(con)]
+    return _SOURCES[con]
