@@ -17,12 +17,11 @@ from typing import Optional
 
 import duckdb
 import duckdb.func
-import numpy as np
 import pyarrow as pa
 from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql import calibration, noise, union
-from dpsql.validation import DPParameterError, check_delta, check_epsilon, check_max_items, check_positive
+from dpsql.validation import DPParameterError
 
 __all__ = ["connect", "register", "register_macros", "sql_dir", "sql_files", "source_of"]
 
@@ -62,19 +61,12 @@ def _scalar(fn):
     return udf
 
 
-def _sigma(epsilon, delta, sensitivity):
-    return calibration.gaussian_sigma(check_epsilon(epsilon), check_delta(delta),
-                                      check_positive("sensitivity", sensitivity))
-
-
 def _gaussian_threshold(epsilon, delta, max_items):
-    return calibration.weighted_gaussian_calibration(
-        check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)).threshold
+    return calibration.weighted_gaussian_calibration(epsilon, delta, max_items).threshold
 
 
 def _laplace_threshold(epsilon, delta, max_items):
-    return calibration.weighted_laplace_calibration(
-        check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)).threshold
+    return calibration.weighted_laplace_calibration(epsilon, delta, max_items).threshold
 
 
 def _set_union_calibration(method, epsilon, delta, max_items, user_col, item_col):
@@ -115,7 +107,7 @@ _CALIBRATION = duckdb.struct_type({"scale": DOUBLE, "threshold": DOUBLE})
 # DuckDB may constant-fold them: with constant arguments they run once, while
 # the query is planned, and a bad parameter fails before any row is read.
 _CALIBRATION_UDFS = {
-    "dp__gaussian_sigma": (_sigma, [DOUBLE, DOUBLE, DOUBLE], DOUBLE),
+    "dp__gaussian_sigma": (calibration.gaussian_sigma, [DOUBLE, DOUBLE, DOUBLE], DOUBLE),
     "dp__gaussian_threshold": (_gaussian_threshold, [DOUBLE, DOUBLE, DOUBLE], DOUBLE),
     "dp__laplace_threshold": (_laplace_threshold, [DOUBLE, DOUBLE, DOUBLE], DOUBLE),
     "dp__set_union_scale": (_set_union_scale, [VARCHAR, DOUBLE, DOUBLE, DOUBLE], DOUBLE),
