@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from scipy.special import log_ndtr
-from scipy.stats import norm
+# scipy.special only: scipy.stats takes most of a second to import, on every CLI call.
+from scipy.special import log_ndtr, ndtri
 
 from dpsql.validation import (
     check_delta,
@@ -134,7 +134,7 @@ def gaussian_threshold(sigma: float, delta_novel: float, max_items: int,
     check_positive("sigma", sigma)
     check_delta(delta_novel, name="delta_novel")
     check_max_items(max_items)
-    return max(h(t) + sigma * float(norm.isf(_one_minus_root(delta_novel, t)))
+    return max(h(t) + sigma * -float(ndtri(_one_minus_root(delta_novel, t)))
                for t in range(1, int(max_items) + 1))
 
 

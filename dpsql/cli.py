@@ -1,0 +1,322 @@
+"""The ``dpsql`` command line: ``shell``, ``set-union`` and ``demo``.
+
+Exit codes: 0 success; 1 a failure while running (an engine or I/O error);
+2 a bad argument, parameter or input description (the message names it).
+Every error is one ``Error: ...`` line on stderr, never a traceback. Only
+released items and public calibration numbers are ever printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Optional, Sequence, TextIO
+
+import duckdb
+import pyarrow as pa
+
+import dpsql
+from dpsql.shell import error_line, run_shell
+from dpsql.validation import DPParameterError, check_identifier
+
+__all__ = ["main", "UsageError"]
+
+SEED_WARNING = ("WARNING: --seed makes noise and sampling reproducible: this result is NOT differentially "
+                "private. Use --seed only for tests and demos.")
+
+_VIEW = "dpsql_input"
+_SOURCE_DB = "dpsql_source"
+
+
+class UsageError(Exception):
+    """A bad command-line argument or input description (exit code 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors become one ``Error:`` line and exit code 2 (see :func:`main`)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+# --------------------------------------------------------------------------
+# set-union
+# --------------------------------------------------------------------------
+
+def _input_kind(path: Path) -> str:
+    """``parquet``, ``duckdb`` or ``csv``, from the file's magic bytes (extensions are often wrong)."""
+    with open(path, "rb") as f:
+        head = f.read(12)
+    if head[:4] == b"PAR1":
+        return "parquet"
+    if head[8:12] == b"DUCK":
+        return "duckdb"
+    return "csv"
+
+
+def _source_tables(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    """(schema, name) of every table and view of the attached database."""
+    return con.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? "
+        "UNION ALL SELECT schema_name, view_name FROM duckdb_views() WHERE database_name = ? AND NOT internal "
+        "ORDER BY 1, 2", [_SOURCE_DB, _SOURCE_DB]).fetchall()
+
+
+def _pick_table(tables: list[tuple[str, str]], wanted: Optional[str], input_name: str) -> tuple[str, str]:
+    def label(schema: str, name: str) -> str:
+        return name if schema == "main" else f"{schema}.{name}"
+
+    listing = ", ".join(label(*t) for t in tables) or "none"
+    if wanted is None:
+        if len(tables) == 1:
+            return tables[0]
+        raise UsageError(f"{input_name} is a DuckDB database with tables {listing}; choose one with --table")
+    matches = [t for t in tables
+               if wanted.lower() in (t[1].lower(), f"{t[0]}.{t[1]}".lower())]
+    if len(matches) != 1:
+        problem = "does not exist" if not matches else "is ambiguous"
+        raise UsageError(f"--table {wanted!r} {problem} in {input_name}; its tables are {listing}")
+    return matches[0]
+
+
+def _open_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str) -> None:
+    """Create the TEMP view ``dpsql_input`` over the input (a DuckDB file is attached read-only)."""
+    location = _sql_string(str(path))
+    if kind == "duckdb":
+        con.execute(f"ATTACH {location} AS {_SOURCE_DB} (READ_ONLY)")
+        schema, name = _pick_table(_source_tables(con), table, input_name)
+        source = f"{_SOURCE_DB}.{_quote_ident(schema)}.{_quote_ident(name)}"
+    elif kind == "parquet":
+        source = f"read_parquet({location})"
+    else:
+        source = f"read_csv({location})"
+    con.execute(f"CREATE TEMP VIEW {_VIEW} AS SELECT * FROM {source}")
+
+
+def _check_input_columns(con: duckdb.DuckDBPyConnection, user_col: str, item_col: str, input_name: str) -> None:
+    """Name the CLI flag when a column is missing (the library would name its internal view)."""
+    columns = [row[0] for row in con.execute(f"SELECT name FROM pragma_table_info('{_VIEW}')").fetchall()]
+    lowered = {c.lower() for c in columns}
+    for flag, col in (("--user-col", user_col), ("--item-col", item_col)):
+        if col.lower() not in lowered:
+            raise UsageError(f"{flag} {col!r} is not a column of {input_name}; its columns are {', '.join(columns)}")
+    if user_col.lower() == item_col.lower():
+        raise UsageError("--user-col and --item-col must name two different columns")
+
+
+def _output_path(output: Optional[str], input_path: Path) -> Optional[Path]:
+    if output is None:
+        return None
+    path = Path(output)
+    if not path.parent.is_dir():
+        raise UsageError(f"--output {output!r}: folder {str(path.parent)!r} does not exist")
+    if path.exists() and path.resolve() == input_path.resolve():
+        raise UsageError("--output must not be the input file")
+    return path
+
+
+def _write(items: pa.Table, path: Path) -> None:
+    """Parquet (zstd), or CSV when the name ends in ``.csv``."""
+    if path.suffix.lower() == ".csv":
+        import pyarrow.csv as pcsv
+        pcsv.write_csv(items, path)
+    else:
+        import pyarrow.parquet as pq
+        pq.write_table(items, path, compression="zstd")
+
+
+def _sorted(items: pa.Table) -> pa.Table:
+    # The engine returns the set in an order that may depend on the data's layout;
+    # sorting publishes only the set.
+    try:
+        return items.sort_by("item")
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # types Arrow cannot sort
+        return items
+
+
+def _progress_printer(err: TextIO) -> Callable[[float], None]:
+    tty = err.isatty()
+
+    def report(pct: float) -> None:
+        if tty:
+            err.write(f"\rprogress: {pct:3.0f}%" + ("\n" if pct >= 100 else ""))
+        else:
+            err.write(f"progress: {pct:.0f}%\n")
+        err.flush()
+
+    return report
+
+
+def _connect(seed: Optional[int]) -> duckdb.DuckDBPyConnection:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the caller prints SEED_WARNING itself, without a source line
+        return dpsql.connect(seed=seed)
+
+
+def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Release items of INPUT; print them, write them, or print a JSON summary."""
+    cal = dpsql.calibrate(args.method, args.epsilon, args.delta, args.max_items)
+    user_col = check_identifier("--user-col", args.user_col)
+    item_col = check_identifier("--item-col", args.item_col)
+    input_path = Path(args.input)
+    if not input_path.exists():
+        raise UsageError(f"input file {args.input!r} does not exist")
+    if not input_path.is_file():
+        raise UsageError(f"input {args.input!r} is not a file")
+    kind = _input_kind(input_path)
+    if args.table is not None and kind != "duckdb":
+        raise UsageError(f"--table applies to a DuckDB database input; {args.input!r} is a {kind} file")
+    output = _output_path(args.output, input_path)
+    if args.seed is not None:
+        print(SEED_WARNING, file=err, flush=True)
+
+    con = _connect(args.seed)
+    try:
+        _open_input(con, input_path, kind, args.table, repr(args.input))
+        _check_input_columns(con, user_col, item_col, f"{args.input!r} (read as {kind})")
+        started = time.perf_counter()
+        released = dpsql.set_union(con, _VIEW, args.method, epsilon=args.epsilon, delta=args.delta,
+                                   max_items=args.max_items, user_col=user_col, item_col=item_col,
+                                   progress=_progress_printer(err) if args.progress else None)
+        elapsed = time.perf_counter() - started
+    finally:
+        con.close()
+
+    released = _sorted(released)
+    if output is not None:
+        _write(released, output)
+    if args.progress:
+        print(f"dpsql: {args.method} released {released.num_rows} items in {elapsed:.2f} s", file=err, flush=True)
+    if args.json:
+        doc = {
+            "method": args.method,
+            "epsilon": float(args.epsilon),
+            "delta": float(args.delta),
+            "max_items": int(args.max_items),
+            "input": args.input,
+            "table": args.table,
+            "user_col": user_col,
+            "item_col": item_col,
+            "n_released": released.num_rows,
+            "calibration": {"noise": cal.noise, "scale": cal.scale, "threshold": cal.threshold},
+            "private": args.seed is None,
+        }
+        if output is not None:
+            doc["output"] = str(output)
+        else:
+            doc["items"] = released.column("item").to_pylist()
+        out.write(json.dumps(doc, indent=2, default=str) + "\n")
+    elif output is None:
+        for item in released.column("item").to_pylist():
+            out.write(f"{item}\n")
+    out.flush()
+    return 0
+
+
+# --------------------------------------------------------------------------
+# shell and demo
+# --------------------------------------------------------------------------
+
+def cmd_shell(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Run the SQL shell."""
+    return run_shell(args.database, args.command, out=out, err=err)
+
+
+def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Run every method on the embedded dataset and print the report."""
+    from dpsql import demo
+
+    if args.seed is not None:
+        print(SEED_WARNING, file=err, flush=True)
+    rows = demo.run_demo(seed=args.seed)
+    demo.print_demo(rows, demo.dataset_summary(), as_json=args.json, seeded=args.seed is not None, out=out)
+    return 0
+
+
+# --------------------------------------------------------------------------
+# Parser and entry point
+# --------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``dpsql`` command."""
+    parser = _Parser(prog="dpsql", description="Differentially private set union as SQL inside DuckDB.")
+    parser.add_argument("--version", action="version", version=f"dpsql {dpsql.__version__}")
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND")
+
+    shell = sub.add_parser("shell", help="SQL prompt on a DuckDB database with dpsql's macros",
+                           description="SQL prompt on a DuckDB database with dpsql's functions and macros. "
+                                       "Reads SQL from -c, from stdin when it is not a terminal, or interactively.")
+    shell.add_argument("database", nargs="?", metavar="DATABASE", help="DuckDB database file (default: in memory)")
+    shell.add_argument("-c", dest="command", metavar="SQL", help="run SQL and exit")
+    shell.set_defaults(func=cmd_shell)
+
+    su = sub.add_parser("set-union", help="release items of a table under user-level differential privacy",
+                        description="Release the items of INPUT under user-level (epsilon, delta)-DP. Prints the "
+                                    "released items one per line, unless --output or --json is given.")
+    su.add_argument("input", metavar="INPUT", help="Parquet file, CSV file, or DuckDB database (with --table)")
+    su.add_argument("--method", choices=list(dpsql.METHODS), default=dpsql.DEFAULT_METHOD,
+                    help=f"set-union mechanism (default: {dpsql.DEFAULT_METHOD})")
+    su.add_argument("--epsilon", type=float, required=True, help="privacy parameter epsilon > 0")
+    su.add_argument("--delta", type=float, required=True, help="privacy parameter 0 < delta < 1, e.g. 1e-5")
+    su.add_argument("--max-items", type=int, required=True,
+                    help="items kept per user (a uniform sample of larger sets)")
+    su.add_argument("--user-col", default="user_id", help="user column (default: user_id)")
+    su.add_argument("--item-col", default="item", help="item column (default: item)")
+    su.add_argument("--table", help="table or view to read when INPUT is a DuckDB database")
+    su.add_argument("--output", metavar="FILE", help="write the items to FILE: CSV if it ends in .csv, else Parquet")
+    su.add_argument("--json", action="store_true", help="print one JSON object with the parameters, "
+                                                        "calibration and items")
+    su.add_argument("--progress", action="store_true", help="report progress and timing on stderr")
+    su.add_argument("--seed", type=int, help="reproducible noise for tests: the result is NOT private")
+    su.set_defaults(func=cmd_set_union)
+
+    demo = sub.add_parser("demo", help="compare every method on the embedded r/AskReddit sample",
+                          description="Run every set-union method on the embedded r/AskReddit sample at "
+                                      "epsilon=1, delta=1e-5, max_items=100 and report (non-privately) "
+                                      "how much of the data each released set covers.")
+    demo.add_argument("--json", action="store_true", help="print the report as JSON")
+    demo.add_argument("--seed", type=int, help="reproducible noise: the result is NOT private")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None,
+         err: Optional[TextIO] = None) -> int:
+    """Run the ``dpsql`` command with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "func", None) is None:
+            build_parser().print_help(err)
+            return 2
+        return args.func(args, out, err)
+    except SystemExit as exc:  # --help and --version
+        return exc.code if isinstance(exc.code, int) else 0
+    except (UsageError, DPParameterError) as exc:
+        print(f"Error: {exc}", file=err, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("Error: interrupted", file=err, flush=True)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, and keep Python from
+        # complaining about the unflushable stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except Exception as exc:  # every other failure is one line, never a traceback
+        print(error_line(exc), file=err, flush=True)
+        return 1
