@@ -28,6 +28,9 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
+from duckdb.sqltypes import BIGINT, DOUBLE
+
+from dpsql.udf import Udf
 
 __all__ = ["NoiseSource", "secure_source", "NOT_PRIVATE_WARNING"]
 
@@ -148,11 +151,13 @@ def _arrow_noise(source: NoiseSource, method: str, param_name: str):
     return udf
 
 
-def arrow_udfs(source: NoiseSource) -> dict:
-    """The noise UDF bodies bound to ``source``: SQL name -> (callable, parameter name)."""
-    return {
-        "dp_gaussian_noise": _arrow_noise(source, "gaussian", "sigma"),
-        "dp_laplace_noise": _arrow_noise(source, "laplace", "scale"),
-        "dp_gumbel_noise": _arrow_noise(source, "gumbel", "scale"),
-        "dp_exponential_noise": _arrow_noise(source, "exponential", "rate"),
-    }
+def udfs(source: NoiseSource) -> list[Udf]:
+    """The noise UDFs and the per-query secret salt, all drawing from ``source`` (side effects: never folded)."""
+
+    def secret_salt() -> pa.Array:
+        return pa.array([source.salt()], type=pa.int64())
+
+    noise_udfs = [Udf(f"dp_{kind}_noise", _arrow_noise(source, kind, param), (DOUBLE,), DOUBLE, side_effects=True)
+                  for kind, param in (("gaussian", "sigma"), ("laplace", "scale"), ("gumbel", "scale"),
+                                      ("exponential", "rate"))]
+    return noise_udfs + [Udf("dp__secret_salt", secret_salt, (), BIGINT, side_effects=True)]

@@ -8,20 +8,18 @@ cursor needs :func:`register_macros` again (UDFs are shared with cursors).
 """
 from __future__ import annotations
 
-import inspect
 import os
 import weakref
 from importlib import resources
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import duckdb
 import duckdb.func
-import pyarrow as pa
-from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR
+from duckdb.sqltypes import DOUBLE
 
 from dpsql import calibration, noise, union
-from dpsql.validation import DPParameterError
+from dpsql.udf import Udf, scalar
 
 __all__ = ["connect", "register", "register_macros", "sql_dir", "sql_files", "source_of"]
 
@@ -49,74 +47,29 @@ def sql_files() -> list[Path]:
     return sorted(sql_dir().glob("*.sql"))
 
 
-def _scalar(fn):
-    """Wrap a Python function of scalars as an Arrow UDF body (one call per vector)."""
+def _calibration_udfs(source: noise.NoiseSource) -> list[Udf]:
+    """SQL access to the shared calibration formulas (dp_gaussian_sigma & co. wrap these)."""
 
-    def udf(*arrays: pa.Array) -> pa.Array:
-        rows = zip(*(a.to_pylist() for a in arrays))
-        return pa.array([fn(*row) for row in rows])
+    def gaussian_threshold(epsilon, delta, max_items):
+        return calibration.weighted_gaussian_calibration(epsilon, delta, max_items).threshold
 
-    udf.__name__ = fn.__name__
-    udf.__signature__ = inspect.signature(fn)  # DuckDB checks the arity against the parameter types
-    return udf
+    def laplace_threshold(epsilon, delta, max_items):
+        return calibration.weighted_laplace_calibration(epsilon, delta, max_items).threshold
 
-
-def _gaussian_threshold(epsilon, delta, max_items):
-    return calibration.weighted_gaussian_calibration(epsilon, delta, max_items).threshold
-
-
-def _laplace_threshold(epsilon, delta, max_items):
-    return calibration.weighted_laplace_calibration(epsilon, delta, max_items).threshold
+    return [
+        Udf("dp__gaussian_sigma", scalar(calibration.gaussian_sigma), (DOUBLE, DOUBLE, DOUBLE), DOUBLE),
+        Udf("dp__gaussian_threshold", scalar(gaussian_threshold), (DOUBLE, DOUBLE, DOUBLE), DOUBLE),
+        Udf("dp__laplace_threshold", scalar(laplace_threshold), (DOUBLE, DOUBLE, DOUBLE), DOUBLE),
+    ]
 
 
-def _set_union_calibration(method, epsilon, delta, max_items, user_col, item_col):
-    _check_columns(user_col, item_col)
-    cal = union.calibrate(method, epsilon, delta, max_items)
-    return {"scale": cal.scale, "threshold": cal.threshold}
-
-
-def _set_union_scale(method, epsilon, delta, max_items):
-    return union.calibrate(method, epsilon, delta, max_items).scale
-
-
-def _set_union_threshold(method, epsilon, delta, max_items):
-    return union.calibrate(method, epsilon, delta, max_items).threshold
-
-
-def _check_method(method):
-    union.check_method(method)
-    return True
-
-
-def _method_is(method, candidate):
-    return union.check_method(method) == candidate
-
-
-def _check_columns(user_col, item_col):
-    for name, value in (("user_col", user_col), ("item_col", item_col)):
-        if value is None or not str(value).strip():
-            raise DPParameterError(f"{name} must name a column (got {value!r})")
-    if user_col.lower() == item_col.lower():
-        raise DPParameterError("user_col and item_col must name two different columns")
-    return True
-
-
-_CALIBRATION = duckdb.struct_type({"scale": DOUBLE, "threshold": DOUBLE})
-
-# name -> (python function, parameter types, return type). All are pure, so
-# DuckDB may constant-fold them: with constant arguments they run once, while
-# the query is planned, and a bad parameter fails before any row is read.
-_CALIBRATION_UDFS = {
-    "dp__gaussian_sigma": (calibration.gaussian_sigma, [DOUBLE, DOUBLE, DOUBLE], DOUBLE),
-    "dp__gaussian_threshold": (_gaussian_threshold, [DOUBLE, DOUBLE, DOUBLE], DOUBLE),
-    "dp__laplace_threshold": (_laplace_threshold, [DOUBLE, DOUBLE, DOUBLE], DOUBLE),
-    "dp__set_union_scale": (_set_union_scale, [VARCHAR, DOUBLE, DOUBLE, DOUBLE], DOUBLE),
-    "dp__set_union_threshold": (_set_union_threshold, [VARCHAR, DOUBLE, DOUBLE, DOUBLE], DOUBLE),
-    "dp__method_is": (_method_is, [VARCHAR, VARCHAR], BOOLEAN),
-    "dp__check_method": (_check_method, [VARCHAR], BOOLEAN),
-    "dp__set_union_calibration": (_set_union_calibration, [VARCHAR, DOUBLE, DOUBLE, DOUBLE, VARCHAR, VARCHAR],
-                                  _CALIBRATION),
-}
+# Every family's UDF declarations, in registration order. A new mechanism family adds its
+# module's ``udfs`` here and its macros as sql/NN_family.sql.
+UDF_PROVIDERS: tuple[Callable[[noise.NoiseSource], list[Udf]], ...] = (
+    _calibration_udfs,
+    noise.udfs,
+    union.udfs,
+)
 
 
 def _registered_udfs(con: duckdb.DuckDBPyConnection) -> set[str]:
@@ -125,26 +78,16 @@ def _registered_udfs(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {r[0] for r in rows}
 
 
-def _create(con, existing, name, fn, params, ret, *, side_effects=False) -> None:
-    if name in existing:  # re-registering (e.g. with another seed) replaces the UDF
-        con.remove_function(name)
-    # SPECIAL null handling: the UDF sees NULL parameters and rejects them by name.
-    con.create_function(name, fn, params, ret, type=duckdb.func.ARROW,
-                        null_handling=duckdb.func.SPECIAL, side_effects=side_effects)
-
-
 def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource) -> None:
-    """Register the calibration, validation, noise and salt UDFs (noise drawn from ``source``)."""
+    """Register every family's UDFs on ``con``, their randomness drawn from ``source``."""
     existing = _registered_udfs(con)
-    for name, (fn, params, ret) in _CALIBRATION_UDFS.items():
-        _create(con, existing, name, _scalar(fn), params, ret)
-    for name, fn in noise.arrow_udfs(source).items():
-        _create(con, existing, name, fn, [DOUBLE], DOUBLE, side_effects=True)
-
-    def secret_salt() -> pa.Array:
-        return pa.array([source.salt()], type=pa.int64())
-
-    _create(con, existing, "dp__secret_salt", secret_salt, [], BIGINT, side_effects=True)
+    for provider in UDF_PROVIDERS:
+        for udf in provider(source):
+            if udf.name in existing:  # re-registering (e.g. with another seed) replaces the UDF
+                con.remove_function(udf.name)
+            # SPECIAL null handling: the UDF sees NULL parameters and rejects them by name.
+            con.create_function(udf.name, udf.fn, list(udf.params), udf.returns, type=duckdb.func.ARROW,
+                                null_handling=duckdb.func.SPECIAL, side_effects=udf.side_effects)
     _SOURCES[con] = source
 
 

@@ -32,8 +32,10 @@ from typing import Callable, Optional
 
 import duckdb
 import pyarrow as pa
+from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql import calibration
+from dpsql.udf import Udf, scalar
 from dpsql.validation import (
     DPParameterError,
     check_delta,
@@ -43,7 +45,7 @@ from dpsql.validation import (
     check_table_name,
 )
 
-__all__ = ["METHODS", "DEFAULT_METHOD", "SetUnionMethod", "calibrate", "set_union"]
+__all__ = ["METHODS", "DEFAULT_METHOD", "SetUnionMethod", "calibrate", "set_union", "udfs"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,47 @@ def calibrate(method: str, epsilon: float, delta: float, max_items: int) -> cali
     return _calibrate(method, epsilon, delta, max_items)
 
 
+def check_column_pair(user_col: object, item_col: object) -> None:
+    """Two non-empty, different column names (whether they exist is the binder's business)."""
+    for name, value in (("user_col", user_col), ("item_col", item_col)):
+        if value is None or not str(value).strip():
+            raise DPParameterError(f"{name} must name a column (got {value!r})")
+    if str(user_col).lower() == str(item_col).lower():
+        raise DPParameterError("user_col and item_col must name two different columns")
+
+
+def udfs(source) -> list[Udf]:
+    """Validation and calibration UDFs of the set-union macros (pure: folded when the query is planned)."""
+
+    def set_union_calibration(method, epsilon, delta, max_items, user_col, item_col):
+        check_column_pair(user_col, item_col)
+        cal = calibrate(method, epsilon, delta, max_items)
+        return {"scale": cal.scale, "threshold": cal.threshold}
+
+    def set_union_scale(method, epsilon, delta, max_items):
+        return calibrate(method, epsilon, delta, max_items).scale
+
+    def set_union_threshold(method, epsilon, delta, max_items):
+        return calibrate(method, epsilon, delta, max_items).threshold
+
+    def check_method_udf(method):
+        check_method(method)
+        return True
+
+    def method_is(method, candidate):
+        return check_method(method) == candidate
+
+    d = DOUBLE
+    return [
+        Udf("dp__set_union_calibration", scalar(set_union_calibration), (VARCHAR, d, d, d, VARCHAR, VARCHAR),
+            duckdb.struct_type({"scale": DOUBLE, "threshold": DOUBLE})),
+        Udf("dp__set_union_scale", scalar(set_union_scale), (VARCHAR, d, d, d), DOUBLE),
+        Udf("dp__set_union_threshold", scalar(set_union_threshold), (VARCHAR, d, d, d), DOUBLE),
+        Udf("dp__check_method", scalar(check_method_udf), (VARCHAR,), BOOLEAN),
+        Udf("dp__method_is", scalar(method_is), (VARCHAR, VARCHAR), BOOLEAN),
+    ]
+
+
 def _sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -108,14 +151,13 @@ def _check_columns(con: duckdb.DuckDBPyConnection, table: str, user_col: str, it
         columns = con.execute(f"SELECT name FROM pragma_table_info({_sql_string(table)})").fetchall()
     except duckdb.CatalogException:
         raise DPParameterError(f"table {table!r} does not exist (create it or a view of your data first)") from None
+    check_column_pair(user_col, item_col)
     names = {str(c[0]).lower() for c in columns}
     for param, col in (("user_col", user_col), ("item_col", item_col)):
         if col.lower() not in names:
             raise DPParameterError(
                 f"{param} := {col!r} is not a column of {table!r}; its columns are "
                 f"{', '.join(str(c[0]) for c in columns)}")
-    if user_col.lower() == item_col.lower():
-        raise DPParameterError("user_col and item_col must name two different columns")
 
 
 def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_METHOD, *,
