@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 # scipy.special only: scipy.stats takes most of a second to import, on every CLI call.
 from scipy.special import log_ndtr, ndtri
@@ -158,17 +158,34 @@ def laplace_threshold(scale: float, delta_novel: float, max_items: int,
 # --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class RoundCalibration:
+    """One round of a multi-round (or adaptive) release: its share of the budget and its calibration.
+
+    ``adaptive_threshold`` is MAD's truncation level tau (None for Basic rounds).
+    """
+
+    epsilon: float
+    delta: float
+    scale: float
+    threshold: float
+    adaptive_threshold: Optional[float] = None
+
+
+@dataclass(frozen=True)
 class SetUnionCalibration:
     """Noise and threshold of one weight-and-threshold release.
 
     ``noise`` is ``"gaussian"`` (``scale`` = standard deviation) or
     ``"laplace"`` (``scale`` = b); an item is released when
-    ``weight + noise > threshold``.
+    ``weight + noise > threshold``. Adaptive and multi-round methods
+    (``dpsql.adaptive``) also list their ``rounds``; ``scale`` and
+    ``threshold`` are then those of the last round.
     """
 
     noise: str
     scale: float
     threshold: float
+    rounds: tuple[RoundCalibration, ...] = ()
 
 
 def _checked(epsilon: float, delta: float, max_items: int) -> tuple[float, float, int]:

@@ -3,11 +3,13 @@
 Exit codes: 0 success; 1 a failure while running (an engine or I/O error);
 2 a bad argument, parameter or input description (the message names it).
 Every error is one ``Error: ...`` line on stderr, never a traceback. Only
-released items and public calibration numbers are ever printed.
+released items and public calibration numbers are ever printed, except by
+``evaluate``, which prints NON-PRIVATE statistics of the raw input and says so.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -189,7 +191,8 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         started = time.perf_counter()
         released = dpsql.set_union(con, _VIEW, args.method, epsilon=args.epsilon, delta=args.delta,
                                    max_items=args.max_items, user_col=user_col, item_col=item_col,
-                                   progress=_progress_printer(err) if args.progress else None)
+                                   progress=_progress_printer(err) if args.progress else None,
+                                   alpha=args.alpha, passes=args.passes)
         elapsed = time.perf_counter() - started
     finally:
         con.close()
@@ -211,7 +214,11 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             "item_col": item_col,
             "n_released": released.num_rows,
             "calibration": {"noise": cal.noise, "scale": cal.scale, "threshold": cal.threshold},
+            # Adaptive / multi-round methods: every round's budget share, noise scale, release
+            # threshold and (MAD) truncation level; "calibration" then holds the last round's.
+            **({"calibration_rounds": [dataclasses.asdict(r) for r in cal.rounds]} if cal.rounds else {}),
             "private": args.seed is None,
+            **{k: v for k, v in (("alpha", args.alpha), ("passes", args.passes)) if v is not None},
         }
         if output is not None:
             doc["output"] = str(output)
@@ -223,6 +230,149 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             out.write(f"{item}\n")
     out.flush()
     return 0
+
+
+# --------------------------------------------------------------------------
+# evaluate (NON-PRIVATE)
+# --------------------------------------------------------------------------
+
+EVALUATE_NOTE = ("NON-PRIVATE evaluation: computed from the raw input, not differentially private; "
+                 "do not publish these numbers.")
+
+
+def _open_released(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """TEMP view ``dpsql_released`` over a Parquet or CSV file of released items (column ``item``)."""
+    location = _sql_string(str(path))
+    reader = "read_parquet" if _input_kind(path) == "parquet" else "read_csv"
+    con.execute(f"CREATE TEMP VIEW dpsql_released AS SELECT * FROM {reader}({location})")
+
+
+def cmd_evaluate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Missing mass, hits and coverage of a released item file against the raw INPUT (NON-PRIVATE)."""
+    from dpsql import metrics
+
+    user_col = check_identifier("--user-col", args.user_col)
+    item_col = check_identifier("--item-col", args.item_col)
+    if args.k is not None and args.k < 1:
+        raise UsageError(f"--k must be >= 1 (got {args.k})")
+    paths = {}
+    for flag, value in (("INPUT", args.input), ("--released", args.released)):
+        path = Path(value)
+        if not path.is_file():
+            raise UsageError(f"{flag} file {value!r} does not exist")
+        paths[flag] = path
+    con = _connect(None)
+    try:
+        kind = _input_kind(paths["INPUT"])
+        _open_input(con, paths["INPUT"], kind, args.table, repr(args.input))
+        _check_input_columns(con, user_col, item_col, f"{args.input!r} (read as {kind})")
+        _open_released(con, paths["--released"])
+        names = [r[0].lower() for r in con.execute("SELECT name FROM pragma_table_info('dpsql_released')").fetchall()]
+        if args.released_col.lower() not in names:
+            raise UsageError(f"--released-col {args.released_col!r} is not a column of {args.released!r}")
+        doc = metrics.evaluate(con, _VIEW, "dpsql_released", k=args.k, user_col=user_col, item_col=item_col,
+                               released_col=args.released_col)
+    finally:
+        con.close()
+    doc = {"input": args.input, "released": args.released, "private": False, "note": EVALUATE_NOTE, **doc}
+    if args.json:
+        out.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        mm = doc["missing_mass_p"]
+        lines = [EVALUATE_NOTE, "",
+                 f"released items: {doc['released_items']:,}",
+                 f"missing mass (p=1): {mm['1']:.6f}   p=2: {mm['2']:.6f}   p=inf: {mm['inf']:.6f}   "
+                 f"items missed (p=0): {int(mm['0']):,}",
+                 f"users hit: {doc['hits']:,} of {doc['users']:,}"]
+        if "top_k_missing_mass" in doc:
+            lines.append(f"top-{doc['k']} missing mass: {doc['top_k_missing_mass']:.6f}")
+        lines += ["", "frequency      items  released"]
+        for b in doc["coverage_by_frequency"]:
+            lines.append(f"{b['min_frequency']:>6}-{b['max_frequency']:<7} {b['items']:>6}  {b['released_items']:>8}")
+        out.write("\n".join(lines) + "\n")
+    out.flush()
+    return 0
+
+
+# --------------------------------------------------------------------------
+# weighted-sample (ELEMENT-level privacy: one row of the input, not one user)
+# --------------------------------------------------------------------------
+
+def cmd_weighted_sample(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Private weighted sample / private histogram of INPUT (element-level DP); print keys (and tokens)."""
+    from dpsql import pws
+
+    eps, delta, tau, scheme, power = pws.check_pws_parameters(args.epsilon, args.delta, args.tau, args.scheme,
+                                                              args.power)
+    key_col = check_identifier("--key-col", args.key_col)
+    freq_col = None if args.freq_col is None else check_identifier("--freq-col", args.freq_col)
+    input_path = Path(args.input)
+    if not input_path.is_file():
+        raise UsageError(f"input file {args.input!r} does not exist or is not a file")
+    kind = _input_kind(input_path)
+    if args.table is not None and kind != "duckdb":
+        raise UsageError(f"--table applies to a DuckDB database input; {args.input!r} is a {kind} file")
+    output = _output_path(args.output, input_path)
+    if args.seed is not None:
+        print(SEED_WARNING, file=err, flush=True)
+    con = _connect(args.seed)
+    try:
+        _open_input(con, input_path, kind, args.table, repr(args.input))
+        columns = [r[0] for r in con.execute(f"SELECT name FROM pragma_table_info('{_VIEW}')").fetchall()]
+        for flag, col in (("--key-col", key_col), ("--freq-col", freq_col)):
+            if col is not None and col.lower() not in {c.lower() for c in columns}:
+                raise UsageError(f"{flag} {col!r} is not a column of {args.input!r}; its columns are "
+                                 f"{', '.join(columns)}")
+        released = pws.weighted_sample(con, _VIEW, eps, delta, tau=tau, scheme=scheme, power=power,
+                                       with_frequencies=args.with_frequencies, key_col=key_col, freq_col=freq_col)
+    finally:
+        con.close()
+    if not args.with_frequencies:
+        released = released.select(["key"])
+    try:
+        released = released.sort_by("key")  # publish the set, not the engine's order
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        pass
+    if output is not None:
+        _write(released, output)
+    if args.json:
+        doc = {"mechanism": "pws", "privacy_unit": "element (one input row), NOT user", "epsilon": eps,
+               "delta": delta, "tau": tau, "scheme": scheme, "power": power,
+               "with_frequencies": bool(args.with_frequencies), "input": args.input, "key_col": key_col,
+               "freq_col": freq_col, "n_released": released.num_rows, "L": pws.L_value(eps, delta),
+               "private": args.seed is None}
+        if output is not None:
+            doc["output"] = str(output)
+        else:
+            doc["keys"] = released.to_pylist()
+        out.write(json.dumps(doc, indent=2, default=str) + "\n")
+    elif output is None:
+        for row in released.to_pylist():
+            out.write("\t".join(str(v) for v in row.values()) + "\n")
+    out.flush()
+    return 0
+
+
+def _add_weighted_sample_parser(sub) -> None:
+    ws = sub.add_parser("weighted-sample", help="private weighted sample / histogram (ELEMENT-level privacy)",
+                        description="Release keys of INPUT (and, with --with-frequencies, sanitized frequency "
+                                    "tokens) under ELEMENT-level (epsilon, delta)-DP: one input row is protected, "
+                                    "NOT one user. Without --tau: private histogram; with --tau: private "
+                                    "threshold sample (Cohen et al., private weighted sampling).")
+    ws.add_argument("input", metavar="INPUT", help="Parquet file, CSV file, or DuckDB database (with --table)")
+    ws.add_argument("--epsilon", type=float, required=True, help="privacy parameter epsilon > 0")
+    ws.add_argument("--delta", type=float, required=True, help="privacy parameter 0 < delta < 1")
+    ws.add_argument("--tau", type=float, help="sampling threshold > 0 (default: no sampling)")
+    ws.add_argument("--scheme", default="ppswor", help="ppswor (default) or priority")
+    ws.add_argument("--power", type=float, default=1.0, help="sampling weight f(i) = i^power (default 1)")
+    ws.add_argument("--with-frequencies", action="store_true", help="also release sanitized frequency tokens")
+    ws.add_argument("--key-col", default="key", help="key column (default: key)")
+    ws.add_argument("--freq-col", help="frequency column of an aggregated input (default: one row = one element)")
+    ws.add_argument("--table", help="table or view to read when INPUT is a DuckDB database")
+    ws.add_argument("--output", metavar="FILE", help="write the sample to FILE: CSV if it ends in .csv, else Parquet")
+    ws.add_argument("--json", action="store_true", help="print one JSON object with parameters and sample")
+    ws.add_argument("--seed", type=int, help="reproducible noise for tests: the result is NOT private")
+    ws.set_defaults(func=cmd_weighted_sample)
 
 
 # --------------------------------------------------------------------------
@@ -241,7 +391,8 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.seed is not None:
         print(SEED_WARNING, file=err, flush=True)
     rows = demo.run_demo(seed=args.seed)
-    demo.print_demo(rows, demo.dataset_summary(), as_json=args.json, seeded=args.seed is not None, out=out)
+    demo.print_demo(rows, demo.dataset_summary(), as_json=args.json, seeded=args.seed is not None, out=out,
+                    top_k=demo.run_top_k(seed=args.seed))
     return 0
 
 
@@ -279,9 +430,13 @@ def build_parser() -> argparse.ArgumentParser:
     su.add_argument("--json", action="store_true", help="print one JSON object with the parameters, "
                                                         "calibration and items")
     su.add_argument("--progress", action="store_true", help="report progress and timing on stderr")
+    su.add_argument("--alpha", type=float, help="cutoff multiplier of policy_laplace, policy_gaussian (default 5) "
+                                                "and greedy_update (default 3)")
+    su.add_argument("--passes", type=int, help="passes over the users of policy_laplace/policy_gaussian (default 1)")
     su.add_argument("--seed", type=int, help="reproducible noise for tests: the result is NOT private")
     su.set_defaults(func=cmd_set_union)
 
+    _add_weighted_sample_parser(sub)
     demo = sub.add_parser("demo", help="compare every method on the embedded r/AskReddit sample",
                           description="Run every set-union method on the embedded r/AskReddit sample at "
                                       "epsilon=1, delta=1e-5, max_items=100 and report (non-privately) "
@@ -289,6 +444,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
     demo.add_argument("--seed", type=int, help="reproducible noise: the result is NOT private")
     demo.set_defaults(func=cmd_demo)
+
+    ev = sub.add_parser("evaluate", help="NON-PRIVATE: missing mass, hits and coverage of released items",
+                        description="Compare a file of released items with the raw INPUT: missing mass MM_p "
+                                    "(p = 0, 1, 2, inf), top-k missing mass (--k), users hit, and items per "
+                                    "frequency bucket. Reads the raw data: the numbers are NOT private.")
+    ev.add_argument("input", metavar="INPUT", help="Parquet file, CSV file, or DuckDB database (with --table)")
+    ev.add_argument("--released", required=True, metavar="FILE", help="Parquet or CSV file of released items")
+    ev.add_argument("--released-col", default="item", help="item column of --released (default: item)")
+    ev.add_argument("--k", type=int, help="also report the top-k missing mass (at most k released items)")
+    ev.add_argument("--user-col", default="user_id", help="user column (default: user_id)")
+    ev.add_argument("--item-col", default="item", help="item column (default: item)")
+    ev.add_argument("--table", help="table or view to read when INPUT is a DuckDB database")
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
+    ev.set_defaults(func=cmd_evaluate)
     return parser
 
 

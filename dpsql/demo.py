@@ -138,14 +138,50 @@ def format_demo(rows: list[dict], summary: dict, *, epsilon: float = EPSILON, de
     return "\n".join(out)
 
 
+def run_top_k(*, k: int = 10, epsilon: float = EPSILON, delta: float = DELTA, max_items: int = MAX_ITEMS,
+              seed: Optional[int] = None) -> dict:
+    """A private top-k of the embedded dataset (``dp_top_k``) and the true top-k (NON-PRIVATE, for comparison)."""
+    from dpsql import topk
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # callers print their own warning for a seed
+        con = dpsql.connect(seed=seed)
+    try:
+        with dataset_path() as path:
+            _load(con, path)
+        private = topk.top_k(con, _TABLE, k, epsilon=epsilon, delta=delta, max_items=max_items)
+        true = con.execute(f"SELECT item FROM {_TABLE} GROUP BY item ORDER BY count(DISTINCT user_id) DESC, item "
+                           f"LIMIT {int(k)}").fetchall()
+        return {"k": k, "private": private.column("item").to_pylist(), "true_non_private": [r[0] for r in true]}
+    finally:
+        con.close()
+
+
+def format_top_k(top: dict, *, epsilon: float = EPSILON, delta: float = DELTA) -> str:
+    """The private top-k next to the true top-k (the latter labelled NON-PRIVATE)."""
+    k = top["k"]
+    out = [f"Top-{k} words: dp_top_k at epsilon={epsilon:g}, delta={delta:g} (private) vs. the true top-{k} "
+           f"(NON-PRIVATE, computed from the raw data for comparison):", "",
+           f"rank  {'private':<14}true (NON-PRIVATE)"]
+    for i in range(k):
+        p = top["private"][i] if i < len(top["private"]) else "-"
+        t = top["true_non_private"][i] if i < len(top["true_non_private"]) else "-"
+        out.append(f"{i + 1:>4}  {p:<14}{t}")
+    return "\n".join(out)
+
+
 def print_demo(rows: list[dict], summary: dict, *, epsilon: float = EPSILON, delta: float = DELTA,
                max_items: int = MAX_ITEMS, as_json: bool = False, seeded: bool = False,
-               out: TextIO = sys.stdout) -> None:
+               out: TextIO = sys.stdout, top_k: Optional[dict] = None) -> None:
     """Print the report as text, or as one JSON object (``private`` is false for a seeded run)."""
     if as_json:
         doc = {"dataset": summary, "epsilon": epsilon, "delta": delta, "max_items": max_items,
                "private": not seeded, "evaluation": EVALUATION_NOTE, "rows": rows}
+        if top_k is not None:
+            doc["top_k"] = top_k
         out.write(json.dumps(doc, indent=2) + "\n")
     else:
         out.write(format_demo(rows, summary, epsilon=epsilon, delta=delta, max_items=max_items) + "\n")
+        if top_k is not None:
+            out.write("\n" + format_top_k(top_k, epsilon=epsilon, delta=delta) + "\n")
     out.flush()

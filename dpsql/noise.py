@@ -89,6 +89,10 @@ class NoiseSource:
         rate = _positive_vector("rate", rate)
         return self._draw(len(rate), lambda g, n: g.standard_exponential(n)) / rate
 
+    def uniform(self, n: int) -> np.ndarray:
+        """``n`` independent ``U[0, 1)`` draws (per-key Bernoulli/categorical decisions)."""
+        return self._draw(int(n), lambda g, k: g.random(k))
+
     def salt(self) -> int:
         """A uniformly random signed 64-bit integer (per-query secret salt for hashing)."""
         return int(self._draw(1, lambda g, n: g.integers(-(2 ** 63), 2 ** 63 - 1, size=n, dtype=np.int64))[0])

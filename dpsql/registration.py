@@ -18,7 +18,11 @@ import duckdb
 import duckdb.func
 from duckdb.sqltypes import DOUBLE
 
-from dpsql import calibration, noise, union
+from dpsql import adaptive, calibration, noise, union
+from dpsql import topk
+from dpsql import pws
+from dpsql import policy
+from dpsql import optimize, subsampling
 from dpsql.udf import Udf, scalar
 
 __all__ = ["connect", "register", "register_macros", "sql_dir", "sql_files", "source_of"]
@@ -69,6 +73,12 @@ UDF_PROVIDERS: tuple[Callable[[noise.NoiseSource], list[Udf]], ...] = (
     _calibration_udfs,
     noise.udfs,
     union.udfs,
+    adaptive.udfs,
+    topk.udfs,
+    pws.udfs,
+    policy.udfs,
+    subsampling.udfs,
+    optimize.udfs,
 )
 
 

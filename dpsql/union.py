@@ -34,7 +34,7 @@ import duckdb
 import pyarrow as pa
 from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
-from dpsql import calibration
+from dpsql import adaptive, calibration, policy
 from dpsql.udf import Udf, scalar
 from dpsql.validation import (
     DPParameterError,
@@ -56,6 +56,8 @@ class SetUnionMethod:
     macro: str
     description: str
     calibrate: Callable[[float, float, int], calibration.SetUnionCalibration]
+    # Extra macro parameters the method accepts beyond the common ones (set_union passes them on).
+    options: tuple[str, ...] = ()
 
 
 METHODS: dict[str, SetUnionMethod] = {
@@ -73,10 +75,34 @@ METHODS: dict[str, SetUnionMethod] = {
         SetUnionMethod("weighted_gaussian", "dp_set_union_weighted_gaussian",
                        "weights 1/sqrt(d) per capped user, Gaussian noise (WGM, Basic; [DPSU] Thm 5.1)",
                        calibration.weighted_gaussian_calibration),
+        SetUnionMethod("mad", "dp_set_union_mad",
+                       "MaxAdaptiveDegree: Basic's noise and threshold, excess weight of items far above the "
+                       "threshold rerouted to the others ([MAD] Alg. 3)",
+                       adaptive.mad_set_union_calibration),
+        SetUnionMethod("mad2r", "dp_set_union_mad2r",
+                       "MAD in two rounds (budget 0.1/0.9), round two biased by round one's noisy weights "
+                       "([MAD] Alg. 4)",
+                       adaptive.mad2r_set_union_calibration),
+        SetUnionMethod("sips", "dp_set_union_sips",
+                       "DP-SIPS: Basic in two rounds (budget 0.1/0.9), round two without round one's items "
+                       "(Swanberg et al. 2023)",
+                       adaptive.sips_set_union_calibration),
+        SetUnionMethod("policy_laplace", "dp_set_union_policy_laplace",
+                       "sequential l1-descent towards a cutoff, Laplace noise ([DPSU] Alg. 4)",
+                       policy.policy_laplace_calibration, ("alpha", "passes")),
+        SetUnionMethod("policy_gaussian", "dp_set_union_policy_gaussian",
+                       "sequential l2-descent towards a cutoff, Gaussian noise ([DPSU] Alg. 6)",
+                       policy.policy_gaussian_calibration, ("alpha", "passes")),
+        SetUnionMethod("greedy_update", "dp_set_union_greedy_update",
+                       "sequential greedy fill, most repeated items first, no max_items cap, Laplace noise "
+                       "(Carvalho et al. 2022)",
+                       policy.greedy_update_calibration, ("alpha",)),
     ]
 }
 
-DEFAULT_METHOD = "weighted_gaussian"
+# The best parallel method measured on the real datasets (benchmarks/README.md, "Adaptive methods"):
+# MAD2R released the most items at (1, 1e-5, 100); see README "Privacy accounting of multi-round methods".
+DEFAULT_METHOD = "mad2r"
 
 
 def check_method(method: object) -> str:
@@ -163,26 +189,46 @@ def _check_columns(con: duckdb.DuckDBPyConnection, table: str, user_col: str, it
 def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_METHOD, *,
               epsilon: float = 1.0, delta: float = 1e-5, max_items: int = 100,
               user_col: str = "user_id", item_col: str = "item",
-              progress: Optional[Callable[[float], None]] = None) -> pa.Table:
+              progress: Optional[Callable[[float], None]] = None,
+              alpha: Optional[float] = None, passes: Optional[int] = None) -> pa.Table:
     """Release items of ``table`` under user-level (epsilon, delta)-DP.
 
     Runs the SQL macro of ``method`` once on a connection prepared by
     :func:`dpsql.register` and returns the released items as a one-column
     Arrow table (``item``, of the input's type). Every parameter is validated
     before the table is read. ``progress``, if given, is called with the
-    engine's completion percentage (0-100) while the query runs.
+    engine's completion percentage (0-100) while the query runs. ``alpha`` and
+    ``passes`` go to the methods that take them (``METHODS[m].options``);
+    None keeps the macro's default.
     """
     method = check_method(method)
     table = check_table_name(table)
     user_col = check_identifier("user_col", user_col)
     item_col = check_identifier("item_col", item_col)
     calibrate(method, epsilon, delta, max_items)
+    options = {"alpha": alpha, "passes": passes}
+    extra = ""
+    for name, value in options.items():
+        if value is not None and name not in METHODS[method].options:
+            raise DPParameterError(f"{name} does not apply to method {method!r}; leave it out")
+    if alpha is not None:
+        extra += f", alpha := {policy.check_alpha(alpha)!r}"
+    if passes is not None:
+        extra += f", passes := {policy.check_passes(passes)}"
     _check_columns(con, table, user_col, item_col)
+    # greedy_update has no cap: its macro takes no max_items.
+    cap = "" if method == "greedy_update" else f", max_items := {int(max_items)}"
     sql = (f"SELECT item FROM {METHODS[method].macro}({_sql_string(table)}, "
-           f"epsilon := {float(epsilon)!r}, delta := {float(delta)!r}, max_items := {int(max_items)}, "
+           f"epsilon := {float(epsilon)!r}, delta := {float(delta)!r}{cap}{extra}, "
            f"user_col := {_sql_string(user_col)}, item_col := {_sql_string(item_col)})")
     if progress is None:
         return con.sql(sql).to_arrow_table()
+    if method in policy.POLICIES:  # the kernel reports the share of users processed
+        from dpsql.registration import source_of
+
+        relay = policy.ProgressRelay(progress)
+        with policy.reporting(source_of(con), relay.kernel):
+            return _run_with_progress(con, sql, relay.engine)
     return _run_with_progress(con, sql, progress)
 
 

@@ -1,9 +1,10 @@
--- dp_set_union(tbl, method := ...): one entry point for every set-union method.
+-- dp_set_union(tbl, method := ...): one entry point for every set-union method. The default is
+-- dpsql.union.DEFAULT_METHOD (MAD2R, the best parallel method measured; keep the two in sync).
 -- `method` is a constant, so DuckDB folds each branch's filter dp__method_is(method, '...') and
 -- prunes the untaken branches before execution (tests/test_set_union.py counts noise draws to
 -- prove it). DuckDB cannot fold a function that raises, so for an unknown method every
 -- filter stays and the last branch raises the error when the query runs.
-CREATE OR REPLACE TEMP MACRO dp_set_union(tbl VARCHAR, method VARCHAR := 'weighted_gaussian', epsilon DOUBLE := 1.0,
+CREATE OR REPLACE TEMP MACRO dp_set_union(tbl VARCHAR, method VARCHAR := 'mad2r', epsilon DOUBLE := 1.0,
         delta DOUBLE := 1e-5, max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 SELECT item FROM dp_set_union_count_laplace(tbl, epsilon := epsilon, delta := delta, max_items := max_items,
                                             user_col := user_col, item_col := item_col)
@@ -20,6 +21,34 @@ UNION ALL
 SELECT item FROM dp_set_union_weighted_gaussian(tbl, epsilon := epsilon, delta := delta, max_items := max_items,
                                                 user_col := user_col, item_col := item_col)
 WHERE dp__method_is(method, 'weighted_gaussian')
+UNION ALL
+-- The sequential policies run with their default alpha/passes here; call their own macros to change them.
+SELECT item FROM dp_set_union_policy_laplace(tbl, epsilon := epsilon, delta := delta, max_items := max_items,
+                                             user_col := user_col, item_col := item_col)
+WHERE dp__method_is(method, 'policy_laplace')
+UNION ALL
+SELECT item FROM dp_set_union_policy_gaussian(tbl, epsilon := epsilon, delta := delta, max_items := max_items,
+                                              user_col := user_col, item_col := item_col)
+WHERE dp__method_is(method, 'policy_gaussian')
+UNION ALL
+-- GreedyUpdate has no cap: max_items does not apply.
+SELECT item FROM dp_set_union_greedy_update(tbl, epsilon := epsilon, delta := delta,
+                                            user_col := user_col, item_col := item_col)
+WHERE dp__method_is(method, 'greedy_update')
+UNION ALL
+-- MAD, MAD2R and DP-SIPS run with their defaults here (split [0.1, 0.9], max_adaptive_degree 50,
+-- beta 2, ...); call their own macros to change them.
+SELECT item FROM dp_set_union_mad(tbl, epsilon := epsilon, delta := delta, max_items := max_items,
+                                  user_col := user_col, item_col := item_col)
+WHERE dp__method_is(method, 'mad')
+UNION ALL
+SELECT item FROM dp_set_union_mad2r(tbl, epsilon := epsilon, delta := delta, max_items := max_items,
+                                    user_col := user_col, item_col := item_col)
+WHERE dp__method_is(method, 'mad2r')
+UNION ALL
+SELECT item FROM dp_set_union_sips(tbl, epsilon := epsilon, delta := delta, max_items := max_items,
+                                   user_col := user_col, item_col := item_col)
+WHERE dp__method_is(method, 'sips')
 UNION ALL
 -- Always planned for an unknown method (its filter cannot be folded), and raises when run.
 SELECT NULL AS item WHERE NOT dp__check_method(method);

@@ -44,6 +44,7 @@ def test_weighted_gaussian_matches_the_reference_counts(shared_data, name):
 def test_weighted_beats_count_in_each_noise_family(shared_data, name):
     path = shared_data / DATASETS[name][0]
     eps, delta = 3.0, math.exp(-10)
-    n = {m: mean_released(path, m, eps, delta) for m in dpsql.METHODS}
+    n = {m: mean_released(path, m, eps, delta)
+         for m in ("count_gaussian", "count_laplace", "weighted_gaussian", "weighted_laplace")}
     assert n["weighted_gaussian"] > n["count_gaussian"], n
     assert n["weighted_laplace"] > n["count_laplace"], n

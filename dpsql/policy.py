@@ -1,0 +1,595 @@
+"""Sequential update policies: Policy Laplace, Policy Gaussian, GreedyUpdate.
+
+[DPSU] (Gopi et al., ICML 2020) Alg. 1: users are visited one at a time in a
+data-independent order; each user spends a budget of 1 on the weights of its
+(capped) items through an update policy ``phi``; at the end every item of the
+histogram's support gets noise and is released if it exceeds a threshold.
+
+* ``policy_laplace``: l1-descent (Alg. 3, 4): water-filling of the user's items
+  towards the cutoff ``Gamma`` with total l1 change 1.
+* ``policy_gaussian``: l2-descent (Alg. 5, 6): a step of l2 length 1 from the
+  user's items towards ``(Gamma, ..., Gamma)``.
+* ``greedy_update`` (Carvalho et al. 2022, as used by [MAD] and [MM]): the user
+  fills its items one after another in a fixed order (most frequent in the
+  user's own rows first) up to ``Gamma`` with l1 budget 1. No ``max_items`` cap.
+
+Privacy argument (user-level add/remove, [DPSU] Thm 1.1, 4.1, 5.1):
+
+1. The visiting order is a keyed hash of the user id alone (secret per-query
+   salt): adding or removing a user does not change the relative order of the
+   others. Which items a user keeps (the uniform ``max_items`` sample of
+   ``dp__capped_user_items``) and the order greedy_update fills them in depend
+   only on that user's rows. The order salt is a separate draw from the cap
+   salt (secrecy is not needed for privacy, only data independence; a fresh salt
+   per query makes runs differ like the paper's shuffles). Equal hashes are
+   ordered by the user id, so two users are never merged into one.
+2. Each policy is contractive: l1-descent and greedy_update for the invariant
+   set ``{(G1, G2): G1 >= G2, ||G1 - G2||_1 <= 1}`` ([DPSU] Lemma 4.1; for
+   greedy_update the fill order does not depend on the histogram, so with
+   ``G1 >= G2`` the remaining budget of G1 is never smaller at any item, which
+   gives monotonicity, and the spent budgets compare as in Lemma 4.1);
+   l2-descent for all pairs at l2 distance <= 1 ([DPSU] Lemma 5.1, 5.2). Hence
+   the final histogram has l1 (resp. l2) sensitivity <= 1 ([DPSU] Lemma 4.2).
+   With ``passes = P`` every pass spends ``1/P`` (l1 budget, or l2 step length),
+   so by contraction and the triangle inequality the P passes together still
+   move the histogram by at most 1 (spec Sec. 2.6).
+3. Novel items (held only by the added user, ``t`` of them) all start at 0 and
+   receive the same weight ``<= 1/t`` (l1-descent), ``<= 1/sqrt(t)`` (l2-descent);
+   greedy_update's cutoff is ``>= 1``, so at most one novel item gets weight,
+   ``<= 1``.
+4. Laplace ``Lap(1/eps)`` resp. Gaussian ``N(0, sigma(eps, delta/2)^2)`` noise on
+   the support and the thresholds of :mod:`dpsql.calibration` (``h(t) = 1/t``,
+   ``1/sqrt(t)``, resp. ``h = 1`` with ``t = 1``) bound the probability that a
+   novel item is released by ``delta`` (Laplace) resp. ``delta/2`` (Gaussian).
+   Only items with positive weight are candidates, so zero-weight novel items
+   cannot be released.
+
+The cutoff Gamma does not affect privacy (only utility), except that
+greedy_update needs ``Gamma >= 1`` for point 3. The histogram and the noisy
+values never leave :func:`release`: the UDF returns only released dense ids,
+which the macro joins back to items in the engine.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from array import array
+from functools import lru_cache
+from typing import Callable, Optional
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+from duckdb.sqltypes import BIGINT, DOUBLE, VARCHAR
+
+from dpsql import calibration
+from dpsql.calibration import SetUnionCalibration
+from dpsql.noise import NoiseSource
+from dpsql.udf import Udf, scalar
+from dpsql.validation import DPParameterError, check_delta, check_epsilon, check_max_items
+
+__all__ = [
+    "POLICIES", "MAX_PASSES", "check_alpha", "check_passes",
+    "policy_laplace_calibration", "policy_gaussian_calibration", "greedy_update_calibration",
+    "policy_cutoff", "calibrate", "build_csr", "csr_from_keys", "run_policy", "release", "numba_available",
+    "reporting", "ProgressRelay", "udfs",
+]
+
+# Update policy of each method (kernel codes are shared by both kernels).
+L1_DESCENT, L2_DESCENT, GREEDY_FILL = 0, 1, 2
+POLICIES = {"policy_laplace": L1_DESCENT, "policy_gaussian": L2_DESCENT, "greedy_update": GREEDY_FILL}
+DEFAULT_ALPHA = {"policy_laplace": 5.0, "policy_gaussian": 5.0, "greedy_update": 3.0}
+MAX_PASSES = 1000
+
+# Kernel the macros use: "auto" (numba when installed), "numba" or "python". For benchmarks and tests.
+KERNEL = "auto"
+
+# Entries handed to one kernel call; progress is reported between calls.
+_CHUNK_ENTRIES = 1 << 20
+
+
+# --------------------------------------------------------------------------
+# Validation and calibration (pure)
+# --------------------------------------------------------------------------
+
+def check_policy(method: object) -> str:
+    if not isinstance(method, str) or method not in POLICIES:
+        raise DPParameterError(f"method must be one of {', '.join(sorted(POLICIES))} (got {method!r})")
+    return method
+
+
+def check_alpha(alpha: object) -> float:
+    """The cutoff multiplier: a finite number > 0 (recommended 2..6, [DPSU] Sec. 4, 5)."""
+    if alpha is None or isinstance(alpha, bool):
+        raise DPParameterError(f"alpha must be a finite number > 0, e.g. alpha := 5 (got {alpha!r})")
+    try:
+        value = float(alpha)
+    except (TypeError, ValueError):
+        raise DPParameterError(f"alpha must be a finite number > 0, e.g. alpha := 5 (got {alpha!r})") from None
+    if not (math.isfinite(value) and value > 0):
+        raise DPParameterError(f"alpha must be a finite number > 0, e.g. alpha := 5 (got {alpha!r})")
+    return value
+
+
+def check_passes(passes: object) -> int:
+    """The number of passes over the users: an integer 1..MAX_PASSES."""
+    msg = f"passes must be an integer between 1 and {MAX_PASSES}, e.g. passes := 1 (got {passes!r})"
+    if passes is None or isinstance(passes, bool):
+        raise DPParameterError(msg)
+    try:
+        value = float(passes)
+    except (TypeError, ValueError):
+        raise DPParameterError(msg) from None
+    if not (math.isfinite(value) and value == int(value) and 1 <= value <= MAX_PASSES):
+        raise DPParameterError(msg)
+    return int(value)
+
+
+def policy_laplace_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
+    """Policy Laplace ([DPSU] Alg. 4, Thm 4.1): ``Lap(1/eps)``, ``rho_Lap`` with ``h(t) = 1/t``.
+
+    Same noise and threshold as Weighted Laplace: the l1-descent histogram has
+    l1 sensitivity 1 and novel items get ``<= 1/t``.
+    """
+    return calibration.weighted_laplace_calibration(epsilon, delta, max_items)
+
+
+def policy_gaussian_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
+    """Policy Gaussian ([DPSU] Alg. 6, Thm 5.1): ``sigma(eps, delta/2)``, ``rho_Gauss`` with ``h(t) = 1/sqrt(t)``."""
+    return calibration.weighted_gaussian_calibration(epsilon, delta, max_items)
+
+
+def greedy_update_calibration(epsilon: float, delta: float, max_items: Optional[int] = None) -> SetUnionCalibration:
+    """GreedyUpdate (spec Sec. 2.8): ``Lap(1/eps)``, ``rho = 1 + (1/eps) ln(1 / (2 delta))``.
+
+    At most one novel item gets weight (``<= 1``, since ``Gamma >= 1``), so the
+    threshold is :func:`calibration.laplace_threshold` with ``h = 1`` and
+    ``t = 1``. ``max_items`` is ignored (GreedyUpdate has no cap).
+    """
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    scale = 1.0 / epsilon
+    return SetUnionCalibration("laplace", scale, calibration.laplace_threshold(scale, delta, 1, calibration.one))
+
+
+_CALIBRATIONS = {"policy_laplace": policy_laplace_calibration, "policy_gaussian": policy_gaussian_calibration,
+                 "greedy_update": greedy_update_calibration}
+
+
+@lru_cache(maxsize=256)
+def _cutoff(method: str, epsilon: float, delta: float, max_items: int, alpha: float) -> float:
+    cal = _CALIBRATIONS[method](epsilon, delta, max_items)
+    gamma = cal.threshold + alpha * cal.scale
+    return max(gamma, 1.0) if method == "greedy_update" else gamma
+
+
+def policy_cutoff(method: str, epsilon: float, delta: float, max_items: int, alpha: float) -> float:
+    """The cutoff Gamma of a sequential policy; no weight ever exceeds it.
+
+    * policy_laplace: ``Gamma = rho_Lap + alpha / eps`` ([DPSU] Alg. 4);
+    * policy_gaussian: ``Gamma = rho_Gauss + alpha * sigma`` ([DPSU] Sec. 5.2;
+      Alg. 6 prints rho_Lap, an erratum);
+    * greedy_update: ``Gamma = max(rho + alpha / eps, 1)`` (spec Sec. 2.8:
+      alpha counts Laplace scales; ``Gamma >= 1`` keeps novel items to one).
+
+    Example ([DPSU] setting eps=3, delta=e^-10, max_items=100, alpha=5):
+    13.4876 (Gaussian), 6.3140 (Laplace).
+    """
+    method = check_policy(method)
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    max_items = 1 if method == "greedy_update" else check_max_items(max_items)
+    return _cutoff(method, epsilon, delta, max_items, check_alpha(alpha))
+
+
+def calibrate(method: str, epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
+    """Noise and threshold of a sequential policy method."""
+    return _CALIBRATIONS[check_policy(method)](epsilon, delta, max_items)
+
+
+# --------------------------------------------------------------------------
+# CSR
+# --------------------------------------------------------------------------
+
+def build_csr(order: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(indptr, indices)``: the items of user ``k`` (users numbered 0.. in visiting order).
+
+    ``order[j]`` is the user ordinal of entry ``j``, ``items[j]`` its dense item
+    id. The entries of one user keep their relative input order (stable sort),
+    which is the fill order of greedy_update.
+    """
+    order = np.asarray(order, dtype=np.int64)
+    items = np.asarray(items, dtype=np.int64)
+    if len(order) != len(items):
+        raise ValueError("order and items must have the same length")
+    if len(order) == 0:
+        return np.zeros(1, np.int64), np.zeros(0, np.int64)
+    if not bool(np.all(order[1:] >= order[:-1])):
+        perm = np.argsort(order, kind="stable")
+        order, items = order[perm], items[perm]
+    counts = np.bincount(order)
+    indptr = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return indptr, np.ascontiguousarray(items)
+
+
+def csr_from_keys(keys: np.ndarray, *, keep_order: bool) -> tuple[np.ndarray, np.ndarray]:
+    """CSR from packed entries ``user_ordinal << 32 | item_id`` (the macro's list).
+
+    With ``keep_order`` the keys must already be grouped by user in visiting
+    order (greedy_update's fill order is the list order); otherwise they are
+    sorted (the order within a user does not matter to the descent policies).
+    """
+    keys = np.asarray(keys, dtype=np.int64)
+    if len(keys) == 0:
+        return np.zeros(1, np.int64), np.zeros(0, np.int64)
+    if not keep_order:
+        keys = np.sort(keys)
+    order = keys >> 32
+    if keep_order and not bool(np.all(order[1:] >= order[:-1])):
+        raise ValueError("dpsql: the entries of a greedy_update run must arrive grouped by user")
+    indptr = np.zeros(int(order[-1]) + 2, np.int64)
+    np.cumsum(np.bincount(order), out=indptr[1:])
+    return indptr, keys & 0xFFFFFFFF
+
+
+# --------------------------------------------------------------------------
+# Kernels. Both do exactly the same floating-point operations in the same order,
+# so their histograms are bit-identical (tests check it).
+# --------------------------------------------------------------------------
+
+def _python_users(kind: int, indptr: list, idx: list, base: int, H, gamma: float, beta: float) -> None:
+    """Pure-Python kernel over the users of one chunk (``idx`` holds their entries from ``base`` on)."""
+    for u in range(len(indptr) - 1):
+        items = idx[indptr[u] - base:indptr[u + 1] - base]
+        if kind == L1_DESCENT:
+            hs = [H[i] for i in items]
+            gaps = [gamma - h for h in hs if h < gamma]
+            if not gaps:
+                continue
+            k = len(gaps)
+            budget = beta
+            level = 0.0
+            # Usual case: the budget runs out before the smallest gap is filled. This is the first
+            # step of the loop below (level = 0 + budget/k), without sorting.
+            if min(gaps) * k > budget:
+                level = budget / k
+            else:
+                gaps.sort()
+                for g in gaps:
+                    need = (g - level) * k
+                    if need <= budget:
+                        budget -= need
+                        level = g
+                        k -= 1
+                    else:
+                        level += budget / k
+                        break
+            for i, h in zip(items, hs):
+                if h < gamma:
+                    # An item whose gap is covered lands exactly on Gamma (h + gap may round above it).
+                    H[i] = gamma if gamma - h <= level else h + level
+        elif kind == L2_DESCENT:
+            hs = [H[i] for i in items]
+            z2 = 0.0
+            for h in hs:
+                g = gamma - h
+                z2 += g * g  # sequential sum, in the same order as the compiled kernel
+            if z2 == 0.0:
+                continue
+            z = math.sqrt(z2)
+            if z < beta:
+                for i in items:
+                    H[i] = gamma
+            else:
+                c = beta / z
+                for i, h in zip(items, hs):
+                    v = h + (gamma - h) * c
+                    H[i] = v if v < gamma else gamma
+        else:
+            budget = beta
+            for i in items:
+                h = H[i]
+                if h < gamma:
+                    g = gamma - h
+                    if g < budget:
+                        H[i] = gamma
+                        budget -= g
+                    else:
+                        H[i] = min(gamma, h + budget)
+                        break
+
+
+def _python_kernel(kind, indptr, indices, H, gamma, beta, start, stop):
+    ptr = indptr[start:stop + 1].tolist()
+    idx = indices[ptr[0]:ptr[-1]].tolist()
+    # array('d') keeps the histogram at 8 bytes per item and hands out Python floats.
+    hist = array("d", H.tobytes())
+    _python_users(kind, ptr, idx, ptr[0], hist, gamma, beta)
+    H[:] = np.frombuffer(hist, dtype=np.float64)
+
+
+_NUMBA_KERNEL = None
+_NUMBA_LOCK = threading.Lock()
+
+
+def numba_available() -> bool:
+    """True when the compiled kernel can be used (numba, the ``fast`` extra, is installed)."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _numba_kernel():
+    """Compile (once, lazily: importing numba costs a second) the kernel; None without numba."""
+    global _NUMBA_KERNEL
+    with _NUMBA_LOCK:
+        if _NUMBA_KERNEL is None and numba_available():
+            import numba
+
+            @numba.njit(cache=True, nogil=True)
+            def kernel(kind, indptr, indices, H, gamma, beta, start, stop):  # pragma: no cover (compiled)
+                width = 1
+                for u in range(start, stop):
+                    width = max(width, indptr[u + 1] - indptr[u])
+                gaps = np.empty(width, np.float64)
+                for u in range(start, stop):
+                    a = indptr[u]
+                    b = indptr[u + 1]
+                    if kind == 0:  # L1_DESCENT (1: L2_DESCENT, 2: GREEDY_FILL); same steps as _python_users
+                        k = 0
+                        gmin = np.inf
+                        for j in range(a, b):
+                            h = H[indices[j]]
+                            if h < gamma:
+                                gaps[k] = gamma - h
+                                gmin = min(gmin, gaps[k])
+                                k += 1
+                        if k == 0:
+                            continue
+                        if gmin * k > beta:
+                            level = beta / k
+                            for j in range(a, b):
+                                i = indices[j]
+                                h = H[i]
+                                if h < gamma:
+                                    H[i] = gamma if gamma - h <= level else h + level
+                            continue
+                        srt = gaps[:k]
+                        if k <= 64:  # insertion sort: no allocation, fastest for the typical capped user
+                            for x in range(1, k):
+                                v = srt[x]
+                                y = x - 1
+                                while y >= 0 and srt[y] > v:
+                                    srt[y + 1] = srt[y]
+                                    y -= 1
+                                srt[y + 1] = v
+                        else:
+                            srt.sort()
+                        budget = beta
+                        level = 0.0
+                        for m in range(srt.shape[0]):
+                            g = srt[m]
+                            need = (g - level) * k
+                            if need <= budget:
+                                budget -= need
+                                level = g
+                                k -= 1
+                            else:
+                                level += budget / k
+                                break
+                        for j in range(a, b):
+                            i = indices[j]
+                            h = H[i]
+                            if h < gamma:
+                                H[i] = gamma if gamma - h <= level else h + level
+                    elif kind == 1:
+                        z2 = 0.0
+                        for j in range(a, b):
+                            g = gamma - H[indices[j]]
+                            z2 += g * g
+                        if z2 == 0.0:
+                            continue
+                        z = math.sqrt(z2)
+                        if z < beta:
+                            for j in range(a, b):
+                                H[indices[j]] = gamma
+                        else:
+                            c = beta / z
+                            for j in range(a, b):
+                                i = indices[j]
+                                h = H[i]
+                                H[i] = min(gamma, h + (gamma - h) * c)
+                    else:
+                        budget = beta
+                        for j in range(a, b):
+                            i = indices[j]
+                            h = H[i]
+                            if h < gamma:
+                                g = gamma - h
+                                if g < budget:
+                                    H[i] = gamma
+                                    budget -= g
+                                else:
+                                    H[i] = min(gamma, h + budget)
+                                    break
+
+            _NUMBA_KERNEL = kernel
+        return _NUMBA_KERNEL
+
+
+def run_policy(kind: int, indptr: np.ndarray, indices: np.ndarray, n_items: int, gamma: float, passes: int = 1,
+               *, kernel: str = "auto", progress: Optional[Callable[[float], None]] = None,
+               initial: Optional[np.ndarray] = None) -> np.ndarray:
+    """The histogram of ``passes`` passes of policy ``kind`` over the users of a CSR, in order.
+
+    Each pass gives every user the budget ``1/passes``. ``kernel`` is ``"numba"``,
+    ``"python"`` or ``"auto"`` (numba when installed). ``progress``, if given, is
+    called with the fraction of work done (0..1) between chunks of users.
+    ``initial`` (copied) is the histogram to start from instead of zeros.
+    NOT a release: the exact histogram (tests and audits use it).
+    """
+    if kind not in (L1_DESCENT, L2_DESCENT, GREEDY_FILL):
+        raise ValueError(f"unknown policy kind {kind!r}")
+    passes = check_passes(passes)
+    if not (math.isfinite(gamma) and gamma > 0):
+        raise ValueError(f"gamma must be a finite number > 0 (got {gamma!r})")
+    if kernel == "auto":
+        kernel = "numba" if numba_available() else "python"
+    if kernel == "numba":
+        fn = _numba_kernel()
+        if fn is None:
+            raise ImportError("kernel='numba' needs numba: pip install 'dpsql[fast]'")
+    elif kernel == "python":
+        fn = _python_kernel
+    else:
+        raise ValueError(f"kernel must be 'auto', 'numba' or 'python' (got {kernel!r})")
+    indptr = np.ascontiguousarray(indptr, dtype=np.int64)
+    indices = np.ascontiguousarray(indices, dtype=np.int64)
+    if initial is None:
+        H = np.zeros(int(n_items), dtype=np.float64)
+    else:
+        H = np.array(initial, dtype=np.float64)
+        if H.shape != (int(n_items),):
+            raise ValueError("initial must have n_items entries")
+    beta = 1.0 / passes
+    n_users = len(indptr) - 1
+    # User boundaries of chunks of about _CHUNK_ENTRIES entries.
+    cuts = np.searchsorted(indptr, np.arange(0, int(indptr[-1]), _CHUNK_ENTRIES, dtype=np.int64), side="right") - 1
+    bounds = sorted(set(int(c) for c in cuts) | {0, n_users})
+    total = passes * max(1, int(indptr[-1]))
+    for p in range(passes):
+        for start, stop in zip(bounds[:-1], bounds[1:]):
+            if stop > start:
+                fn(kind, indptr, indices, H, float(gamma), beta, start, stop)
+            if progress is not None:
+                progress((p * int(indptr[-1]) + int(indptr[stop])) / total)
+    return H
+
+
+# --------------------------------------------------------------------------
+# Release
+# --------------------------------------------------------------------------
+
+def release(H: np.ndarray, cal: SetUnionCalibration, source: NoiseSource) -> np.ndarray:
+    """Dense ids ``i`` with ``H[i] > 0`` and ``H[i] + noise > threshold`` ([DPSU] Alg. 1 step 3).
+
+    Noise is one draw per support item from ``source`` (Laplace or Gaussian of
+    ``cal.scale``). Items outside the support are never candidates.
+    """
+    support = np.flatnonzero(H > 0)
+    if len(support) == 0:
+        return support
+    scale = np.full(len(support), cal.scale)
+    noise = source.laplace(scale) if cal.noise == "laplace" else source.gaussian(scale)
+    return support[H[support] + noise > cal.threshold]
+
+
+# --------------------------------------------------------------------------
+# Progress: the UDF runs inside the engine; a caller can attach a callback to a connection's source.
+# --------------------------------------------------------------------------
+
+_PROGRESS: "weakref.WeakKeyDictionary[NoiseSource, Callable[[float], None]]" = weakref.WeakKeyDictionary()
+
+
+class reporting:
+    """``with policy.reporting(source, callback):`` -- the policy kernels of connections drawing from
+    ``source`` call ``callback(fraction)`` (0..1) while they run."""
+
+    def __init__(self, source: NoiseSource, callback: Callable[[float], None]):
+        self.source, self.callback = source, callback
+
+    def __enter__(self):
+        _PROGRESS[self.source] = self.callback
+        return self
+
+    def __exit__(self, *exc):
+        _PROGRESS.pop(self.source, None)
+        return False
+
+
+# --------------------------------------------------------------------------
+# UDFs
+# --------------------------------------------------------------------------
+
+def _calibration_row(method, epsilon, delta, max_items, alpha, passes, user_col, item_col):
+    from dpsql.union import check_column_pair  # union imports nothing from here at import time
+
+    check_column_pair(user_col, item_col)
+    method = check_policy(method)
+    cal = calibrate(method, epsilon, delta, 1 if method == "greedy_update" else max_items)
+    gamma = policy_cutoff(method, epsilon, delta, max_items, alpha)
+    return {"noise": cal.noise, "scale": cal.scale, "threshold": cal.threshold, "gamma": gamma,
+            "n_passes": check_passes(passes)}
+
+
+def _flat(arr: pa.Array) -> np.ndarray:
+    """The values of the single list of a one-row list column, as int64 numpy."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if len(arr) != 1:
+        raise ValueError("dpsql: the policy kernel expects one row (the whole table as one list)")
+    if arr.null_count:  # list() of no rows is NULL: empty input
+        return np.zeros(0, np.int64)
+    return arr.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def udfs(source: NoiseSource) -> list[Udf]:
+    """Calibration (pure) and the release UDF (draws noise: side effects) of the policy macros."""
+
+    def policy_release(method, keys, noise, scale, threshold, gamma, passes):
+        method = check_policy(method[0].as_py())
+        indptr, indices = csr_from_keys(_flat(keys), keep_order=method == "greedy_update")
+        cal = SetUnionCalibration(noise[0].as_py(), float(scale[0].as_py()), float(threshold[0].as_py()))
+        n_items = int(indices.max()) + 1 if len(indices) else 0
+        H = run_policy(POLICIES[method], indptr, indices, n_items, float(gamma[0].as_py()), int(passes[0].as_py()),
+                       kernel=KERNEL, progress=_PROGRESS.get(source))
+        released = release(H, cal, source)
+        del H  # the exact histogram never leaves this function
+        return pa.array([released], type=pa.list_(pa.int64()))
+
+    def cutoff(method, epsilon, delta, max_items, alpha):
+        return policy_cutoff(method, epsilon, delta, max_items, alpha)
+
+    d = DOUBLE
+    return [
+        Udf("dp__policy_calibration", scalar(_calibration_row), (VARCHAR, d, d, d, d, d, VARCHAR, VARCHAR),
+            duckdb.struct_type({"noise": VARCHAR, "scale": DOUBLE, "threshold": DOUBLE, "gamma": DOUBLE,
+                                "n_passes": BIGINT})),
+        Udf("dp__policy_cutoff", scalar(cutoff), (VARCHAR, d, d, d, d), DOUBLE),
+        Udf("dp__policy_release", policy_release, (VARCHAR, duckdb.list_type(BIGINT), VARCHAR, d, d, d, BIGINT),
+            duckdb.list_type(BIGINT), side_effects=True),
+    ]
+
+
+class ProgressRelay:
+    """Merge the engine's percentage and the kernel's fraction into one non-decreasing percentage.
+
+    The engine reports while it scans and joins; the kernel then reports the
+    share of users processed, mapped onto what remains below 100 %.
+    """
+
+    def __init__(self, progress: Callable[[float], None]):
+        self._progress = progress
+        self._lock = threading.Lock()
+        self._last = -1.0
+        self._kernel_base: Optional[float] = None
+
+    def _emit(self, pct: float) -> None:
+        with self._lock:
+            if pct <= self._last:
+                return
+            self._last = pct
+        self._progress(pct)
+
+    def engine(self, pct: float) -> None:
+        if self._kernel_base is None or pct >= 100:
+            self._emit(pct)
+
+    def kernel(self, fraction: float) -> None:
+        with self._lock:
+            if self._kernel_base is None:
+                self._kernel_base = max(self._last, 0.0)
+            base = self._kernel_base
+        self._emit(base + (99.0 - base) * min(max(fraction, 0.0), 1.0))

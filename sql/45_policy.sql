@@ -1,0 +1,88 @@
+-- Sequential update policies (Gopi et al. 2020, Alg. 1, 3-6; GreedyUpdate of Carvalho et al. 2022).
+-- The engine caps, numbers users and items and packs the entries; one Python UDF call runs the
+-- policy over all users in order, adds noise and thresholds; the engine maps the released dense
+-- ids back to items. Privacy argument and calibration: dpsql/policy.py.
+
+-- (user_id, item, m): each distinct pair of the table with its number of rows m (GreedyUpdate
+-- fills a user's most repeated items first). NULL users or items are an error, as in dp__user_items.
+CREATE OR REPLACE TEMP MACRO dp__user_item_multiplicities(tbl VARCHAR, user_col VARCHAR := 'user_id',
+                                                          item_col VARCHAR := 'item') AS TABLE
+SELECT user_id, item, count(*) AS m
+FROM (SELECT
+        coalesce(COLUMNS(lambda c: lower(c) = lower(user_col)),
+                 error('dpsql: column ' || user_col || ' (user_col) contains NULL; filter NULL users out first, e.g. with a view')) AS user_id,
+        coalesce(COLUMNS(lambda c: lower(c) = lower(item_col)),
+                 error('dpsql: column ' || item_col || ' (item_col) contains NULL; filter NULL items out first, e.g. with a view')) AS item
+      FROM query_table(tbl))
+GROUP BY user_id, item;
+
+-- The entries a policy sees: the capped distinct pairs (m = 1), or for GreedyUpdate every distinct
+-- pair with its multiplicity and no cap. `method` is a constant: the untaken branch is pruned
+-- while planning (it draws no salt).
+CREATE OR REPLACE TEMP MACRO dp__policy_entries(tbl VARCHAR, method VARCHAR, max_items DOUBLE := 100,
+                                                user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+SELECT user_id, item, 1::BIGINT AS m
+FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
+WHERE method <> 'greedy_update'
+UNION ALL
+SELECT user_id, item, m
+FROM dp__user_item_multiplicities(tbl, user_col := user_col, item_col := item_col)
+WHERE method = 'greedy_update';
+
+-- One sequential-policy release. Users are visited in the order of hash(user_id) keyed with a
+-- secret salt drawn for this query (independent of the capping salt, which
+-- dp__capped_user_items draws itself); ties of the hash are broken by the user id, so two users
+-- are never merged. Items get dense ids 0.. in the engine. Each entry is packed into one BIGINT
+-- (user ordinal << 32 | item id): one flat list is much cheaper to hand to Python than two.
+-- Within a user, GreedyUpdate fills items by decreasing multiplicity, ties in keyed-hash order
+-- (a function of the user's own rows and the salt only).
+CREATE OR REPLACE TEMP MACRO dp__policy_run(tbl VARCHAR, method VARCHAR, epsilon DOUBLE, delta DOUBLE,
+        max_items DOUBLE, alpha DOUBLE, passes DOUBLE, user_col VARCHAR, item_col VARCHAR) AS TABLE
+WITH cal AS (SELECT unnest(dp__policy_calibration(method, epsilon, delta, max_items, alpha, passes,
+                                                  user_col, item_col))),
+order_salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
+-- Materialised: row_number() OVER () is not reproducible, and the ids are used twice.
+items AS MATERIALIZED (
+    SELECT item, CASE WHEN n < 4294967296 THEN n
+                      ELSE error('dpsql: more than 2^32 distinct items; the policy methods cannot number them') END AS iid
+    FROM (SELECT item, row_number() OVER () - 1 AS n
+          FROM (SELECT DISTINCT COLUMNS(lambda c: lower(c) = lower(item_col)) AS item FROM query_table(tbl)))),
+users AS (
+    SELECT user_id, CASE WHEN n < 2147483648 THEN n
+                         ELSE error('dpsql: more than 2^31 users; the policy methods cannot number them') END AS ord
+    FROM (SELECT user_id, row_number() OVER (ORDER BY hash(xor(hash(user_id), s)), user_id) - 1 AS n
+          FROM (SELECT DISTINCT COLUMNS(lambda c: lower(c) = lower(user_col)) AS user_id FROM query_table(tbl))
+          CROSS JOIN order_salt)),
+entries AS NOT MATERIALIZED (
+    SELECT (ord << 32) | iid AS k, m, hash(xor(hash(user_id, item), s)) AS tie
+    FROM dp__policy_entries(tbl, method, max_items := max_items, user_col := user_col, item_col := item_col)
+    JOIN users USING (user_id) JOIN items USING (item) CROSS JOIN order_salt),
+lists AS (
+    SELECT list(k) AS keys FROM entries WHERE method <> 'greedy_update'
+    UNION ALL
+    SELECT list(k ORDER BY k >> 32, m DESC, tie) AS keys FROM entries WHERE method = 'greedy_update'),
+released AS (
+    SELECT unnest(dp__policy_release(method, keys, noise, scale, threshold, gamma, n_passes)) AS iid
+    FROM lists CROSS JOIN cal)
+SELECT item FROM released JOIN items USING (iid);
+
+-- Policy Laplace (Gopi et al. 2020, Alg. 4): l1-descent towards Gamma = rho_Lap + alpha/epsilon,
+-- Lap(1/epsilon) noise, threshold rho_Lap. passes := P runs P passes with budget 1/P each.
+CREATE OR REPLACE TEMP MACRO dp_set_union_policy_laplace(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+        max_items DOUBLE := 100, alpha DOUBLE := 5, passes DOUBLE := 1,
+        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+FROM dp__policy_run(tbl, 'policy_laplace', epsilon, delta, max_items, alpha, passes, user_col, item_col);
+
+-- Policy Gaussian (Gopi et al. 2020, Alg. 6): l2-descent towards Gamma = rho_Gauss + alpha*sigma,
+-- N(0, sigma^2) noise with sigma = sigma(epsilon, delta/2), threshold rho_Gauss.
+CREATE OR REPLACE TEMP MACRO dp_set_union_policy_gaussian(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+        max_items DOUBLE := 100, alpha DOUBLE := 5, passes DOUBLE := 1,
+        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+FROM dp__policy_run(tbl, 'policy_gaussian', epsilon, delta, max_items, alpha, passes, user_col, item_col);
+
+-- GreedyUpdate (Carvalho et al. 2022): no cap; each user fills its items, most repeated rows first,
+-- up to Gamma = max(rho + alpha/epsilon, 1) with l1 budget 1; Lap(1/epsilon) noise,
+-- rho = 1 + ln(1/(2 delta))/epsilon. One pass.
+CREATE OR REPLACE TEMP MACRO dp_set_union_greedy_update(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+        alpha DOUBLE := 3, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+FROM dp__policy_run(tbl, 'greedy_update', epsilon, delta, 1, alpha, 1, user_col, item_col);

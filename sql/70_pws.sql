@@ -1,0 +1,130 @@
+-- Private weighted sampling (Cohen et al., "Differentially Private Weighted Sampling"), its threshold
+-- samples, estimators and the stability-based-histogram baseline. Formulas, tables and the privacy
+-- arguments: dpsql/pws.py.
+--
+-- !!! PRIVACY UNIT: ONE ELEMENT (one row of an event table), NOT ONE USER. !!!
+-- Neighbouring datasets differ in one element: one key's frequency changes by one. A user with many
+-- rows is not protected as a whole; use dp_set_union & co. for user-level privacy.
+--
+-- Input: an element table (one row per element, key column `key_col`), or an aggregated table
+-- (`key_col`, `freq_col` = non-negative integer frequency; rows of the same key are summed).
+
+-- True iff tbl names, as database.schema.table (unquoted, case-insensitive), exactly one base table with a
+-- single-column PRIMARY KEY or UNIQUE constraint on key_col: the engine then guarantees one row per non-NULL
+-- key and the input need not be re-aggregated. Only the three-part name is trusted: query_table resolves
+-- 'agg' and even 'main.agg' to a CTE named agg of the calling query, which carries no constraint.
+CREATE OR REPLACE TEMP MACRO dp__pws_declared_unique(tbl, key_col) AS (
+    SELECT count(*) = 1 AND coalesce(bool_and(has_key), false)
+    FROM (SELECT EXISTS (SELECT 1 FROM duckdb_constraints() c
+                         WHERE c.database_oid = t.database_oid AND c.table_oid = t.table_oid
+                           AND c.constraint_type IN ('PRIMARY KEY', 'UNIQUE')
+                           AND len(c.constraint_column_names) = 1
+                           AND lower(c.constraint_column_names[1]) = lower(key_col)) AS has_key
+          FROM duckdb_tables() t
+          WHERE lower(t.database_name || '.' || t.schema_name || '.' || t.table_name) = lower(tbl)));
+
+-- (key, frequency) with frequency >= 1. Not a release. Every row is validated (NULL keys, NULL / negative /
+-- fractional frequencies raise). Rows of the same key are summed by a GROUP BY in the engine, unless the
+-- key is declared unique (dp__pws_declared_unique): then the rows pass through as they are, which skips
+-- the aggregation, the dominant cost on large aggregated inputs. A duplicated key must never reach the
+-- sanitizer as two rows: it would get two draws and double its contribution (element-level guarantee).
+CREATE OR REPLACE TEMP MACRO dp__pws_frequencies(tbl VARCHAR, key_col VARCHAR := 'key', freq_col VARCHAR := NULL) AS TABLE
+WITH uq AS MATERIALIZED (SELECT dp__pws_declared_unique(tbl, key_col) AS declared),
+src AS NOT MATERIALIZED (
+    SELECT coalesce(COLUMNS(lambda c: lower(c) = lower(key_col)),
+                    error('dpsql: column ' || key_col || ' (key_col) contains NULL; filter NULL keys out first')) AS k,
+           CASE WHEN freq_col IS NULL THEN 1::HUGEINT
+                ELSE CASE WHEN fv IS NULL
+                               THEN error('dpsql: column ' || freq_col || ' (freq_col) contains NULL frequencies')
+                          WHEN fv::DOUBLE < 0 OR fv::DOUBLE <> floor(fv::DOUBLE)
+                               THEN error('dpsql: column ' || freq_col || ' (freq_col) must hold whole numbers >= 0 (got ' || fv::VARCHAR || ')')
+                          ELSE fv::HUGEINT END END AS f
+    FROM (SELECT *, COLUMNS(lambda c: lower(c) = lower(coalesce(freq_col, key_col))) AS fv FROM query_table(tbl)))
+SELECT k AS key, f::BIGINT AS frequency FROM src CROSS JOIN uq WHERE declared AND f > 0
+UNION ALL
+SELECT k AS key, sum(f)::BIGINT AS frequency FROM src CROSS JOIN uq WHERE NOT declared
+GROUP BY k
+HAVING sum(f) > 0;
+
+-- Sampling probability q_i of threshold sampling (Alg. 1): 1 - exp(-tau i^power) for ppswor,
+-- min(1, tau i^power) for priority (Poisson PPS); tau NULL = no sampling (q = 1).
+CREATE OR REPLACE TEMP MACRO dp_pws_q(frequency, tau DOUBLE, scheme VARCHAR := 'ppswor', power DOUBLE := 1.0) AS
+    dp__pws_q(frequency, tau, scheme, power);
+
+-- Overall reporting probability pi_i of a key of frequency i by dp_weighted_sample (Alg. 3).
+CREATE OR REPLACE TEMP MACRO dp_pws_pi(frequency, epsilon DOUBLE, delta DOUBLE, tau DOUBLE := NULL,
+                                       scheme VARCHAR := 'ppswor', power DOUBLE := 1.0) AS
+    dp__pws_pi(frequency, epsilon, delta, tau, scheme, power);
+
+-- Probability pi_{i,j} that a key of frequency i is reported with token j (j = 0: not reported).
+CREATE OR REPLACE TEMP MACRO dp_pws_pi_ij(frequency, token, epsilon DOUBLE, delta DOUBLE, tau DOUBLE := NULL,
+                                          scheme VARCHAR := 'ppswor', power DOUBLE := 1.0) AS
+    dp__pws_pi_ij(frequency, token, epsilon, delta, tau, scheme, power);
+
+-- L(eps, delta) = (1/eps) ln((e^eps - 1 + 2 delta)/(delta (e^eps + 1))) (paper eq. 4): pi* reaches 1 at 2L+1.
+CREATE OR REPLACE TEMP MACRO dp_pws_L(epsilon DOUBLE, delta DOUBLE) AS dp__pws_L(epsilon, delta);
+
+-- SbH release threshold T = 1 + ln(1/delta)/epsilon.
+CREATE OR REPLACE TEMP MACRO dp_sbh_threshold(epsilon DOUBLE, delta DOUBLE) AS dp__sbh_threshold(epsilon, delta);
+
+-- NON-PRIVATE threshold sample (Alg. 1): (key, frequency, q) of the keys with u_key < q_frequency, where
+-- u_key = keyed hash of the key. Samples drawn with the same salt are coordinated (same u per key); salt
+-- NULL draws a secret per-query salt from the secure noise source. The output contains exact frequencies:
+-- it is NOT differentially private. Sanitize with dp_weighted_sample instead of publishing it.
+CREATE OR REPLACE TEMP MACRO dp_threshold_sample(tbl VARCHAR, tau DOUBLE, scheme VARCHAR := 'ppswor',
+        power DOUBLE := 1.0, key_col VARCHAR := 'key', freq_col VARCHAR := NULL, salt BIGINT := NULL) AS TABLE
+WITH cal AS MATERIALIZED (SELECT dp__pws_check_sampling(tau, scheme, power) AS ok,
+                                 hash(coalesce(salt, dp__secret_salt())) AS s),
+freq AS (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col))
+SELECT key, frequency, q
+FROM (SELECT key, frequency, dp__pws_q(frequency, tau, scheme, power) AS q,
+             (hash(xor(hash(key), s)) >> 11)::DOUBLE / 9007199254740992.0 AS u
+      FROM freq CROSS JOIN cal WHERE ok)
+WHERE u < q;
+
+-- (epsilon, delta)-DP (ELEMENT level) private weighted sample. Columns: key, token.
+-- tau NULL: no sampling, i.e. a private histogram with the optimal key reporting probabilities pi*_i.
+-- with_frequencies = false: keys only (Alg. 3), token is NULL. true: each key with a sanitized frequency
+-- token j in 1..frequency drawn with probability pi_{i,j} (Alg. 4 / App. B); estimate with
+-- dp_weighted_sample_estimate. Sampling and sanitizing are one draw per key from the connection's noise
+-- source; the probability tables are computed once per call in Python.
+CREATE OR REPLACE TEMP MACRO dp_weighted_sample(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, tau DOUBLE := NULL,
+        scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, with_frequencies BOOLEAN := false,
+        key_col VARCHAR := 'key', freq_col VARCHAR := NULL) AS TABLE
+WITH cal AS (SELECT dp__pws_check(epsilon, delta, tau, scheme, power) AS ok),
+freq AS (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col))
+-- one pass: t = token (with_frequencies) or 1/0 (keys only; token NULL), 0 = not reported
+SELECT key, CASE WHEN with_frequencies THEN t END AS token
+FROM (SELECT key, dp__pws_sanitize(frequency, dp__pws_spec(epsilon, delta, tau, scheme, power, with_frequencies)) AS t
+      FROM freq CROSS JOIN cal WHERE ok)
+WHERE t > 0;
+
+-- Per-key estimates of g(frequency) from a sample of dp_weighted_sample(..., with_frequencies := true)
+-- (a table or view with columns key, token), drawn with the SAME epsilon, delta, tau, scheme, power.
+-- g: 'count' (g(i) = 1) or 'identity' (g(i) = i). estimator: 'ml', 'biased_down' (never over-estimates in
+-- expectation), 'unbiased' (signed, huge variance). The estimate of sum_x L(x) g(w_x) is
+-- SELECT sum(estimate) FROM dp_weighted_sample_estimate(...) WHERE <predicate L on key>.
+-- Post-processing of the private sample: no further privacy cost.
+CREATE OR REPLACE TEMP MACRO dp_weighted_sample_estimate(sample VARCHAR, epsilon DOUBLE, delta DOUBLE,
+        tau DOUBLE := NULL, scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, g VARCHAR := 'count',
+        estimator VARCHAR := 'ml') AS TABLE
+WITH cal AS (SELECT dp__pws_check(epsilon, delta, tau, scheme, power) AND dp__pws_check_estimate(g, estimator) AS ok)
+SELECT key, token, dp__pws_estimate(token, epsilon, delta, tau, scheme, power, g, estimator) AS estimate
+FROM query_table(sample) CROSS JOIN cal WHERE ok;
+
+-- Stability-based histogram baseline (ELEMENT level (epsilon, delta)-DP): each key's frequency plus
+-- Lap(1/epsilon), released as (key, noisy_frequency) iff >= T = 1 + ln(1/delta)/epsilon.
+-- tau given: sampled-SbH, the released pairs are then sampled with q evaluated at the noisy frequency
+-- (post-processing); inclusion_probability = that q (1 without sampling); estimate g(w) by
+-- g(noisy_frequency) / inclusion_probability.
+CREATE OR REPLACE TEMP MACRO dp_sbh_histogram(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, tau DOUBLE := NULL,
+        scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, key_col VARCHAR := 'key', freq_col VARCHAR := NULL) AS TABLE
+WITH cal AS (SELECT dp__pws_check(epsilon, delta, tau, scheme, power) AS ok, dp__sbh_threshold(epsilon, delta) AS T,
+                    1.0 / epsilon AS scale),
+freq AS (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col)),
+noisy AS MATERIALIZED (SELECT key, frequency + dp_laplace_noise(scale) AS w, T FROM freq CROSS JOIN cal WHERE ok),
+released AS MATERIALIZED (SELECT key, w, CASE WHEN tau IS NULL THEN 1.0 ELSE dp__pws_q(w, tau, scheme, power) END AS q
+                          FROM noisy WHERE w >= T)
+SELECT key, w AS noisy_frequency, q AS inclusion_probability
+FROM released
+WHERE tau IS NULL OR dp__bernoulli(q);

@@ -1,0 +1,89 @@
+-- Unknown-domain top-k, k-hitting set, and the Durfee-Rogers limited-domain baseline
+-- (Dick, Joseph & Raman, "Missing Mass for DP Domain Discovery", Alg. 2-4; Durfee & Rogers 2019, Alg. 1).
+-- Privacy arguments and calibration: dpsql/topk.py. Each macro returns (rank, item) only; noisy
+-- counts never leave the query. This file loads after 90_dispatch.sql because the domain step
+-- calls dp_set_union (DuckDB binds a table macro's body against the macros that exist when it
+-- is created). k and k_bar are DOUBLE so that 2.5 reaches validation instead of being rounded.
+
+-- Calibration in SQL: per-step epsilon of k-fold peeling (Lemma B.1) and of k limited-domain
+-- steps (Durfee & Rogers 2019, Thm 1, with delta' = delta_prime).
+CREATE OR REPLACE TEMP MACRO dp_peeling_epsilon(epsilon DOUBLE, delta DOUBLE, k DOUBLE) AS
+    dp__peeling_epsilon(epsilon, delta, k);
+CREATE OR REPLACE TEMP MACRO dp_limited_domain_epsilon(epsilon DOUBLE, delta_prime DOUBLE, k DOUBLE) AS
+    dp__limited_domain_epsilon(epsilon, delta_prime, k);
+
+-- Top-k with an unknown domain: a set-union release at (epsilon/2, delta/2) is the domain, then
+-- one-shot Gumbel top-k (= k-fold peeling exponential mechanism) on the uncapped user counts of
+-- the domain's items at (epsilon/2, delta/2), Gumbel scale 1/eps0 of Lemma B.1. Returns
+-- min(k, |domain|) rows.
+CREATE OR REPLACE TEMP MACRO dp_top_k(tbl VARCHAR, k DOUBLE, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+        max_items DOUBLE := 100, domain_method VARCHAR := 'weighted_gaussian',
+        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+WITH cal AS (SELECT unnest(dp__top_k_calibration(k, epsilon, delta, max_items, domain_method, user_col, item_col))),
+domain AS MATERIALIZED (
+    SELECT item FROM dp_set_union(tbl, method := domain_method, epsilon := epsilon / 2, delta := delta / 2,
+                                  max_items := max_items, user_col := user_col, item_col := item_col)),
+counts AS (
+    SELECT p.item, count(*) AS n
+    FROM dp__user_items(tbl, user_col := user_col, item_col := item_col) AS p SEMI JOIN domain AS d ON p.item = d.item
+    GROUP BY p.item),
+noisy AS (SELECT item, n + dp_gumbel_noise(gumbel_scale) AS score, cal.k AS k_rows FROM counts CROSS JOIN cal)
+SELECT row_number() OVER (ORDER BY score DESC) AS rank, item
+FROM noisy
+QUALIFY rank <= k_rows
+ORDER BY rank;
+
+-- k-hitting set with an unknown domain: the same domain step, then user peeling (Alg. 4):
+-- exactly min(k, |domain|) rounds, each picking the item with the largest
+-- (number of not-yet-hit users holding it) + fresh Gumbel(1/eps0) noise. The sequential part
+-- runs in one Python UDF call on compact arrays (one list of dense item ids per user).
+CREATE OR REPLACE TEMP MACRO dp_hitting_set(tbl VARCHAR, k DOUBLE, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+        max_items DOUBLE := 100, domain_method VARCHAR := 'weighted_gaussian',
+        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+WITH cal AS (SELECT unnest(dp__top_k_calibration(k, epsilon, delta, max_items, domain_method, user_col, item_col))),
+-- MATERIALIZED: the release is used twice and must be drawn (and paid for) once.
+domain AS MATERIALIZED (
+    SELECT item, row_number() OVER () - 1 AS iid
+    FROM dp_set_union(tbl, method := domain_method, epsilon := epsilon / 2, delta := delta / 2,
+                      max_items := max_items, user_col := user_col, item_col := item_col)),
+per_user AS (
+    SELECT list(d.iid) AS iids
+    FROM dp__user_items(tbl, user_col := user_col, item_col := item_col) AS p JOIN domain AS d ON p.item = d.item
+    GROUP BY p.user_id),
+picked AS MATERIALIZED (
+    SELECT dp__user_peeling(u.all_iids, m.n_items, cal.k, cal.gumbel_scale) AS chosen
+    FROM (SELECT list(iids) AS all_iids FROM per_user) AS u,
+         (SELECT count(*) AS n_items FROM domain) AS m,
+         cal),
+ranked AS (SELECT unnest(range(1, len(chosen) + 1)) AS rank, unnest(chosen) AS iid FROM picked)
+SELECT r.rank, d.item FROM ranked AS r JOIN domain AS d ON r.iid = d.iid
+ORDER BY r.rank;
+
+-- Durfee & Rogers (2019) limited-domain top-k (Alg. 1), the baseline of [MM] Sec. 5.2.
+-- Counts of distinct users per item (each user capped to max_items items; NULL = no cap); the
+-- true top k_bar items (ties broken by a fixed hash of the item) and
+-- h_bot = h_(k_bar+1) + 1 + ln(min(max_items, k_bar)/delta_step)/eps_step get independent
+-- Gumbel(1/eps_step) noise; items are output in noisy order while they beat noisy h_bot, at most k.
+-- k_bar := 'infinity' considers every item and needs max_items.
+CREATE OR REPLACE TEMP MACRO dp_top_k_limited_domain(tbl VARCHAR, k DOUBLE, k_bar DOUBLE, epsilon DOUBLE := 1.0,
+        delta DOUBLE := 1e-5, max_items DOUBLE := NULL,
+        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+WITH cal AS (SELECT unnest(dp__limited_domain_calibration(k, k_bar, epsilon, delta, max_items, user_col, item_col))),
+counts AS (
+    -- With no cap the capped macro keeps every item (the cap is larger than any degree).
+    SELECT item, count(*) AS n
+    FROM dp__capped_user_items(tbl, max_items := coalesce(max_items, 4e18), user_col := user_col, item_col := item_col)
+    GROUP BY item),
+ranked AS (SELECT item, n, row_number() OVER (ORDER BY n DESC, hash(item)) AS r FROM counts),
+bottom AS MATERIALIZED (
+    SELECT h.h_next + cal.offset + dp_gumbel_noise(cal.gumbel_scale) AS v_bot
+    FROM (SELECT coalesce(max(n) FILTER (WHERE r = cal.k_bar + 1), 0) AS h_next FROM ranked CROSS JOIN cal) AS h
+    CROSS JOIN cal),
+noisy AS (
+    SELECT item, n + dp_gumbel_noise(cal.gumbel_scale) AS score, cal.k AS k_rows
+    FROM ranked CROSS JOIN cal WHERE r <= cal.k_bar)
+SELECT row_number() OVER (ORDER BY score DESC) AS rank, item
+FROM noisy CROSS JOIN bottom
+WHERE score > v_bot
+QUALIFY rank <= k_rows
+ORDER BY rank;

@@ -1,0 +1,490 @@
+"""Sequential policies: calibration, sensitivity on random neighbours (CHECKS B2-B5), kernels, macros."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import dpsql
+from dpsql import policy
+from dpsql.calibration import SetUnionCalibration
+from dpsql.noise import NoiseSource
+from dpsql.registration import source_of
+from dpsql.validation import DPParameterError
+
+from conftest import seeded
+
+L1, L2, GREEDY = policy.L1_DESCENT, policy.L2_DESCENT, policy.GREEDY_FILL
+TOL = 1e-9
+N_BASE_ITEMS = 150
+N_NOVEL = 10
+
+
+# ---------------------------------------------------------------------------
+# Calibration (CHECKS A4)
+# ---------------------------------------------------------------------------
+
+def test_cutoffs_of_the_dpsu_setting():
+    eps, delta = 3.0, math.exp(-10)
+    assert policy.policy_cutoff("policy_gaussian", eps, delta, 100, 5) == pytest.approx(13.4876, rel=1e-4)
+    assert policy.policy_cutoff("policy_laplace", eps, delta, 100, 5) == pytest.approx(6.3140, rel=1e-4)
+    assert policy.policy_gaussian_calibration(eps, delta, 100).threshold == pytest.approx(6.8237, rel=1e-4)
+    assert policy.policy_laplace_calibration(eps, delta, 100).threshold == pytest.approx(4.6473, rel=1e-4)
+
+
+def test_greedy_update_calibration():
+    cal = policy.greedy_update_calibration(1.0, 1e-5)
+    assert cal.noise == "laplace" and cal.scale == 1.0
+    assert cal.threshold == pytest.approx(1 + math.log(1 / (2e-5)), rel=1e-12)
+    assert policy.policy_cutoff("greedy_update", 1.0, 1e-5, 100, 3) == pytest.approx(cal.threshold + 3, rel=1e-12)
+    # The cutoff never drops below 1 (a new user must put weight on at most one novel item).
+    assert policy.policy_cutoff("greedy_update", 1e6, 0.4, 1, 1e-9) >= 1.0
+
+
+def test_cutoff_in_sql_matches_python(seeded_con):
+    [(g,)] = seeded_con.execute("SELECT dp__policy_cutoff('policy_gaussian', 3, exp(-10), 100, 5)").fetchall()
+    assert g == policy.policy_cutoff("policy_gaussian", 3, math.exp(-10), 100, 5)
+
+
+@pytest.mark.parametrize("alpha", [0, -1, float("nan"), float("inf"), None, "x", True])
+def test_alpha_is_validated(alpha):
+    with pytest.raises(DPParameterError, match="alpha"):
+        policy.check_alpha(alpha)
+
+
+@pytest.mark.parametrize("passes", [0, -1, 1.5, float("nan"), None, "two", policy.MAX_PASSES + 1, True])
+def test_passes_is_validated(passes):
+    with pytest.raises(DPParameterError, match="passes"):
+        policy.check_passes(passes)
+
+
+# ---------------------------------------------------------------------------
+# Random neighbours (CHECKS "random neighbours")
+# ---------------------------------------------------------------------------
+
+def random_users(rng, max_items=30):
+    """1..80 users, degrees 1..60 capped uniformly to max_items, Zipf-like item popularity."""
+    log_p = -1.1 * np.log(np.arange(1, N_BASE_ITEMS + 1))
+    users = []
+    for _ in range(int(rng.integers(1, 81))):
+        d = int(rng.integers(1, 61))
+        # Weighted sample without replacement (Gumbel top-d), in random order, capped.
+        items = np.argsort(-(log_p + rng.gumbel(size=N_BASE_ITEMS)))[:d]
+        users.append(rng.permutation(items)[:max_items])
+    return users
+
+
+def new_user(rng, max_items=30):
+    """A user with some existing items and t >= 0 novel ones, capped; returns (items, novel kept)."""
+    d_old, t = int(rng.integers(0, 25)), int(rng.integers(0, N_NOVEL + 1))
+    if d_old + t == 0:
+        d_old = 1
+    items = np.concatenate([rng.choice(N_BASE_ITEMS, size=d_old, replace=False),
+                            N_BASE_ITEMS + np.arange(t)]).astype(np.int64)
+    items = rng.permutation(items)[:max_items]
+    return items, items[items >= N_BASE_ITEMS]
+
+
+def csr(users):
+    indptr = np.zeros(len(users) + 1, np.int64)
+    np.cumsum([len(u) for u in users], out=indptr[1:])
+    indices = np.concatenate(users).astype(np.int64) if users else np.zeros(0, np.int64)
+    return indptr, indices
+
+
+def hist(kind, users, gamma, passes=1, kernel="python", initial=None):
+    indptr, indices = csr(users)
+    return policy.run_policy(kind, indptr, indices, N_BASE_ITEMS + N_NOVEL, gamma, passes,
+                             kernel=kernel, initial=initial)
+
+
+def neighbours(seed, kind, passes, gamma_range, pairs=1000, per_dataset=5):
+    """Yield (H(D), H(D+v), novel items of v, gamma) for random neighbours, v at a random position.
+
+    Each random dataset D serves ``per_dataset`` random new users (H(D) is computed once).
+    """
+    rng = np.random.default_rng(seed)
+    for _ in range(pairs // per_dataset):
+        users = random_users(rng)
+        gamma = float(rng.uniform(*gamma_range))
+        h = hist(kind, users, gamma, passes)
+        for _ in range(per_dataset):
+            v, novel = new_user(rng)
+            pos = int(rng.integers(0, len(users) + 1))
+            yield h, hist(kind, users[:pos] + [v] + users[pos:], gamma, passes), novel, gamma
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_l1_descent_sensitivity_on_random_neighbours(passes):
+    worst = 0.0
+    for h, h2, novel, gamma in neighbours(11 + passes, L1, passes, (0.5, 6.0)):
+        diff = h2 - h
+        worst = max(worst, np.abs(diff).sum())
+        assert np.abs(diff).sum() <= 1 + TOL
+        assert np.all(diff >= -TOL)  # coordinate-wise monotone
+        assert h2.max() <= gamma and h.max() <= gamma
+        if len(novel):
+            assert np.all(h2[novel] == h2[novel[0]])  # identical weight
+            assert h2[novel[0]] <= 1 / len(novel) + TOL
+    assert worst > 0.99  # the bound is attained (fully novel users), so the check can fail
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_l2_descent_sensitivity_on_random_neighbours(passes):
+    worst = 0.0
+    for h, h2, novel, gamma in neighbours(21 + passes, L2, passes, (0.5, 8.0)):
+        dist = np.linalg.norm(h2 - h)
+        worst = max(worst, dist)
+        assert dist <= 1 + TOL
+        assert h2.max() <= gamma and h.max() <= gamma
+        if len(novel):
+            assert np.all(h2[novel] == h2[novel[0]])
+            assert h2[novel[0]] <= 1 / math.sqrt(len(novel)) + TOL
+    assert worst > 0.99
+
+
+def test_greedy_update_sensitivity_on_random_neighbours():
+    for h, h2, novel, gamma in neighbours(31, GREEDY, 1, (1.0, 6.0)):
+        diff = h2 - h
+        assert np.abs(diff).sum() <= 1 + TOL
+        assert np.all(diff >= -TOL)
+        assert h2.max() <= gamma
+        assert np.count_nonzero(h2[novel]) <= 1 and h2[novel].max(initial=0) <= 1 + TOL
+
+
+@pytest.mark.parametrize("kind,passes", [(L1, 1), (L2, 1), (GREEDY, 1), (L1, 3), (L2, 3)])
+def test_one_user_step_moves_at_most_its_budget(kind, passes):
+    rng = np.random.default_rng(41)
+    norm = 2 if kind == L2 else 1
+    for _ in range(500):
+        gamma = float(rng.uniform(1.0, 5.0))
+        start = rng.uniform(0, gamma, N_BASE_ITEMS + N_NOVEL) * (rng.random(N_BASE_ITEMS + N_NOVEL) < 0.7)
+        user, _ = new_user(rng)
+        after = hist(kind, [user], gamma, passes, initial=start)
+        step = after - start
+        assert np.all(step >= -TOL) and after.max() <= gamma
+        assert np.count_nonzero(np.abs(step) > 0) <= len(user)  # only the user's items change
+        assert np.linalg.norm(step, norm) <= 1 + TOL  # P passes of 1/P each
+
+
+def test_l2_descent_contracts_arbitrary_pairs():
+    rng = np.random.default_rng(51)
+    for _ in range(1000):
+        gamma = float(rng.uniform(0.5, 6.0))
+        n = N_BASE_ITEMS + N_NOVEL
+        h1 = rng.uniform(0, gamma, n) * (rng.random(n) < 0.6)
+        h2 = np.clip(h1 + rng.normal(0, rng.uniform(0.01, 2.0), n) * (rng.random(n) < 0.3), 0, gamma)
+        user, _ = new_user(rng)
+        a, b = hist(L2, [user], gamma, initial=h1), hist(L2, [user], gamma, initial=h2)
+        assert np.linalg.norm(a - b) <= np.linalg.norm(h1 - h2) + TOL
+
+
+@pytest.mark.parametrize("kind", [L1, GREEDY])
+def test_l1_policies_keep_the_invariant_set(kind):
+    # [DPSU] Lemma 4.1: (G1 >= G2, ||G1 - G2||_1 <= 1) is preserved, and the distance does not grow.
+    rng = np.random.default_rng(61 + kind)
+    n = N_BASE_ITEMS + N_NOVEL
+    for _ in range(1000):
+        gamma = float(rng.uniform(1.0, 6.0))
+        g2 = rng.uniform(0, gamma, n) * (rng.random(n) < 0.6)
+        bump = rng.exponential(1, n) * (rng.random(n) < 0.2)
+        bump *= rng.uniform(0, 1) / max(bump.sum(), 1e-12)
+        g1 = np.minimum(g2 + bump, gamma)
+        user, _ = new_user(rng)
+        a, b = hist(kind, [user], gamma, initial=g1), hist(kind, [user], gamma, initial=g2)
+        assert np.all(a >= b - TOL)
+        assert np.abs(a - b).sum() <= np.abs(g1 - g2).sum() + TOL
+
+
+# ---------------------------------------------------------------------------
+# Negative control: the greedy policy of [DPSU] App. C (Alg. 9), NOT private
+# ---------------------------------------------------------------------------
+
+def app_c_greedy(users, n, gamma, initial=None):
+    """[DPSU] Alg. 9: fill the user's items in increasing order of their gap to gamma, budget 1."""
+    h = np.zeros(n) if initial is None else np.array(initial, float)
+    for items in users:
+        budget = 1.0
+        for i in sorted((i for i in items if h[i] < gamma), key=lambda i: gamma - h[i]):
+            gap = gamma - h[i]
+            if gap <= budget:
+                h[i] = gamma
+                budget -= gap
+            else:
+                h[i] += budget
+                break
+    return h
+
+
+def test_app_c_greedy_policy_has_sensitivity_above_one():
+    rng = np.random.default_rng(71)
+    worst = 0.0
+    for _ in range(300):
+        users = random_users(rng)
+        v, _ = new_user(rng)
+        pos = int(rng.integers(0, len(users) + 1))
+        gamma = float(rng.uniform(1.0, 6.0))
+        n = N_BASE_ITEMS + N_NOVEL
+        worst = max(worst, np.abs(app_c_greedy(users[:pos] + [v] + users[pos:], n, gamma)
+                                  - app_c_greedy(users, n, gamma)).sum())
+    assert worst > 2.0, worst
+
+
+def test_app_c_two_item_example():
+    # H[u1] < H[u2] < 1 + H[u1] before user i (who holds only u1); the N - i later users hold both.
+    start, gamma, later = np.array([0.2, 0.5]), 10.0, 5
+    with_i = [np.array([0])] + [np.array([0, 1])] * later
+    without_i = [np.array([0, 1])] * later
+    greedy = np.abs(app_c_greedy(with_i, 2, gamma, start) - app_c_greedy(without_i, 2, gamma, start)).sum()
+    assert greedy == pytest.approx(2 * later + 1)  # grows with the number of later users
+    for kind in (L1, GREEDY):
+        a = policy.run_policy(kind, *csr(with_i), 2, gamma, kernel="python", initial=start)
+        b = policy.run_policy(kind, *csr(without_i), 2, gamma, kernel="python", initial=start)
+        assert np.abs(a - b).sum() <= 1 + TOL
+
+
+# ---------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------
+
+def larger_csr(seed, n_users=3000, n_items=2000):
+    rng = np.random.default_rng(seed)
+    users = []
+    for _ in range(n_users):
+        d = int(min(rng.zipf(1.6), 100))
+        users.append(np.unique(np.minimum(rng.zipf(1.2, d), n_items) - 1))
+    return csr(users), n_items
+
+
+@pytest.mark.parametrize("kind", [L1, L2, GREEDY])
+@pytest.mark.parametrize("passes", [1, 2])
+def test_numba_and_python_kernels_agree_bit_for_bit(kind, passes):
+    pytest.importorskip("numba")
+    (indptr, indices), n = larger_csr(81 + kind)
+    for gamma in (1.0, 3.3, 13.5):
+        a = policy.run_policy(kind, indptr, indices, n, gamma, passes, kernel="python")
+        b = policy.run_policy(kind, indptr, indices, n, gamma, passes, kernel="numba")
+        np.testing.assert_array_equal(a, b)
+        assert a.max() > 0
+
+
+def test_kernel_without_numba_is_refused_clearly(monkeypatch):
+    monkeypatch.setattr(policy, "numba_available", lambda: False)
+    monkeypatch.setattr(policy, "_NUMBA_KERNEL", None)
+    with pytest.raises(ImportError, match="fast"):
+        policy.run_policy(L1, np.array([0, 1]), np.array([0]), 1, 1.0, kernel="numba")
+    h = policy.run_policy(L1, np.array([0, 1]), np.array([0]), 1, 1.0)  # auto falls back
+    assert h.tolist() == [1.0]
+
+
+def test_progress_reports_fractions_up_to_one(monkeypatch):
+    monkeypatch.setattr(policy, "_CHUNK_ENTRIES", 1000)
+    (indptr, indices), n = larger_csr(91)
+    seen = []
+    policy.run_policy(L2, indptr, indices, n, 5.0, 2, kernel="python", progress=seen.append)
+    assert len(seen) > 4 and seen == sorted(seen) and seen[-1] == 1.0
+
+
+def test_csr_from_keys_groups_users_in_order():
+    keys = np.array([(2 << 32) | 7, (0 << 32) | 3, (2 << 32) | 1, (0 << 32) | 5])
+    indptr, indices = policy.csr_from_keys(keys, keep_order=False)
+    assert indptr.tolist() == [0, 2, 2, 4] and indices.tolist() == [3, 5, 1, 7]
+    with pytest.raises(ValueError, match="grouped"):
+        policy.csr_from_keys(keys, keep_order=True)
+
+
+def test_release_only_considers_the_support():
+    h = np.array([0.0, 5.0, 0.0, 0.1])
+    src = NoiseSource(seed=1)
+    ids = policy.release(h, SetUnionCalibration("gaussian", 1e-9, 1.0), src)
+    assert ids.tolist() == [1] and src.samples_drawn == 2
+
+
+# ---------------------------------------------------------------------------
+# Macros
+# ---------------------------------------------------------------------------
+
+POLICY_METHODS = ["policy_laplace", "policy_gaussian", "greedy_update"]
+
+
+def load_random(con, seed=5, n_users=400, n_items=300):
+    rng = np.random.default_rng(seed)
+    users, items = [], []
+    for u in range(n_users):
+        d = int(rng.integers(1, 40))
+        chosen = np.minimum(rng.zipf(1.3, d), n_items)
+        users += [u] * d
+        items += [f"w{i}" for i in chosen]
+    staged = pa.table({"user_id": pa.array(users, pa.int64()), "item": pa.array(items)})  # noqa: F841
+    con.execute("CREATE OR REPLACE TABLE t AS SELECT * FROM staged")
+    return set(items)
+
+
+@pytest.mark.parametrize("method", POLICY_METHODS)
+def test_macros_release_only_input_items(method, seeded_con):
+    universe = load_random(seeded_con)
+    got = dpsql.set_union(seeded_con, "t", method, epsilon=1.0, delta=1e-5, max_items=10).column("item").to_pylist()
+    assert got and set(got) <= universe and len(got) == len(set(got))
+
+
+@pytest.mark.parametrize("method", POLICY_METHODS)
+def test_macro_equals_a_direct_python_call(method, monkeypatch):
+    seen: dict = {}
+    real_run, real_release = policy.run_policy, policy.release
+
+    def spy_run(kind, indptr, indices, n_items, gamma, passes=1, **kw):
+        seen["args"] = (kind, indptr.copy(), indices.copy(), n_items, gamma, passes)
+        return real_run(kind, indptr, indices, n_items, gamma, passes, **kw)
+
+    def spy_release(h, cal, source):
+        seen["drawn_before_noise"] = source.samples_drawn
+        seen["cal"] = cal
+        seen["ids"] = real_release(h, cal, source)
+        return seen["ids"]
+
+    monkeypatch.setattr(policy, "run_policy", spy_run)
+    monkeypatch.setattr(policy, "release", spy_release)
+    con = seeded(7)
+    try:
+        load_random(con, seed=6)
+        [(n_users, n_pairs)] = con.execute("SELECT count(DISTINCT user_id), count(DISTINCT (user_id, item)) "
+                                           "FROM t").fetchall()
+        released = con.execute(f"SELECT item FROM dp_set_union_{method}('t', epsilon := 2, "
+                               + ("" if method == "greedy_update" else "max_items := 1000, passes := 2, ")
+                               + "alpha := 4)").fetchall()
+        before = seen["drawn_before_noise"]
+    finally:
+        con.close()
+    kind, indptr, indices, n_items, gamma, passes = seen["args"]
+    # The CSR the macro built is the (uncapped here) data: one row per user, each distinct pair once.
+    assert len(indptr) - 1 == n_users and len(indices) == n_pairs
+    assert kind == policy.POLICIES[method] and passes == (1 if method == "greedy_update" else 2)
+    assert gamma == policy.policy_cutoff(method, 2.0, 1e-5, 1000, 4)
+    # Replaying with the same seed: the salts, then the kernel and the release in Python.
+    src = NoiseSource(seed=7)
+    for _ in range(before):
+        src.salt()
+    h = real_run(kind, indptr, indices, n_items, gamma, passes, kernel="python")
+    ids = real_release(h, policy.calibrate(method, 2.0, 1e-5, 1000), src)
+    np.testing.assert_array_equal(ids, seen["ids"])
+    assert len(released) == len(ids) > 0
+
+
+def test_salts_and_noise_draws(seeded_con):
+    load_random(seeded_con)
+    src = source_of(seeded_con)
+    [(n_items,)] = seeded_con.execute("SELECT count(DISTINCT item) FROM t").fetchall()
+    before = src.samples_drawn
+    seeded_con.execute("SELECT * FROM dp_set_union_policy_gaussian('t')").fetchall()
+    assert src.samples_drawn - before == 2 + n_items  # cap salt, order salt, one noise per item
+    # GreedyUpdate: the order salt only (no cap), and noise only for the items that got weight.
+    before = src.samples_drawn
+    seeded_con.execute("SELECT * FROM dp_set_union_greedy_update('t')").fetchall()
+    assert 1 < src.samples_drawn - before < 1 + n_items
+
+
+def test_greedy_update_fills_the_most_repeated_item_first(seeded_con):
+    rows = ["y", "x", "x", "x", "z", "z"]
+    staged = pa.table({"user_id": pa.array([1] * 6 + [2] * 6, pa.int64()), "item": rows + rows})  # noqa: F841
+    seeded_con.execute("CREATE TABLE g AS SELECT * FROM staged")
+    # eps large: user 1 puts 1 on x, user 2 tops x up to Gamma > rho and gives the rest (< rho) to z.
+    got = seeded_con.execute("SELECT item FROM dp_set_union_greedy_update('g', epsilon := 1000, alpha := 10)"
+                             ).fetchall()
+    assert got == [("x",)]
+
+
+def test_dispatcher_and_python_api_match_the_macro():
+    results = []
+    for how in ("macro", "dispatch", "api"):
+        con = seeded(11)
+        try:
+            load_random(con)
+            if how == "macro":
+                rows = con.execute("SELECT item FROM dp_set_union_policy_gaussian('t', max_items := 20)").fetchall()
+            elif how == "dispatch":
+                rows = con.execute("SELECT item FROM dp_set_union('t', method := 'policy_gaussian', "
+                                   "max_items := 20)").fetchall()
+            else:
+                rows = [(i,) for i in dpsql.set_union(con, "t", "policy_gaussian", max_items=20, alpha=5,
+                                                      passes=1).column("item").to_pylist()]
+            results.append(sorted(r[0] for r in rows))
+        finally:
+            con.close()
+    assert results[0] == results[1] == results[2] and results[0]
+
+
+def test_api_passes_alpha_and_passes_and_reports_progress(seeded_con):
+    load_random(seeded_con)
+    seen = []
+    out = dpsql.set_union(seeded_con, "t", "policy_laplace", max_items=20, alpha=2, passes=3, progress=seen.append)
+    assert out.num_rows >= 0 and seen[-1] == 100.0 and seen == sorted(seen)
+    with pytest.raises(DPParameterError, match="passes does not apply"):
+        dpsql.set_union(seeded_con, "t", "greedy_update", passes=2)
+    with pytest.raises(DPParameterError, match="alpha"):
+        dpsql.set_union(seeded_con, "t", "policy_laplace", alpha=-1)
+
+
+@pytest.mark.parametrize("bad,match", [("alpha := 0", "alpha"), ("passes := 1.5", "passes"),
+                                       ("passes := 0", "passes"), ("epsilon := 0", "epsilon"),
+                                       ("delta := 1", "delta"), ("max_items := 0", "max_items")])
+def test_macro_rejects_bad_parameters_even_on_empty_input(seeded_con, bad, match):
+    seeded_con.execute("CREATE TABLE e (user_id BIGINT, item VARCHAR)")
+    with pytest.raises(Exception, match=match):
+        seeded_con.execute(f"SELECT * FROM dp_set_union_policy_laplace('e', {bad})").fetchall()
+
+
+@pytest.mark.parametrize("method", POLICY_METHODS)
+def test_empty_input_releases_nothing(seeded_con, method):
+    seeded_con.execute("CREATE TABLE e (user_id BIGINT, item VARCHAR)")
+    assert seeded_con.execute(f"SELECT * FROM dp_set_union_{method}('e')").fetchall() == []
+
+
+def test_null_items_are_an_error(seeded_con):
+    seeded_con.execute("CREATE TABLE n AS SELECT 1::BIGINT AS user_id, NULL::VARCHAR AS item")
+    for method in POLICY_METHODS:
+        with pytest.raises(Exception, match="NULL"):
+            seeded_con.execute(f"SELECT * FROM dp_set_union_{method}('n')").fetchall()
+
+
+def test_cli_passes_alpha_and_passes(tmp_path):
+    import io
+    import json
+
+    import pyarrow.parquet as pq
+
+    from dpsql.cli import main
+
+    rng = np.random.default_rng(2)
+    users = np.repeat(np.arange(300), 8)
+    items = [f"w{int(i)}" for i in np.minimum(rng.zipf(1.3, len(users)), 200)]
+    pq.write_table(pa.table({"user_id": users, "item": items}), tmp_path / "d.parquet")
+    base = [str(tmp_path / "d.parquet"), "--epsilon", "1", "--delta", "1e-5", "--max-items", "10", "--seed", "1"]
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(["set-union", *base, "--method", "policy_gaussian", "--alpha", "4", "--passes", "2", "--json"],
+              out=out, err=err)
+    assert rc == 0, err.getvalue()
+    doc = json.loads(out.getvalue())
+    assert doc["alpha"] == 4.0 and doc["passes"] == 2 and doc["n_released"] == len(doc["items"])
+    err = io.StringIO()
+    assert main(["set-union", *base, "--method", "weighted_gaussian", "--passes", "2"], out=io.StringIO(),
+                err=err) == 2
+    assert "passes" in err.getvalue()
+
+
+def test_ids_map_back_to_the_right_items_with_several_threads(con):
+    # Three items every user holds and one item per user. The popular items sit at Gamma = rho + 5 sigma
+    # (each missed with probability Phi(-5) ~ 3e-7); each rare item gets weight 1 (the step goes
+    # entirely to it once the popular ones are at Gamma), i.e. it passes like a novel item with t = 1,
+    # with probability ~ delta/2 = 5e-6: about 0.2 of the 35,000 per run, and more than 5 with
+    # probability < 1e-8. A dense-id mix-up between the engine's threads would release random items.
+    con.execute("SET threads = 4")
+    n_users = 35000  # 140k rows: more than one row group, so several threads scan
+    items = [f"pop{k}" if k < 3 else f"rare{u}" for u in range(n_users) for k in range(4)]
+    staged = pa.table({"user_id": np.repeat(np.arange(n_users), 4), "item": items})  # noqa: F841
+    con.execute("CREATE TABLE many AS SELECT * FROM staged")
+    got = {r[0] for r in con.execute("SELECT item FROM dp_set_union_policy_gaussian('many', epsilon := 5)"
+                                     ).fetchall()}
+    popular = {"pop0", "pop1", "pop2"}
+    assert popular <= got and len(got - popular) <= 5, got

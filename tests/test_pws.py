@@ -1,0 +1,532 @@
+"""Private weighted sampling (CHECKS C1-C9): probability tables, DP inequalities, estimators, SbH, SQL macros."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from scipy import stats
+
+import dpsql
+from dpsql import pws
+from dpsql.registration import source_of
+from dpsql.validation import DPParameterError
+
+from conftest import seeded
+
+# delta giving L(0.1, delta) = 20 exactly (CHECKS C2)
+DELTA_L20 = (math.exp(0.1) - 1) / (math.exp(0.1 * 20) * (math.exp(0.1) + 1) - 2)
+
+
+def dense(table: pws.FrequencyTable, n: int) -> np.ndarray:
+    """Rows 0..n of pi_{i,j} as a dense matrix (column 0 = not reported)."""
+    M = np.zeros((n + 1, n + 1))
+    for i in range(n + 1):
+        M[i, 0] = table.entry(i, 0)
+        lo, v = table.row(i)
+        M[i, lo:lo + len(v)] = v
+    return M
+
+
+def dp_excess(M: np.ndarray, eps: float) -> float:
+    """max over adjacent rows and both directions of sum_j (P_a(j) - e^eps P_b(j))_+ (must be <= delta)."""
+    ee = math.exp(eps)
+    worst = 0.0
+    for i in range(1, len(M)):
+        worst = max(worst, np.maximum(M[i] - ee * M[i - 1], 0).sum(), np.maximum(M[i - 1] - ee * M[i], 0).sum())
+    return worst
+
+
+# ---------------------------------------------------------------------------
+# C1-C4: key reporting probabilities
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("eps,delta,L,first_one", [(0.1, 0.01, 17.8270, 37), (0.01, 1e-6, 851.7384, 1705),
+                                                   (1, 1e-5, 10.7410, 23), (0.5, 0.001, 11.0080, 24)])
+def test_pi_star_basic_properties(eps, delta, L, first_one):
+    assert pws.L_value(eps, delta) == pytest.approx(L, abs=1e-4)
+    pi = pws.key_probabilities(eps, delta, 3000)
+    assert pi[0] == 0 and pi[1] == pytest.approx(delta, rel=1e-15)
+    assert np.all(np.diff(pi) >= 0) and np.all(pi <= 1)
+    assert int(np.argmax(pi == 1.0)) == first_one
+    assert np.count_nonzero(pi[1:] < 1) <= 2 * math.ceil(L)
+    # closed form (Lemma 3.2 extended to non-integral L) equals the recursion of Alg. 3
+    rec = pws.key_probabilities_recursion(eps, delta, np.r_[0.0, np.ones(3000)])
+    np.testing.assert_allclose(pws.optimal_key_probabilities(eps, delta, 3000), rec, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(pi, rec)
+
+
+def test_integral_L_lemma_3_2_as_printed():
+    eps, delta = 0.1, DELTA_L20
+    assert pws.L_value(eps, delta) == pytest.approx(20.0, abs=1e-12)
+    rec = pws.key_probabilities_recursion(eps, delta, np.r_[0.0, np.ones(60)])
+    # 2e-15 rather than 1e-15: L itself evaluates to 19.999999999999993 in double precision
+    np.testing.assert_allclose(pws.lemma_3_2(eps, delta, 60), rec, rtol=0, atol=2e-15)
+    assert rec[40] == pytest.approx(1 - delta, abs=1e-15) and rec[41] == 1.0
+    assert rec[20] == pytest.approx((1 - delta) / (1 + math.exp(eps)), abs=1e-15)
+    # symmetry 1 - pi*_{2L+1-i} = pi*_i
+    np.testing.assert_allclose(1 - rec[41 - np.arange(1, 41)], rec[1:41], atol=2e-15)
+
+
+@pytest.mark.parametrize("eps,delta,tau,ell", [(0.1, 0.001, 1e-3, 1), (0.1, 0.001, 0.01, 35), (0.1, 0.001, 0.1, 80),
+                                               (1, 1e-5, 1.0, 23)])
+def test_ppswor_two_piece_form_lemma_3_4(eps, delta, tau, ell):
+    n = 3000
+    q = pws.sampling_probabilities(np.arange(n + 1), tau, "ppswor")
+    rec = pws.key_probabilities_recursion(eps, delta, q)
+    two, got_ell = pws.ppswor_two_piece(eps, delta, tau, n)
+    assert got_ell == ell
+    np.testing.assert_allclose(two, rec, rtol=0, atol=2e-15)
+    assert np.all(rec <= q) and np.all(np.diff(rec) >= 0)
+    np.testing.assert_array_equal(pws.key_probabilities(eps, delta, n, tau), rec)
+
+
+def test_count_of_positions_below_q_at_most_2_ceil_L():
+    n = 3000
+    q = pws.sampling_probabilities(np.arange(n + 1), 0.1, "ppswor")
+    rec = pws.key_probabilities_recursion(0.1, 0.001, q)
+    below = np.count_nonzero(rec[1:] < q[1:])
+    assert below == 79  # > 2L = 78.6, <= 2 ceil(L) = 80
+    assert below <= 2 * math.ceil(pws.L_value(0.1, 0.001))
+
+
+def test_two_piece_form_fails_for_priority_sampling():
+    n = 3000
+    q = pws.sampling_probabilities(np.arange(n + 1), 0.01, "priority")
+    rec = pws.key_probabilities_recursion(0.1, 0.001, q)
+    star = pws.optimal_key_probabilities(0.1, 0.001, n)
+    ell = int(np.nonzero(star[1:] >= q[1:])[0][0]) + 1
+    two = np.where(np.arange(n + 1) < ell, star, q)
+    assert np.abs(two - rec).max() == pytest.approx(0.031, abs=5e-4)
+    # the table used by the sanitizer follows the recursion, not the two-piece form
+    np.testing.assert_array_equal(pws.key_probabilities(0.1, 0.001, n, 0.01, "priority"), rec)
+
+
+@pytest.mark.parametrize("scheme,tau,power", [("ppswor", 1e-3, 1.0), ("priority", 0.003, 1.0), ("ppswor", 0.05, 0.5),
+                                              ("priority", 0.01, 1.5), ("ppswor", 0.2, 0.0)])
+def test_key_table_with_settled_tail_equals_full_recursion(scheme, tau, power):
+    n = 20000
+    q = pws.sampling_probabilities(np.arange(n + 1), tau, scheme, power)
+    rec = pws.key_probabilities_recursion(0.1, 0.001, q)
+    np.testing.assert_array_equal(pws.key_probabilities(0.1, 0.001, n, tau, scheme, power), rec)
+
+
+# ---------------------------------------------------------------------------
+# C5: pi_{i,j}
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("eps,delta,tau,scheme", [(0.1, 0.01, None, "ppswor"), (1, 1e-3, None, "ppswor"),
+                                                  (0.1, DELTA_L20, None, "ppswor"), (0.1, 0.001, 0.1, "ppswor"),
+                                                  (0.5, 0.001, 0.05, "ppswor"), (0.1, 0.001, 0.01, "priority"),
+                                                  (0.3, 0.01, 0.002, "priority"), (1, 1e-5, 1.0, "ppswor")])
+def test_frequency_table_rows_satisfy_dp_inequalities(eps, delta, tau, scheme):
+    n = 160
+    table = pws.frequency_table(eps, delta, tau, scheme, 1.0, n=n)
+    M = dense(table, n)
+    pi = pws.key_probabilities(eps, delta, n, tau, scheme)
+    q = pws.sampling_probabilities(np.arange(n + 1), tau, scheme)
+    assert M.min() >= 0
+    np.testing.assert_allclose(M[:, 1:].sum(axis=1), pi, atol=1e-12)
+    np.testing.assert_allclose(np.diag(M)[1:], np.minimum(q[1:], delta), atol=1e-15)
+    assert np.allclose(M[0], np.r_[1.0, np.zeros(n)])
+    assert dp_excess(M, eps) <= delta + 1e-12
+    assert np.all(np.triu(M[:, 1:], k=0)[:, :] >= 0)
+
+
+def test_printed_app_b_construction_violates_dp_for_sampled_q():
+    """ERRATUM: prefix-only lower bounds (App. B) are not enough once q < 1; ours are."""
+    n = 40
+    pi = pws.key_probabilities(0.5, 0.001, n, 0.05)
+    ref = pws.frequency_rows_reference(0.5, 0.001, pi)
+    R = np.zeros((n + 1, n + 1))
+    for i, row in enumerate(ref):
+        R[i, :len(row)] = row
+    assert dp_excess(R, 0.5) - 0.001 == pytest.approx(0.2171891, abs=1e-6)  # exceeds delta by 217x delta
+    assert dp_excess(dense(pws.frequency_table(0.5, 0.001, 0.05, n=n), n), 0.5) <= 0.001 + 1e-12
+
+
+@pytest.mark.parametrize("eps,delta", [(0.1, 0.01), (1, 1e-3), (0.1, DELTA_L20)])
+def test_construction_equals_printed_app_b_without_sampling(eps, delta):
+    n = 90
+    pi = pws.key_probabilities(eps, delta, n)
+    ref = pws.frequency_rows_reference(eps, delta, pi)
+    M = dense(pws.frequency_table(eps, delta, n=n), n)
+    for i, row in enumerate(ref):
+        np.testing.assert_allclose(M[i, :len(row)], row, atol=1e-15)
+
+
+def test_lemma_4_2_corrected_row_60():
+    eps, delta = 0.1, DELTA_L20
+    table = pws.frequency_table(eps, delta, n=100)
+    lo, v = table.row(60)
+    assert (lo, len(v), np.count_nonzero(v)) == (20, 41, 41)
+    assert table.entry(60, 20) == pytest.approx(7.758699e-3, rel=1e-6)
+    assert table.entry(60, 39) == pytest.approx(5.187384e-2, rel=1e-6)
+    assert table.entry(60, 40) == pytest.approx(5.732946e-2, rel=1e-6)
+    printed = delta * math.exp((2 * 20 - 1 - 40) * eps)  # Lemma 4.2 as printed, continued to i-j = 40
+    assert printed == pytest.approx(7.020361e-3, rel=1e-6) and abs(printed - table.entry(60, 20)) > 7e-4
+    worst = max(abs(table.entry(i, j) - pws.optimal_frequency_probability(eps, delta, i, j))
+                for i in range(1, 100) for j in range(1, i + 1))
+    assert worst < 1e-15
+
+
+def test_steady_rows_are_shifts():
+    table = pws.frequency_table(0.1, 0.01, n=500)
+    assert table.steady and table.m < 100
+    lo, v = table.row(400)
+    lo2, v2 = table.row(401)
+    assert lo2 == lo + 1 and np.array_equal(v, v2)
+
+
+# ---------------------------------------------------------------------------
+# C6-C7: SbH
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("eps,delta,ratios", [(0.1, 0.01, {2: 3.8097, 5: 8.2694, 10: 13.2851, 17: 17.1773}),
+                                              (0.01, 1e-6, {2: 3.9801, 5: 9.8030, 10: 19.1278})])
+def test_pi_star_over_phi(eps, delta, ratios):
+    star = pws.key_probabilities(eps, delta, 100)
+    phi = pws.sbh_report_probability(np.arange(101), eps, delta)
+    assert star[1] / phi[1] == pytest.approx(2.0, rel=1e-12)
+    for i, r in ratios.items():
+        assert star[i] / phi[i] == pytest.approx(r, abs=1e-4)
+    L = int(pws.L_value(eps, delta))
+    assert np.all(star[1:L + 1] / phi[1:L + 1] <= 2 / eps * 1.01)
+
+
+def test_sbh_closed_forms_match_numerical_integration():
+    eps, delta = 0.5, 1e-3
+    T = pws.sbh_threshold(eps, delta)
+    assert T == pytest.approx(14.8155, abs=1e-4)
+    assert pws.sbh_report_probability(1, eps, delta) == pytest.approx(delta / 2, rel=1e-12)
+    for i, phi, E, mse in [(10, 0.0450086, 0.756842, 97.7699), (T + 2, 0.81606, 14.4582, 56.3323)]:
+        num = pws.sbh_moments_numeric(i, eps, delta)
+        # reference numbers are printed to ~6 digits (CHECKS convention: 1e-4 relative)
+        assert pws.sbh_report_probability(i, eps, delta) == pytest.approx(phi, rel=1e-4)
+        assert pws.sbh_expectation(i, eps, delta) == pytest.approx(E, rel=1e-5)
+        assert pws.sbh_mse(i, eps, delta) == pytest.approx(mse, rel=1e-5)
+        assert num["phi"] == pytest.approx(float(pws.sbh_report_probability(i, eps, delta)), abs=1e-9)
+        assert num["E"] == pytest.approx(float(pws.sbh_expectation(i, eps, delta)), abs=1e-8)
+        assert num["mse"] == pytest.approx(float(pws.sbh_mse(i, eps, delta)), rel=1e-8)
+    assert pws.sbh_report_probability(T + 3, eps, delta, 0.05, "ppswor") == pytest.approx(0.53305, abs=1e-5)
+    assert pws.sbh_report_probability(T + 3, eps, delta, 0.02, "priority") == pytest.approx(0.327715, abs=1e-6)
+    for i in (2.0, 10.0, T, T + 3, 30.0, 49.0, 60.0):
+        pp = pws.sbh_moments_numeric(i, eps, delta, q=lambda j: -math.expm1(-0.05 * j))["phi"]
+        pr = pws.sbh_moments_numeric(i, eps, delta, q=lambda j: min(1.0, 0.02 * j))["phi"]
+        assert float(pws.sbh_report_probability(i, eps, delta, 0.05, "ppswor")) == pytest.approx(pp, abs=1e-9)
+        assert float(pws.sbh_report_probability(i, eps, delta, 0.02, "priority")) == pytest.approx(pr, abs=1e-8)
+
+
+# ---------------------------------------------------------------------------
+# C8: estimators
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("eps,delta,min_a", [(0.1, 0.01, -2028.9168), (1, 1e-3, None)])
+def test_unbiased_estimator_solves_triangular_system_exactly(eps, delta, min_a):
+    table = pws.frequency_table(eps, delta, n=200)
+    a = pws.estimator_coefficients(table, "identity", "unbiased", 60, exact=True)
+    assert all(isinstance(x, Fraction) for x in a)
+    for i in range(1, 61):
+        lo, v = table.row(i)
+        assert sum(Fraction(float(p)) * a[lo + k] for k, p in enumerate(v)) == i
+    assert min(a) < 0
+    if min_a is not None:
+        assert float(min(a)) == pytest.approx(min_a, abs=1e-3)
+    else:
+        # double precision breaks down here (CHECKS C8: residual of order 60-100 with entries ~1e27)
+        af = pws.estimator_coefficients(table, "identity", "unbiased", 60, exact=False)
+        assert max(abs(x) for x in af) > 1e26
+        resid = max(abs(sum(p * af[table.row(i)[0] + k] for k, p in enumerate(table.row(i)[1])) - i)
+                    for i in range(1, 61))
+        assert resid > 1.0
+    moments = pws.estimator_moments(table, a, "identity", 60)
+    assert np.abs(moments["bias"][1:]).max() < 1e-9
+
+
+@pytest.mark.parametrize("eps,delta", [(0.1, 0.01), (1, 1e-3)])
+@pytest.mark.parametrize("g", ["identity", "count"])
+def test_biased_down_never_overestimates_and_is_monotone(eps, delta, g):
+    table = pws.frequency_table(eps, delta, n=200)
+    a = pws.estimator_coefficients(table, g, "biased_down", 60)
+    assert a[0] == 0 and all(a[j] <= a[j + 1] + 1e-12 for j in range(1, 60))
+    m = pws.estimator_moments(table, a, g, 60)
+    assert np.all(m["bias"][1:] <= 1e-9)
+    assert np.all(m["var"][1:] >= -1e-9)
+
+
+def test_ml_estimator_is_biased_both_ways():
+    table = pws.frequency_table(0.1, 0.01, n=200)
+    a = pws.estimator_coefficients(table, "identity", "ml", 60)
+    m = pws.estimator_moments(table, a, "identity", 60)
+    assert m["bias"][5] == pytest.approx(-2.94, abs=0.01)
+    assert m["bias"][1:].max() > 0 > m["bias"][1:].min()
+    # MSE = Var + Bias^2 and the sum-level NRMSE follows (eq. 13)
+    err = pws.sum_estimate_error([5, 5, 30], m, "identity")
+    assert err["bias"] == pytest.approx(2 * m["bias"][5] + m["bias"][30])
+    assert err["nrmse"] == pytest.approx(math.sqrt(err["var"] + err["bias"] ** 2) / 40)
+
+
+def test_estimates_with_sampling_are_finite_and_biased_down_holds():
+    table = pws.frequency_table(0.5, 0.001, 0.05, n=400)
+    a = pws.estimator_coefficients(table, "identity", "biased_down", 200)
+    m = pws.estimator_moments(table, a, "identity", 200)
+    assert np.all(np.isfinite(a)) and np.all(m["bias"][1:] <= 1e-9)
+
+
+# ---------------------------------------------------------------------------
+# Sanitizers: pure functions and, C9, through the SQL macros on a seeded connection
+# ---------------------------------------------------------------------------
+
+def test_sanitize_tokens_inverse_cdf_exact_on_a_grid():
+    table = pws.frequency_table(0.5, 0.001, n=60)
+    i = 30
+    grid = (np.arange(200000) + 0.5) / 200000
+    tokens = pws.sanitize_tokens(np.full(len(grid), i), grid, table)
+    counts = np.bincount(tokens, minlength=i + 1) / len(grid)
+    expected = np.array([table.entry(i, j) for j in range(i + 1)])
+    np.testing.assert_allclose(counts, expected, atol=1e-5)
+    assert tokens.max() <= i
+
+
+def load_frequencies(con, freqs: dict[int, int], name="agg"):
+    keys, ws = [], []
+    for w, count in freqs.items():
+        keys += [f"f{w}_{k}" for k in range(count)]
+        ws += [w] * count
+    staged = pa.table({"k": pa.array(keys), "n": pa.array(ws, pa.int64())})  # noqa: F841
+    con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT k AS key, n AS frequency FROM staged")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tau", [None, 0.05])
+def test_sql_sanitizer_token_frequencies_match_pi_ij(tau):
+    eps, delta, freqs = 0.5, 1e-3, {3: 20000, 12: 20000, 30: 20000}
+    con = seeded(7)
+    try:
+        load_frequencies(con, freqs)
+        tau_sql = "NULL" if tau is None else repr(tau)
+        rows = con.execute(f"SELECT key, token FROM dp_weighted_sample('agg', {eps}, {delta}, tau := {tau_sql}, "
+                           f"with_frequencies := true, freq_col := 'frequency')").fetchall()
+        assert source_of(con).samples_drawn >= sum(freqs.values())
+    finally:
+        con.close()
+    table = pws.frequency_table(eps, delta, tau, n=40)
+    for w, count in freqs.items():
+        got = np.bincount([t for k, t in rows if k.startswith(f"f{w}_")], minlength=w + 1)
+        got[0] = count - got[1:].sum()
+        p = np.array([table.entry(w, j) for j in range(w + 1)])
+        assert abs(p.sum() - 1) < 1e-12 and got[p == 0].sum() == 0
+        expected = p * count
+        keep = expected >= 5  # pool sparse cells
+        obs = np.r_[got[keep], got[~keep].sum()]
+        exp = np.r_[expected[keep], expected[~keep].sum()]
+        if exp[-1] == 0:
+            obs, exp = obs[:-1], exp[:-1]
+        pval = stats.chisquare(obs, exp).pvalue
+        assert pval > 1e-3, (w, pval)
+
+
+def test_sql_keys_only_reporting_rate_and_element_input():
+    eps, delta = 0.5, 1e-3
+    con = seeded(11)
+    try:
+        # element table: key "a" x 12 rows, 3000 keys with 12 rows each
+        keys = np.repeat(np.array([f"k{i}" for i in range(3000)]), 12)
+        staged = pa.table({"item": pa.array(keys)})  # noqa: F841
+        con.execute("CREATE TABLE ev AS SELECT item FROM staged")
+        n = con.execute("SELECT count(*) FROM dp_weighted_sample('ev', 0.5, 1e-3, key_col := 'item')").fetchall()[0][0]
+        n2 = con.execute("SELECT count(*), count(token) FROM dp_weighted_sample('ev', 0.5, 1e-3, tau := 0.05, "
+                         "key_col := 'item')").fetchall()[0]
+    finally:
+        con.close()
+    p = pws.key_probabilities(eps, delta, 12)[12]
+    assert stats.binomtest(n, 3000, p).pvalue > 1e-3
+    p2 = pws.key_probabilities(eps, delta, 12, 0.05)[12]
+    assert stats.binomtest(n2[0], 3000, p2).pvalue > 1e-3 and n2[1] == 0
+
+
+def test_sql_helpers_and_threshold_sample():
+    con = seeded(3)
+    try:
+        got = con.execute("SELECT dp_pws_q(10, 0.1), dp_pws_q(10, 0.05, scheme := 'priority'), "
+                          "dp_pws_pi(1, 0.5, 1e-3), dp_pws_pi(3, 0.5, 1e-3), dp_pws_pi_ij(30, 25, 0.5, 1e-3), "
+                          "dp_pws_L(0.1, 0.01), dp_sbh_threshold(0.5, 1e-3)").fetchall()[0]
+        assert got[0] == pytest.approx(1 - math.exp(-1)) and got[1] == 0.5
+        assert got[2] == pytest.approx(1e-3) and got[3] == pws.key_probabilities(0.5, 1e-3, 3)[3]
+        assert got[4] == pws.frequency_table(0.5, 1e-3, n=40).entry(30, 25)
+        assert got[5] == pytest.approx(17.8270, abs=1e-4) and got[6] == pytest.approx(14.8155, abs=1e-4)
+        load_frequencies(con, {1: 5000, 50: 5000})
+        a = con.execute("SELECT key FROM dp_threshold_sample('agg', 0.01, freq_col := 'frequency', salt := 99) "
+                        "ORDER BY key").fetchall()
+        b = con.execute("SELECT key FROM dp_threshold_sample('agg', 0.01, freq_col := 'frequency', salt := 99) "
+                        "ORDER BY key").fetchall()
+        assert a == b  # same salt: coordinated (identical) samples
+        n1 = sum(1 for (k,) in a if k.startswith("f1_"))
+        n50 = sum(1 for (k,) in a if k.startswith("f50_"))
+        assert stats.binomtest(n1, 5000, 1 - math.exp(-0.01)).pvalue > 1e-3
+        assert stats.binomtest(n50, 5000, 1 - math.exp(-0.5)).pvalue > 1e-3
+    finally:
+        con.close()
+
+
+def test_sql_estimate_and_sbh():
+    con = seeded(5)
+    try:
+        load_frequencies(con, {20: 3000, 60: 3000})
+        con.execute("CREATE TABLE s AS SELECT * FROM dp_weighted_sample('agg', 0.5, 1e-3, with_frequencies := true, "
+                    "freq_col := 'frequency')")
+        est = con.execute("SELECT sum(estimate) FROM dp_weighted_sample_estimate('s', 0.5, 1e-3, g := 'identity', "
+                          "estimator := 'biased_down')").fetchall()[0][0]
+        table = pws.frequency_table(0.5, 1e-3, n=100)
+        a = pws.estimator_coefficients(table, "identity", "biased_down", 60)
+        m = pws.estimator_moments(table, a, "identity", 60)
+        mean = 3000 * (m["E"][20] + m["E"][60])
+        sd = math.sqrt(3000 * (m["var"][20] + m["var"][60]))
+        assert abs(est - mean) < 5 * sd
+        cnt = con.execute("SELECT sum(estimate) FROM dp_weighted_sample_estimate('s', 0.5, 1e-3)").fetchall()[0][0]
+        assert 0 < cnt < 6000 * 1.1
+        sbh = con.execute("SELECT count(*), min(noisy_frequency), max(inclusion_probability) "
+                          "FROM dp_sbh_histogram('agg', 0.5, 1e-3, freq_col := 'frequency')").fetchall()[0]
+        T = pws.sbh_threshold(0.5, 1e-3)
+        assert sbh[1] >= T and sbh[2] == 1.0
+        expected = 3000 * (pws.sbh_report_probability(20, 0.5, 1e-3) + pws.sbh_report_probability(60, 0.5, 1e-3))
+        assert abs(sbh[0] - expected) < 5 * math.sqrt(expected)
+        n_sampled = con.execute("SELECT count(*) FROM dp_sbh_histogram('agg', 0.5, 1e-3, tau := 0.02, "
+                                "freq_col := 'frequency')").fetchall()[0][0]
+        assert n_sampled < sbh[0]
+    finally:
+        con.close()
+
+
+def test_sanitizer_draws_once_per_key(con):
+    load_frequencies(con, {5: 1000, 40: 1000})
+    src = source_of(con)
+    for with_f in ("false", "true"):
+        before = src.samples_drawn
+        con.execute(f"SELECT * FROM dp_weighted_sample('agg', 1.0, 1e-5, with_frequencies := {with_f}, "
+                    "freq_col := 'frequency')").fetchall()
+        assert src.samples_drawn - before == 2000
+
+
+# ---------------------------------------------------------------------------
+# Bad parameters
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,match", [("0.5, 1e-3, tau := 0", "tau"), ("0.5, 1e-3, tau := -1", "tau"),
+                                        ("0.5, 1e-3, scheme := 'bernoulli'", "scheme"), ("0.5, 1.0", "delta"),
+                                        ("0.5, 1.5", "delta"), ("0, 1e-3", "epsilon"), ("-1, 1e-3", "epsilon"),
+                                        ("0.5, 1e-3, power := -1", "power")])
+def test_bad_parameters_error_before_reading_data(con, args, match):
+    con.execute("CREATE TABLE empty_t (key VARCHAR)")
+    with pytest.raises(Exception, match=match):
+        con.execute(f"SELECT * FROM dp_weighted_sample('empty_t', {args})").fetchall()
+    with pytest.raises(Exception, match=match):
+        con.execute(f"SELECT * FROM dp_sbh_histogram('empty_t', {args})").fetchall()
+
+
+def test_bad_parameters_python_and_other_macros(con):
+    with pytest.raises(DPParameterError, match="tau"):
+        pws.key_probabilities(0.5, 1e-3, 10, tau=0)
+    with pytest.raises(DPParameterError, match="scheme"):
+        pws.sampling_probabilities([1], 0.1, "uniform")
+    with pytest.raises(DPParameterError, match="delta"):
+        pws.L_value(0.5, 1.0)
+    con.execute("CREATE TABLE e2 (key VARCHAR, n BIGINT)")
+    with pytest.raises(Exception, match="tau"):
+        con.execute("SELECT * FROM dp_threshold_sample('e2', NULL)").fetchall()
+    with pytest.raises(Exception, match="estimator"):
+        con.execute("SELECT * FROM dp_weighted_sample_estimate('e2', 0.5, 1e-3, estimator := 'mean')").fetchall()
+    con.execute("INSERT INTO e2 VALUES ('a', -2)")
+    with pytest.raises(Exception, match="freq_col"):
+        con.execute("SELECT * FROM dp_weighted_sample('e2', 0.5, 1e-3, freq_col := 'n')").fetchall()
+
+
+def test_cli_weighted_sample_json_and_errors(tmp_path):
+    import io
+    import json
+
+    import pyarrow.parquet as pq
+
+    from dpsql.cli import main
+
+    path = tmp_path / "ev.parquet"
+    pq.write_table(pa.table({"item": np.repeat(np.array(["a", "b", "c"]), [400, 50, 1])}), path)
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(["weighted-sample", str(path), "--epsilon", "1", "--delta", "1e-5", "--key-col", "item",
+               "--with-frequencies", "--json", "--seed", "1"], out=out, err=err)
+    assert rc == 0, err.getvalue()
+    doc = json.loads(out.getvalue())
+    assert doc["privacy_unit"].startswith("element") and doc["private"] is False
+    keys = {r["key"]: r["token"] for r in doc["keys"]}
+    assert "a" in keys and "c" not in keys or keys.get("c") == 1  # 'a' (400 rows) always reported (pi = 1)
+    assert 1 <= keys["a"] <= 400
+    for bad, word in ((["--tau", "0"], "tau"), (["--scheme", "x"], "scheme"), (["--key-col", "nope"], "--key-col")):
+        err = io.StringIO()
+        rc = main(["weighted-sample", str(path), "--epsilon", "1", "--delta", "1e-5", "--key-col", "item"] + bad,
+                  out=io.StringIO(), err=err)
+        assert rc == 2 and word in err.getvalue()
+
+
+# ---------------------------------------------------------------------------
+# Aggregated input declared unique: no re-aggregation, still validated, never fooled by name shadowing
+# ---------------------------------------------------------------------------
+
+def test_declared_unique_input_skips_aggregation_only_for_a_qualified_constrained_table(con):
+    con.execute("CREATE TABLE pk (key VARCHAR PRIMARY KEY, n BIGINT)")
+    con.execute("CREATE TABLE uq (item VARCHAR UNIQUE, n BIGINT)")
+    con.execute("CREATE TABLE plain (key VARCHAR, n BIGINT)")
+    got = con.execute("SELECT dp__pws_declared_unique('memory.main.pk', 'key'), "
+                      "dp__pws_declared_unique('MEMORY.MAIN.PK', 'KEY'), dp__pws_declared_unique('pk', 'key'), "
+                      "dp__pws_declared_unique('main.pk', 'key'), dp__pws_declared_unique('memory.main.pk', 'n'), "
+                      "dp__pws_declared_unique('memory.main.uq', 'item'), "
+                      "dp__pws_declared_unique('memory.main.plain', 'key')").fetchall()[0]
+    assert got == (True, True, False, False, False, True, False)
+    con.execute("INSERT INTO pk SELECT 'k' || i, 1 + i % 40 FROM range(3000) r(i)")
+    src = source_of(con)
+    for with_f in ("false", "true"):
+        before = src.samples_drawn
+        rows = con.execute(f"SELECT key, token FROM dp_weighted_sample('memory.main.pk', 1.0, 1e-5, "
+                           f"with_frequencies := {with_f}, freq_col := 'n')").fetchall()
+        assert src.samples_drawn - before == 3000
+        assert len({k for k, _ in rows}) == len(rows)
+        if with_f == "true":
+            n_of = {f"k{i}": 1 + i % 40 for i in range(3000)}
+            assert all(1 <= t <= n_of[k] for k, t in rows)
+    # a CTE of the calling query named like the table shadows it for unqualified and two-part names; its
+    # duplicated key must be aggregated (one draw per distinct key), the three-part name reads the table
+    shadow = "WITH pk AS (SELECT 'dup' AS key, 5::BIGINT AS n FROM range(4)) "
+    for name, draws in (("pk", 1), ("main.pk", 1), ("memory.main.pk", 3000)):
+        before = src.samples_drawn
+        con.execute(shadow + f"SELECT * FROM dp_weighted_sample('{name}', 1.0, 1e-5, freq_col := 'n')").fetchall()
+        assert src.samples_drawn - before == draws, name
+
+
+def test_declared_unique_input_is_still_validated(con):
+    con.execute("CREATE TABLE pk (key BIGINT PRIMARY KEY, n DOUBLE)")
+    for bad, word in (("(1, -1.0)", "whole numbers"), ("(1, 2.5)", "whole numbers"), ("(1, NULL)", "NULL")):
+        con.execute("DELETE FROM pk")
+        con.execute(f"INSERT INTO pk VALUES (2, 3.0), {bad}")
+        with pytest.raises(Exception, match=word):
+            con.execute("SELECT * FROM dp_weighted_sample('memory.main.pk', 1.0, 1e-5, freq_col := 'n')").fetchall()
+    con.execute("DELETE FROM pk")
+    con.execute("INSERT INTO pk VALUES (1, 0.0), (2, 400.0)")  # frequency 0 is not a key
+    src = source_of(con)
+    before = src.samples_drawn
+    rows = con.execute("SELECT key FROM dp_weighted_sample('memory.main.pk', 1.0, 1e-5, freq_col := 'n')").fetchall()
+    assert src.samples_drawn - before == 1 and rows == [(2,)]
+
+
+def test_sanitizer_tables_grow_per_vector_like_one_table():
+    """The UDF sizes its tables per vector (power of two >= the vector's largest frequency): same draws."""
+    params = (0.5, 1e-3, 0.05, "ppswor", 1.0)
+    w = np.array([1, 3, 7, 12, 30, 64, 65, 200, 1000])
+    u = np.linspace(0.001, 0.999, len(w))
+    big_k, big_t = pws.key_table(*params, n=4096), pws.frequency_table(*params, n=4096)
+    for k in range(1, len(w) + 1):
+        part_k, part_t = pws._grown(pws.key_table, params, int(w[:k].max())), \
+            pws._grown(pws.frequency_table, params, int(w[:k].max()))
+        np.testing.assert_array_equal(pws.sanitize_keys(w[:k], u[:k], part_k), pws.sanitize_keys(w[:k], u[:k], big_k))
+        np.testing.assert_array_equal(pws.sanitize_tokens(w[:k], u[:k], part_t),
+                                      pws.sanitize_tokens(w[:k], u[:k], big_t))
