@@ -752,8 +752,9 @@ def matroid_coverage(con: duckdb.DuckDBPyConnection, table: str, parts: dict, ca
     if any(parts[s] not in part_index for s in ids):
         raise DPParameterError("every set's part needs an entry in capacities")
     set_index = {s: i for i, s in enumerate(ids)}
+    # element ids in sorted order (as dp_matroid_coverage): a seeded run is reproducible and matches the macro
     rows = con.sql(f"SELECT DISTINCT {_quote(set_col)}, {_quote(element_col)} FROM query_table({_sql_string(table)}) "
-                   f"WHERE {_quote(element_col)} IS NOT NULL").fetchall()
+                   f"WHERE {_quote(element_col)} IS NOT NULL ORDER BY 2, 1").fetchall()
     elem_index: dict = {}
     s_idx, e_idx = [], []
     for s, e in rows:
@@ -791,6 +792,37 @@ def _scalars(arr: pa.Array) -> list:
     return values
 
 
+def _flat_float(arr: pa.Array, i: int) -> np.ndarray:
+    value = arr[i]
+    if not value.is_valid or value.values is None:
+        return np.zeros(0, dtype=np.float64)
+    flat = value.values
+    if flat.null_count:
+        raise ValueError("dpsql: NULL value in an optimisation input list")
+    return np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def _check_n_bound(n_bound: object) -> int:
+    """A public whole number >= 1 (no upper limit: it only enters ``ln n_bound``)."""
+    if n_bound is None:
+        raise DPParameterError("n_bound must be a public upper bound on the number of points, e.g. n_bound := 100000")
+    if isinstance(n_bound, bool) or not isinstance(n_bound, numbers.Real) or not math.isfinite(float(n_bound)) \
+            or float(n_bound) != int(float(n_bound)) or int(float(n_bound)) < 1:
+        raise DPParameterError(f"n_bound must be a whole number >= 1 (got {n_bound!r}), e.g. n_bound := 100000")
+    return int(float(n_bound))
+
+
+def _metric(rows: np.ndarray, cols: np.ndarray, dists: np.ndarray, m: int) -> np.ndarray:
+    """The m x m matrix (candidate row, point column) from flat triples; every pair exactly once."""
+    keys = rows * np.int64(max(m, 1)) + cols
+    if keys.size != m * m or np.unique(keys).size != m * m:
+        raise DPParameterError(f"distances_tbl must hold exactly one (point, candidate, distance) row for each of "
+                               f"the {m} x {m} pairs of candidates (got {keys.size} rows)")
+    dist = np.empty((m, m), dtype=np.float64)
+    dist[rows, cols] = dists
+    return dist
+
+
 def udfs(source: NoiseSource) -> list[Udf]:
     """Validation/calibration UDFs (pure) and the sequential kernels (draw noise: side effects)."""
 
@@ -812,6 +844,24 @@ def udfs(source: NoiseSource) -> list[Udf]:
 
     def hh_tau(epsilon, k, beta, horizon, n_buckets):
         return heavy_hitters_calibration(epsilon, k, horizon, max(int(n_buckets), 1), beta)["tau"]
+
+    def matroid_check(epsilon, eta, beta, samples, set_col, element_col, part_col, capacity_col):
+        for name, col in (("set_col", set_col), ("element_col", element_col), ("part_col", part_col),
+                          ("capacity_col", capacity_col)):
+            check_identifier(name, col)
+        check_epsilon(epsilon), check_beta(beta)
+        eta = _check_positive_param("eta", eta, "it is the approximation slack, e.g. eta := 0.2")
+        if eta >= 1:
+            raise DPParameterError(f"eta must be < 1 (got {eta!r}); e.g. eta := 0.2")
+        # resolved here so that the kernel gets the same s as matroid_coverage_arrays' default
+        return 8 * int(math.ceil(4.0 / eta)) if samples is None else check_k(samples, "samples")
+
+    def k_median_cal(k, q, epsilon, n_bound, point_col, candidate_col):
+        check_identifier("point_col", point_col), check_identifier("candidate_col", candidate_col)
+        check_epsilon(epsilon)
+        if q not in (1, 2):
+            raise DPParameterError(f"q must be 1 (k-median) or 2 (k-means) (got {q!r})")
+        return {"k_max": check_k(k), "q_exp": int(q), "n_max": _check_n_bound(n_bound)}
 
     def coverage_select(sets, elems, n_sets, n_elems, k):
         out = []
@@ -835,8 +885,28 @@ def udfs(source: NoiseSource) -> list[Udf]:
             out.append([t * int(nb) + y for t, y in reps])
         return pa.array(out, type=pa.list_(pa.int64()))
 
+    def matroid_select(sets, elems, n_sets, n_elems, parts, caps, epsilon, eta, beta, samples):
+        out = []
+        for i, (m, n, e, h, b, s) in enumerate(zip(_scalars(n_sets), _scalars(n_elems), _scalars(epsilon),
+                                                   _scalars(eta), _scalars(beta), _scalars(samples))):
+            out.append(matroid_coverage_arrays(source, _flat(sets, i), _flat(elems, i), int(m), int(n),
+                                               _flat(parts, i), _flat(caps, i), float(e), float(h), float(b), int(s)))
+        return pa.array(out, type=pa.list_(pa.int64()))
+
+    def k_median_select(locations, rows, cols, dists, n_cands, k, q, epsilon, n_bound):
+        out = []
+        for i, (m, kk, qq, e, nb) in enumerate(zip(_scalars(n_cands), _scalars(k), _scalars(q), _scalars(epsilon),
+                                                   _scalars(n_bound))):
+            dist = _metric(_flat(rows, i), _flat(cols, i), _flat_float(dists, i), int(m))
+            if int(m) == 0:  # no candidates (public): nothing to choose
+                out.append([])
+                continue
+            out.append(k_median(source, _flat(locations, i), dist, int(kk), int(qq), float(e), int(nb)))
+        return pa.array(out, type=pa.list_(pa.int64()))
+
     d, big, txt = DOUBLE, BIGINT, VARCHAR
     ids = duckdb.list_type(BIGINT)
+    reals = duckdb.list_type(DOUBLE)
     return [
         Udf("dp__max_coverage_check", scalar(coverage_check), (d, d, txt, txt), d),
         Udf("dp__set_cover_check", scalar(set_cover_check), (d, d, txt, txt), d),
@@ -846,4 +916,11 @@ def udfs(source: NoiseSource) -> list[Udf]:
         Udf("dp__max_coverage_select", coverage_select, (ids, ids, big, big, big), ids, side_effects=True),
         Udf("dp__set_cover_select", set_cover_select, (ids, ids, big, big, d, d), ids, side_effects=True),
         Udf("dp__heavy_hitters_select", hh_select, (ids, ids, ids, big, big, big, big, d), ids, side_effects=True),
+        Udf("dp__matroid_coverage_check", scalar(matroid_check), (d, d, d, d, txt, txt, txt, txt), big),
+        Udf("dp__k_median_calibration", scalar(k_median_cal), (d, d, d, d, txt, txt),
+            duckdb.struct_type({"k_max": BIGINT, "q_exp": BIGINT, "n_max": BIGINT})),
+        Udf("dp__matroid_coverage_select", matroid_select, (ids, ids, big, big, ids, ids, d, d, d, big), ids,
+            side_effects=True),
+        Udf("dp__k_median_select", k_median_select, (ids, ids, ids, reals, big, big, big, d, big), ids,
+            side_effects=True),
     ]

@@ -117,3 +117,100 @@ codes AS (SELECT unnest(ids) AS code FROM sel)
 SELECT (code // n_buckets + 1)::BIGINT AS t, bucket
 FROM codes CROSS JOIN nb JOIN buckets ON bid = code % n_buckets
 ORDER BY t, bid;
+
+-- Coverage under a partition matroid, pure epsilon-DP (Thm 1.3): elements Poisson-subsampled with
+-- p = 1 - e^-eps, then PrivContGreedy at ln 2/2 (ceil(4/eta) passes, samples uniform vectors,
+-- default 8 per pass: utility only, see matroid_coverage_arrays), ceil(20 ln(6/beta)/eta) swap
+-- roundings and one exponential mechanism at ln 2/2 over them; the kernel draws the subsample
+-- itself. The matroid is public: parts_tbl (set_col, part_col) lists the candidate sets, one part
+-- each (rows of sets_tbl for sets not listed there are ignored); capacities_tbl (part_col,
+-- capacity_col) gives each part's capacity (a whole number >= 0). Returns the chosen independent
+-- set as (rank, set_id), rank = position in set_id order.
+CREATE OR REPLACE TEMP MACRO dp_matroid_coverage(sets_tbl VARCHAR, parts_tbl VARCHAR, capacities_tbl VARCHAR,
+        epsilon DOUBLE := 1.0, eta DOUBLE := 0.2, beta DOUBLE := 0.05, samples DOUBLE := NULL,
+        set_col VARCHAR := 'set_id', element_col VARCHAR := 'element', part_col VARCHAR := 'part',
+        capacity_col VARCHAR := 'capacity') AS TABLE
+WITH cal AS (SELECT dp__matroid_coverage_check(epsilon, eta, beta, samples, set_col, element_col, part_col,
+                                               capacity_col) AS n_samples),
+dp__caps_in AS (
+    SELECT COLUMNS(lambda c: lower(c) = lower(part_col)) AS part,
+           COLUMNS(lambda c: lower(c) = lower(capacity_col)) AS capacity
+    FROM query_table(capacities_tbl)),
+dp__caps AS MATERIALIZED (
+    SELECT coalesce(part, error('dpsql: column ' || part_col || ' of ' || capacities_tbl || ' contains NULL')) AS part,
+           CASE WHEN capacity IS NOT NULL AND capacity::DOUBLE >= 0 AND capacity::DOUBLE = floor(capacity::DOUBLE)
+                THEN capacity::BIGINT
+                ELSE error('dpsql: capacity of part ' || part || ' must be a whole number >= 0 (column '
+                           || capacity_col || ')') END AS capacity,
+           CASE WHEN count(*) OVER (PARTITION BY part) = 1
+                THEN (row_number() OVER (ORDER BY part) - 1)::BIGINT
+                ELSE error('dpsql: part ' || part || ' has more than one capacity in ' || capacities_tbl) END AS pid
+    FROM dp__caps_in),
+dp__parts_in AS (
+    SELECT COLUMNS(lambda c: lower(c) = lower(set_col)) AS set_id,
+           COLUMNS(lambda c: lower(c) = lower(part_col)) AS part
+    FROM query_table(parts_tbl)),
+dp__sets AS MATERIALIZED (
+    SELECT coalesce(p.set_id, error('dpsql: column ' || set_col || ' of ' || parts_tbl || ' contains NULL')) AS set_id,
+           coalesce(c.pid, error('dpsql: part ' || coalesce(p.part::VARCHAR, 'NULL') || ' of set ' || p.set_id
+                                 || ' has no capacity in ' || capacities_tbl)) AS pid,
+           CASE WHEN count(*) OVER (PARTITION BY p.set_id) = 1
+                THEN (row_number() OVER (ORDER BY p.set_id) - 1)::BIGINT
+                ELSE error('dpsql: set ' || p.set_id || ' is listed more than once in ' || parts_tbl) END AS sid
+    FROM dp__parts_in AS p LEFT JOIN dp__caps AS c ON p.part = c.part),
+dp__rows AS (
+    SELECT s.sid, r.element
+    FROM dp__set_element_rows(sets_tbl, set_col := set_col, element_col := element_col) AS r JOIN dp__sets AS s USING (set_id)
+    WHERE r.element IS NOT NULL),
+dp__elems AS MATERIALIZED (
+    SELECT element, (row_number() OVER (ORDER BY element) - 1)::BIGINT AS eid FROM (SELECT DISTINCT element FROM dp__rows)),
+dp__pairs AS (SELECT DISTINCT sid, eid FROM dp__rows JOIN dp__elems USING (element)),
+dp__sel AS (
+    SELECT dp__matroid_coverage_select(list(sid), list(eid), (SELECT count(*) FROM dp__sets), (SELECT count(*) FROM dp__elems),
+                                       (SELECT list(pid ORDER BY sid) FROM dp__sets),
+                                       (SELECT list(capacity ORDER BY pid) FROM dp__caps),
+                                       epsilon, eta, beta, (SELECT n_samples FROM cal)) AS ids
+    FROM dp__pairs),
+dp__picked AS (SELECT unnest(ids) AS sid, unnest(range(1, len(ids) + 1)) AS rank FROM dp__sel)
+SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) ORDER BY rank;
+
+-- k-median (q = 1) / k-means (q = 2), pure epsilon-DP (Thm 1.5, App. G): points Poisson-subsampled
+-- with p = 1 - e^-eps, then G.2 at ln 2 (bicriteria Repeated-EM at ln 2/2 with L = ceil(2 k ln n_bound)
+-- rounds, or every candidate when 2 k ln n_bound >= #candidates; per-centre counts + Exp(rate ln 2/2);
+-- local search). The finite metric is public: its points are the candidates of candidates_tbl
+-- (candidate_col); each row of points_tbl is one private record located at a candidate id
+-- (point_col); distances_tbl (point, candidate, distance) holds the distance for every ordered pair
+-- of candidates, all in [0, 1] (diameter <= 1: rescale first). n_bound is a public upper bound on the
+-- number of points and must be given: L must not depend on the private count, or the number of
+-- exponential mechanisms would leak it (an n_bound below the true count keeps privacy, costs utility).
+-- Returns (rank, candidate_id), min(k, #candidates) rows, rank = position in candidate_id order.
+CREATE OR REPLACE TEMP MACRO dp_k_median(points_tbl VARCHAR, candidates_tbl VARCHAR, distances_tbl VARCHAR, k DOUBLE,
+        q DOUBLE := 1, epsilon DOUBLE := 1.0, n_bound DOUBLE := NULL, point_col VARCHAR := 'point',
+        candidate_col VARCHAR := 'candidate_id') AS TABLE
+WITH cal AS (SELECT unnest(dp__k_median_calibration(k, q, epsilon, n_bound, point_col, candidate_col))),
+dp__cands AS MATERIALIZED (
+    SELECT candidate_id, (row_number() OVER (ORDER BY candidate_id) - 1)::BIGINT AS cid
+    FROM (SELECT DISTINCT coalesce(COLUMNS(lambda c: lower(c) = lower(candidate_col)),
+                                   error('dpsql: column ' || candidate_col || ' of ' || candidates_tbl
+                                         || ' contains NULL')) AS candidate_id
+          FROM query_table(candidates_tbl))),
+dp__dist AS (
+    SELECT coalesce(c.cid, error('dpsql: candidate ' || coalesce(d.candidate::VARCHAR, 'NULL') || ' of '
+                                 || distances_tbl || ' is not in ' || candidates_tbl)) AS row_id,
+           coalesce(l.cid, error('dpsql: point ' || coalesce(d.point::VARCHAR, 'NULL') || ' of '
+                                 || distances_tbl || ' is not in ' || candidates_tbl)) AS col_id,
+           coalesce(d.distance::DOUBLE, error('dpsql: NULL distance in ' || distances_tbl)) AS distance
+    FROM query_table(distances_tbl) AS d
+    LEFT JOIN dp__cands AS c ON d.candidate = c.candidate_id LEFT JOIN dp__cands AS l ON d.point = l.candidate_id),
+dp__pts AS (
+    SELECT coalesce(c.cid, error('dpsql: a point of ' || points_tbl || ' (column ' || point_col
+                                 || ') is NULL or not a candidate of ' || candidates_tbl)) AS lid
+    FROM (SELECT COLUMNS(lambda c: lower(c) = lower(point_col)) AS point FROM query_table(points_tbl)) AS p
+    LEFT JOIN dp__cands AS c ON p.point = c.candidate_id),
+dp__sel AS (
+    SELECT dp__k_median_select((SELECT list(lid ORDER BY lid) FROM dp__pts), list(row_id), list(col_id), list(distance),
+                               (SELECT count(*) FROM dp__cands), (SELECT k_max FROM cal), (SELECT q_exp FROM cal),
+                               epsilon, (SELECT n_max FROM cal)) AS ids
+    FROM dp__dist),
+dp__picked AS (SELECT unnest(ids) AS cid, unnest(range(1, len(ids) + 1)) AS rank FROM dp__sel)
+SELECT rank, candidate_id FROM dp__picked JOIN dp__cands USING (cid) ORDER BY rank;

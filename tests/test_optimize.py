@@ -428,3 +428,164 @@ def test_k_median_bad_parameters():
         optimize.k_median(NoiseSource(1), [0], d, 1, q=3, n_bound=10)
     with pytest.raises(DPParameterError, match="distances must lie"):
         optimize.k_median(NoiseSource(1), [0], d + 2, 1, n_bound=10)
+
+
+# ---------------------------------------------------------------------------
+# SQL: dp_matroid_coverage and dp_k_median
+# ---------------------------------------------------------------------------
+
+def matroid_tables(con, s, e, m, parts, caps):
+    load(con, "sets", set_id=pa.array(s), element=pa.array(e))
+    load(con, "parts", set_id=pa.array(np.arange(m)), part=pa.array([f"p{int(p)}" for p in parts]))
+    load(con, "caps", part=pa.array([f"p{i}" for i in range(len(caps))]), capacity=pa.array(caps))
+
+
+def test_sql_matroid_coverage_equals_python_api_on_the_same_seed():
+    s, e, m, n = planted(2, n=3000, small=40)
+    parts, caps = np.arange(m) % 3, [2, 1, 2]
+    con_sql, con_py = seeded(21), seeded(21)
+    for c in (con_sql, con_py):
+        matroid_tables(c, s, e, m, parts, caps)
+    out = con_sql.sql("FROM dp_matroid_coverage('sets', 'parts', 'caps', epsilon := 2.0, eta := 0.5)").to_arrow_table()
+    assert out.column_names == ["rank", "set_id"]
+    assert out.schema.field("rank").type == pa.int64() and out.schema.field("set_id").type == pa.int64()
+    chosen = out.column("set_id").to_pylist()
+    assert out.column("rank").to_pylist() == list(range(1, len(chosen) + 1))
+    py = optimize.matroid_coverage(con_py, "sets", {i: f"p{int(parts[i])}" for i in range(m)},
+                                   {f"p{i}": c for i, c in enumerate(caps)}, 2.0, eta=0.5)
+    assert chosen == py
+    assert all(sum(parts[chosen] == p) <= caps[p] for p in range(3))
+    assert len(chosen) == sum(caps)  # the rounded sets are bases (capacities far below the part sizes)
+    # the same connection state continues identically: a second query matches a second Python call
+    again = con_sql.sql("FROM dp_matroid_coverage('sets', 'parts', 'caps', epsilon := 2.0, eta := 0.5)").fetchall()
+    py2 = optimize.matroid_coverage(con_py, "sets", {i: f"p{int(parts[i])}" for i in range(m)},
+                                    {f"p{i}": c for i, c in enumerate(caps)}, 2.0, eta=0.5)
+    assert [r[1] for r in again] == py2
+
+
+def test_sql_matroid_coverage_ignores_unlisted_sets_and_respects_zero_capacity():
+    con = seeded(22)
+    con.execute("CREATE TABLE sets AS SELECT * FROM (VALUES (1, 10), (1, 11), (2, 11), (3, 12), (9, 13), (4, NULL))"
+                " v(set_id, element)")
+    con.execute("CREATE TABLE parts AS SELECT * FROM (VALUES (1, 'a'), (2, 'a'), (3, 'b'), (4, 'c')) v(set_id, part)")
+    con.execute("CREATE TABLE caps AS SELECT * FROM (VALUES ('a', 1), ('b', 5), ('c', 0)) v(part, capacity)")
+    for _ in range(5):
+        ids = [r[1] for r in con.sql("FROM dp_matroid_coverage('sets', 'parts', 'caps', eta := 0.5)").fetchall()]
+        assert 9 not in ids and 4 not in ids and 3 in ids and len([i for i in ids if i in (1, 2)]) == 1
+
+
+def metric_instance(seed, m=60):
+    rng = np.random.default_rng(seed)
+    pts = np.concatenate([rng.random((4, 2)), rng.random((m - 4, 2))])
+    dist = np.linalg.norm(pts[:, None] - pts[None], axis=2)
+    dist /= dist.max()
+    locations = np.concatenate([np.full(200, c) for c in range(4)] + [rng.integers(0, m, 40)])
+    return dist, locations
+
+
+def k_median_tables(con, dist, locations):
+    m = dist.shape[0]
+    ids = 100 + np.arange(m)  # not the dense ids: the macro must join its choice back
+    load(con, "kc", candidate_id=pa.array(ids))
+    rows, cols = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
+    load(con, "kd", point=pa.array(ids[cols.ravel()]), candidate=pa.array(ids[rows.ravel()]),
+         distance=pa.array(dist[rows.ravel(), cols.ravel()]))
+    load(con, "kp", point=pa.array(ids[np.random.default_rng(0).permutation(locations)]))
+
+
+@pytest.mark.parametrize("q", [1, 2])
+def test_sql_k_median_equals_python_api_on_the_same_seed(q):
+    from dpsql.registration import source_of
+
+    dist, locations = metric_instance(2)
+    con_sql, con_py = seeded(31), seeded(31)
+    for c in (con_sql, con_py):
+        k_median_tables(c, dist, locations)
+    # n_bound = 1000: 2 k ln n_bound < 60 candidates, so the bicriteria Repeated-EM runs
+    out = con_sql.sql(f"FROM dp_k_median('kp', 'kc', 'kd', 4, q := {q}, epsilon := 5.0, n_bound := 1000)"
+                      ).to_arrow_table()
+    assert out.column_names == ["rank", "candidate_id"]
+    assert out.schema.field("rank").type == pa.int64() and out.schema.field("candidate_id").type == pa.int64()
+    assert out.column("rank").to_pylist() == [1, 2, 3, 4]
+    py = optimize.k_median(source_of(con_py), np.sort(locations), dist, 4, q=q, epsilon=5.0, n_bound=1000)
+    assert out.column("candidate_id").to_pylist() == [100 + c for c in py]
+
+
+def test_sql_k_median_custom_columns_and_all_candidates_branch():
+    con = seeded(32)
+    con.execute("CREATE TABLE cand AS SELECT 'c' || range AS name FROM range(5)")
+    con.execute("CREATE TABLE d AS SELECT a.name AS point, b.name AS candidate, "
+                "abs(a.name[2:]::INT - b.name[2:]::INT) / 4 AS distance FROM cand a, cand b")
+    con.execute("CREATE TABLE pts AS SELECT CASE WHEN range % 2 = 0 THEN 'c0' ELSE 'c4' END AS loc FROM range(400)")
+    out = con.sql("FROM dp_k_median('pts', 'cand', 'd', 2, epsilon := 5.0, n_bound := 1000, point_col := 'loc', "
+                  "candidate_col := 'name')").fetchall()
+    assert out == [(1, "c0"), (2, "c4")]  # 2 k ln n_bound >= 5: every candidate is a bicriteria centre
+
+
+def test_sql_matroid_and_k_median_empty_inputs():
+    con = seeded(33)
+    con.execute("CREATE TABLE t (set_id BIGINT, element BIGINT)")
+    con.execute("CREATE TABLE pt (set_id BIGINT, part VARCHAR)")
+    con.execute("CREATE TABLE ct (part VARCHAR, capacity BIGINT)")
+    con.execute("CREATE TABLE kp (point BIGINT)")
+    con.execute("CREATE TABLE kc (candidate_id BIGINT)")
+    con.execute("CREATE TABLE kd (point BIGINT, candidate BIGINT, distance DOUBLE)")
+    assert con.sql("FROM dp_matroid_coverage('t', 'pt', 'ct')").fetchall() == []
+    assert con.sql("FROM dp_k_median('kp', 'kc', 'kd', 3, n_bound := 100)").fetchall() == []
+    # sets and candidates without any private record: still a valid (data-independent) answer
+    con.execute("INSERT INTO pt VALUES (1, 'a'), (2, 'a')")
+    con.execute("INSERT INTO ct VALUES ('a', 1)")
+    assert len(con.sql("FROM dp_matroid_coverage('t', 'pt', 'ct')").fetchall()) == 1
+    con.execute("INSERT INTO kc VALUES (1), (2)")
+    con.execute("INSERT INTO kd VALUES (1, 1, 0), (1, 2, 1), (2, 1, 1), (2, 2, 0)")
+    assert len(con.sql("FROM dp_k_median('kp', 'kc', 'kd', 1, n_bound := 100)").fetchall()) == 1
+
+
+@pytest.mark.parametrize("query, match", [
+    ("FROM dp_matroid_coverage('t', 'pt', 'ct', epsilon := 0)", "epsilon must be"),
+    ("FROM dp_matroid_coverage('t', 'pt', 'ct', eta := 1.5)", "eta must be < 1"),
+    ("FROM dp_matroid_coverage('t', 'pt', 'ct', eta := -0.1)", "eta must be a finite number > 0"),
+    ("FROM dp_matroid_coverage('t', 'pt', 'ct', beta := 1.0)", "beta must be"),
+    ("FROM dp_matroid_coverage('t', 'pt', 'ct', samples := 2.5)", "samples must be a whole number"),
+    ("FROM dp_k_median('kp', 'kc', 'kd', 2)", "n_bound must be a public upper bound"),
+    ("FROM dp_k_median('kp', 'kc', 'kd', 2, n_bound := 2.5)", "n_bound must be a whole number"),
+    ("FROM dp_k_median('kp', 'kc', 'kd', 0, n_bound := 10)", "k must be a whole number"),
+    ("FROM dp_k_median('kp', 'kc', 'kd', 2, q := 3, n_bound := 10)", "q must be 1"),
+    ("FROM dp_k_median('kp', 'kc', 'kd', 2, epsilon := -1, n_bound := 10)", "epsilon must be"),
+])
+def test_sql_matroid_and_k_median_bad_parameters_fail_even_on_empty_input(query, match):
+    con = seeded(34)
+    con.execute("CREATE TABLE t (set_id BIGINT, element BIGINT)")
+    con.execute("CREATE TABLE pt (set_id BIGINT, part VARCHAR)")
+    con.execute("CREATE TABLE ct (part VARCHAR, capacity BIGINT)")
+    con.execute("CREATE TABLE kp (point BIGINT)")
+    con.execute("CREATE TABLE kc (candidate_id BIGINT)")
+    con.execute("CREATE TABLE kd (point BIGINT, candidate BIGINT, distance DOUBLE)")
+    with pytest.raises(Exception, match=match):
+        con.sql(query).fetchall()
+
+
+@pytest.mark.parametrize("setup, query, match", [
+    ("INSERT INTO pt VALUES (1, 'zz')", "FROM dp_matroid_coverage('t', 'pt', 'ct')", "has no capacity"),
+    ("INSERT INTO ct VALUES ('a', 1), ('b', 1); INSERT INTO pt VALUES (1, 'a'), (1, 'b')",
+     "FROM dp_matroid_coverage('t', 'pt', 'ct')", "more than once"),
+    ("INSERT INTO ct VALUES ('a', 1.5)", "FROM dp_matroid_coverage('t', 'pt', 'ct')", "whole number >= 0"),
+    ("INSERT INTO ct VALUES ('a', 1), ('a', 2)", "FROM dp_matroid_coverage('t', 'pt', 'ct')", "more than one capacity"),
+    ("INSERT INTO kd VALUES (1, 1, 0), (1, 2, 2), (2, 1, 2), (2, 2, 0)",
+     "FROM dp_k_median('kp', 'kc', 'kd', 1, n_bound := 10)", "distances must lie in"),
+    ("INSERT INTO kd VALUES (1, 1, 0), (1, 2, 1), (2, 2, 0)",
+     "FROM dp_k_median('kp', 'kc', 'kd', 1, n_bound := 10)", "exactly one"),
+    ("INSERT INTO kd VALUES (1, 3, 0)", "FROM dp_k_median('kp', 'kc', 'kd', 1, n_bound := 10)", "not in kc"),
+    ("INSERT INTO kp VALUES (7)", "FROM dp_k_median('kp', 'kc', 'kd', 1, n_bound := 10)", "not a candidate"),
+])
+def test_sql_matroid_and_k_median_malformed_public_tables(setup, query, match):
+    con = seeded(35)
+    con.execute("CREATE TABLE t AS SELECT * FROM (VALUES (1, 10), (2, 11)) v(set_id, element)")
+    con.execute("CREATE TABLE pt (set_id BIGINT, part VARCHAR)")
+    con.execute("CREATE TABLE ct (part VARCHAR, capacity DOUBLE)")
+    con.execute("CREATE TABLE kp (point BIGINT)")
+    con.execute("CREATE TABLE kc AS SELECT * FROM (VALUES (1), (2)) v(candidate_id)")
+    con.execute("CREATE TABLE kd (point BIGINT, candidate BIGINT, distance DOUBLE)")
+    con.execute(setup)
+    with pytest.raises(Exception, match=match):
+        con.sql(query).fetchall()
