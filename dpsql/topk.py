@@ -69,6 +69,9 @@ __all__ = ["K_LIMIT", "check_k", "peeling_epsilon", "TopKCalibration", "top_k_ca
            "limited_domain_composed_epsilon", "limited_domain_epsilon", "LimitedDomainCalibration",
            "limited_domain_calibration", "user_peeling", "top_k", "hitting_set", "top_k_limited_domain", "udfs"]
 
+# [MM] discovers the domain with WGM (= weighted_gaussian); the SQL macros use the same default.
+DEFAULT_DOMAIN_METHOD = "weighted_gaussian"
+
 # k bounds the number of sequential rounds / released rows; an absurd value is a denial of service.
 K_LIMIT = 1_000_000
 
@@ -129,7 +132,7 @@ def _top_k_calibration(k: int, epsilon: float, delta: float, max_items: int, met
 
 
 def top_k_calibration(k: object, epsilon: object, delta: object, max_items: object,
-                      domain_method: object = union.DEFAULT_METHOD) -> TopKCalibration:
+                      domain_method: object = DEFAULT_DOMAIN_METHOD) -> TopKCalibration:
     """Validate the parameters of dp_top_k / dp_hitting_set and split the budget half/half ([MM] Alg. 2)."""
     if not isinstance(domain_method, str) or domain_method not in union.METHODS:
         raise DPParameterError(f"domain_method must be one of {', '.join(sorted(union.METHODS))} "
@@ -367,7 +370,7 @@ def _columns(user_col: str, item_col: str) -> str:
 
 
 def top_k(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float = 1.0, delta: float = 1e-5,
-          max_items: int = 100, domain_method: str = union.DEFAULT_METHOD, user_col: str = "user_id",
+          max_items: int = 100, domain_method: str = DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
           item_col: str = "item") -> pa.Table:
     """Unknown-domain top-k (``dp_top_k``): an Arrow table ``(rank, item)`` of at most k rows."""
     table = check_table_name(table)
@@ -381,7 +384,7 @@ def top_k(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float 
 
 
 def hitting_set(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float = 1.0, delta: float = 1e-5,
-                max_items: int = 100, domain_method: str = union.DEFAULT_METHOD, user_col: str = "user_id",
+                max_items: int = 100, domain_method: str = DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
                 item_col: str = "item") -> pa.Table:
     """Unknown-domain k-hitting set (``dp_hitting_set``): an Arrow table ``(rank, item)``."""
     table = check_table_name(table)

@@ -1,8 +1,8 @@
 -- Adaptive weighting for set union: MAD, MAD2R and DP-SIPS (Chen et al., "Scalable Private
 -- Partition Selection via Adaptive Weighting", Alg. 1-4; Swanberg et al. 2023 for DP-SIPS).
 -- Calibration, proof conditions and UserWeights: dpsql/adaptive.py. Every stage is a GROUP BY or a
--- join (linear work, a constant number of passes); only UserWeights of users holding a biased item
--- runs in Python, vectorised over lists of users (dp__user_weights).
+-- join (linear work, a constant number of passes). UserWeights (MAD2R's round two) is a closed form
+-- in SQL when b_min * b_max >= 1 (the defaults) and a vectorised Python UDF otherwise.
 -- Helpers take the NAMES of relations of the calling query (query_table resolves CTE names), so the
 -- rounds of one query share one materialised capped table: one secret salt, one cap per query.
 

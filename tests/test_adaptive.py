@@ -442,6 +442,17 @@ def test_mad_sensitivity_on_random_neighbours(biased):
 def test_power_check_wrong_alpha_breaks_the_bound():
     l2, novel = _max_sensitivity(1000, False, seed=23, alpha=3.0)
     assert max(l2, novel) > 1 + 1e-3, (l2, novel)
+    # A targeted pair: n users of degree 3 share one heavy item (plus two own light items each);
+    # the added user does the same. Its excess and everybody's larger excess are rerouted.
+    n, k, tau, d_max = 1000, 3, 1.0, 4
+    users = np.repeat(np.arange(n + 1), k)
+    items = np.concatenate([[0, 1 + 2 * u, 2 + 2 * u] for u in range(n + 1)])
+    n_codes = 2 * (n + 1) + 1
+    for alpha, ok in ((None, True), (3.0, False)):
+        w = mad_arrays(users[:-k], items[:-k], n_codes, tau, d_max, alpha=alpha)["w"]
+        w2 = mad_arrays(users, items, n_codes, tau, d_max, alpha=alpha)["w"]
+        l2 = float(np.linalg.norm(w2 - w))
+        assert (l2 <= 1 + 1e-9) if ok else (l2 > 1.2), (alpha, l2)
 
 
 def test_power_check_printed_min_breaks_the_bound():
@@ -734,16 +745,29 @@ def test_release_frequencies_match_the_reference(method, eps, kw):
             hits.update(released(con, method, epsilon=eps, max_items=10, **kw))
     finally:
         con.close()
-    rng = np.random.default_rng(4)
-    ref = Counter()
-    for _ in range(sims):
-        ref.update(_reference_release(sets, method, eps, 1e-5, rng, **kw))
+    if method == "mad":  # one round: each item is released independently with Phi((w - rho)/sigma)
+        c = adaptive.mad_calibration(eps, 1e-5, 10)
+        w = mad_reference(sets, c.tau, c.max_adaptive_degree)["w"]
+        ref_p = {i: float(stats.norm.sf((c.rho - x) / c.sigma)) for i, x in w.items()}
+        sims = math.inf
+    else:
+        rng = np.random.default_rng(4)
+        ref = Counter()
+        for _ in range(sims):
+            ref.update(_reference_release(sets, method, eps, 1e-5, rng, **kw))
+        ref_p = {i: ref[i] / sims for i in {i for _, i in rows}}
     checked = 0
-    for item in {i for _, i in rows}:
-        p = ref[item] / sims
+    for item, p in ref_p.items():
         q = hits[item] / runs
-        sd = math.sqrt(max(p * (1 - p), 1 / sims) / runs + max(p * (1 - p), 1 / sims) / sims)
-        assert abs(q - p) <= 5 * sd + 1e-9, (item, p, q)
+        # binomial standard error of the difference, with a smoothed pooled p so that p = 0 or 1
+        # in one of the samples does not make the tolerance vanish
+        if math.isinf(sims):  # exact p
+            pooled = (p * runs + 1) / (runs + 2)
+            sd = math.sqrt(pooled * (1 - pooled) / runs)
+        else:
+            pooled = (hits[item] + ref[item] + 1) / (runs + sims + 2)
+            sd = math.sqrt(pooled * (1 - pooled) * (1 / runs + 1 / sims))
+        assert abs(q - p) <= 5 * sd, (item, p, q)
         checked += 0.05 < p < 0.95
     assert checked >= 3  # the test has items whose release is genuinely random
 
@@ -771,3 +795,32 @@ def test_section_6_2_instance_mad_releases_far_more_than_basic():
         con.close()
     # CHECKS F2 (Delta0 = 100): Basic about 243, MAD(d_max = 3) about 431.
     assert counts["mad"] >= 1.3 * counts["basic"], counts
+
+
+# ---------------------------------------------------------------------------
+# The command line reports every round's calibration
+# ---------------------------------------------------------------------------
+
+def test_cli_json_lists_the_rounds(tmp_path):
+    import io
+    import json
+
+    import pyarrow.parquet as pq
+
+    from dpsql import cli
+
+    rows = zipf_rows(random.Random(3), n_users=200, n_items=40, max_deg=20)
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"user_id": [r[0] for r in rows], "item": [r[1] for r in rows]}), path)
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(["set-union", str(path), "--epsilon", "1", "--delta", "1e-5", "--max-items", "100",
+                     "--json", "--seed", "1"], out=out, err=err)
+    assert code == 0, err.getvalue()
+    doc = json.loads(out.getvalue())
+    assert doc["method"] == "mad2r"
+    rounds = doc["calibration_rounds"]
+    assert [r["epsilon"] for r in rounds] == pytest.approx([0.1, 0.9])
+    assert [r["delta"] for r in rounds] == pytest.approx([1e-6, 9e-6])
+    assert rounds[1]["threshold"] == pytest.approx(23.2080, abs=5e-5) == doc["calibration"]["threshold"]
+    assert rounds[0]["adaptive_threshold"] == pytest.approx(292.8408, abs=5e-5)
+    assert set(doc["items"]) <= {r[1] for r in rows}
