@@ -167,11 +167,8 @@ def _connect(seed: Optional[int]) -> duckdb.DuckDBPyConnection:
         return dpsql.connect(seed=seed)
 
 
-def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Release items of INPUT; print them, write them, or print a JSON summary."""
-    cal = dpsql.calibrate(args.method, args.epsilon, args.delta, args.max_items)
-    user_col = check_identifier("--user-col", args.user_col)
-    item_col = check_identifier("--item-col", args.item_col)
+def _input_file(args: argparse.Namespace) -> tuple[Path, str, Optional[Path]]:
+    """INPUT, its kind and the --output path, all checked before anything is read."""
     input_path = Path(args.input)
     if not input_path.exists():
         raise UsageError(f"input file {args.input!r} does not exist")
@@ -180,7 +177,15 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     kind = _input_kind(input_path)
     if args.table is not None and kind != "duckdb":
         raise UsageError(f"--table applies to a DuckDB database input; {args.input!r} is a {kind} file")
-    output = _output_path(args.output, input_path)
+    return input_path, kind, _output_path(args.output, input_path)
+
+
+def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Release items of INPUT; print them, write them, or print a JSON summary."""
+    cal = dpsql.calibrate(args.method, args.epsilon, args.delta, args.max_items)
+    user_col = check_identifier("--user-col", args.user_col)
+    item_col = check_identifier("--item-col", args.item_col)
+    input_path, kind, output = _input_file(args)
     if args.seed is not None:
         print(SEED_WARNING, file=err, flush=True)
 
@@ -306,13 +311,7 @@ def cmd_weighted_sample(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
                                                               args.power)
     key_col = check_identifier("--key-col", args.key_col)
     freq_col = None if args.freq_col is None else check_identifier("--freq-col", args.freq_col)
-    input_path = Path(args.input)
-    if not input_path.is_file():
-        raise UsageError(f"input file {args.input!r} does not exist or is not a file")
-    kind = _input_kind(input_path)
-    if args.table is not None and kind != "duckdb":
-        raise UsageError(f"--table applies to a DuckDB database input; {args.input!r} is a {kind} file")
-    output = _output_path(args.output, input_path)
+    input_path, kind, output = _input_file(args)
     if args.seed is not None:
         print(SEED_WARNING, file=err, flush=True)
     con = _connect(args.seed)
