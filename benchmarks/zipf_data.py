@@ -39,7 +39,7 @@ file and/or a Parquet file.
 CLI::
 
     python benchmarks/zipf_data.py --rows 10000000 --db benchmarks/data/zipf.duckdb --table t10m
-    python benchmarks/zipf_data.py --rows 1000000 --parquet /tmp/zipf_1m.parquet --item-type VARCHAR
+    python benchmarks/zipf_data.py --rows 1000000 --parquet zipf_1m.parquet --item-type VARCHAR
 
 Python::
 

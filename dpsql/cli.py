@@ -22,6 +22,8 @@ import duckdb
 import pyarrow as pa
 
 import dpsql
+from dpsql import ledger as ledger_mod
+from dpsql.ledger import Ledger
 from dpsql.shell import error_line, run_shell
 from dpsql.validation import DPParameterError, check_identifier
 
@@ -161,10 +163,24 @@ def _progress_printer(err: TextIO) -> Callable[[float], None]:
     return report
 
 
-def _connect(seed: Optional[int]) -> duckdb.DuckDBPyConnection:
+def _connect(seed: Optional[int], ledger: Optional[Ledger] = None) -> duckdb.DuckDBPyConnection:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the caller prints SEED_WARNING itself, without a source line
-        return dpsql.connect(seed=seed)
+        return dpsql.connect(seed=seed, ledger=ledger)
+
+
+def _input_ledger(args: argparse.Namespace, input_path: Path, kind: str) -> Ledger:
+    """The ledger a release from INPUT is charged to: --ledger, else the sidecar of the input file.
+
+    The release reads the input through the TEMP view ``dpsql_input``; the ledger records the
+    DuckDB table (--table) or the file name instead, so that 'dpsql budget set INPUT --scope'
+    can name it.
+    """
+    path = Path(args.ledger) if args.ledger else ledger_mod.sidecar_path(input_path)
+    if args.ledger and not path.parent.is_dir():
+        raise UsageError(f"--ledger {args.ledger!r}: folder {str(path.parent)!r} does not exist")
+    recorded = args.table if (kind == "duckdb" and args.table) else input_path.name
+    return Ledger(path, aliases={_VIEW: recorded})
 
 
 def _input_file(args: argparse.Namespace) -> tuple[Path, str, Optional[Path]]:
@@ -189,7 +205,7 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.seed is not None:
         print(SEED_WARNING, file=err, flush=True)
 
-    con = _connect(args.seed)
+    con = _connect(args.seed, _input_ledger(args, input_path, kind))
     try:
         _open_input(con, input_path, kind, args.table, repr(args.input))
         _check_input_columns(con, user_col, item_col, f"{args.input!r} (read as {kind})")
@@ -314,7 +330,7 @@ def cmd_weighted_sample(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     input_path, kind, output = _input_file(args)
     if args.seed is not None:
         print(SEED_WARNING, file=err, flush=True)
-    con = _connect(args.seed)
+    con = _connect(args.seed, _input_ledger(args, input_path, kind))
     try:
         _open_input(con, input_path, kind, args.table, repr(args.input))
         columns = [r[0] for r in con.execute(f"SELECT name FROM pragma_table_info('{_VIEW}')").fetchall()]
@@ -370,8 +386,77 @@ def _add_weighted_sample_parser(sub) -> None:
     ws.add_argument("--table", help="table or view to read when INPUT is a DuckDB database")
     ws.add_argument("--output", metavar="FILE", help="write the sample to FILE: CSV if it ends in .csv, else Parquet")
     ws.add_argument("--json", action="store_true", help="print one JSON object with parameters and sample")
+    ws.add_argument("--ledger", metavar="FILE", help="privacy ledger to charge (default: INPUT.dpsql-ledger)")
     ws.add_argument("--seed", type=int, help="reproducible noise for tests: the result is NOT private")
     ws.set_defaults(func=cmd_weighted_sample)
+
+
+# --------------------------------------------------------------------------
+# budget (the privacy ledger)
+# --------------------------------------------------------------------------
+
+def _target_ledger(target: str) -> Ledger:
+    """TARGET is a ledger file, or a database / data file whose sidecar ledger is meant."""
+    path = Path(target)
+    if path.name.endswith(ledger_mod.LEDGER_SUFFIX):
+        if not path.exists():
+            raise UsageError(f"ledger {target!r} does not exist")
+        return Ledger(path)
+    if not path.exists():
+        raise UsageError(f"{target!r} does not exist; give a DuckDB database, a data file or a "
+                         f"*{ledger_mod.LEDGER_SUFFIX} file")
+    return Ledger(ledger_mod.sidecar_path(path))
+
+
+def _fmt(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.6g}"
+
+
+def cmd_budget(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Set or show the privacy budget of a database (or data file) and list its releases."""
+    ledger = _target_ledger(args.target)
+    if args.action == "set":
+        if args.epsilon is None or args.delta is None:
+            raise UsageError("budget set needs --epsilon and --delta")
+        ledger.set_budget(args.epsilon, args.delta, args.scope)
+    elif args.action == "remove":
+        ledger.remove_budget(args.scope)
+    status, releases = ledger.status(), ledger.releases()
+    if args.json:
+        doc = {"ledger": str(ledger.path), "composition": "basic (sums of epsilon and delta)",
+               "scopes": [{**dataclasses.asdict(s), "epsilon_remaining": s.epsilon_remaining,
+                           "delta_remaining": s.delta_remaining} for s in status]}
+        if args.action == "releases":
+            doc["releases"] = [dataclasses.asdict(r) for r in releases]
+        out.write(json.dumps(doc, indent=2) + "\n")
+    elif args.action == "releases":
+        out.write("id  released at (UTC)      unit     epsilon     delta        table  mechanism\n")
+        for r in releases:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.time))
+            out.write(f"{r.id:<3} {when}  {r.unit:<8} {r.epsilon:<11.6g} {r.delta:<12.6g} {r.table}  "
+                      f"{r.mechanism}\n")
+    else:
+        out.write(f"ledger: {ledger.path} (basic composition: sums)\n")
+        out.write("scope                epsilon spent / budget     delta spent / budget   releases\n")
+        for s in status:
+            out.write(f"{s.scope:<20} {_fmt(s.epsilon_spent):>10} / {_fmt(s.epsilon_budget):<10}  "
+                      f"{_fmt(s.delta_spent):>10} / {_fmt(s.delta_budget):<10} {s.releases:>6}\n")
+    out.flush()
+    return 0
+
+
+def _add_budget_parser(sub) -> None:
+    bp = sub.add_parser("budget", help="set or show the privacy budget (ledger) of a database or data file",
+                        description="The privacy ledger of TARGET (a DuckDB database, a Parquet/CSV file, or a "
+                                    "*.dpsql-ledger file): 'show' spent and remaining budget per scope, 'set' a "
+                                    "budget, 'remove' one, list 'releases'. Composition is basic: sums.")
+    bp.add_argument("action", choices=["show", "set", "remove", "releases"])
+    bp.add_argument("target", metavar="TARGET", help="DuckDB database, data file, or ledger file")
+    bp.add_argument("--epsilon", type=float, help="total epsilon of the scope (set)")
+    bp.add_argument("--delta", type=float, help="total delta of the scope, 0 <= delta < 1 (set)")
+    bp.add_argument("--scope", default="database", help="'database' (default) or a table name")
+    bp.add_argument("--json", action="store_true", help="print one JSON object")
+    bp.set_defaults(func=cmd_budget)
 
 
 # --------------------------------------------------------------------------
@@ -432,10 +517,12 @@ def build_parser() -> argparse.ArgumentParser:
     su.add_argument("--alpha", type=float, help="cutoff multiplier of policy_laplace, policy_gaussian (default 5) "
                                                 "and greedy_update (default 3)")
     su.add_argument("--passes", type=int, help="passes over the users of policy_laplace/policy_gaussian (default 1)")
+    su.add_argument("--ledger", metavar="FILE", help="privacy ledger to charge (default: INPUT.dpsql-ledger)")
     su.add_argument("--seed", type=int, help="reproducible noise for tests: the result is NOT private")
     su.set_defaults(func=cmd_set_union)
 
     _add_weighted_sample_parser(sub)
+    _add_budget_parser(sub)
     demo = sub.add_parser("demo", help="compare every method on the embedded r/AskReddit sample",
                           description="Run every set-union method on the embedded r/AskReddit sample at "
                                       "epsilon=1, delta=1e-5, max_items=100 and report (non-privately) "

@@ -37,7 +37,7 @@ from dpsql.subsampling import (
     subsampling_probability,
 )
 from dpsql.udf import Udf, scalar
-from dpsql.validation import DPParameterError, check_epsilon, check_identifier, check_table_name
+from dpsql.validation import DELTA_MIN, DPParameterError, check_epsilon, check_identifier, check_table_name
 
 __all__ = [
     "check_k", "check_beta",
@@ -72,7 +72,23 @@ def check_beta(beta: object) -> float:
     if beta is None or isinstance(beta, bool) or not isinstance(beta, numbers.Real) \
             or not 0.0 < float(beta) < 1.0:
         raise DPParameterError(f"beta must be a failure probability with 0 < beta < 1 (got {beta!r}), e.g. beta := 0.05")
+    if float(beta) < DELTA_MIN:  # ln(1/beta) enters the round counts; a subnormal beta overflows them
+        raise DPParameterError(f"beta must be >= {DELTA_MIN:g} (got {beta!r}), e.g. beta := 0.05")
     return float(beta)
+
+
+# ceil(4/eta) passes of the continuous greedy: eta below this would mean more than 10,000 passes.
+ETA_MIN = 4e-4
+
+
+def check_eta(eta: object) -> float:
+    """The approximation slack of matroid coverage: ETA_MIN <= eta < 1."""
+    eta = _check_positive_param("eta", eta, "it is the approximation slack, e.g. eta := 0.2")
+    if eta >= 1:
+        raise DPParameterError(f"eta must be < 1 (got {eta!r}); e.g. eta := 0.2")
+    if eta < ETA_MIN:
+        raise DPParameterError(f"eta must be >= {ETA_MIN:g} (got {eta!r}): it runs ceil(4/eta) passes; e.g. eta := 0.2")
+    return eta
 
 
 def _check_positive_param(name: str, value: object, hint: str) -> float:
@@ -347,7 +363,7 @@ def heavy_hitters_calibration(epsilon: float, k: int, horizon: int, n_buckets: i
     horizon, n_buckets = check_k(horizon, "horizon"), check_k(n_buckets, "number of buckets")
     tau_constant = _check_positive_param("tau_constant", tau_constant, "the paper's value is 4000")
     p = subsampling_probability(epsilon)
-    tau_star = tau_constant * k * math.log(horizon * n_buckets / beta) / epsilon
+    tau_star = tau_constant * k * (math.log(horizon) + math.log(n_buckets) - math.log(beta)) / epsilon  # no overflow
     return {"p": p, "tau_star": tau_star, "tau": 1.5 * p * tau_star, "rate": exponential_rate(EPS0, k)}
 
 
@@ -552,10 +568,7 @@ def matroid_coverage_arrays(source: NoiseSource, set_idx, elem_idx, n_sets: int,
     (8 expected flips per step); each sample costs one boolean per element
     and one count per set. Privacy does not depend on ``s``.
     """
-    epsilon, beta = check_epsilon(epsilon), check_beta(beta)
-    eta = _check_positive_param("eta", eta, "it is the approximation slack, e.g. eta := 0.2")
-    if eta >= 1:
-        raise DPParameterError(f"eta must be < 1 (got {eta!r}); e.g. eta := 0.2")
+    epsilon, beta, eta = check_epsilon(epsilon), check_beta(beta), check_eta(eta)
     passes = int(math.ceil(4.0 / eta))
     samples = 8 * passes if samples is None else check_k(samples, "samples")
     part, cap = _matroid_parts(part_of_set, capacities, int(n_sets))
@@ -807,9 +820,14 @@ def _check_n_bound(n_bound: object) -> int:
     if n_bound is None:
         raise DPParameterError("n_bound must be a public upper bound on the number of points, e.g. n_bound := 100000")
     if isinstance(n_bound, bool) or not isinstance(n_bound, numbers.Real) or not math.isfinite(float(n_bound)) \
-            or float(n_bound) != int(float(n_bound)) or int(float(n_bound)) < 1:
-        raise DPParameterError(f"n_bound must be a whole number >= 1 (got {n_bound!r}), e.g. n_bound := 100000")
+            or float(n_bound) != int(float(n_bound)) or not 1 <= int(float(n_bound)) <= N_BOUND_LIMIT:
+        raise DPParameterError(f"n_bound must be a whole number between 1 and {N_BOUND_LIMIT:.0e} (got {n_bound!r}), "
+                               f"e.g. n_bound := 100000")
     return int(float(n_bound))
+
+
+# n_bound travels to the kernel as a BIGINT; 1e300 overflowed it with a bare OverflowError.
+N_BOUND_LIMIT = 10 ** 15
 
 
 def _metric(rows: np.ndarray, cols: np.ndarray, dists: np.ndarray, m: int) -> np.ndarray:
@@ -850,9 +868,7 @@ def udfs(source: NoiseSource) -> list[Udf]:
                           ("capacity_col", capacity_col)):
             check_identifier(name, col)
         check_epsilon(epsilon), check_beta(beta)
-        eta = _check_positive_param("eta", eta, "it is the approximation slack, e.g. eta := 0.2")
-        if eta >= 1:
-            raise DPParameterError(f"eta must be < 1 (got {eta!r}); e.g. eta := 0.2")
+        eta = check_eta(eta)
         # resolved here so that the kernel gets the same s as matroid_coverage_arrays' default
         return 8 * int(math.ceil(4.0 / eta)) if samples is None else check_k(samples, "samples")
 

@@ -45,6 +45,7 @@ the solve is exact, not merely more precise, and needs no precision choice.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
@@ -75,6 +76,8 @@ ESTIMATORS = ("ml", "biased_down", "unbiased")
 MAX_FREQUENCY_ROWS = 2_000_000
 MAX_FREQUENCY_CELLS = 60_000_000
 MAX_KEY_CHECK = 200_000_000
+# Keys only: pi_w is looked up in one array up to this frequency (8 MB); beyond it q_w is evaluated per key.
+MAX_PI_LOOKUP = 1 << 20
 # The exact unbiased solve grows its numbers by ~53 bits per token (about 4 s at 300 tokens, 60 s at 800) and
 # its coefficients grow geometrically (1e44 by token 200 at (0.5, 1e-3)): beyond this the estimator is useless.
 MAX_UNBIASED_TOKEN = 300
@@ -113,8 +116,12 @@ def check_power(power: object) -> float:
 
 def check_pws_parameters(epsilon: object, delta: object, tau: object = None, scheme: object = "ppswor",
                          power: object = 1.0) -> tuple[float, float, Optional[float], str, float]:
-    """Validated ``(epsilon, delta, tau, scheme, power)`` (tau None = no sampling)."""
-    return (check_epsilon(epsilon), check_delta(delta), check_tau(tau), check_scheme(scheme), check_power(power))
+    """Validated ``(epsilon, delta, tau, scheme, power)`` (tau None = no sampling).
+
+    epsilon <= 700: the probability tables evaluate e^epsilon, which overflows a double above ~709.
+    """
+    return (check_epsilon(epsilon, maximum=700.0), check_delta(delta), check_tau(tau), check_scheme(scheme),
+            check_power(power))
 
 
 def _check_g(g: object) -> str:
@@ -142,7 +149,7 @@ def _g_fn(g: Union[str, Callable[[int], float]]) -> Callable[[int], float]:
 
 def L_value(epsilon: float, delta: float) -> float:
     """``L(eps, delta) = (1/eps) ln((e^eps - 1 + 2 delta) / (delta (e^eps + 1)))`` ([PWS] eq. 4)."""
-    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    epsilon, delta = check_epsilon(epsilon, maximum=700.0), check_delta(delta)  # e^epsilon: see check_pws_parameters
     return (math.log(math.expm1(epsilon) + 2 * delta) - math.log(delta) - math.log1p(math.exp(epsilon))) / epsilon
 
 
@@ -169,9 +176,11 @@ def _first_q_one(tau: Optional[float], scheme: str, power: float) -> Optional[in
     if power == 0:
         return 1 if sampling_probabilities([1], tau, scheme, power)[0] == 1.0 else None
     x_star = 54 * math.log(2) if scheme == "ppswor" else 1.0
-    guess = (x_star / tau) ** (1 / power)
-    if guess > 1e15:
+    # in logs: (x_star / tau) ** (1 / power) overflows a double for a small power
+    log_guess = (math.log(x_star) - math.log(tau)) / power
+    if log_guess > math.log(1e15):
         return None
+    guess = math.exp(log_guess)
     i = max(1, int(guess) - 2)
     q = lambda k: sampling_probabilities([k], tau, scheme, power)[0]  # noqa: E731
     while q(i) < 1.0:
@@ -267,12 +276,11 @@ class KeyTable:
     def reporting(self, freqs) -> np.ndarray:
         """``pi_w`` for each frequency ``w`` (0 for ``w <= 0``)."""
         w = np.asarray(freqs, dtype=np.int64)
-        inside = (w >= 0) & (w <= self.m)
-        if inside.all():  # the common case: one gather, no q evaluation
-            return self.pi[w]
-        out = self.q(np.maximum(w, 0))
-        out[inside] = self.pi[w[inside]]
-        return out
+        out = self.pi[np.clip(w, 0, self.m)]
+        beyond = np.nonzero(w > self.m)[0]
+        if len(beyond):  # q only where the table does not reach (few keys: the heavy tail)
+            out[beyond] = self.q(w[beyond])
+        return out  # w < 0 reads pi_0 = 0
 
 
 @lru_cache(maxsize=64)
@@ -724,19 +732,135 @@ def sbh_moments_numeric(i: float, epsilon: float, delta: float, g: Callable[[flo
 # ---------------------------------------------------------------------------
 
 
-def sanitize_keys(freqs, uniforms, table: KeyTable) -> np.ndarray:
-    """Report mask: a key of frequency ``w`` is reported iff ``u < pi_w`` (sampling and Alg. 2 fused)."""
-    return np.asarray(uniforms) < table.reporting(freqs)
+# Kernel of the sanitizers: "auto" (numba when installed), "numba" or "numpy". For benchmarks and tests; all
+# three return the same outputs for the same uniforms.
+SANITIZER_KERNELS = ("auto", "numba", "numpy")
+SANITIZER_KERNEL = "auto"  # the one the SQL sanitizer uses
+_NUMBA_KERNELS: Optional[tuple] = None
+_NUMBA_LOCK = threading.Lock()
 
 
-def sanitize_tokens(freqs, uniforms, table: FrequencyTable) -> np.ndarray:
-    """Token per key (0 = not reported): ``j`` with probability ``pi_{w,j}`` (inverse CDF of the row)."""
+def _numba_kernels() -> Optional[tuple]:
+    """``(keys, tokens)`` compiled once, lazily (importing numba costs a second); None without numba."""
+    global _NUMBA_KERNELS
+    with _NUMBA_LOCK:
+        if _NUMBA_KERNELS is None:
+            try:
+                import numba
+            except ImportError:
+                _NUMBA_KERNELS = ()  # remembered: the import is not retried per vector
+                return None
+
+            @numba.njit(cache=True, nogil=True)
+            def keys(w, u, pi):  # pragma: no cover (compiled)
+                # 1 iff u < pi_w; -1 where w is beyond the table (the caller evaluates q there)
+                m = len(pi) - 1
+                out = np.zeros(len(w), np.int64)
+                for k in range(len(w)):
+                    x = w[k]
+                    if x > m:
+                        out[k] = -1
+                    elif x > 0 and u[k] < pi[x]:
+                        out[k] = 1
+                return out
+
+            @numba.njit(cache=True, nogil=True)
+            def tokens(w, u, cum, lo, width, m):  # pragma: no cover (compiled)
+                # same search as _tokens_numpy: passed = number of cumulative thresholds <= u in row min(w, m)
+                P = cum.shape[1]
+                out = np.zeros(len(w), np.int64)
+                for k in range(len(w)):
+                    x = w[k]
+                    if x <= 0:
+                        continue
+                    r = x if x < m else m
+                    uk = u[k]
+                    if uk < cum[r, 0]:
+                        continue
+                    a, b = 1, P
+                    while a < b:  # first column a >= 1 with cum[r, a] > u (rows non-decreasing, +inf padded)
+                        mid = (a + b) >> 1
+                        if cum[r, mid] <= uk:
+                            a = mid + 1
+                        else:
+                            b = mid
+                    out[k] = lo[r] + (x - r) + min(a - 1, width[r] - 1)
+                return out
+
+            _NUMBA_KERNELS = (keys, tokens)
+        return _NUMBA_KERNELS or None
+
+
+def numba_available() -> bool:
+    """True when the compiled sanitizer kernels can be used (numba, the ``fast`` extra, is installed)."""
+    return _numba_kernels() is not None
+
+
+def _use_numba(kernel: str) -> bool:
+    if kernel not in SANITIZER_KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(SANITIZER_KERNELS)} (got {kernel!r})")
+    if kernel == "numpy":
+        return False
+    if _numba_kernels() is None:
+        if kernel == "numba":
+            raise ImportError("kernel='numba' needs numba: pip install 'dpsql[fast]'")
+        return False
+    return True
+
+
+def sanitize_keys(freqs, uniforms, table: KeyTable, kernel: str = "auto") -> np.ndarray:
+    """Report mask: a key of frequency ``w`` is reported iff ``u < pi_w`` (sampling and Alg. 2 fused).
+
+    One uniform per key: ``P[reported] = pi_w`` exactly (up to the 2^-53 grid of ``u``).
+    """
     w = np.asarray(freqs, dtype=np.int64)
-    u = np.asarray(uniforms, dtype=np.float64)
-    if len(w) and (w.max() > table.m and not table.steady):
-        raise DPParameterError(f"frequency {int(w.max())} is beyond the pi_(i,j) table (rows 0..{table.m})")
-    r = np.minimum(np.maximum(w, 0), table.m)
+    return _report_keys(w, np.asarray(uniforms, dtype=np.float64), table, int(w.max()) if len(w) else 0,
+                        kernel).astype(bool)
+
+
+def _report_keys(w: np.ndarray, u: np.ndarray, table: KeyTable, wmax: int, kernel: str) -> np.ndarray:
+    """:func:`sanitize_keys` as int64 0/1 (the UDF's output type); ``wmax = max(w)``."""
+    if not _use_numba(kernel):
+        return (u < table.reporting(w)).astype(np.int64)
+    pi = table.pi if wmax <= table.m else _pi_lookup(table.epsilon, table.delta, table.tau, table.scheme,
+                                                      table.power, min(MAX_PI_LOOKUP, 1 << wmax.bit_length()))
+    out = _numba_kernels()[0](w, u, pi)
+    if wmax >= len(pi):  # pi_w = q_w beyond the lookup array (marked -1 by the kernel)
+        beyond = np.nonzero(out < 0)[0]
+        out[beyond] = u[beyond] < table.q(w[beyond])
+    return out
+
+
+@lru_cache(maxsize=32)
+def _pi_lookup(epsilon: float, delta: float, tau: Optional[float], scheme: str, power: float, n: int) -> np.ndarray:
+    """``pi_0..pi_n`` as one array (``q`` evaluated once per frequency, not once per key)."""
+    return key_table(epsilon, delta, tau, scheme, power, n=n).reporting(np.arange(n + 1))
+
+
+def sanitize_tokens(freqs, uniforms, table: FrequencyTable, kernel: str = "auto") -> np.ndarray:
+    """Token per key (0 = not reported): ``j`` with probability ``pi_{w,j}`` (inverse CDF of the row).
+
+    One uniform per key: token ``j`` iff ``u`` falls in ``[C_{w,j-1}, C_{w,j})`` of the row's cumulative sums
+    (``C_{w,0} = pi_{w,0} = 1 - pi_w``), an interval of length ``pi_{w,j}``. Rows beyond ``m`` are shifts of
+    row ``m`` (steady tables only).
+    """
+    w = np.asarray(freqs, dtype=np.int64)
+    return _draw_tokens(w, np.asarray(uniforms, dtype=np.float64), table, int(w.max()) if len(w) else 0, kernel)
+
+
+def _draw_tokens(w: np.ndarray, u: np.ndarray, table: FrequencyTable, wmax: int, kernel: str) -> np.ndarray:
+    """:func:`sanitize_tokens` with ``wmax = max(w)`` known."""
+    if wmax > table.m and not table.steady:
+        raise DPParameterError(f"frequency {wmax} is beyond the pi_(i,j) table (rows 0..{table.m})")
     cum, lo_rows, width_rows = table.draw_arrays()
+    if _use_numba(kernel):
+        return _numba_kernels()[1](w, u, cum, lo_rows, width_rows, table.m)
+    return _tokens_numpy(w, u, np.clip(w, 0, table.m), cum, lo_rows, width_rows)
+
+
+def _tokens_numpy(w: np.ndarray, u: np.ndarray, r: np.ndarray, cum: np.ndarray, lo_rows: np.ndarray,
+                  width_rows: np.ndarray) -> np.ndarray:
+    """The inverse-CDF search of :func:`sanitize_tokens` in numpy (kernel without numba)."""
     # passed = number of cumulative thresholds <= u in row r. The rows are non-decreasing (+inf padded to a
     # power-of-two width P), so a branch-free binary search over the flat array finds it in log2(P) gathers.
     # Most keys are not reported (u < pi_{w,0} = cum[r, 0]): search only the others.
@@ -780,25 +904,36 @@ def _checked_params(epsilon, delta, tau, scheme, power):
     return check_pws_parameters(epsilon, delta, tau, scheme, power)
 
 
-def sanitizer_spec(epsilon, delta, tau, scheme, power, with_frequencies) -> str:
-    """The sanitizer's parameters, validated, as one string (``eps;delta;tau;scheme;power;0|1``, tau '' = NULL)."""
+# Sanitizer parameter sets, validated, by handle (process-wide; a handle is an index into _SPEC_PARAMS).
+_SPEC_LOCK = threading.Lock()
+_SPEC_HANDLES: dict[tuple, int] = {}
+_SPEC_PARAMS: list[tuple] = []
+
+
+def sanitizer_spec(epsilon, delta, tau, scheme, power, with_frequencies) -> int:
+    """The sanitizer's parameters, validated, as a BIGINT handle (see :func:`_spec_params`).
+
+    DuckDB converts every argument vector of an Arrow UDF on each call (2048 rows): a constant string of
+    the parameters cost 40% of a no-op UDF call, a BIGINT handle costs almost nothing. Only validated
+    parameter sets get a handle, so the sanitizer cannot run with unchecked parameters."""
     epsilon, delta, tau, scheme, power = check_pws_parameters(epsilon, delta, tau, scheme, power)
     if not isinstance(with_frequencies, (bool, np.bool_)):
         raise DPParameterError(f"with_frequencies must be true or false (got {with_frequencies!r})")
-    return f"{epsilon!r};{delta!r};{'' if tau is None else repr(tau)};{scheme};{power!r};{int(with_frequencies)}"
+    params = (epsilon, delta, tau, scheme, power, bool(with_frequencies))
+    with _SPEC_LOCK:
+        handle = _SPEC_HANDLES.get(params)
+        if handle is None:
+            handle = _SPEC_HANDLES[params] = len(_SPEC_PARAMS)
+            _SPEC_PARAMS.append(params)
+    return handle
 
 
-@lru_cache(maxsize=256)
-def _parse_spec(spec: str) -> tuple:
-    """Inverse of :func:`sanitizer_spec` (validated again): ``(eps, delta, tau, scheme, power, with_frequencies)``."""
-    try:
-        eps, delta, tau, scheme, power, wf = spec.split(";")
-        params = check_pws_parameters(float(eps), float(delta), float(tau) if tau else None, scheme, float(power))
-    except (AttributeError, ValueError) as exc:
-        raise DPParameterError(f"malformed sanitizer spec {spec!r}") from exc
-    if wf not in ("0", "1"):
-        raise DPParameterError(f"malformed sanitizer spec {spec!r}")
-    return (*params, wf == "1")
+def _spec_params(handle: object) -> tuple:
+    """``(eps, delta, tau, scheme, power, with_frequencies)`` of a handle from :func:`sanitizer_spec`."""
+    if not isinstance(handle, (int, np.integer)) or isinstance(handle, bool) or not 0 <= handle < len(_SPEC_PARAMS):
+        raise DPParameterError(f"unknown sanitizer spec {handle!r}: pass dp__pws_spec(epsilon, delta, tau, scheme, "
+                               f"power, with_frequencies)")
+    return _SPEC_PARAMS[handle]
 
 
 def _grown(build, params: tuple, wmax: int):
@@ -818,8 +953,7 @@ def _grown(build, params: tuple, wmax: int):
 def _freqs(arr: pa.Array, name: str = "frequency") -> np.ndarray:
     if arr.null_count:
         raise DPParameterError(f"{name} must not be NULL")
-    w = arr.to_numpy(zero_copy_only=False).astype(np.int64)
-    return w
+    return arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
 def udfs(source) -> list[Udf]:
@@ -864,19 +998,19 @@ def udfs(source) -> list[Udf]:
     def sanitize_udf(freq, spec):
         """One uniform per key. Keys only: 1 = reported, 0 = not; with frequencies: the token (0 = not reported).
 
-        ``spec`` packs the validated parameters (:func:`sanitizer_spec`): DuckDB converts every argument
-        vector of an Arrow UDF per call, and six constant columns cost 4x the sanitizer itself. The tables
-        depend only on the public parameters and are valid up to the vector's largest frequency (no
+        ``spec`` is the handle of the validated parameters (:func:`sanitizer_spec`): DuckDB converts every
+        argument vector of an Arrow UDF per call, and six constant columns cost 4x the sanitizer itself. The
+        tables depend only on the public parameters and are valid up to the vector's largest frequency (no
         data-dependent state crosses vectors)."""
         w = _freqs(freq)
-        *params, with_frequencies = _parse_spec(_const(spec, "spec"))
+        *params, with_frequencies = _spec_params(_const(spec, "spec"))
         params = tuple(params)
         wmax = int(w.max()) if len(w) else 1
         u = source.uniform(len(w))
         if with_frequencies:
-            out = sanitize_tokens(w, u, _grown(frequency_table, params, wmax))
+            out = _draw_tokens(w, u, _grown(frequency_table, params, wmax), wmax, SANITIZER_KERNEL)
         else:
-            out = sanitize_keys(w, u, _grown(key_table, params, wmax)).astype(np.int64)
+            out = _report_keys(w, u, _grown(key_table, params, wmax), wmax, SANITIZER_KERNEL)
         return pa.array(out, type=pa.int64())
 
     def estimate_udf(token, eps, delta, tau, scheme, power, g, estimator):
@@ -905,8 +1039,8 @@ def udfs(source) -> list[Udf]:
         Udf("dp__pws_pi", pi_udf, (b, d, d, d, v, d), d),
         Udf("dp__pws_pi_ij", pi_ij_udf, (b, b, d, d, d, v, d), d),
         Udf("dp__pws_estimate", estimate_udf, (b, d, d, d, v, d, v, v), d),
-        Udf("dp__pws_spec", scalar(spec_udf), (d, d, d, v, d, BOOLEAN), v),
-        Udf("dp__pws_sanitize", sanitize_udf, (b, v), b, side_effects=True),
+        Udf("dp__pws_spec", scalar(spec_udf), (d, d, d, v, d, BOOLEAN), b),
+        Udf("dp__pws_sanitize", sanitize_udf, (b, b), b, side_effects=True),
         Udf("dp__bernoulli", bernoulli_udf, (d,), BOOLEAN, side_effects=True),
     ]
 

@@ -12,13 +12,13 @@ import os
 import weakref
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import duckdb
 import duckdb.func
-from duckdb.sqltypes import DOUBLE
+from duckdb.sqltypes import BOOLEAN, DOUBLE
 
-from dpsql import adaptive, calibration, noise, union
+from dpsql import adaptive, calibration, ledger as ledger_mod, noise, union
 from dpsql import topk
 from dpsql import pws
 from dpsql import policy
@@ -64,6 +64,18 @@ def _calibration_udfs(source: noise.NoiseSource) -> list[Udf]:
         Udf("dp__gaussian_sigma", scalar(calibration.gaussian_sigma), (DOUBLE, DOUBLE, DOUBLE), DOUBLE),
         Udf("dp__gaussian_threshold", scalar(gaussian_threshold), (DOUBLE, DOUBLE, DOUBLE), DOUBLE),
         Udf("dp__laplace_threshold", scalar(laplace_threshold), (DOUBLE, DOUBLE, DOUBLE), DOUBLE),
+        # granular noise (dpsql.calibration, "Granular noise"); NULL granularity = the default grid
+        Udf("dp__granularity", scalar(calibration.choose_granularity), (DOUBLE, DOUBLE, DOUBLE), DOUBLE),
+        Udf("dp__rounded_sensitivity", scalar(calibration.rounded_sensitivity), (DOUBLE, DOUBLE, DOUBLE, BOOLEAN),
+            DOUBLE),
+        Udf("dp__discrete_laplace_scale", scalar(calibration.discrete_laplace_scale),
+            (DOUBLE, DOUBLE, DOUBLE, DOUBLE, BOOLEAN), DOUBLE),
+        Udf("dp__discrete_laplace_threshold", scalar(calibration.discrete_laplace_threshold),
+            (DOUBLE, DOUBLE, DOUBLE, DOUBLE), DOUBLE),
+        Udf("dp__discrete_gaussian_sigma", scalar(calibration.discrete_gaussian_sigma),
+            (DOUBLE, DOUBLE, DOUBLE, DOUBLE, BOOLEAN), DOUBLE),
+        Udf("dp__discrete_gaussian_delta", scalar(calibration.discrete_gaussian_delta),
+            (DOUBLE, DOUBLE, DOUBLE, DOUBLE, BOOLEAN), DOUBLE),
     ]
 
 
@@ -88,17 +100,23 @@ def _registered_udfs(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {r[0] for r in rows}
 
 
-def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource) -> None:
-    """Register every family's UDFs on ``con``, their randomness drawn from ``source``."""
+def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource,
+                       ledger: Optional[ledger_mod.Ledger] = None) -> None:
+    """Register every family's UDFs on ``con``, their randomness drawn from ``source``.
+
+    ``ledger`` receives the charges of every release (default: see :func:`dpsql.ledger.ledger_for`).
+    """
+    ledger = ledger_mod.ledger_for(con, ledger)
     existing = _registered_udfs(con)
-    for provider in UDF_PROVIDERS:
-        for udf in provider(source):
-            if udf.name in existing:  # re-registering (e.g. with another seed) replaces the UDF
-                con.remove_function(udf.name)
-            # SPECIAL null handling: the UDF sees NULL parameters and rejects them by name.
-            con.create_function(udf.name, udf.fn, list(udf.params), udf.returns, type=duckdb.func.ARROW,
-                                null_handling=duckdb.func.SPECIAL, side_effects=udf.side_effects)
+    declared = [udf for provider in UDF_PROVIDERS for udf in provider(source)] + ledger_mod.udfs(ledger)
+    for udf in declared:
+        if udf.name in existing:  # re-registering (e.g. with another seed) replaces the UDF
+            con.remove_function(udf.name)
+        # SPECIAL null handling: the UDF sees NULL parameters and rejects them by name.
+        con.create_function(udf.name, udf.fn, list(udf.params), udf.returns, type=duckdb.func.ARROW,
+                            null_handling=duckdb.func.SPECIAL, side_effects=udf.side_effects)
     _SOURCES[con] = source
+    ledger_mod.attach(con, ledger)
 
 
 def register_macros(con: duckdb.DuckDBPyConnection) -> None:
@@ -107,8 +125,13 @@ def register_macros(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(path.read_text(encoding="utf-8"))
 
 
-def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None) -> duckdb.DuckDBPyConnection:
+def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None,
+             ledger: Union[None, str, os.PathLike, ledger_mod.Ledger] = None) -> duckdb.DuckDBPyConnection:
     """Register every dpsql UDF and TEMP macro on an existing connection.
+
+    ``ledger``: where releases are charged; default the sidecar file
+    ``<database file>.dpsql-ledger``, or an in-memory ledger for an in-memory
+    database; a path or a :class:`dpsql.ledger.Ledger` overrides it.
 
     ``seed`` makes noise and sampling reproducible and the results **NOT
     PRIVATE** (a warning is issued); it also pins the connection to one
@@ -120,16 +143,17 @@ def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None) -> d
     else:
         source = noise.seeded_source(seed)
         con.execute("SET threads = 1")
-    register_functions(con, source)
+    register_functions(con, source, ledger_mod.ledger_for(con, ledger))
     register_macros(con)
     return con
 
 
 def connect(database: str = ":memory:", *, read_only: bool = False, config: Optional[dict] = None,
-            seed: Optional[int] = None) -> duckdb.DuckDBPyConnection:
-    """``duckdb.connect(...)`` with dpsql registered (see :func:`register` for ``seed``)."""
+            seed: Optional[int] = None,
+            ledger: Union[None, str, os.PathLike, ledger_mod.Ledger] = None) -> duckdb.DuckDBPyConnection:
+    """``duckdb.connect(...)`` with dpsql registered (see :func:`register` for ``seed`` and ``ledger``)."""
     con = duckdb.connect(os.fspath(database), read_only=read_only, config=config or {})
-    return register(con, seed=seed)
+    return register(con, seed=seed, ledger=ledger)
 
 
 def source_of(con: duckdb.DuckDBPyConnection) -> noise.NoiseSource:

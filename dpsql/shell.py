@@ -30,6 +30,10 @@ dpsql's macros are registered on this connection, for example:
   SELECT * FROM dp_set_union('my_table', method := 'weighted_gaussian',
                              epsilon := 1.0, delta := 1e-5, max_items := 100);
 Methods: {methods}.
+Table names are strings ('my_table'). Every release is charged to the privacy ledger:
+  SELECT * FROM dp_budget();     -- spent and remaining (epsilon, delta) per scope
+  SELECT * FROM dp_releases();   -- one row per release
+(set budgets with dpsql.set_budget(...) or 'dpsql budget set DATABASE --epsilon E --delta D').
 Dot commands (at the start of a line):
   .help           show this text
   .tables         list tables and views
@@ -145,6 +149,9 @@ def is_complete(text: str) -> bool:
 _UDF_PREFIX = "Python exception occurred while executing the UDF: "
 
 
+_UNBOUND_NAME = re.compile(r'Referenced (column|table) "[^"]+" not found')
+
+
 def error_line(exc: BaseException) -> str:
     """One line for an error: its message up to the source excerpt DuckDB appends, whitespace collapsed."""
     message = str(exc).strip() or type(exc).__name__
@@ -157,7 +164,23 @@ def error_line(exc: BaseException) -> str:
     # A dpsql parameter error raised inside a UDF is clearer without the engine's wrapper text.
     if _UDF_PREFIX in text:
         text = text.split(_UDF_PREFIX, 1)[1]
+    if _UNBOUND_NAME.search(text):
+        # The usual cause with dpsql: a table passed to a macro as a bare identifier, which the
+        # binder takes for a column. Macros take the table's name as a string (the ledger records it).
+        text += " (if this names a table passed to a dpsql macro, quote it: dp_set_union('events', ...))"
+    missing = _MISSING_COLUMN.search(text)
+    if missing:
+        text = (f"dpsql: no column named {missing.group('name')} in the input (check the *_col parameters); "
+                f"its columns are {missing.group('cols')}")
     return f"Error: {text}"
+
+
+# The macros pick columns with COLUMNS(lambda c: lower(c) = lower(<name parameter>)); a name that matches no
+# column fails while DuckDB binds the query, before any dpsql check can run, with this message.
+_MISSING_COLUMN = re.compile(
+    r"""Star expression "COLUMNS\(list_filter\(.*?list_value\((?P<cols>.*?)\), \(lambda (?P<v>\w+): """
+    r"""\(lower\((?P=v)\) = lower\((?:CAST\()*(?P<name>'(?:[^']|'')*'|NULL)(?: AS VARCHAR\))*\)\)\)\)\)" """
+    r"""resulted in an empty set of columns""", re.S)
 
 
 # Statements whose result is the engine's bare report ("Count" or "Success"),

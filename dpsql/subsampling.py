@@ -102,7 +102,10 @@ def subsampled_epsilon(eps0: float, p: float) -> float:
     eps0 = check_positive("eps0", eps0)
     p = check_probability("p", p)
     removal = math.inf if p == 1.0 else -math.log1p(-p)
-    addition = math.log1p(p * math.expm1(eps0))
+    if eps0 <= 700.0 or p == 0.0:
+        addition = math.log1p(p * math.expm1(eps0))
+    else:  # e^eps0 overflows: ln(p e^eps0 + 1 - p) = eps0 + ln p + ln(1 + (1 - p) e^-eps0 / p)
+        addition = eps0 + math.log(p) + math.log1p((1.0 - p) * math.exp(-eps0) / p)
     return max(removal, addition)
 
 

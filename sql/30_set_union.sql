@@ -1,7 +1,8 @@
 -- User-level (epsilon, delta)-DP set union (partition selection) with an independent
 -- update policy (Gopi et al. 2020, Alg. 1 / Sec. 1.1, App. B; Chen et al., Alg. 1).
 -- Each returns one column `item` of the input's type and nothing else: the noisy
--- weights never leave the query. Calibration: dpsql/calibration.py.
+-- weights never leave the query. Calibration: dpsql/calibration.py. Each release charges its
+-- (epsilon, delta) to the ledger once, in the `paid` CTE (sql/05_ledger.sql).
 
 -- Pre-noise item weights of the independent update policies. NOT a release: these are exact
 -- aggregates of the raw data (tests and audits use them); only the macros below publish.
@@ -18,23 +19,31 @@ GROUP BY item;
 CREATE OR REPLACE TEMP MACRO dp_set_union_count_laplace(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH cal AS (SELECT unnest(dp__set_union_calibration('count_laplace', epsilon, delta, max_items, user_col, item_col))),
+paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_count_laplace', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
 weights AS (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
-SELECT item FROM weights CROSS JOIN cal WHERE w + dp_laplace_noise(scale) > threshold;
+SELECT item FROM weights CROSS JOIN cal CROSS JOIN paid WHERE paid AND w + dp_laplace_noise(scale) > threshold;
 
 CREATE OR REPLACE TEMP MACRO dp_set_union_count_gaussian(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH cal AS (SELECT unnest(dp__set_union_calibration('count_gaussian', epsilon, delta, max_items, user_col, item_col))),
+paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_count_gaussian', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
 weights AS (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
-SELECT item FROM weights CROSS JOIN cal WHERE w + dp_gaussian_noise(scale) > threshold;
+SELECT item FROM weights CROSS JOIN cal CROSS JOIN paid WHERE paid AND w + dp_gaussian_noise(scale) > threshold;
 
 CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_laplace(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH cal AS (SELECT unnest(dp__set_union_calibration('weighted_laplace', epsilon, delta, max_items, user_col, item_col))),
+paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_weighted_laplace', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
 weights AS (FROM dp__set_union_weights(tbl, 'inverse', max_items := max_items, user_col := user_col, item_col := item_col))
-SELECT item FROM weights CROSS JOIN cal WHERE w + dp_laplace_noise(scale) > threshold;
+SELECT item FROM weights CROSS JOIN cal CROSS JOIN paid WHERE paid AND w + dp_laplace_noise(scale) > threshold;
 
 CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_gaussian(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH cal AS (SELECT unnest(dp__set_union_calibration('weighted_gaussian', epsilon, delta, max_items, user_col, item_col))),
+paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_weighted_gaussian', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
 weights AS (FROM dp__set_union_weights(tbl, 'inverse_sqrt', max_items := max_items, user_col := user_col, item_col := item_col))
-SELECT item FROM weights CROSS JOIN cal WHERE w + dp_gaussian_noise(scale) > threshold;
+SELECT item FROM weights CROSS JOIN cal CROSS JOIN paid WHERE paid AND w + dp_gaussian_noise(scale) > threshold;

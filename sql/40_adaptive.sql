@@ -87,11 +87,14 @@ CREATE OR REPLACE TEMP MACRO dp_set_union_mad(tbl VARCHAR, epsilon DOUBLE := 1.0
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__mad_cal AS (
     SELECT unnest(dp__mad_calibration(epsilon, delta, max_items, max_adaptive_degree, beta, user_col, item_col))),
+dp__mad_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_mad', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'max_adaptive_degree': max_adaptive_degree, 'beta': beta, 'user_col': user_col,
+         'item_col': item_col}::VARCHAR, dp__mad_cal::VARCHAR) AS paid FROM dp__mad_cal),
 dp__mad_rows AS MATERIALIZED (
     SELECT user_id, item, d, 1.0 / sqrt(d) AS uw
     FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col))
-SELECT item FROM dp__mad_stage('dp__mad_rows', 'dp__mad_cal') CROSS JOIN dp__mad_cal
-WHERE w + dp_gaussian_noise(sigma) >= rho;
+SELECT item FROM dp__mad_stage('dp__mad_rows', 'dp__mad_cal') CROSS JOIN dp__mad_cal CROSS JOIN dp__mad_paid
+WHERE paid AND w + dp_gaussian_noise(sigma) >= rho;
 
 -- MAD2R (Alg. 4): (eps_r, delta_r) = (split[r]*epsilon, split[r]*delta), one cap for both rounds.
 -- Round 1: unbiased MAD; its noisy weights stay in this query (dp__m2_noisy1 is never output).
@@ -104,6 +107,10 @@ CREATE OR REPLACE TEMP MACRO dp_set_union_mad2r(tbl VARCHAR, epsilon DOUBLE := 1
 WITH dp__m2_cal AS (
     SELECT unnest(dp__mad2r_calibration(epsilon, delta, max_items, split, max_adaptive_degree, beta,
                                         b_min, b_max, c_lb, c_ub, user_col, item_col))),
+dp__m2_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_mad2r', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'split': split, 'max_adaptive_degree': max_adaptive_degree, 'beta': beta,
+         'b_min': b_min, 'b_max': b_max, 'c_lb': c_lb, 'c_ub': c_ub, 'user_col': user_col,
+         'item_col': item_col}::VARCHAR, dp__m2_cal::VARCHAR) AS paid FROM dp__m2_cal),
 dp__m2_p1 AS (SELECT tau1 AS tau, alpha1 AS alpha, min_degree1 AS min_degree, max_degree1 AS max_degree
               FROM dp__m2_cal),
 -- (the struct names the bias limits min_bias/max_bias: inside this macro b_min/b_max are the arguments)
@@ -121,10 +128,10 @@ dp__m2_items2 AS (
     WHERE noisy < rho1 AND noisy + upper_offset >= rho2),
 dp__m2_biased AS (SELECT user_id, item, b FROM dp__m2_rows JOIN dp__m2_items2 USING (item)),
 dp__m2_rows2 AS MATERIALIZED (FROM dp__user_weight_rows('dp__m2_biased', b_min, b_max))
-SELECT item FROM dp__m2_noisy1 CROSS JOIN dp__m2_cal WHERE noisy >= rho1
+SELECT item FROM dp__m2_noisy1 CROSS JOIN dp__m2_cal CROSS JOIN dp__m2_paid WHERE paid AND noisy >= rho1
 UNION ALL
-SELECT item FROM dp__mad_stage('dp__m2_rows2', 'dp__m2_p2') CROSS JOIN dp__m2_cal
-WHERE w + dp_gaussian_noise(sigma2) >= rho2;
+SELECT item FROM dp__mad_stage('dp__m2_rows2', 'dp__m2_p2') CROSS JOIN dp__m2_cal CROSS JOIN dp__m2_paid
+WHERE paid AND w + dp_gaussian_noise(sigma2) >= rho2;
 
 -- One DP-SIPS round: Basic (1/sqrt(d) on the reduced sets) on the rows of `rows_rel` whose item is
 -- not in `removed_rel`, calibrated by element `r` of the lists sigma/rho of `params_rel`.
@@ -147,6 +154,9 @@ CREATE OR REPLACE TEMP MACRO dp_set_union_sips(tbl VARCHAR, epsilon DOUBLE := 1.
         max_items DOUBLE := 100, split DOUBLE[] := [0.1, 0.9],
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__s_cal AS (SELECT unnest(dp__sips_calibration(epsilon, delta, max_items, split, user_col, item_col))),
+dp__s_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_sips', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'split': split, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__s_cal::VARCHAR) AS paid
+    FROM dp__s_cal),
 dp__s_rows AS MATERIALIZED (
     SELECT user_id, item
     FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
@@ -160,7 +170,7 @@ dp__s_u3 AS (FROM dp__s_u2 UNION ALL FROM dp__s_r3),
 dp__s_r4 AS MATERIALIZED (FROM dp__sips_round('dp__s_rows', 'dp__s_u3', 'dp__s_cal', 4) WHERE len(split) >= 4),
 dp__s_u4 AS (FROM dp__s_u3 UNION ALL FROM dp__s_r4),
 dp__s_r5 AS MATERIALIZED (FROM dp__sips_round('dp__s_rows', 'dp__s_u4', 'dp__s_cal', 5) WHERE len(split) >= 5)
-SELECT item FROM (FROM dp__s_u4 UNION ALL FROM dp__s_r5) CROSS JOIN dp__s_cal;
+SELECT item FROM (FROM dp__s_u4 UNION ALL FROM dp__s_r5) CROSS JOIN dp__s_cal CROSS JOIN dp__s_paid WHERE paid;
 
 -- ---------------------------------------------------------------------------------------------
 -- Testing / audit only: PRE-NOISE weights, exact aggregates of the raw data. NOT releases.

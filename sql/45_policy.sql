@@ -40,6 +40,10 @@ CREATE OR REPLACE TEMP MACRO dp__policy_run(tbl VARCHAR, method VARCHAR, epsilon
         max_items DOUBLE, alpha DOUBLE, passes DOUBLE, user_col VARCHAR, item_col VARCHAR) AS TABLE
 WITH cal AS (SELECT unnest(dp__policy_calibration(method, epsilon, delta, max_items, alpha, passes,
                                                   user_col, item_col))),
+-- One charge per release (sql/05_ledger.sql); the public macros below are thin wrappers of this one.
+paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_' || method, 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'alpha': alpha, 'passes': passes, 'user_col': user_col,
+         'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
 order_salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 -- Materialised: row_number() OVER () is not reproducible, and the ids are used twice.
 items AS MATERIALIZED (
@@ -64,7 +68,7 @@ lists AS (
 released AS (
     SELECT unnest(dp__policy_release(method, keys, noise, scale, threshold, gamma, n_passes)) AS iid
     FROM lists CROSS JOIN cal)
-SELECT item FROM released JOIN items USING (iid);
+SELECT item FROM released JOIN items USING (iid) CROSS JOIN paid WHERE paid;
 
 -- Policy Laplace (Gopi et al. 2020, Alg. 4): l1-descent towards Gamma = rho_Lap + alpha/epsilon,
 -- Lap(1/epsilon) noise, threshold rho_Lap. passes := P runs P passes with budget 1/P each.

@@ -43,9 +43,9 @@ FROM chk AS c;
 CREATE OR REPLACE TEMP MACRO dp_eval_top_k_missing_mass(tbl VARCHAR, released VARCHAR, k DOUBLE,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item', released_col VARCHAR := 'item') AS TABLE
 WITH chk AS (
-    SELECT CASE WHEN k IS NULL OR isnan(k) OR isinf(k) OR k < 1 OR k <> floor(k)
-                THEN error('dpsql: k must be a whole number >= 1 (got ' || coalesce(k::VARCHAR, 'NULL') || ')')
-                ELSE k::BIGINT END AS k),
+    SELECT CASE WHEN k IS NULL OR isnan(k) OR isinf(k) OR k < 1 OR k > 1e15 OR k <> floor(k)
+                THEN error('dpsql: k must be a whole number between 1 and 1e15 (got ' || coalesce(k::VARCHAR, 'NULL') || ')')
+                ELSE least(k, 1e15)::BIGINT END AS k),  -- least: the cast must not fail before the check
 freq AS (FROM dp__eval_item_counts(tbl, user_col := user_col, item_col := item_col)),
 rel AS (FROM dp__eval_released_items(released, released_col := released_col)),
 q AS (

@@ -24,27 +24,39 @@ CREATE OR REPLACE TEMP MACRO dp__pws_declared_unique(tbl, key_col) AS (
           WHERE lower(t.database_name || '.' || t.schema_name || '.' || t.table_name) = lower(tbl)));
 
 -- (key, frequency) with frequency >= 1. Not a release. Every row is validated (NULL keys, NULL / negative /
--- fractional frequencies raise). Rows of the same key are summed by a GROUP BY in the engine, unless the
--- key is declared unique (dp__pws_declared_unique): then the rows pass through as they are, which skips
+-- fractional / too large frequencies raise). Rows of the same key are summed by a GROUP BY in the engine, unless
+-- the key is declared unique (dp__pws_declared_unique): then the rows pass through as they are, which skips
 -- the aggregation, the dominant cost on large aggregated inputs. A duplicated key must never reach the
 -- sanitizer as two rows: it would get two draws and double its contribution (element-level guarantee).
+-- The GROUP BY groups the key column itself and rejects NULL keys on their (single) group: an expression key
+-- would cost a pass per row and hide the column's min/max from the planner, which then cannot choose its
+-- perfect-hash aggregate for integer keys of small range (enabled by SET perfect_ht_threshold). Frequencies
+-- are BIGINT (sum() accumulates them in 128 bits; a sum beyond BIGINT raises).
 CREATE OR REPLACE TEMP MACRO dp__pws_frequencies(tbl VARCHAR, key_col VARCHAR := 'key', freq_col VARCHAR := NULL) AS TABLE
 WITH uq AS MATERIALIZED (SELECT dp__pws_declared_unique(tbl, key_col) AS declared),
+-- f: the frequency as BIGINT, b = try_cast(fv AS BIGINT) (NULL when out of range); fv must equal b as a DOUBLE
+-- (fractional and non-numeric values do not). Half the cost of testing fv::DOUBLE against floor().
 src AS NOT MATERIALIZED (
-    SELECT coalesce(COLUMNS(lambda c: lower(c) = lower(key_col)),
-                    error('dpsql: column ' || key_col || ' (key_col) contains NULL; filter NULL keys out first')) AS k,
-           CASE WHEN freq_col IS NULL THEN 1::HUGEINT
+    SELECT k,
+           CASE WHEN freq_col IS NULL THEN 1::BIGINT
                 ELSE CASE WHEN fv IS NULL
                                THEN error('dpsql: column ' || freq_col || ' (freq_col) contains NULL frequencies')
-                          WHEN fv::DOUBLE < 0 OR fv::DOUBLE <> floor(fv::DOUBLE)
-                               THEN error('dpsql: column ' || freq_col || ' (freq_col) must hold whole numbers >= 0 (got ' || fv::VARCHAR || ')')
-                          ELSE fv::HUGEINT END END AS f
-    FROM (SELECT *, COLUMNS(lambda c: lower(c) = lower(coalesce(freq_col, key_col))) AS fv FROM query_table(tbl)))
-SELECT k AS key, f::BIGINT AS frequency FROM src CROSS JOIN uq WHERE declared AND f > 0
+                          WHEN b IS NULL OR b < 0 OR b <> fv::DOUBLE
+                               THEN error('dpsql: column ' || freq_col || ' (freq_col) must hold whole numbers in 0..2^63-1 (got ' || fv::VARCHAR || ')')
+                          ELSE b END END AS f
+    FROM (SELECT COLUMNS(lambda c: lower(c) = lower(key_col)) AS k,
+                 COLUMNS(lambda c: lower(c) = lower(coalesce(freq_col, key_col))) AS fv,
+                 try_cast(COLUMNS(lambda c: lower(c) = lower(coalesce(freq_col, key_col))) AS BIGINT) AS b
+          FROM query_table(tbl)))
+SELECT coalesce(k, error('dpsql: column ' || key_col || ' (key_col) contains NULL; filter NULL keys out first')) AS key,
+       f AS frequency
+FROM src CROSS JOIN uq WHERE declared AND f > 0
 UNION ALL
 SELECT k AS key, sum(f)::BIGINT AS frequency FROM src CROSS JOIN uq WHERE NOT declared
 GROUP BY k
-HAVING sum(f) > 0;
+HAVING CASE WHEN k IS NULL
+            THEN error('dpsql: column ' || key_col || ' (key_col) contains NULL; filter NULL keys out first')::BOOLEAN
+            ELSE sum(f) > 0 END;
 
 -- Sampling probability q_i of threshold sampling (Alg. 1): 1 - exp(-tau i^power) for ppswor,
 -- min(1, tau i^power) for priority (Poisson PPS); tau NULL = no sampling (q = 1).
@@ -92,11 +104,15 @@ CREATE OR REPLACE TEMP MACRO dp_weighted_sample(tbl VARCHAR, epsilon DOUBLE, del
         scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, with_frequencies BOOLEAN := false,
         key_col VARCHAR := 'key', freq_col VARCHAR := NULL) AS TABLE
 WITH cal AS (SELECT dp__pws_check(epsilon, delta, tau, scheme, power) AS ok),
+-- Ledger charge, once, before any output (sql/05_ledger.sql); privacy unit: one element (row).
+paid AS MATERIALIZED (SELECT dp__charge('dp_weighted_sample', 'element', tbl, epsilon, delta,
+        {'tau': tau, 'scheme': scheme, 'power': power, 'with_frequencies': with_frequencies, 'key_col': key_col,
+         'freq_col': freq_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal WHERE ok),
 freq AS (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col))
 -- one pass: t = token (with_frequencies) or 1/0 (keys only; token NULL), 0 = not reported
 SELECT key, CASE WHEN with_frequencies THEN t END AS token
 FROM (SELECT key, dp__pws_sanitize(frequency, dp__pws_spec(epsilon, delta, tau, scheme, power, with_frequencies)) AS t
-      FROM freq CROSS JOIN cal WHERE ok)
+      FROM freq CROSS JOIN cal CROSS JOIN paid WHERE ok AND paid)
 WHERE t > 0;
 
 -- Per-key estimates of g(frequency) from a sample of dp_weighted_sample(..., with_frequencies := true)
@@ -113,18 +129,41 @@ SELECT key, token, dp__pws_estimate(token, epsilon, delta, tau, scheme, power, g
 FROM query_table(sample) CROSS JOIN cal WHERE ok;
 
 -- Stability-based histogram baseline (ELEMENT level (epsilon, delta)-DP): each key's frequency plus
--- Lap(1/epsilon), released as (key, noisy_frequency) iff >= T = 1 + ln(1/delta)/epsilon.
+-- Laplace noise of scale 1/epsilon, released as (key, noisy_frequency) iff >= T.
+-- noise := 'granular' (default): the integer frequency plus g * DLap(1/(epsilon g)) on the grid g = granularity
+-- (a power of two <= 1, so counts are on the grid; NULL = the largest power of two <= (1/epsilon)/2^16, at most 1).
+-- A one-element change moves the frequency by 1/g steps: pmf ratio <= exp(g (1/g) epsilon) = e^epsilon, exactly.
+-- T = the smallest grid point with P[1 + g DLap >= T] <= delta/2 (dp_discrete_laplace_threshold), so a new key
+-- (frequency 1) passes with probability <= delta/2, as in the continuous mode. noisy_frequency and T are exact
+-- multiples of g (no floating-point leak, Mironov 2012).
+-- noise := 'continuous': frequency + Lap(1/epsilon) in floating point, T = 1 + ln(1/delta)/epsilon (the paper's).
 -- tau given: sampled-SbH, the released pairs are then sampled with q evaluated at the noisy frequency
 -- (post-processing); inclusion_probability = that q (1 without sampling); estimate g(w) by
 -- g(noisy_frequency) / inclusion_probability.
 CREATE OR REPLACE TEMP MACRO dp_sbh_histogram(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, tau DOUBLE := NULL,
-        scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, key_col VARCHAR := 'key', freq_col VARCHAR := NULL) AS TABLE
-WITH cal AS (SELECT dp__pws_check(epsilon, delta, tau, scheme, power) AS ok, dp__sbh_threshold(epsilon, delta) AS T,
-                    1.0 / epsilon AS scale),
+        scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, key_col VARCHAR := 'key', freq_col VARCHAR := NULL,
+        noise VARCHAR := 'granular', granularity DOUBLE := NULL) AS TABLE
+WITH chk AS (SELECT dp__pws_check(epsilon, delta, tau, scheme, power) AND dp__check_noise(noise, granularity) AS ok),
+cal AS (SELECT ok, noise = 'granular' AS granular, 1.0 / epsilon AS scale, g,
+               CASE WHEN ok AND noise = 'granular' THEN dp__discrete_laplace_threshold(1.0 / epsilon, g, delta / 2, 1.0)
+                    ELSE dp__sbh_threshold(epsilon, delta) END AS T
+        FROM (SELECT ok, CASE WHEN ok AND noise = 'granular' THEN dp__granularity(1.0 / epsilon, granularity, 1.0) END AS g
+              FROM chk)),
+-- Ledger charge, once, before any output (sql/05_ledger.sql); privacy unit: one element (row).
+paid AS MATERIALIZED (SELECT dp__charge('dp_sbh_histogram', 'element', tbl, epsilon, delta,
+        {'tau': tau, 'scheme': scheme, 'power': power, 'key_col': key_col, 'freq_col': freq_col}::VARCHAR, cal::VARCHAR) AS paid
+    FROM cal WHERE ok),
 freq AS (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col)),
-noisy AS MATERIALIZED (SELECT key, frequency + dp_laplace_noise(scale) AS w, T FROM freq CROSS JOIN cal WHERE ok),
+-- granular: frequency and noise are multiples of g, so the DOUBLE sum is exact while frequency / g < 2^52
+noisy AS MATERIALIZED (
+    SELECT key, CASE WHEN NOT granular THEN frequency + dp_laplace_noise(scale)
+                     WHEN frequency >= 4503599627370496.0 * g
+                     THEN error('dpsql: frequency ' || frequency || ' is too large for granularity ' || g
+                                || ' (frequency / granularity must be < 2^52); pass a coarser granularity, at most 1')
+                     ELSE frequency + dp_granular_laplace_noise(scale, g) END AS w, T
+    FROM freq CROSS JOIN cal WHERE ok),
 released AS MATERIALIZED (SELECT key, w, CASE WHEN tau IS NULL THEN 1.0 ELSE dp__pws_q(w, tau, scheme, power) END AS q
                           FROM noisy WHERE w >= T)
 SELECT key, w AS noisy_frequency, q AS inclusion_probability
-FROM released
-WHERE tau IS NULL OR dp__bernoulli(q);
+FROM released CROSS JOIN paid
+WHERE paid AND (tau IS NULL OR dp__bernoulli(q));

@@ -27,6 +27,8 @@ FROM query_table(tbl);
 CREATE OR REPLACE TEMP MACRO dp_max_coverage(sets_tbl VARCHAR, k DOUBLE, epsilon DOUBLE := 1.0,
         set_col VARCHAR := 'set_id', element_col VARCHAR := 'element') AS TABLE
 WITH cal AS (SELECT dp__max_coverage_check(k, epsilon, set_col, element_col) AS p, k::BIGINT AS k_sets),
+paid AS MATERIALIZED (SELECT dp__charge('dp_max_coverage', 'record', sets_tbl, epsilon, 0.0,
+        {'k': k, 'set_col': set_col, 'element_col': element_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
 rows AS (FROM dp__set_element_rows(sets_tbl, set_col := set_col, element_col := element_col)),
 sets AS MATERIALIZED (
     SELECT set_id, (row_number() OVER (ORDER BY set_id) - 1)::BIGINT AS sid FROM (SELECT DISTINCT set_id FROM rows)),
@@ -40,7 +42,7 @@ sel AS (
                                    (SELECT k_sets FROM cal)) AS ids
     FROM pairs),
 picked AS (SELECT unnest(ids) AS sid, unnest(range(1, len(ids) + 1)) AS rank FROM sel)
-SELECT rank, set_id FROM picked JOIN sets USING (sid) ORDER BY rank;
+SELECT rank, set_id FROM picked JOIN sets USING (sid) CROSS JOIN paid WHERE paid ORDER BY rank;
 
 -- Set cover, pure epsilon-DP: DPGreedyScaling (Alg. 4) in the open-set model. Every set id once, as
 -- (position, set_id): each element is served by the first set holding it. The subsamples are fresh
@@ -49,6 +51,8 @@ SELECT rank, set_id FROM picked JOIN sets USING (sid) ORDER BY rank;
 CREATE OR REPLACE TEMP MACRO dp_set_cover(sets_tbl VARCHAR, epsilon DOUBLE := 1.0, set_col VARCHAR := 'set_id',
         element_col VARCHAR := 'element', tau_constant DOUBLE := 1000.0) AS TABLE
 WITH cal AS (SELECT dp__set_cover_check(epsilon, tau_constant, set_col, element_col) AS c, epsilon AS eps),
+paid AS MATERIALIZED (SELECT dp__charge('dp_set_cover', 'record', sets_tbl, epsilon, 0.0,
+        {'tau_constant': tau_constant, 'set_col': set_col, 'element_col': element_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
 rows AS (FROM dp__set_element_rows(sets_tbl, set_col := set_col, element_col := element_col)),
 sets AS MATERIALIZED (
     SELECT set_id, (row_number() OVER (ORDER BY set_id) - 1)::BIGINT AS sid FROM (SELECT DISTINCT set_id FROM rows)),
@@ -61,7 +65,7 @@ sel AS (
                                 (SELECT eps FROM cal), (SELECT c FROM cal)) AS ids
     FROM pairs),
 picked AS (SELECT unnest(ids) AS sid, unnest(range(1, len(ids) + 1)) AS position FROM sel)
-SELECT position, set_id FROM picked JOIN sets USING (sid) ORDER BY position;
+SELECT position, set_id FROM picked JOIN sets USING (sid) CROSS JOIN paid WHERE paid ORDER BY position;
 
 -- NON-PRIVATE evaluation (reads raw data, releases an exact number): open-set cost of a permutation
 -- table (position, set_id) = number of distinct sets that serve some element, each element served by
@@ -85,6 +89,9 @@ CREATE OR REPLACE TEMP MACRO dp_shifting_heavy_hitters(stream_tbl VARCHAR, bucke
         epsilon DOUBLE := 1.0, beta DOUBLE := 0.05, horizon DOUBLE := NULL, user_col VARCHAR := 'user_id',
         time_col VARCHAR := 't', bucket_col VARCHAR := 'bucket') AS TABLE
 WITH cal AS (SELECT unnest(dp__heavy_hitters_calibration(epsilon, k, beta, horizon, user_col, time_col, bucket_col))),
+paid AS MATERIALIZED (SELECT dp__charge('dp_shifting_heavy_hitters', 'record', stream_tbl, epsilon, 0.0,
+        {'buckets_tbl': buckets_tbl, 'k': k, 'beta': beta, 'horizon': horizon, 'user_col': user_col,
+         'time_col': time_col, 'bucket_col': bucket_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
 buckets AS MATERIALIZED (
     SELECT bucket, (row_number() OVER (ORDER BY bucket) - 1)::BIGINT AS bid
     FROM (SELECT DISTINCT COLUMNS(lambda c: lower(c) = lower(bucket_col)) AS bucket FROM query_table(buckets_tbl))
@@ -115,7 +122,8 @@ sel AS (
     FROM rows),
 codes AS (SELECT unnest(ids) AS code FROM sel)
 SELECT (code // n_buckets + 1)::BIGINT AS t, bucket
-FROM codes CROSS JOIN nb JOIN buckets ON bid = code % n_buckets
+FROM codes CROSS JOIN nb JOIN buckets ON bid = code % n_buckets CROSS JOIN paid
+WHERE paid
 ORDER BY t, bid;
 
 -- Coverage under a partition matroid, pure epsilon-DP (Thm 1.3): elements Poisson-subsampled with
@@ -132,6 +140,10 @@ CREATE OR REPLACE TEMP MACRO dp_matroid_coverage(sets_tbl VARCHAR, parts_tbl VAR
         capacity_col VARCHAR := 'capacity') AS TABLE
 WITH cal AS (SELECT dp__matroid_coverage_check(epsilon, eta, beta, samples, set_col, element_col, part_col,
                                                capacity_col) AS n_samples),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_matroid_coverage', 'record', sets_tbl, epsilon, 0.0,
+        {'parts_tbl': parts_tbl, 'capacities_tbl': capacities_tbl, 'eta': eta, 'beta': beta,
+         'samples': samples, 'set_col': set_col, 'element_col': element_col, 'part_col': part_col,
+         'capacity_col': capacity_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
 dp__caps_in AS (
     SELECT COLUMNS(lambda c: lower(c) = lower(part_col)) AS part,
            COLUMNS(lambda c: lower(c) = lower(capacity_col)) AS capacity
@@ -172,7 +184,7 @@ dp__sel AS (
                                        epsilon, eta, beta, (SELECT n_samples FROM cal)) AS ids
     FROM dp__pairs),
 dp__picked AS (SELECT unnest(ids) AS sid, unnest(range(1, len(ids) + 1)) AS rank FROM dp__sel)
-SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) ORDER BY rank;
+SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) CROSS JOIN dp__paid WHERE paid ORDER BY rank;
 
 -- k-median (q = 1) / k-means (q = 2), pure epsilon-DP (Thm 1.5, App. G): points Poisson-subsampled
 -- with p = 1 - e^-eps, then G.2 at ln 2 (bicriteria Repeated-EM at ln 2/2 with L = ceil(2 k ln n_bound)
@@ -188,6 +200,9 @@ CREATE OR REPLACE TEMP MACRO dp_k_median(points_tbl VARCHAR, candidates_tbl VARC
         q DOUBLE := 1, epsilon DOUBLE := 1.0, n_bound DOUBLE := NULL, point_col VARCHAR := 'point',
         candidate_col VARCHAR := 'candidate_id') AS TABLE
 WITH cal AS (SELECT unnest(dp__k_median_calibration(k, q, epsilon, n_bound, point_col, candidate_col))),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_k_median', 'record', points_tbl, epsilon, 0.0,
+        {'candidates_tbl': candidates_tbl, 'distances_tbl': distances_tbl, 'k': k, 'q': q,
+         'n_bound': n_bound, 'point_col': point_col, 'candidate_col': candidate_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
 dp__cands AS MATERIALIZED (
     SELECT candidate_id, (row_number() OVER (ORDER BY candidate_id) - 1)::BIGINT AS cid
     FROM (SELECT DISTINCT coalesce(COLUMNS(lambda c: lower(c) = lower(candidate_col)),
@@ -213,4 +228,4 @@ dp__sel AS (
                                epsilon, (SELECT n_max FROM cal)) AS ids
     FROM dp__dist),
 dp__picked AS (SELECT unnest(ids) AS cid, unnest(range(1, len(ids) + 1)) AS rank FROM dp__sel)
-SELECT rank, candidate_id FROM dp__picked JOIN dp__cands USING (cid) ORDER BY rank;
+SELECT rank, candidate_id FROM dp__picked JOIN dp__cands USING (cid) CROSS JOIN dp__paid WHERE paid ORDER BY rank;

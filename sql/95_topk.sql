@@ -20,6 +20,10 @@ CREATE OR REPLACE TEMP MACRO dp_top_k(tbl VARCHAR, k DOUBLE, epsilon DOUBLE := 1
         max_items DOUBLE := 100, domain_method VARCHAR := 'weighted_gaussian',
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH cal AS (SELECT unnest(dp__top_k_calibration(k, epsilon, delta, max_items, domain_method, user_col, item_col))),
+-- The domain step charges its own (epsilon/2, delta/2) inside dp_set_union; this is the selection step's half.
+paid AS MATERIALIZED (SELECT dp__charge('dp_top_k (selection step)', 'user', tbl, epsilon / 2, delta / 2,
+        {'k': k, 'max_items': max_items, 'domain_method': domain_method, 'user_col': user_col,
+         'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
 domain AS MATERIALIZED (
     SELECT item FROM dp_set_union(tbl, method := domain_method, epsilon := epsilon / 2, delta := delta / 2,
                                   max_items := max_items, user_col := user_col, item_col := item_col)),
@@ -29,7 +33,8 @@ counts AS (
     GROUP BY p.item),
 noisy AS (SELECT item, n + dp_gumbel_noise(gumbel_scale) AS score, cal.k AS k_rows FROM counts CROSS JOIN cal)
 SELECT row_number() OVER (ORDER BY score DESC) AS rank, item
-FROM noisy
+FROM noisy CROSS JOIN paid
+WHERE paid
 QUALIFY rank <= k_rows
 ORDER BY rank;
 
@@ -41,6 +46,10 @@ CREATE OR REPLACE TEMP MACRO dp_hitting_set(tbl VARCHAR, k DOUBLE, epsilon DOUBL
         max_items DOUBLE := 100, domain_method VARCHAR := 'weighted_gaussian',
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH cal AS (SELECT unnest(dp__top_k_calibration(k, epsilon, delta, max_items, domain_method, user_col, item_col))),
+-- The domain step charges its own (epsilon/2, delta/2) inside dp_set_union; this is the selection step's half.
+paid AS MATERIALIZED (SELECT dp__charge('dp_hitting_set (peeling step)', 'user', tbl, epsilon / 2, delta / 2,
+        {'k': k, 'max_items': max_items, 'domain_method': domain_method, 'user_col': user_col,
+         'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
 -- MATERIALIZED: the release is used twice and must be drawn (and paid for) once.
 domain AS MATERIALIZED (
     SELECT item, row_number() OVER () - 1 AS iid
@@ -56,7 +65,8 @@ picked AS MATERIALIZED (
          (SELECT count(*) AS n_items FROM domain) AS m,
          cal),
 ranked AS (SELECT unnest(range(1, len(chosen) + 1)) AS rank, unnest(chosen) AS iid FROM picked)
-SELECT r.rank, d.item FROM ranked AS r JOIN domain AS d ON r.iid = d.iid
+SELECT r.rank, d.item FROM ranked AS r JOIN domain AS d ON r.iid = d.iid CROSS JOIN paid
+WHERE paid
 ORDER BY r.rank;
 
 -- Durfee & Rogers (2019) limited-domain top-k (Alg. 1), the baseline of [MM] Sec. 5.2.
@@ -69,6 +79,9 @@ CREATE OR REPLACE TEMP MACRO dp_top_k_limited_domain(tbl VARCHAR, k DOUBLE, k_ba
         delta DOUBLE := 1e-5, max_items DOUBLE := NULL,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH cal AS (SELECT unnest(dp__limited_domain_calibration(k, k_bar, epsilon, delta, max_items, user_col, item_col))),
+paid AS MATERIALIZED (SELECT dp__charge('dp_top_k_limited_domain', 'user', tbl, epsilon, delta,
+        {'k': k, 'k_bar': k_bar, 'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid
+    FROM cal),
 counts AS (
     -- With no cap the capped macro keeps every item (the cap is larger than any degree).
     SELECT item, count(*) AS n
@@ -83,7 +96,7 @@ noisy AS (
     SELECT item, n + dp_gumbel_noise(cal.gumbel_scale) AS score, cal.k AS k_rows
     FROM ranked CROSS JOIN cal WHERE r <= cal.k_bar)
 SELECT row_number() OVER (ORDER BY score DESC) AS rank, item
-FROM noisy CROSS JOIN bottom
-WHERE score > v_bot
+FROM noisy CROSS JOIN bottom CROSS JOIN paid
+WHERE paid AND score > v_bot
 QUALIFY rank <= k_rows
 ORDER BY rank;

@@ -184,3 +184,138 @@ def test_sql_calibration_functions_equal_python(con):
 def test_sql_calibration_errors_name_the_parameter(con, sql, param):
     with pytest.raises(Exception, match=param):
         con.execute(sql).fetchall()
+
+
+# ---------------------------------------------------------------------------
+# Granular noise: grid, sensitivity after rounding, discrete Laplace / Gaussian
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scale, expected", [(2.0, 2.0 ** -15), (3.7, 2.0 ** -15), (1.0, 2.0 ** -16),
+                                             (0.75, 2.0 ** -17), (1000.0, 2.0 ** -7)])
+def test_default_granularity(scale, expected):
+    assert cal.default_granularity(scale) == expected
+    assert cal.choose_granularity(scale) == expected
+    assert cal.choose_granularity(1e9, max_granularity=1.0) == 1.0
+    assert cal.choose_granularity(scale, 0.25) == 0.25
+
+
+@pytest.mark.parametrize("args, steps", [
+    ((1.0, 2.0 ** -15, 1, True), 32768),     # integer counts, on the grid: no growth
+    ((1.0, 2.0 ** -15, 1, False), 32769),    # off the grid: + 1 step
+    ((0.3, 0.25, 1, False), 2),              # floor(1.2) + 1
+    ((0.3, 0.25, 3, False), 4),              # floor(1.2) + 3 coordinates
+    ((0.3, 0.25, 1, True), 1),               # on the grid and below one step: still >= 1
+    ((5.0, 2.0, 1, True), 2),                # grid values 2 apart within distance 5: at most 4 = 2 steps
+])
+def test_grid_sensitivity_hand_values(args, steps):
+    assert cal.grid_sensitivity(*args) == steps
+    assert cal.rounded_sensitivity(*args) == steps * args[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=5), k=st.integers(-3, 20),
+       frac=st.lists(st.floats(-1.0, 1.0), min_size=5, max_size=5), sens=st.floats(0.01, 10.0))
+def test_rounded_l1_distance_within_rounded_sensitivity(x, k, frac, sens):
+    import numpy as np
+    from dpsql.noise import round_to_grid
+    g = 2.0 ** -k
+    xa = np.array(x)
+    d = np.array(frac[:len(x)])
+    if np.abs(d).sum() > 0:
+        d = d / np.abs(d).sum() * sens  # l1 norm exactly sens (up to rounding, clipped below)
+    ya = xa + d
+    actual = float(np.abs(ya - xa).sum())
+    bound = cal.rounded_sensitivity(max(actual, 1e-300), g, coordinates=len(x))
+    assert float(np.abs(round_to_grid(ya, g) - round_to_grid(xa, g)).sum()) <= bound
+
+
+def test_discrete_laplace_scale_and_threshold_hand_values():
+    assert cal.discrete_laplace_scale(0.5, 1.0, 1.0, on_grid=True) == 2.0
+    assert cal.discrete_laplace_scale(1.0, 0.3, 0.25) == 0.5                  # 2 steps of 0.25
+    assert cal.discrete_laplace_scale(1.0, 1.0, 0.25, coordinates=4) == 2.0   # 4 + 4 steps
+    # t = 2, alpha = e^-1/2: alpha^m / (1 + alpha) <= 5e-4 first at m = 15 (3.44e-4; m = 14 gives 5.68e-4)
+    assert cal.discrete_laplace_threshold(2.0, 1.0, 5e-4) == 16.0
+    # alpha^m <= 0.01 (1 + alpha) = 0.016065 first at m = 9 (ln 0.016065 / -0.5 = 8.26); grid 0.5
+    assert cal.discrete_laplace_threshold(1.0, 0.5, 0.01, base=0.0) == 4.5
+
+
+@pytest.mark.parametrize("scale, g, delta_novel", [(2.0, 1.0, 5e-4), (2.0, 2.0 ** -15, 5e-4), (0.1, 2.0 ** -20, 1e-9),
+                                                   (50.0, 4.0, 1e-3)])
+def test_discrete_laplace_threshold_is_the_smallest_grid_point(scale, g, delta_novel):
+    rho = cal.discrete_laplace_threshold(scale, g, delta_novel, base=1.0)
+    m = (rho - 1.0) / g
+    assert m == int(m)
+    assert math.exp(cal.discrete_laplace_log_tail(int(m), scale, g)) <= delta_novel
+    assert math.exp(cal.discrete_laplace_log_tail(int(m) - 1, scale, g)) > delta_novel
+    if scale / g >= 2 ** 15:  # fine grid: the continuous threshold 1 + b ln(1/(2 delta)) within a few steps
+        assert abs(rho - (1.0 + scale * math.log(1.0 / (2.0 * delta_novel)))) <= 2 * g
+
+
+def test_discrete_laplace_tail_sums_the_pmf():
+    t = 3.0
+    a = math.exp(-1 / t)
+    pmf = lambda z: (1 - a) / (1 + a) * a ** abs(z)  # noqa: E731
+    for m in (-7, -1, 0, 1, 5):
+        direct = sum(pmf(z) for z in range(m, 400))
+        assert math.exp(cal.discrete_laplace_log_tail(m, 3.0, 1.0)) == pytest.approx(direct, rel=1e-12)
+
+
+def _brute_force_delta(s: float, eps: float, shift: int) -> float:
+    """sum_z max(0, p(z - D) - e^eps p(z)) over a support wide enough that the rest is < 1e-300."""
+    import numpy as np
+    z = np.arange(-60 * int(s + 2) - shift, 60 * int(s + 2) + shift + 1, dtype=float)
+    w = np.exp(-z * z / (2 * s * s))
+    norm = w.sum()
+    p_shift = np.exp(-(z - shift) ** 2 / (2 * s * s)) / norm
+    return float(np.maximum(p_shift - math.exp(eps) * w / norm, 0).sum())
+
+
+@pytest.mark.parametrize("s, eps, shift", [(0.8, 0.5, 1), (1.5, 1.0, 1), (3.0, 0.5, 2), (7.3, 1.0, 3), (40.0, 0.2, 5)])
+def test_discrete_gaussian_delta_equals_the_brute_force_sum(s, eps, shift):
+    # granularity 1, values on the grid: shift steps = sensitivity
+    got = cal.discrete_gaussian_delta(s, eps, float(shift), 1.0, on_grid=True)
+    assert got == pytest.approx(_brute_force_delta(s, eps, shift), rel=1e-9)
+
+
+@pytest.mark.parametrize("eps, delta, sens, g, on_grid", [
+    (1.0, 1e-5, 1.0, 1.0, True),          # integer counts, coarse grid: far from the continuous regime
+    (0.5, 1e-6, 1.0, 0.25, True),
+    (2.0, 1e-8, 1.0, 2.0 ** -4, False),
+    (1.0, 1e-5, 1.0, None, False),        # default grid
+])
+def test_discrete_gaussian_sigma_meets_delta_exactly_and_tightly(eps, delta, sens, g, on_grid):
+    sigma = cal.discrete_gaussian_sigma(eps, delta, sens, g, on_grid)
+    grid = g if g is not None else cal.default_granularity(cal.gaussian_sigma(eps, delta, sens))
+    achieved = cal.discrete_gaussian_delta(sigma, eps, sens, grid, on_grid)
+    assert achieved <= delta
+    assert achieved >= delta * (1 - 1e-3)
+    assert cal.discrete_gaussian_delta(sigma * (1 - 1e-3), eps, sens, grid, on_grid) > delta
+    # the result is the continuous calibration of the rounded sensitivity, corrected by < 1 %
+    d = cal.rounded_sensitivity(sens, grid, 1, on_grid)
+    assert sigma == pytest.approx(cal.gaussian_sigma(eps, delta, d), rel=1e-2)
+
+
+def test_sql_granular_calibration_equals_python(con):
+    row = con.execute(
+        "SELECT dp_granularity(2.0), dp_granularity(1e9, max_granularity := 1), "
+        "dp_rounded_sensitivity(0.3, 0.25, coordinates := 3), dp_discrete_laplace_scale(0.5, on_grid := true), "
+        "dp_discrete_laplace_threshold(2.0, 1.0, 5e-4), dp_discrete_gaussian_sigma(1.0, 1e-5, granularity := 1, "
+        "on_grid := true), dp_discrete_gaussian_delta(3.0, 1.0, granularity := 1, on_grid := true)").fetchall()[0]
+    assert row[:5] == (2.0 ** -15, 1.0, 1.0, 2.0, 16.0)
+    assert row[5] == cal.discrete_gaussian_sigma(1.0, 1e-5, 1.0, 1.0, True)
+    assert row[6] == cal.discrete_gaussian_delta(3.0, 1.0, 1.0, 1.0, True)
+
+
+@pytest.mark.parametrize("sql, param", [
+    ("SELECT dp_granularity(1.0, 0.3)", "granularity"),
+    ("SELECT dp_granularity(1.0, 2.0, max_granularity := 1)", "granularity"),
+    ("SELECT dp_rounded_sensitivity(1.0, 0.0)", "granularity"),
+    ("SELECT dp_rounded_sensitivity(1.0, 0.5, coordinates := 1.5)", "coordinates"),
+    ("SELECT dp_discrete_laplace_scale(0.0)", "epsilon"),
+    ("SELECT dp_discrete_laplace_threshold(1.0, 'inf'::DOUBLE, 1e-3)", "granularity"),
+    ("SELECT dp_discrete_gaussian_sigma(1.0, 1e-5, granularity := 1e-12)", "granularity"),
+    ("SELECT dp_discrete_gaussian_sigma(1.0, 0.0)", "delta"),
+])
+def test_sql_granular_calibration_errors_name_the_parameter(con, sql, param):
+    with pytest.raises(Exception, match=param):
+        con.execute(sql).fetchall()

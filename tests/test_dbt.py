@@ -50,8 +50,22 @@ def test_plugin_registers_macros_on_cursors():
 
     cursor = con.cursor()  # ...configure_cursor creates them there
     plugin.configure_cursor(cursor)
-    rows = cursor.execute("SELECT * FROM dp_set_union_weighted_gaussian(user_items, epsilon := 1.0)").fetchall()
+    rows = cursor.execute("SELECT * FROM dp_set_union_weighted_gaussian('user_items', epsilon := 1.0)").fetchall()
     assert rows == [("common",)]
+
+
+def test_plugin_budget_config_limits_releases(tmp_path):
+    base = _plugin_base()
+    plugin = base.create("dpsql.dbt", config={"ledger": str(tmp_path / "l.dpsql-ledger"),
+                                              "budget": {"epsilon": 1.5, "delta": 1e-4}})
+    con = duckdb.connect()
+    plugin.configure_connection(con)
+    con.execute("CREATE TABLE user_items AS SELECT i AS user_id, 'common' AS item FROM range(200) t(i)")
+    con.execute("SELECT * FROM dp_set_union_weighted_gaussian('user_items', epsilon := 1.0)").fetchall()
+    with pytest.raises(duckdb.Error, match="exceeded"):
+        con.execute("SELECT * FROM dp_set_union_weighted_gaussian('user_items', epsilon := 1.0)").fetchall()
+    with pytest.raises(ValueError, match="budget must be a mapping"):
+        base.create("dpsql.dbt", config={"budget": {"epsilon": 1.0}})
 
 
 def test_example_project_seeds_and_runs(tmp_path):
@@ -75,6 +89,10 @@ def test_example_project_seeds_and_runs(tmp_path):
     finally:
         con.close()
     assert columns == ["item"]
+    # the one releasing model was charged once, to the sidecar ledger of the dbt database
+    from dpsql.ledger import Ledger, sidecar_path
+    charged = Ledger(sidecar_path(project / "dpsql_example.duckdb")).releases()
+    assert [(r.mechanism, r.epsilon, r.delta) for r in charged] == [("dp_set_union_weighted_gaussian", 1.0, 1e-5)]
     assert "common" in released
     assert len(released) == len(set(released))
     assert set(released) <= seed_items

@@ -530,3 +530,195 @@ def test_sanitizer_tables_grow_per_vector_like_one_table():
         np.testing.assert_array_equal(pws.sanitize_keys(w[:k], u[:k], part_k), pws.sanitize_keys(w[:k], u[:k], big_k))
         np.testing.assert_array_equal(pws.sanitize_tokens(w[:k], u[:k], part_t),
                                       pws.sanitize_tokens(w[:k], u[:k], big_t))
+
+
+# ---------------------------------------------------------------------------
+# Sanitizer kernels (compiled and numpy) and the parameter handle
+# ---------------------------------------------------------------------------
+
+KERNEL_PARAMS = [(0.5, 1e-3, None, "ppswor", 1.0), (0.5, 1e-3, 0.05, "ppswor", 1.0), (1.0, 1e-5, 0.01, "priority", 1.0)]
+
+
+def kernel_or_skip(kernel: str) -> str:
+    if kernel == "numba" and not pws.numba_available():
+        pytest.skip("numba (extra 'fast') is not installed")
+    return kernel
+
+
+@pytest.mark.parametrize("params", KERNEL_PARAMS)
+def test_sanitizer_kernels_map_the_same_uniforms_to_the_same_outputs(params):
+    kernel_or_skip("numba")
+    rng = np.random.default_rng(3)
+    # 2^21 > MAX_PI_LOOKUP: keys only evaluates q for that key; frequency 0 is never reported
+    w = np.r_[0, 0, rng.integers(1, 3000, 20000), 1 << 21, 1 << 21]
+    u = np.r_[0.0, 0.5, rng.random(len(w) - 4), 0.0, 0.999999]
+    kt = pws.key_table(*params, n=int(w.max()))
+    keys = pws.sanitize_keys(w, u, kt, "numba")
+    np.testing.assert_array_equal(keys, pws.sanitize_keys(w, u, kt, "numpy"))
+    assert not keys[:2].any() and keys[-2]
+    ft = pws.frequency_table(*params, n=4096)
+    assert ft.steady  # rows beyond m are shifts: every frequency can be drawn
+    # uniforms exactly on cumulative thresholds of some rows exercise the ties (C <= u passes the threshold)
+    cum = ft.draw_arrays()[0]
+    ties = [(r, c) for r in range(1, ft.m + 1, 7) for c in cum[r] if c < 1.0]
+    wt = np.r_[w, [r for r, _ in ties]]
+    ut = np.r_[u, [c for _, c in ties]]
+    tokens = pws.sanitize_tokens(wt, ut, ft, "numba")
+    np.testing.assert_array_equal(tokens, pws.sanitize_tokens(wt, ut, ft, "numpy"))
+    assert (tokens <= np.maximum(wt, 0)).all() and (tokens[wt <= 0] == 0).all()
+    assert ((tokens > 0) == (ut >= np.array([ft.entry(int(x), 0) for x in wt]))).all()
+
+
+@pytest.mark.parametrize("kernel", ["numpy", "numba"])
+@pytest.mark.parametrize("tau", [None, 0.05])
+def test_vectorised_sampler_draws_pi_and_pi_ij(kernel, tau):
+    """One uniform per key: reported with probability pi_w, token j with probability pi_{w,j} (chi-square)."""
+    kernel = kernel_or_skip(kernel)
+    eps, delta, n = 0.5, 1e-3, 100_000
+    kt, ft = pws.key_table(eps, delta, tau, n=4096), pws.frequency_table(eps, delta, tau, n=4096)
+    rng = np.random.default_rng(20261122)
+    for w in (1, 4, 12, 30, 90, 2500):
+        pi = float(kt.reporting([w])[0])
+        reported = int(pws.sanitize_keys(np.full(n, w), rng.random(n), kt, kernel).sum())
+        assert abs(reported - n * pi) <= 5 * math.sqrt(n * pi * (1 - pi)) + 1, (w, reported, n * pi)
+        got = np.bincount(pws.sanitize_tokens(np.full(n, w), rng.random(n), ft, kernel), minlength=w + 1)
+        p = np.array([ft.entry(w, j) for j in range(w + 1)])
+        assert len(got) == w + 1 and got[p == 0].sum() == 0
+        expected = p * n
+        keep = expected >= 5  # pool sparse cells
+        obs, exp = np.r_[got[keep], got[~keep].sum()], np.r_[expected[keep], expected[~keep].sum()]
+        if exp[-1] == 0:
+            obs, exp = obs[:-1], exp[:-1]
+        if len(exp) > 1:
+            assert stats.chisquare(obs, exp).pvalue > 1e-3, (w, tau)
+
+
+def test_sanitizer_spec_is_a_handle_of_validated_parameters(con):
+    a = pws.sanitizer_spec(0.5, 1e-3, None, "ppswor", 1.0, True)
+    assert a == pws.sanitizer_spec(0.5, 1e-3, None, "PPSWOR", 1, True)
+    assert a != pws.sanitizer_spec(0.5, 1e-3, None, "ppswor", 1.0, False)
+    assert pws._spec_params(a) == (0.5, 1e-3, None, "ppswor", 1.0, True)
+    with pytest.raises(DPParameterError, match="epsilon"):
+        pws.sanitizer_spec(0.0, 1e-3, None, "ppswor", 1.0, True)
+    with pytest.raises(DPParameterError, match="with_frequencies"):
+        pws.sanitizer_spec(0.5, 1e-3, None, "ppswor", 1.0, None)
+    assert con.execute("SELECT dp__pws_spec(0.5, 1e-3, NULL, 'ppswor', 1.0, true)").fetchall() == [(a,)]
+    src = source_of(con)
+    before = src.samples_drawn
+    for bad in ("-1", str(1 << 40)):  # only handles of validated parameter sets are accepted, before any draw
+        with pytest.raises(Exception, match="unknown sanitizer spec"):
+            con.execute(f"SELECT dp__pws_sanitize(range, {bad}) FROM range(1, 10)").fetchall()
+    assert src.samples_drawn == before
+
+
+def test_group_by_input_is_validated_before_any_draw_and_keeps_the_key_statistics(con):
+    con.execute("CREATE TABLE t (key INTEGER, n DOUBLE)")
+    src = source_of(con)
+    for bad, word in (("(1, 2.0), (NULL, 0.0)", "key_col"), ("(1, 2.5)", "whole numbers"),
+                      ("(1, -1.0)", "whole numbers"), ("(1, 1e19)", "whole numbers"), ("(1, NULL)", "NULL frequencies")):
+        con.execute("DELETE FROM t")
+        con.execute(f"INSERT INTO t VALUES (2, 3.0), {bad}")
+        before = src.samples_drawn
+        with pytest.raises(Exception, match=word):
+            con.execute("SELECT * FROM dp_weighted_sample('t', 1.0, 1e-5, freq_col := 'n')").fetchall()
+        assert src.samples_drawn == before  # the GROUP BY sees every row before the sanitizer runs
+    con.execute("DELETE FROM t")
+    con.execute("INSERT INTO t VALUES (1, 2.0), (1, 3.0), (2, 0.0), (3, 1.0), (3, 0.0)")
+    assert con.execute("SELECT * FROM dp__pws_frequencies('t', freq_col := 'n') ORDER BY key").fetchall() \
+        == [(1, 5), (3, 1)]
+    # the GROUP BY groups the key column itself, so its min/max reach the planner: with the perfect-hash
+    # threshold raised, integer keys of small range are aggregated without hashing
+    con.execute("CREATE TABLE small AS SELECT (i % 1000)::INTEGER AS key, 1 AS n FROM range(5000) r(i)")
+    con.execute("SET perfect_ht_threshold = 16")
+    plan = con.execute("EXPLAIN SELECT * FROM dp__pws_frequencies('small', freq_col := 'n')").fetchall()[0][1]
+    assert "Perfect Hash Group By" in plan or "PERFECT_HASH_GROUP_BY" in plan
+
+
+# ---------------------------------------------------------------------------
+# SbH noise modes: granular (default) and continuous
+# ---------------------------------------------------------------------------
+
+def _granular_release_probability(f: int, T: float, scale: float, g: float) -> float:
+    """P[f + g Z >= T], Z ~ DLap(scale/g): T - f is a whole number of grid steps."""
+    from dpsql import calibration
+    steps = (T - f) / g
+    assert steps == int(steps)
+    return math.exp(calibration.discrete_laplace_log_tail(int(steps), scale, g))
+
+
+@pytest.mark.parametrize("granularity, freqs", [(1.0, (1, 10, 14, 16, 20)), (None, (5, 14, 15, 16, 20))])
+def test_sbh_granular_release_probability_matches_the_discrete_laplace_tail(granularity, freqs):
+    from dpsql import calibration
+    eps, delta, n = 0.5, 1e-3, 20_000
+    g = granularity if granularity is not None else calibration.choose_granularity(1 / eps, None, 1.0)
+    T = calibration.discrete_laplace_threshold(1 / eps, g, delta / 2, 1.0)
+    con = seeded(31)
+    try:
+        load_frequencies(con, {f: n for f in freqs})
+        arg = "" if granularity is None else f", granularity := {granularity!r}"
+        rows = con.execute("SELECT split_part(key, '_', 1), count(*), min(noisy_frequency), "
+                           "bool_and(noisy_frequency / " + repr(g) + " = round(noisy_frequency / " + repr(g) + ")) "
+                           f"FROM dp_sbh_histogram('agg', {eps}, {delta}, freq_col := 'frequency'{arg}) "
+                           "GROUP BY 1").fetchall()
+    finally:
+        con.close()
+    released = {int(k[1:]): (c, lo, on_grid) for k, c, lo, on_grid in rows}
+    for f in freqs:
+        p = _granular_release_probability(f, T, 1 / eps, g)
+        count, lo, on_grid = released.get(f, (0, T, True))
+        assert abs(count - n * p) <= 5 * math.sqrt(n * p * (1 - p)) + 1, (f, count, n * p)
+        assert on_grid and lo >= T
+    # a new key (frequency 1) passes with probability <= delta/2, as in the continuous mode
+    assert _granular_release_probability(1, T, 1 / eps, g) <= delta / 2
+
+
+def test_sbh_granular_threshold_is_close_to_the_continuous_one():
+    from dpsql import calibration
+    eps, delta = 0.5, 1e-3
+    T_cont = pws.sbh_threshold(eps, delta)
+    g = calibration.choose_granularity(1 / eps, None, 1.0)
+    T = calibration.discrete_laplace_threshold(1 / eps, g, delta / 2, 1.0)
+    assert g == 2.0 ** -15 and T / g == int(T / g)
+    assert T_cont - 2 * g <= T <= T_cont + 2 * g
+    assert calibration.discrete_laplace_threshold(1 / eps, 1.0, delta / 2, 1.0) == 16.0  # coarse: m = 15 steps
+
+
+def test_sbh_continuous_mode_keeps_the_float_release(seeded_con):
+    load_frequencies(seeded_con, {12: 5000, 20: 5000})
+    src = source_of(seeded_con)
+    outputs = {}
+    for mode in ("granular", "continuous"):
+        before = src.samples_drawn
+        outputs[mode] = np.array([r[0] for r in seeded_con.execute(
+            f"SELECT noisy_frequency FROM dp_sbh_histogram('agg', 0.5, 1e-3, freq_col := 'frequency', "
+            f"noise := '{mode}')").fetchall()])
+        assert src.samples_drawn - before == 10_000  # one draw per key, the other branch draws nothing
+    g = 2.0 ** -15
+    assert np.all(outputs["granular"] / g == np.round(outputs["granular"] / g))
+    # continuous Laplace values are (almost surely) off the grid
+    assert np.mean(outputs["continuous"] / g != np.round(outputs["continuous"] / g)) > 0.99
+    assert outputs["continuous"].min() >= pws.sbh_threshold(0.5, 1e-3)
+    expected = 5000 * (pws.sbh_report_probability(12, 0.5, 1e-3) + pws.sbh_report_probability(20, 0.5, 1e-3))
+    assert abs(len(outputs["continuous"]) - expected) <= 5 * math.sqrt(expected)
+
+
+@pytest.mark.parametrize("args, match", [
+    ("noise := 'exact'", "noise"), ("noise := NULL", "noise"),
+    ("noise := 'continuous', granularity := 0.5", "granularity"),
+    ("granularity := 0.3", "granularity"), ("granularity := 2", "granularity"), ("granularity := 0", "granularity"),
+])
+def test_sbh_bad_noise_mode_or_granularity_errors_before_reading_data(con, args, match):
+    con.execute("CREATE TABLE empty_t (key VARCHAR)")
+    with pytest.raises(Exception, match=match):
+        con.execute(f"SELECT * FROM dp_sbh_histogram('empty_t', 0.5, 1e-3, {args})").fetchall()
+
+
+def test_sbh_granular_refuses_frequencies_beyond_the_exact_range(con):
+    # 2^43 / 2^-10 = 2^53 grid steps: beyond the exactly representable range (< 2^52 checked)
+    con.execute("CREATE TABLE big AS SELECT 'a' AS key, (2::BIGINT ** 43)::BIGINT AS n")
+    with pytest.raises(Exception, match="granularity"):
+        con.execute("SELECT * FROM dp_sbh_histogram('big', 0.5, 1e-3, freq_col := 'n', "
+                    "granularity := 0.0009765625)").fetchall()
+    rows = con.execute("SELECT noisy_frequency FROM dp_sbh_histogram('big', 0.5, 1e-3, freq_col := 'n', "
+                       "granularity := 1)").fetchall()
+    assert len(rows) == 1 and rows[0][0] == int(rows[0][0])

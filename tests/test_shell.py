@@ -167,3 +167,15 @@ def test_split_statements(sql, expected):
 ])
 def test_is_complete(sql, complete):
     assert is_complete(sql) is complete
+
+
+def test_bare_table_identifier_gets_a_hint_and_ledger_is_readable(tmp_path):
+    r = shell(f"{SETUP} SELECT * FROM dp_set_union(t);")
+    assert r.returncode == 1 and "quote it: dp_set_union('events'" in r.stderr
+    assert "\n" not in r.stderr.strip()
+    db = str(tmp_path / "b.duckdb")
+    r = shell(f"{SETUP} SELECT count(*) >= 0 AS ok FROM dp_set_union('t'); "
+              "SELECT scope, epsilon_spent FROM dp_budget();", database=db)
+    assert r.returncode == 0, r.stderr
+    assert "database" in r.stdout and "1.0" in r.stdout
+    assert (tmp_path / "b.duckdb.dpsql-ledger").is_file()

@@ -6,6 +6,7 @@ import math
 import random
 from collections import Counter
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -207,10 +208,15 @@ def test_output_is_one_item_column_of_the_input_type(con, item_type, value):
 def test_custom_column_names_and_identifier_forms(con):
     con.execute("CREATE TABLE ev AS SELECT (i % 300) AS \"Person\", 'w' || (i % 3) AS word, i AS other "
                 "FROM range(3000) r(i)")
-    for tbl in ("'ev'", "ev", '"memory"."main"."ev"', "'main.ev'"):
+    for tbl in ("'ev'", "'EV'", """'"memory"."main"."ev"'""", "'main.ev'"):
         out = con.execute(f"SELECT item FROM dp_set_union_weighted_gaussian({tbl}, epsilon := 5.0, "
                           "user_col := 'person', item_col := 'WORD')").fetchall()
         assert sorted(r[0] for r in out) == ["w0", "w1", "w2"]
+    # The table is named by a string: the ledger records that name. A bare identifier is refused by
+    # the binder (it would be a column reference), before anything is read or charged.
+    for tbl in ("ev", '"memory"."main"."ev"'):
+        with pytest.raises(duckdb.BinderException):
+            con.execute(f"SELECT item FROM dp_set_union_weighted_gaussian({tbl})").fetchall()
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -1,0 +1,548 @@
+"""Empirical privacy audit: a statistical LOWER bound on the epsilon each mechanism realises.
+
+An audit cannot prove privacy; it can refute a claim. For neighbouring datasets D, D' and an
+event S on the output, (epsilon, delta)-DP implies P[M(D') in S] <= e^epsilon P[M(D) in S] + delta,
+so with a one-sided Clopper-Pearson lower bound p_hi_low of P[M(D') in S] and an upper bound
+p_lo_up of P[M(D) in S]
+
+    epsilon >= ln((p_hi_low - delta) / p_lo_up)
+
+holds with probability >= ``confidence`` (Bonferroni: each bound at level (1 - confidence)/2;
+the event is chosen on separate pilot runs, so only these two bounds are tested). Both
+directions (adding and removing the user or element) are tried.
+
+**Fast seeded path (replicas).** The user-level weight-and-threshold mechanisms treat disjoint
+(users, items) blocks independently: every item's noise is its own draw, a user's weights and
+cap depend only on that user's items, and every aggregate is per item or per user. So R disjoint
+copies of a small pair (user ids and items offset by the copy index) stacked in ONE table and
+released by the real macro ONCE on a seeded connection give R independent Bernoulli trials of
+every event on one copy's audited items. Per method:
+
+* ``count_*``, ``weighted_*``, ``mad``, ``mad2r``, ``sips``, and the top-k domain step: per-item
+  Gaussian/Laplace draws, per-user weights (UserWeights of MAD2R reads only the user's own
+  items' biases; DP-SIPS removes items per item), per-item thresholds: blocks are independent.
+* ``policy_*`` and ``greedy_update`` visit users sequentially in a salted hash order, which
+  interleaves the copies. A user only moves the weights of its own items, so a copy's weights
+  depend on the relative order of its own users only; the datasets used here (users holding one
+  item, weights at least 1 below the cutoff Gamma) give the same weights in every order, so the
+  weights are deterministic and the copies exactly independent.
+* ``dp_top_k``: with k = every item of the table, the released set is the (epsilon/2, delta/2)
+  domain (the Gumbel step only ranks it), audited against (epsilon/2, delta/2).
+* ``dp_weighted_sample`` and ``dp_sbh_histogram`` are ELEMENT level: one draw per key, so each
+  key is a copy; D has a key of frequency i, D' of frequency i + 1.
+
+Broken variants (``broken_sigma``, ``broken_mad_min``) are built on the audit's own connection
+from the shipped SQL text with one substitution each (the shipped macros are not changed); the
+audit must report a lower bound above their claimed epsilon.
+
+Seeded connections are NOT private: this module is for testing the implementation only.
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+from scipy.special import betaincinv
+
+import dpsql
+from dpsql import adaptive, pws, registration
+from dpsql.validation import DPParameterError, check_delta, check_epsilon
+
+__all__ = ["AuditResult", "MECHANISMS", "audit", "audit_all", "clopper_pearson", "epsilon_lower_bound",
+           "to_markdown"]
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics
+# --------------------------------------------------------------------------------------------
+
+def clopper_pearson(successes: int, trials: int, alpha: float) -> tuple[float, float]:
+    """One-sided Clopper-Pearson bounds, each holding with probability >= 1 - alpha.
+
+    lower = Beta^{-1}(alpha; k, n - k + 1) (0 if k = 0), upper = Beta^{-1}(1 - alpha; k + 1, n - k)
+    (1 if k = n) (Clopper & Pearson 1934).
+    """
+    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
+        raise DPParameterError(f"trials must be a whole number >= 1 (got {trials!r})")
+    if isinstance(successes, bool) or not isinstance(successes, (int, np.integer)) or not 0 <= successes <= trials:
+        raise DPParameterError(f"successes must be a whole number in 0..trials (got {successes!r})")
+    if not (isinstance(alpha, (int, float)) and 0.0 < alpha < 1.0):
+        raise DPParameterError(f"alpha must be a number with 0 < alpha < 1 (got {alpha!r})")
+    k, n = int(successes), int(trials)
+    lower = 0.0 if k == 0 else float(betaincinv(k, n - k + 1, alpha))
+    upper = 1.0 if k == n else float(betaincinv(k + 1, n - k, 1.0 - alpha))
+    return lower, upper
+
+
+def epsilon_lower_bound(hits_hi: int, hits_lo: int, runs: int, delta: float, confidence: float) -> float:
+    """ln((p_hi_low - delta) / p_lo_up), or 0 when p_hi_low <= delta; holds w.p. >= confidence.
+
+    hits_hi / hits_lo: how often the event occurred on the dataset where it is likelier / less
+    likely, out of ``runs`` trials each; each bound at level (1 - confidence) / 2 (Bonferroni).
+    """
+    confidence = _check_confidence(confidence)
+    alpha = (1.0 - confidence) / 2.0
+    p_hi_low, _ = clopper_pearson(hits_hi, runs, alpha)
+    _, p_lo_up = clopper_pearson(hits_lo, runs, alpha)
+    if p_hi_low <= delta:
+        return 0.0
+    return max(0.0, math.log((p_hi_low - delta) / p_lo_up))
+
+
+def _check_confidence(confidence: object) -> float:
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
+            or not 0.0 < float(confidence) < 1.0:
+        raise DPParameterError(f"confidence must be a number with 0 < confidence < 1 (got {confidence!r}), "
+                               f"e.g. confidence := 0.95")
+    return float(confidence)
+
+
+def _check_runs(runs: object) -> int:
+    if isinstance(runs, bool) or not isinstance(runs, (int, np.integer)) or runs < 100:
+        raise DPParameterError(f"runs must be a whole number >= 100 (got {runs!r}); "
+                               f"the bounds of fewer trials are vacuous")
+    return int(runs)
+
+
+# --------------------------------------------------------------------------------------------
+# Neighbouring pairs and their replicas
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pair:
+    """One small neighbouring pair. User level: ``base`` rows (user, item) are D, D' adds the rows
+    ``added`` of ONE new user. Element level: ``base`` rows (key, frequency) are D and D' adds one
+    element to each key in ``added``. Items/keys/users are small local ids; ``audited`` are the
+    items whose number released is the per-copy statistic."""
+
+    base: tuple[tuple[int, int], ...]
+    added: tuple[tuple[int, int], ...]
+    audited: tuple[int, ...]
+    label: str
+
+
+def _single_item_pairs(n_values: Sequence[int], t: int) -> list[Pair]:
+    """n base users each holding items 0..t-1; the added user holds the same t items."""
+    pairs = []
+    for n in n_values:
+        base = tuple((u, i) for u in range(n) for i in range(t))
+        added = tuple((n, i) for i in range(t))
+        pairs.append(Pair(base, added, tuple(range(t)), f"{n} users hold the {t} item(s) the added user holds"))
+    return pairs
+
+
+def _grid(threshold: float, scale: float, unit: float, zs: Sequence[float]) -> list[int]:
+    """Base user counts n with base weight n*unit near threshold - unit + z*scale (dedup, >= 0)."""
+    out = []
+    for z in zs:
+        n = max(0, int(round((threshold - unit + z * scale) / unit)))
+        if n not in out:
+            out.append(n)
+    return out
+
+
+_ZS = (-4.0, -3.0, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0)
+
+
+def _mad_min_pair(n: int, d_max: int = 4) -> Pair:
+    """User B (id 0) holds x = 0 and y = 1..d_max-1; n users of degree 1 hold each y; the added
+    user holds only x. Only B adapts through x, so with the correct r(i) = max{0, .} the y weights
+    do not move (r(x) = 0 in both datasets); with min{0, .} r(x) goes from 1 - d_max tau to
+    1 - tau/(1 + 1/d_max) and B reroutes alpha * (change)/d_max^2 more to every y."""
+    base = [(0, i) for i in range(d_max)]
+    uid = 1
+    for y in range(1, d_max):
+        for _ in range(n):
+            base.append((uid, y))
+            uid += 1
+    return Pair(tuple(base), ((uid, 0),), tuple(range(1, d_max)),
+                f"B holds x and {d_max - 1} y; {n} degree-1 users per y; added user holds x")
+
+
+def _mad_min_pairs(tau: float, rho: float) -> list[Pair]:
+    """:func:`_mad_min_pair` at max_adaptive_degree 4 (each y moves by ~0.15 tau ~ 1.1 sigma at
+    (1, 1e-5), an ell_2 shift of ~7.5 against the sensitivity 1), n around rho and tau."""
+    return [_mad_min_pair(n) for n in sorted({max(1, int(round(v)))
+                                              for v in (rho - 4, rho, tau - 2, tau, tau + 2, tau + 6)})]
+
+
+def _element_pairs(freqs: Sequence[int]) -> list[Pair]:
+    return [Pair(((0, i),), ((0, 1),), (0,), f"key of frequency {i} vs {i + 1}") for i in freqs]
+
+
+def _stack(pair: Pair, copies: int, user_level: bool) -> tuple[pa.Table, pa.Table, int]:
+    """D and D' of ``copies`` disjoint copies of ``pair``; item id = copy * n_items + local item."""
+    if user_level:
+        n_users = max(u for u, _ in pair.base + pair.added) + 1
+        n_items = max(i for _, i in pair.base + pair.added) + 1
+        base = np.array(pair.base, dtype=np.int64).reshape(-1, 2)
+        full = np.array(pair.base + pair.added, dtype=np.int64)
+        offs = np.arange(copies, dtype=np.int64)
+
+        def table(rows: np.ndarray) -> pa.Table:
+            users = (offs[:, None] * n_users + rows[None, :, 0]).ravel()
+            items = (offs[:, None] * n_items + rows[None, :, 1]).ravel()
+            return pa.table({"user_id": users, "item": items})
+
+        return table(base), table(full), n_items
+    # element level: (key, frequency); D' adds one element to the listed keys
+    n_items = max(k for k, _ in pair.base) + 1
+    freq = np.zeros(n_items, dtype=np.int64)
+    for k, f in pair.base:
+        freq[k] += f
+    freq2 = freq.copy()
+    for k, f in pair.added:
+        freq2[k] += f
+    offs = np.arange(copies, dtype=np.int64)
+    keys = (offs[:, None] * n_items + np.arange(n_items)[None, :]).ravel()
+
+    def etable(f: np.ndarray) -> pa.Table:
+        return pa.table({"item": keys, "n": np.tile(f, copies)})
+
+    return etable(freq), etable(freq2), n_items
+
+
+def _merge(pairs: Sequence[Pair], user_level: bool) -> tuple[Pair, list[tuple[int, ...]]]:
+    """Several pairs side by side (disjoint ids) as one pair, and each one's audited items.
+
+    D' of the merged pair adds one user per part; the parts are independent blocks, so each
+    part's statistic has exactly the distribution it has on its own pair (used for the pilot).
+    """
+    base, added, audited = [], [], []
+    u_off = i_off = 0
+    for p in pairs:
+        rows = p.base + p.added
+        if user_level:
+            base += [(u + u_off, i + i_off) for u, i in p.base]
+            added += [(u + u_off, i + i_off) for u, i in p.added]
+            u_off += max(u for u, _ in rows) + 1
+        else:
+            base += [(k + i_off, f) for k, f in p.base]
+            added += [(k + i_off, f) for k, f in p.added]
+        audited.append(tuple(i + i_off for i in p.audited))
+        i_off += max(i for _, i in rows) + 1 if user_level else max(k for k, _ in rows) + 1
+    merged = Pair(tuple(base), tuple(added), tuple(a for part in audited for a in part), "merged")
+    return merged, audited
+
+
+def _released_counts(items: np.ndarray, audited: Sequence[int], n_items: int, copies: int) -> np.ndarray:
+    """Per copy, how many of the ``audited`` local items were released."""
+    items = np.asarray(items, dtype=np.int64)
+    hit = np.isin(items % n_items, np.array(audited, dtype=np.int64))
+    return np.bincount(items[hit] // n_items, minlength=copies)
+
+
+# --------------------------------------------------------------------------------------------
+# Mechanisms
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Mechanism:
+    """An audited release: SQL over table ``{tbl}``, its claimed (epsilon, delta) and the pairs."""
+
+    name: str
+    sql: Callable[[float, float], str]
+    claim: Callable[[float, float], tuple[float, float]]
+    pairs: Callable[[float, float], list[Pair]]
+    user_level: bool = True
+    setup: Optional[Callable[[object], None]] = None
+    broken: bool = False
+    note: str = ""
+
+
+def _macro_statement(text: str, name: str) -> str:
+    """The ``CREATE ... MACRO name(...) ...;`` statement of a shipped SQL file."""
+    start = text.find(f"CREATE OR REPLACE TEMP MACRO {name}(")
+    if start < 0:
+        raise RuntimeError(f"dpsql.audit: macro {name} not found in the shipped SQL; update the audit variant")
+    end = text.find(";\n", start)
+    return text[start:end + 1]
+
+
+def _substitute(statement: str, old: str, new: str) -> str:
+    if statement.count(old) != 1:
+        raise RuntimeError(f"dpsql.audit: expected exactly one {old!r} in the shipped macro "
+                           f"(found {statement.count(old)}); update the audit variant")
+    return statement.replace(old, new)
+
+
+def _sql_text(file_name: str) -> str:
+    return (registration.sql_dir() / file_name).read_text(encoding="utf-8")
+
+
+def _register_broken_sigma(con) -> None:
+    """Weighted Gaussian with noise sigma/4 (threshold unchanged): a wrong calibration."""
+    stmt = _macro_statement(_sql_text("30_set_union.sql"), "dp_set_union_weighted_gaussian")
+    stmt = _substitute(stmt, "MACRO dp_set_union_weighted_gaussian(", "MACRO dp__audit_broken_sigma(")
+    stmt = _substitute(stmt, "dp_gaussian_noise(scale)", "dp_gaussian_noise(scale / 4.0)")
+    con.execute(stmt)
+
+
+def _register_broken_mad(con) -> None:
+    """MAD with the printed r(i) = min{0, (w_init - tau)/w_init} of Alg. 3 line 6 (the erratum)."""
+    text = _sql_text("40_adaptive.sql")
+    stage = _macro_statement(text, "dp__mad_stage")
+    stage = _substitute(stage, "MACRO dp__mad_stage(", "MACRO dp__audit_min_mad_stage(")
+    stage = _substitute(stage, "SELECT item, (w_init - tau) / w_init AS r",
+                        "SELECT item, least(0.0, (w_init - tau) / w_init) AS r")
+    # every item with w_init > 0 now has r <= 0 (r = 0 if w_init = 0, as in the spec)
+    stage = _substitute(stage, "WHERE w_init > tau)", "WHERE w_init > 0)")
+    release = _macro_statement(text, "dp_set_union_mad")
+    release = _substitute(release, "MACRO dp_set_union_mad(", "MACRO dp__audit_min_mad(")
+    release = _substitute(release, "FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")
+    weights = _macro_statement(text, "dp__mad_weights")
+    weights = _substitute(weights, "MACRO dp__mad_weights(", "MACRO dp__audit_min_mad_weights(")
+    weights = _substitute(weights, "FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")
+    for statement in (stage, release, weights):
+        con.execute(statement)
+
+
+def _threshold_pairs(method: str, max_items: int, t: int, unit: float):
+    def pairs(epsilon: float, delta: float) -> list[Pair]:
+        cal = dpsql.calibrate(method, epsilon, delta, max_items)
+        return _single_item_pairs(_grid(cal.threshold, cal.scale, unit, _ZS), t)
+    return pairs
+
+
+def _set_union_sql(macro: str, max_items: Optional[int], extra: str = "") -> Callable[[float, float], str]:
+    cap = "" if max_items is None else f", max_items := {max_items}"
+    return lambda e, d: f"SELECT item FROM {macro}('{{tbl}}', epsilon := {e!r}, delta := {d!r}{cap}{extra})"
+
+
+def _same(e: float, d: float) -> tuple[float, float]:
+    return e, d
+
+
+def _mad_min_pair_fn(epsilon: float, delta: float) -> list[Pair]:
+    r = adaptive.mad_round(epsilon, delta, 100, 4)
+    return _mad_min_pairs(r.tau, r.rho)
+
+
+def _pws_pairs(epsilon: float, delta: float) -> list[Pair]:
+    pi = pws.key_probabilities(epsilon, delta, 200)
+    # frequencies whose reporting probability is between 1e-4 and 0.999 (the informative range)
+    return _element_pairs([int(i) for i in range(1, len(pi) - 1) if 1e-4 <= pi[i] <= 0.999][:12])
+
+
+def _sbh_pairs(epsilon: float, delta: float) -> list[Pair]:
+    threshold = pws.sbh_threshold(epsilon, delta)
+    return _element_pairs(_grid(threshold, 1.0 / epsilon, 1.0, _ZS))
+
+
+_GU_ALPHA = 3.0
+
+
+def _greedy_pairs(epsilon: float, delta: float) -> list[Pair]:
+    cal = dpsql.calibrate("greedy_update", epsilon, delta, 1)
+    # Gamma = max(rho + alpha/epsilon, 1): keep base weights <= Gamma - 1 (order-invariant fills)
+    gamma = max(cal.threshold + _GU_ALPHA / epsilon, 1.0)
+    return _single_item_pairs([n for n in _grid(cal.threshold, cal.scale, 1.0, _ZS) if n <= gamma - 1], 1)
+
+
+def _policy_pairs(method: str):
+    def pairs(epsilon: float, delta: float) -> list[Pair]:
+        cal = dpsql.calibrate(method, epsilon, delta, 100)
+        gamma = cal.threshold + 5.0 * cal.scale   # alpha = 5 (the default): Gamma = rho + alpha * scale
+        return _single_item_pairs([n for n in _grid(cal.threshold, cal.scale, 1.0, _ZS) if n <= gamma - 1], 1)
+    return pairs
+
+
+def _top_k_pairs(epsilon: float, delta: float) -> list[Pair]:
+    cal = dpsql.calibrate("weighted_gaussian", epsilon / 2, delta / 2, 100)
+    return _single_item_pairs(_grid(cal.threshold, cal.scale, 1.0, _ZS), 1)
+
+
+# count methods at max_items = 4: the added user's 4 items carry the whole l1 (l2) sensitivity 4 (2)
+_COUNT_CAP = 4
+
+MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
+    Mechanism("count_laplace", _set_union_sql("dp_set_union_count_laplace", _COUNT_CAP), _same,
+              _threshold_pairs("count_laplace", _COUNT_CAP, _COUNT_CAP, 1.0), note=f"max_items {_COUNT_CAP}"),
+    Mechanism("count_gaussian", _set_union_sql("dp_set_union_count_gaussian", _COUNT_CAP), _same,
+              _threshold_pairs("count_gaussian", _COUNT_CAP, _COUNT_CAP, 1.0), note=f"max_items {_COUNT_CAP}"),
+    Mechanism("weighted_laplace", _set_union_sql("dp_set_union_weighted_laplace", 100), _same,
+              _threshold_pairs("weighted_laplace", 100, 1, 1.0)),
+    Mechanism("weighted_gaussian", _set_union_sql("dp_set_union_weighted_gaussian", 100), _same,
+              _threshold_pairs("weighted_gaussian", 100, 1, 1.0)),
+    Mechanism("mad", _set_union_sql("dp_set_union_mad", 100), _same, _threshold_pairs("mad", 100, 1, 1.0)),
+    Mechanism("mad_adaptive", _set_union_sql("dp_set_union_mad", 100, ", max_adaptive_degree := 4"), _same,
+              _mad_min_pair_fn, note="max_adaptive_degree 4, rerouting dataset"),
+    Mechanism("mad2r", _set_union_sql("dp_set_union_mad2r", 100), _same, _threshold_pairs("mad2r", 100, 1, 1.0)),
+    Mechanism("sips", _set_union_sql("dp_set_union_sips", 100), _same, _threshold_pairs("sips", 100, 1, 1.0)),
+    Mechanism("policy_laplace", _set_union_sql("dp_set_union_policy_laplace", 100), _same,
+              _policy_pairs("policy_laplace")),
+    Mechanism("policy_gaussian", _set_union_sql("dp_set_union_policy_gaussian", 100), _same,
+              _policy_pairs("policy_gaussian")),
+    Mechanism("greedy_update", _set_union_sql("dp_set_union_greedy_update", None, f", alpha := {_GU_ALPHA}"),
+              _same, _greedy_pairs),
+    Mechanism("top_k_domain",
+              lambda e, d: (f"SELECT item FROM dp_top_k('{{tbl}}', {{n_items}}, "
+                            f"epsilon := {e!r}, delta := {d!r}, max_items := 100)"),
+              lambda e, d: (e / 2, d / 2), _top_k_pairs, note="k = all items: the domain step at (eps/2, delta/2)"),
+    Mechanism("pws_weighted_sample",
+              lambda e, d: f"SELECT key AS item FROM dp_weighted_sample('{{tbl}}', {e!r}, {d!r}, "
+                           f"key_col := 'item', freq_col := 'n')",
+              _same, _pws_pairs, user_level=False, note="element level"),
+    Mechanism("sbh_histogram",
+              lambda e, d: f"SELECT key AS item FROM dp_sbh_histogram('{{tbl}}', {e!r}, {d!r}, "
+                           f"key_col := 'item', freq_col := 'n')",
+              _same, _sbh_pairs, user_level=False, note="element level"),
+    Mechanism("broken_sigma", _set_union_sql("dp__audit_broken_sigma", 100), _same,
+              _threshold_pairs("weighted_gaussian", 100, 1, 1.0), setup=_register_broken_sigma, broken=True,
+              note="BROKEN: weighted_gaussian with sigma/4"),
+    Mechanism("broken_mad_min", _set_union_sql("dp__audit_min_mad", 100, ", max_adaptive_degree := 4"), _same,
+              _mad_min_pair_fn, setup=_register_broken_mad, broken=True,
+              note="BROKEN: MAD with r(i) = min{0, .}, max_adaptive_degree 4"),
+]}
+
+
+# --------------------------------------------------------------------------------------------
+# The audit
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AuditResult:
+    """One audit: the claim, the lower bound at ``confidence``, and the event that gave it.
+
+    ``p_hat`` = (empirical P of the event on the dataset where it is likelier, on the other one);
+    ``p_bounds`` = (Clopper-Pearson lower bound of the first, upper bound of the second).
+    """
+
+    mechanism: str
+    claimed_epsilon: float
+    delta: float
+    epsilon_lower_bound: float
+    runs: int
+    event: str
+    p_hat: tuple[float, float]
+    p_bounds: tuple[float, float]
+    confidence: float
+    dataset: str
+    seconds: float = field(default=0.0, compare=False)
+
+    @property
+    def refuted(self) -> bool:
+        """True iff the audit shows, at ``confidence``, that the claim does not hold."""
+        return self.epsilon_lower_bound > self.claimed_epsilon
+
+
+def _events(t: int) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]]:
+    """Events on a copy's number c of audited items released: c >= k and c <= k."""
+    out = [(f">= {k} of {t} released", (lambda c, k=k: c >= k)) for k in range(1, t + 1)]
+    out += [(f"<= {k} of {t} released", (lambda c, k=k: c <= k)) for k in range(0, t)]
+    return out
+
+
+def _run(con, mechanism: Mechanism, epsilon: float, delta: float, pairs: Sequence[Pair], copies: int
+         ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each pair, the per-copy released counts on D and on D' (one SQL call per dataset)."""
+    merged, audited = _merge(pairs, mechanism.user_level)
+    d0, d1, n_items = _stack(merged, copies, mechanism.user_level)
+    counts = []
+    for data in (d0, d1):
+        con.execute("DROP TABLE IF EXISTS dp__audit_data")
+        con.register("dp__audit_arrow", data)
+        con.execute("CREATE TABLE dp__audit_data AS SELECT * FROM dp__audit_arrow")
+        con.unregister("dp__audit_arrow")
+        sql = mechanism.sql(epsilon, delta).replace("{tbl}", "dp__audit_data")
+        sql = sql.replace("{n_items}", str(n_items * copies))
+        items = con.sql(sql).to_arrow_table().column("item").to_numpy()
+        counts.append([_released_counts(items, a, n_items, copies) for a in audited])
+    return list(zip(counts[0], counts[1]))
+
+
+def _best(c0: np.ndarray, c1: np.ndarray, t: int, runs: int, delta: float, confidence: float
+          ) -> tuple[float, str, Callable, bool]:
+    """The event and direction with the largest predicted bound at ``runs`` trials.
+
+    The prediction plugs pessimistic pilot estimates (one-sided Clopper-Pearson at ~1 standard
+    deviation, alpha = 0.16) into :func:`epsilon_lower_bound`: events seen only a few times in
+    the pilot are not favoured by their noise.
+    """
+    best = (-1.0, "", None, True)
+    n = len(c0)
+    for name, ev in _events(t):
+        k0, k1 = int(np.sum(ev(c0))), int(np.sum(ev(c1)))
+        for forward, (hi, lo) in ((True, (k1, k0)), (False, (k0, k1))):
+            p_hi = clopper_pearson(hi, n, 0.16)[0]
+            p_lo = clopper_pearson(lo, n, 0.16)[1]
+            b = epsilon_lower_bound(int(round(p_hi * runs)), min(runs, int(round(p_lo * runs))), runs, delta,
+                                    confidence)
+            if b > best[0]:
+                best = (b, name, ev, forward)
+    return best
+
+
+def audit(mechanism: str, epsilon: float = 1.0, delta: float = 1e-5, runs: int = 20_000,
+          confidence: float = 0.95, seed: int = 0, pilot_runs: Optional[int] = None) -> AuditResult:
+    """Audit one mechanism of :data:`MECHANISMS` at (epsilon, delta).
+
+    Pilot: ``pilot_runs`` copies (default runs/10, at least 250) of every candidate pair choose the
+    pair, the event and the direction; then ``runs`` fresh copies of the chosen pair give the
+    Clopper-Pearson bound. Uses a seeded (NOT private) connection.
+    """
+    if not isinstance(mechanism, str) or mechanism not in MECHANISMS:
+        raise DPParameterError(f"mechanism must be one of {', '.join(MECHANISMS)} (got {mechanism!r})")
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    runs = _check_runs(runs)
+    confidence = _check_confidence(confidence)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise DPParameterError(f"seed must be an integer (got {seed!r})")
+    pilot_runs = max(250, runs // 10) if pilot_runs is None else _check_runs(pilot_runs)
+    mech = MECHANISMS[mechanism]
+    claimed_eps, claimed_delta = mech.claim(epsilon, delta)
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the seeded connection's NOT-private warning
+        con = dpsql.connect(seed=int(seed))
+    try:
+        con.execute("SET enable_progress_bar = false")
+        if mech.setup is not None:
+            mech.setup(con)
+        choice = (-1.0, None, "", None, True)
+        candidates = mech.pairs(epsilon, delta)
+        for pair, (c0, c1) in zip(candidates, _run(con, mech, epsilon, delta, candidates, pilot_runs)):
+            b, name, ev, forward = _best(c0, c1, len(pair.audited), runs, claimed_delta, confidence)
+            if b > choice[0]:
+                choice = (b, pair, name, ev, forward)
+        _, pair, name, ev, forward = choice
+        ((c0, c1),) = _run(con, mech, epsilon, delta, [pair], runs)
+    finally:
+        con.close()
+    k0, k1 = int(np.sum(ev(c0))), int(np.sum(ev(c1)))
+    hi, lo = (k1, k0) if forward else (k0, k1)
+    alpha = (1.0 - confidence) / 2.0
+    bound = epsilon_lower_bound(hi, lo, runs, claimed_delta, confidence)
+    direction = "P[D' (added)] vs P[D]" if forward else "P[D] vs P[D' (added)]"
+    return AuditResult(
+        mechanism=mechanism, claimed_epsilon=claimed_eps, delta=claimed_delta, epsilon_lower_bound=bound,
+        runs=runs, event=f"{name}, {direction}", p_hat=(hi / runs, lo / runs),
+        p_bounds=(clopper_pearson(hi, runs, alpha)[0], clopper_pearson(lo, runs, alpha)[1]),
+        confidence=confidence, dataset=pair.label, seconds=time.perf_counter() - started)
+
+
+def audit_all(epsilon: float = 1.0, delta: float = 1e-5, runs: int = 20_000, confidence: float = 0.95,
+              seed: int = 0, mechanisms: Optional[Sequence[str]] = None) -> list[AuditResult]:
+    """:func:`audit` of every mechanism (or of ``mechanisms``), seeds seed, seed + 1, ..."""
+    names = list(MECHANISMS) if mechanisms is None else list(mechanisms)
+    return [audit(m, epsilon, delta, runs, confidence, seed + j) for j, m in enumerate(names)]
+
+
+def to_markdown(results: Sequence[AuditResult]) -> str:
+    """The audit table: mechanism, claim, lower bound, runs, event, dataset."""
+    lines = ["| mechanism | claimed ε (δ) | audited lower bound on ε | runs | p̂ (likelier, other) | event | dataset | s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        flag = " **REFUTED**" if r.refuted else ""
+        note = MECHANISMS[r.mechanism].note if r.mechanism in MECHANISMS else ""
+        name = f"`{r.mechanism}`" + (f" ({note})" if note else "")
+        lines.append(f"| {name} | {r.claimed_epsilon:g} ({r.delta:g}) | {r.epsilon_lower_bound:.3f}{flag} | "
+                     f"{r.runs:,} | {r.p_hat[0]:.4f}, {r.p_hat[1]:.4f} | {r.event} | {r.dataset} | "
+                     f"{r.seconds:.1f} |")
+    return "\n".join(lines)

@@ -1,0 +1,375 @@
+"""The parallel set-union mechanisms on a Spark DataFrame of (user, item) rows.
+
+``set_union(df, method, ...)`` runs ``count_laplace``, ``count_gaussian``,
+``weighted_laplace``, ``weighted_gaussian``, ``mad``, ``mad2r`` and ``sips`` and
+returns a Spark DataFrame with one column ``item`` (the released items);
+``top_k_domain`` is the domain step of ``dp_top_k`` / ``dp_hitting_set``.
+The sequential policies have no parallel form: run them with DuckDB.
+
+One definition of every stage: the pre-noise weights are the stage macros of
+``sql/30_set_union.sql`` and ``sql/40_adaptive.sql`` translated to Spark SQL by
+:mod:`dpsql.portable`; calibration and validation are the functions of
+:mod:`dpsql.calibration` / :mod:`dpsql.adaptive` (same numbers, same errors);
+noise is :class:`dpsql.noise.NoiseSource`, drawn in vectorised Arrow batches.
+
+Privacy argument: the same as the DuckDB macros (``dpsql.union``,
+``dpsql.adaptive``), given the three properties it relies on, kept here:
+
+* **cap**: each user's distinct items are capped to ``max_items`` by ranking them
+  with a 64-bit hash keyed with a secret salt from the secure source (one salt
+  per release, drawn on the driver): a uniform sample without replacement that
+  depends only on that user's rows (Spark's ``xxhash64``; DuckDB uses its own
+  ``hash``, so the two engines cap differently but identically distributed);
+* **noise**: one :class:`NoiseSource` per Spark task, keyed with 256 bits from
+  the OS CSPRNG of the executor; never Spark's ``rand()``;
+* **one draw per release**: every noisy intermediate that is read twice (MAD2R's
+  round-one noisy weights, each DP-SIPS round's released set) and the returned
+  release are materialised once with an eager local checkpoint, so Spark's lazy
+  re-evaluation cannot redraw noise (a second draw would be a second release).
+  A lost checkpoint block fails the job instead of recomputing it.
+
+The noisy weights never leave the function; only released items are returned.
+A ``seed`` makes runs reproducible for tests (up to Spark's row order) and the
+release **NOT private**, as ``dpsql.connect(seed=N)``.
+"""
+from __future__ import annotations
+
+import itertools
+import uuid
+import warnings
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from dpsql import adaptive, calibration, topk, union
+from dpsql.noise import NOT_PRIVATE_WARNING, NoiseSource, secure_source
+from dpsql.portable import stage_sql
+from dpsql.validation import DPParameterError, check_identifier, check_max_items
+
+__all__ = ["PARALLEL_METHODS", "set_union", "top_k_domain", "capped_user_items", "set_union_weights",
+           "mad_weights", "mad_biased_weights", "sips_round_weights"]
+
+# Methods with an independent (parallel) weighting; the policies are sequential (one user at a time).
+PARALLEL_METHODS = ("count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian", "mad", "mad2r", "sips")
+_WEIGHTING = {"count_laplace": "count", "count_gaussian": "count", "weighted_laplace": "inverse",
+              "weighted_gaussian": "inverse_sqrt"}
+_ADAPTIVE_OPTIONS = {"mad": ("max_adaptive_degree", "beta"),
+                     "mad2r": ("split", "max_adaptive_degree", "beta", "b_min", "b_max", "c_lb", "c_ub"),
+                     "sips": ("split",)}
+_noise_stage = itertools.count(1)
+
+
+# --------------------------------------------------------------------------
+# Plumbing: views for the translated stages, materialisation, noise per task
+# --------------------------------------------------------------------------
+
+def _run_stage(macro: str, inputs: Mapping[str, object], constants: Optional[Mapping[str, object]] = None,
+               output: Optional[str] = None):
+    """Run the Spark translation of ``macro`` on DataFrames bound to its relations."""
+    session = next(iter(inputs.values())).sparkSession
+    names = {key: f"dp__spark_{uuid.uuid4().hex}" for key in inputs}
+    for key, frame in inputs.items():
+        frame.createOrReplaceTempView(names[key])
+    try:
+        return session.sql(stage_sql(macro, names, constants, output=output))
+    finally:  # the analysed plan keeps the views' plans
+        for name in names.values():
+            session.catalog.dropTempView(name)
+
+
+def _one_row(session, row: Mapping[str, float]):
+    return session.createDataFrame([tuple(float(v) for v in row.values())],
+                                   ", ".join(f"{k} double" for k in row))
+
+
+def _materialise(frame):
+    """Evaluate ``frame`` once; later reads see these rows (noise is not redrawn)."""
+    return frame.localCheckpoint(eager=True)
+
+
+def _task_source(seed: Optional[int], stage: int) -> NoiseSource:
+    """The noise source of one Spark task: OS CSPRNG keyed, or derived from (seed, stage, partition)."""
+    if seed is None:
+        return NoiseSource()
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    partition = ctx.partitionId() if ctx is not None else 0
+    return NoiseSource(int(np.random.SeedSequence([seed, stage, partition]).generate_state(1, np.uint64)[0]))
+
+
+@dataclass(frozen=True)
+class _Noise:
+    kind: str          # "gaussian" or "laplace" (a NoiseSource method)
+    scale: float       # standard deviation / Laplace b
+    threshold: float   # release if noisy > threshold (strict) or >= threshold
+    strict: bool
+
+
+def _noisy(weights, noise: _Noise, seed: Optional[int], keep_all: bool = False):
+    """``(item[, noisy])`` of the rows of ``weights`` (item, w) whose ``w + noise`` passes the threshold.
+
+    With ``keep_all`` every row is returned with its noisy weight (MAD2R's round one, internal only).
+    """
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    item_field = weights.schema["item"]
+    fields = [StructField("item", item_field.dataType, item_field.nullable)]
+    if keep_all:
+        fields.append(StructField("noisy", DoubleType(), False))
+    stage = next(_noise_stage)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        source = _task_source(seed, stage)
+        draw = getattr(source, noise.kind)
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            w = batch.column(batch.schema.get_field_index("w")).to_numpy(zero_copy_only=False)
+            noisy = w + draw(np.full(len(w), noise.scale))
+            items = batch.column(batch.schema.get_field_index("item"))
+            if keep_all:
+                yield pa.RecordBatch.from_arrays([items, pa.array(noisy, pa.float64())], ["item", "noisy"])
+            else:
+                passed = noisy > noise.threshold if noise.strict else noisy >= noise.threshold
+                yield pa.RecordBatch.from_arrays([items.filter(pa.array(passed))], ["item"])
+
+    return weights.select("item", "w").mapInArrow(run, StructType(fields))
+
+
+# --------------------------------------------------------------------------
+# Input and contribution bounding
+# --------------------------------------------------------------------------
+
+def _user_items(df, user_col: str, item_col: str):
+    """Distinct (user_id, item) pairs; NULL users or items fail the job with DuckDB's message."""
+    from pyspark.sql import functions as F
+
+    user_col = check_identifier("user_col", user_col)
+    item_col = check_identifier("item_col", item_col)
+    union.check_column_pair(user_col, item_col)
+    columns = {c.lower(): c for c in df.columns}
+    for param, col in (("user_col", user_col), ("item_col", item_col)):
+        if col.lower() not in columns:
+            raise DPParameterError(f"{param} := {col!r} is not a column of the DataFrame; its columns are "
+                                   f"{', '.join(df.columns)}")
+
+    def not_null(col: str, param: str, what: str):
+        message = (f"dpsql: column {col} ({param}) contains NULL; filter NULL {what} out first, "
+                   f"e.g. with a view")
+        return F.coalesce(F.col(f"`{columns[col.lower()]}`"), F.raise_error(F.lit(message)))
+
+    return df.select(not_null(user_col, "user_col", "users").alias("user_id"),
+                     not_null(item_col, "item_col", "items").alias("item")).distinct()
+
+
+def capped_user_items(pairs, max_items: int, salt: int):
+    """(user_id, item, d) with each user's distinct items capped to ``max_items``.
+
+    A user with more items keeps the ``max_items`` of smallest ``xxhash64(salt, user, item)``:
+    a uniform sample without replacement that depends only on the user's rows and the secret
+    salt. ``d`` is the capped degree. Users at or under the cap skip the ranking.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    max_items = check_max_items(max_items)
+    degrees = pairs.groupBy("user_id").agg(F.count(F.lit(1)).alias("d"))
+    rows = pairs.join(degrees, "user_id")
+    small = rows.where(F.col("d") <= max_items)
+    ranked = (rows.where(F.col("d") > max_items)
+              .withColumn("h", F.xxhash64(F.lit(int(salt)).cast("long"), F.col("user_id"), F.col("item")))
+              .withColumn("rk", F.row_number().over(Window.partitionBy("user_id").orderBy("h")))
+              .where(F.col("rk") <= max_items)
+              .select("user_id", "item", F.lit(max_items).cast("long").alias("d")))
+    return small.select("user_id", "item", F.col("d").cast("long").alias("d")).unionByName(ranked)
+
+
+# --------------------------------------------------------------------------
+# Pre-noise stages (translated macros). NOT releases: exact aggregates of the data.
+# --------------------------------------------------------------------------
+
+def set_union_weights(capped, weighting: str):
+    """``dp__set_union_weights``: (item, w) of capped rows (user_id, item, d); weighting count/inverse/inverse_sqrt."""
+    if weighting not in ("count", "inverse", "inverse_sqrt"):
+        raise DPParameterError(f"weighting must be count, inverse or inverse_sqrt (got {weighting!r})")
+    return _run_stage("dp__set_union_weights", {"dp__capped_user_items": capped}, {"weighting": weighting})
+
+
+def _mad_stage(rows, params: Mapping[str, float]):
+    """``dp__mad_stage`` on rows (user_id, item, d, uw) with (tau, alpha, min_degree, max_degree)."""
+    return _run_stage("dp__mad_stage", {"rows_rel": rows, "params_rel": _one_row(rows.sparkSession, params)})
+
+
+def _user_weight_rows(biased, b_min: float, b_max: float):
+    """``dp__user_weight_rows``: (user_id, item, d, uw) of rows (user_id, item, b) ([MAD] Alg. 2).
+
+    The closed form (b_min * b_max >= 1) is the translated macro; otherwise Alg. 2's loop runs in
+    :func:`dpsql.adaptive.user_weights_batch` (the function behind DuckDB's ``dp__user_weights``), one
+    pandas group per user.
+    """
+    if b_min * b_max >= 1.0:
+        return _run_stage("dp__user_weight_rows", {"rows_rel": biased}, {"b_min": b_min, "b_max": b_max})
+
+    def per_user(frame):
+        b = frame["b"].to_numpy(dtype=np.float64)
+        uw = adaptive.user_weights_batch(b, np.array([0, len(b)]), b_min, b_max)
+        return frame.assign(d=len(b), uw=uw)[["user_id", "item", "d", "uw"]]
+
+    schema = (f"user_id {biased.schema['user_id'].dataType.simpleString()}, "
+              f"item {biased.schema['item'].dataType.simpleString()}, d long, uw double")
+    return biased.groupBy("user_id").applyInPandas(per_user, schema)
+
+
+def _mad_params(tau: float, max_adaptive_degree: object, max_items: object, b_min: float, b_max: float) -> dict:
+    """The parameters of the testing macros ``dp__mad_weights`` / ``dp__mad_biased_weights`` (same checks)."""
+    tau = adaptive._real("tau", tau, low=1.0, allow_inf=True, hint="; MAD needs tau >= 1")
+    d_max = adaptive.effective_max_adaptive_degree(adaptive.check_max_adaptive_degree(max_adaptive_degree),
+                                                   check_max_items(max_items))
+    b_min, b_max = adaptive.check_bias_bounds(b_min, b_max)
+    alpha = adaptive.reroute_discount(d_max, b_min)
+    adaptive.check_mad_conditions(tau, d_max, alpha, b_min, b_max)
+    return {"tau": tau, "alpha": alpha, "min_degree": float(adaptive.min_adaptive_degree(b_min)),
+            "max_degree": float(d_max)}
+
+
+def mad_weights(capped, tau: float, max_adaptive_degree: int = 50, max_items: int = 100):
+    """``dp__mad_weights`` on capped rows (user_id, item, d): (item, w, w_init, w_trunc, w_reroute). Testing/audit."""
+    params = _mad_params(tau, max_adaptive_degree, max_items, 1.0, 1.0)
+    rows = _run_stage("dp_set_union_mad", {"dp__capped_user_items": capped}, output="dp__mad_rows")
+    return _mad_stage(rows, params)
+
+
+def mad_biased_weights(rows, tau: float, max_adaptive_degree: int = 50, b_min: float = 0.5, b_max: float = 2.0):
+    """``dp__mad_biased_weights`` on capped rows (user_id, item, b): biased MAD as in MAD2R's round two."""
+    params = _mad_params(tau, max_adaptive_degree, max_adaptive_degree, b_min, b_max)
+    return _mad_stage(_user_weight_rows(rows.select("user_id", "item", "b"), b_min, b_max), params)
+
+
+def sips_round_weights(rows, removed):
+    """One DP-SIPS round's Basic weights (item, w) on rows (user_id, item) minus the items of ``removed``."""
+    return _run_stage("dp__sips_round", {"rows_rel": rows.select("user_id", "item"),
+                                         "removed_rel": removed.select("item")}, output="dp__sr_weights")
+
+
+# --------------------------------------------------------------------------
+# Releases
+# --------------------------------------------------------------------------
+
+def _check_options(method: str, options: Mapping[str, object]) -> None:
+    allowed = _ADAPTIVE_OPTIONS.get(method, ())
+    for name in options:
+        if name not in allowed:
+            hint = f"; {method} takes {', '.join(allowed)}" if allowed else f"; {method} takes none"
+            raise DPParameterError(f"{name} does not apply to method {method!r}{hint}")
+
+
+def _release_independent(capped, method: str, cal: calibration.SetUnionCalibration, seed):
+    weights = set_union_weights(capped, _WEIGHTING[method])
+    return _noisy(weights, _Noise(cal.noise, cal.scale, cal.threshold, strict=True), seed)
+
+
+def _release_mad(capped, r: adaptive.MadRound, seed):
+    rows = _run_stage("dp_set_union_mad", {"dp__capped_user_items": capped}, output="dp__mad_rows")
+    weights = _mad_stage(rows, r.sql_row())
+    return _noisy(weights, _Noise("gaussian", r.sigma, r.rho, strict=False), seed)
+
+
+def _release_mad2r(capped, c: adaptive.Mad2rCalibration, seed):
+    session = capped.sparkSession
+    cal = _one_row(session, {**c.round1.sql_row("1"), **c.round2.sql_row("2"),
+                             "lower_offset": c.lower_offset, "upper_offset": c.upper_offset})
+    rows = _run_stage("dp_set_union_mad2r", {"dp__capped_user_items": capped}, output="dp__m2_rows").persist()
+    # Round one's noisy weights: drawn once, read twice (the release and round two's biases).
+    noisy1 = _materialise(_noisy(_mad_stage(rows, c.round1.sql_row()),
+                                 _Noise("gaussian", c.round1.sigma, 0.0, strict=False), seed, keep_all=True))
+    released1 = noisy1.where(noisy1["noisy"] >= c.round1.rho).select("item")
+    items2 = _run_stage("dp_set_union_mad2r", {"dp__m2_noisy1": noisy1, "dp__m2_cal": cal}, output="dp__m2_items2")
+    biased = _run_stage("dp_set_union_mad2r", {"dp__m2_rows": rows, "dp__m2_items2": items2},
+                        output="dp__m2_biased")
+    rows2 = _user_weight_rows(biased, c.round2.b_min, c.round2.b_max).persist()  # read 3 times, as in DuckDB
+    released2 = _noisy(_mad_stage(rows2, c.round2.sql_row()),
+                       _Noise("gaussian", c.round2.sigma, c.round2.rho, strict=False), seed)
+    return released1.unionByName(released2), [rows, rows2]
+
+
+def _release_sips(capped, rounds: Sequence[calibration.RoundCalibration], seed):
+    rows = capped.select("user_id", "item").persist()
+    removed = rows.select("item").limit(0)
+    released = []
+    for r in rounds:
+        weights = sips_round_weights(rows, removed)
+        # Each round's set is drawn once: it is both output and removed from the later rounds.
+        out = _materialise(_noisy(weights, _Noise("gaussian", r.scale, r.threshold, strict=False), seed))
+        released.append(out)
+        removed = removed.unionByName(out)
+    result = released[0]
+    for out in released[1:]:
+        result = result.unionByName(out)
+    return result, [rows]
+
+
+def set_union(df, method: str = union.DEFAULT_METHOD, *, epsilon: float = 1.0, delta: float = 1e-5,
+              max_items: int = 100, user_col: str = "user_id", item_col: str = "item",
+              seed: Optional[int] = None, **options):
+    """Release items of the Spark DataFrame ``df`` under user-level (epsilon, delta)-DP.
+
+    The Spark counterpart of :func:`dpsql.set_union` for the parallel methods
+    (:data:`PARALLEL_METHODS`); ``options`` are the adaptive methods' macro
+    parameters (``split``, ``max_adaptive_degree``, ``beta``, ``b_min``, ``b_max``,
+    ``c_lb``, ``c_ub``). Every parameter is validated before any row is read.
+    Returns a materialised DataFrame with one column ``item`` (the input's type).
+    ``seed`` is for tests only: the release is then NOT private.
+    """
+    method = union.check_method(method)
+    if method not in PARALLEL_METHODS:
+        raise DPParameterError(f"method {method!r} is sequential and has no Spark form; the Spark backend runs "
+                               f"{', '.join(PARALLEL_METHODS)} (run {method} with DuckDB)")
+    _check_options(method, options)
+    union.calibrate(method, epsilon, delta, max_items)  # validates epsilon, delta, max_items
+    if method == "mad":
+        cal = adaptive.mad_calibration(epsilon, delta, max_items, **options)
+    elif method == "mad2r":
+        cal = adaptive.mad2r_calibration(epsilon, delta, max_items, **options)
+    elif method == "sips":
+        cal = adaptive.sips_calibration(epsilon, delta, max_items, **options)
+    else:
+        cal = union.calibrate(method, epsilon, delta, max_items)
+    pairs = _user_items(df, user_col, item_col)
+    if seed is not None:
+        warnings.warn(NOT_PRIVATE_WARNING, stacklevel=2)
+        salt = NoiseSource(int(seed)).salt()
+    else:
+        salt = secure_source().salt()
+    capped = capped_user_items(pairs, max_items, salt).persist()
+    cached = [capped]
+    try:
+        if method in _WEIGHTING:
+            released = _release_independent(capped, method, cal, seed)
+        elif method == "mad":
+            released = _release_mad(capped, cal, seed)
+        elif method == "mad2r":
+            released, more = _release_mad2r(capped, cal, seed)
+            cached += more
+        else:
+            released, more = _release_sips(capped, cal, seed)
+            cached += more
+        return _materialise(released)
+    finally:
+        for frame in cached:
+            frame.unpersist()
+
+
+def top_k_domain(df, k: int, *, epsilon: float = 1.0, delta: float = 1e-5, max_items: int = 100,
+                 domain_method: str = topk.DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
+                 item_col: str = "item", seed: Optional[int] = None):
+    """The domain step of ``dp_top_k`` / ``dp_hitting_set``: ``domain_method`` at (epsilon/2, delta/2).
+
+    The same budget split and validation as :func:`dpsql.topk.top_k_calibration` ([MM] Alg. 2); the
+    selection step (epsilon/2, delta/2) is left to the caller, e.g. on the (small) domain in DuckDB.
+    """
+    cal = topk.top_k_calibration(k, epsilon, delta, max_items, domain_method)
+    return set_union(df, cal.domain_method, epsilon=cal.domain_epsilon, delta=cal.domain_delta,
+                     max_items=max_items, user_col=user_col, item_col=item_col, seed=seed)

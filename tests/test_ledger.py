@@ -1,0 +1,323 @@
+"""The privacy-budget ledger: exact charges, refusals, scopes, persistence, processes."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import duckdb
+import pytest
+
+import dpsql
+from dpsql import ledger as L
+from dpsql.ledger import BudgetExceededError, Ledger
+
+
+# -- pure ledger ---------------------------------------------------------------------------------
+
+def test_charge_records_and_status_sums():
+    led = Ledger()
+    led.charge("m1", "user", "T", 0.5, 1e-6, "a")
+    led.charge("m2", "element", "main.u", 0.25, 0.0)
+    rel = led.releases()
+    assert [(r.mechanism, r.unit, r.table, r.epsilon, r.delta) for r in rel] == [
+        ("m1", "user", "t", 0.5, 1e-6), ("m2", "element", "u", 0.25, 0.0)]
+    status = {s.scope: s for s in led.status()}
+    assert status["database"].epsilon_spent == 0.75 and status["database"].releases == 2
+    assert status["t"].epsilon_spent == 0.5 and status["u"].delta_spent == 0.0
+    assert status["database"].epsilon_remaining is None  # no budget set
+    assert L.basic_composition(rel) == (0.75, 1e-6)
+
+
+def test_budget_refuses_and_records_nothing():
+    led = Ledger()
+    led.set_budget(1.0, 1e-5)
+    led.charge("m", "user", "t", 0.6, 4e-6)
+    with pytest.raises(BudgetExceededError, match="scope 'database' exceeded.*nothing was released"):
+        led.charge("m", "user", "t", 0.5, 1e-6)
+    with pytest.raises(BudgetExceededError, match="delta"):
+        led.charge("m", "user", "t", 0.1, 7e-6)  # epsilon fits, delta does not
+    assert len(led.releases()) == 1
+    led.charge("m", "user", "t", 0.4, 6e-6)  # exactly the rest fits
+    (db,) = [s for s in led.status() if s.scope == "database"]
+    assert db.epsilon_remaining == pytest.approx(0.0, abs=1e-12)
+
+
+def test_many_small_charges_fit_their_sum():
+    # 10 x 0.1 sums to 0.9999999999999999 or 1.0000000000000002 depending on order; both must fit 1.0.
+    led = Ledger()
+    led.set_budget(1.0, 1e-5)
+    for _ in range(10):
+        led.charge("m", "user", "t", 0.1, 1e-6)
+    with pytest.raises(BudgetExceededError):
+        led.charge("m", "user", "t", 1e-6, 0.0)
+
+
+def test_table_scope_applies_only_to_its_table():
+    led = Ledger()
+    led.set_budget(1.0, 1e-5, scope='"Visits"')
+    led.charge("m", "user", "visits", 1.0, 1e-5)
+    with pytest.raises(BudgetExceededError, match="scope 'visits'"):
+        led.charge("m", "user", "main.VISITS", 0.1, 0.0)
+    led.charge("m", "user", "other", 5.0, 0.1)  # other tables are not limited by it
+    assert [b.scope for b in led.budgets()] == ["visits"]
+
+
+def test_aliases_record_the_named_table():
+    led = Ledger(aliases={"dpsql_input": "events.parquet"})
+    assert led.charge("m", "user", "dpsql_input", 1.0, 0.0).table == "events.parquet"
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda led: led.set_budget(0, 1e-5), "epsilon"),
+    (lambda led: led.set_budget(float("nan"), 1e-5), "epsilon"),
+    (lambda led: led.set_budget(1.0, 1.0), "delta"),
+    (lambda led: led.set_budget(1.0, -1e-9), "delta"),
+    (lambda led: led.set_budget(1.0, 1e-5, scope=""), "scope"),
+    (lambda led: led.charge("m", "user", "t", float("inf"), 1e-5), "epsilon"),
+    (lambda led: led.charge("m", "user", "t", 1.0, float("nan")), "delta"),
+    (lambda led: led.charge("m", "users", "t", 1.0, 1e-5), "unit"),
+    (lambda led: led.charge("m", "user", None, 1.0, 1e-5), "scope"),
+])
+def test_bad_parameters_are_named(call, match):
+    led = Ledger()
+    with pytest.raises(dpsql.DPParameterError, match=match):
+        call(led)
+    assert led.releases() == []
+
+
+def test_unwritable_ledger_is_a_clear_error(tmp_path):
+    led = Ledger(tmp_path / "missing-folder" / "x.dpsql-ledger")
+    with pytest.raises(dpsql.DPParameterError, match="cannot use the privacy ledger"):
+        led.charge("m", "user", "t", 1.0, 1e-5)
+
+
+def test_threads_never_overspend():
+    led = Ledger()
+    led.set_budget(1.0, 1e-3)
+    ok = []
+
+    def spend():
+        for _ in range(10):
+            try:
+                led.charge("m", "user", "t", 0.05, 0.0)
+                ok.append(1)
+            except BudgetExceededError:
+                pass
+
+    threads = [threading.Thread(target=spend) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ok) == 20 == len(led.releases())
+
+
+# -- through SQL ---------------------------------------------------------------------------------
+
+@pytest.fixture()
+def con():
+    c = dpsql.connect(seed=5)
+    c.execute("CREATE TABLE t AS SELECT (i % 200) AS user_id, (i * 7919 % 40) AS item FROM range(2000) r(i)")
+    return c
+
+
+def _new_releases(con, before):
+    return [(r.mechanism, r.unit, r.table, r.epsilon, r.delta) for r in dpsql.ledger.releases(con)[before:]]
+
+
+@pytest.mark.parametrize("method", sorted(dpsql.METHODS))
+def test_each_set_union_method_charges_once(con, method):
+    before = len(dpsql.ledger.releases(con))
+    con.sql(f"SELECT count(*) FROM dp_set_union('t', method := '{method}', epsilon := 0.7, delta := 1e-6)").fetchall()
+    assert _new_releases(con, before) == [(f"dp_set_union_{method}", "user", "t", 0.7, 1e-6)]
+
+
+@pytest.mark.parametrize("sql, expected", [
+    ("FROM dp_top_k('t', 3, epsilon := 0.8, delta := 2e-6)",
+     {("dp_top_k (selection step)", 0.4, 1e-6), ("dp_set_union_weighted_gaussian", 0.4, 1e-6)}),
+    ("FROM dp_hitting_set('t', 2, epsilon := 0.8, delta := 2e-6)",
+     {("dp_hitting_set (peeling step)", 0.4, 1e-6), ("dp_set_union_weighted_gaussian", 0.4, 1e-6)}),
+    ("FROM dp_top_k_limited_domain('t', 2, 5, epsilon := 0.8, delta := 2e-6)",
+     {("dp_top_k_limited_domain", 0.8, 2e-6)}),
+])
+def test_top_k_family_charges_its_total(con, sql, expected):
+    before = len(dpsql.ledger.releases(con))
+    con.sql(sql).fetchall()
+    got = {(m, e, d) for m, _, _, e, d in _new_releases(con, before)}
+    assert got == expected
+    assert math.fsum(e for _, e, _ in got) == pytest.approx(0.8)
+
+
+def test_pws_and_optimize_charge_with_their_units(con):
+    con.execute("CREATE TABLE ev AS SELECT (i % 30) AS key FROM range(600) r(i)")
+    con.execute("CREATE TABLE sets AS SELECT i % 5 AS set_id, i AS element FROM range(50) r(i)")
+    before = len(dpsql.ledger.releases(con))
+    con.sql("FROM dp_weighted_sample('ev', 1.0, 1e-4)").fetchall()
+    con.sql("FROM dp_sbh_histogram('ev', 0.5, 1e-4)").fetchall()
+    con.sql("FROM dp_max_coverage('sets', 2, epsilon := 0.3)").fetchall()
+    assert _new_releases(con, before) == [("dp_weighted_sample", "element", "ev", 1.0, 1e-4),
+                                          ("dp_sbh_histogram", "element", "ev", 0.5, 1e-4),
+                                          ("dp_max_coverage", "record", "sets", 0.3, 0.0)]
+
+
+def test_post_processing_and_planning_are_free(con):
+    con.execute("CREATE TABLE s AS SELECT 1 AS key, 1 AS token")
+    before = len(dpsql.ledger.releases(con))
+    con.sql("FROM dp_weighted_sample_estimate('s', 1.0, 1e-4)").fetchall()
+    con.execute("EXPLAIN FROM dp_set_union('t')").fetchall()
+    assert _new_releases(con, before) == []
+
+
+@pytest.mark.parametrize("sql", [
+    "FROM dp_set_union('t', method := 'nope')",
+    "FROM dp_set_union('t', epsilon := -1)",
+    "FROM dp_set_union_weighted_gaussian('t', delta := 1.5)",
+    *[f"FROM dp_set_union('t', method := '{m}', max_items := 0)" for m in sorted(dpsql.METHODS)
+      if m != "greedy_update"],
+    "FROM dp_set_union('t', method := 'greedy_update', epsilon := 0)",
+    "FROM dp_set_union_mad2r('t', split := [0.5, 0.6])",
+    "FROM dp_set_union_sips('t', split := [])",
+    "FROM dp_set_union_policy_laplace('t', passes := 0)",
+    "FROM dp_top_k('t', 0)",
+    "FROM dp_hitting_set('t', 2.5)",
+    "FROM dp_top_k_limited_domain('t', 3, 2)",
+    "FROM dp_weighted_sample('t', 1.0, 1e-4, key_col := 'nope')",
+    "FROM dp_weighted_sample('t', 1.0, 1.0, key_col := 'item')",
+    "FROM dp_sbh_histogram('t', 0.0, 1e-4, key_col := 'item')",
+    "FROM dp_max_coverage('t', 2, epsilon := -1, set_col := 'user_id', element_col := 'item')",
+    "FROM dp_set_cover('t', epsilon := 'nan'::DOUBLE, set_col := 'user_id', element_col := 'item')",
+])
+def test_invalid_calls_charge_nothing(con, sql):
+    before = len(dpsql.ledger.releases(con))
+    with pytest.raises(duckdb.Error):
+        con.sql(sql).fetchall()
+    assert _new_releases(con, before) == []
+
+
+def test_over_budget_release_fails_whole_and_charges_nothing(con):
+    dpsql.ledger.set_budget(con, 1.0, 1e-4)
+    con.sql("FROM dp_set_union('t', epsilon := 0.75)").fetchall()
+    before = len(dpsql.ledger.releases(con))
+    with pytest.raises(duckdb.Error, match="privacy budget of scope 'database' exceeded"):
+        con.sql("FROM dp_set_union('t', epsilon := 0.5)").fetchall()
+    assert _new_releases(con, before) == []
+    (row,) = con.sql("SELECT epsilon_spent, epsilon_remaining, releases FROM dp_budget() "
+                     "WHERE scope = 'database'").fetchall()
+    assert row == (0.75, 0.25, 1)
+    con.sql("FROM dp_set_union('t', epsilon := 0.25)").fetchall()  # the rest still fits
+
+
+def test_table_budget_through_sql(con):
+    con.execute("CREATE VIEW v AS FROM t")
+    dpsql.ledger.set_budget(con, 0.5, 1e-5, scope="t")
+    with pytest.raises(duckdb.Error, match="scope 't'"):
+        con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.6)").fetchall()
+    con.sql("FROM dp_set_union_weighted_gaussian('v', epsilon := 0.6)").fetchall()  # another name
+    (row,) = con.sql("SELECT count(*) FROM dp_releases() WHERE table_name = 'v'").fetchall()
+    assert row == (1,)
+
+
+def test_cursors_charge_the_connection_ledger(con):
+    cur = con.cursor()
+    dpsql.register_macros(cur)
+    before = len(dpsql.ledger.releases(con))
+    cur.sql("FROM dp_set_union_count_laplace('t')").fetchall()
+    assert len(_new_releases(con, before)) == 1
+
+
+def test_dp_releases_columns(con):
+    con.sql("FROM dp_set_union_weighted_laplace('t', max_items := 3)").fetchall()
+    rel = con.sql("FROM dp_releases()")
+    assert rel.columns == ["release_id", "released_at", "mechanism", "unit", "table_name", "epsilon", "delta",
+                           "parameters", "calibration"]
+    (row,) = rel.fetchall()[-1:]
+    cal = dpsql.calibrate("weighted_laplace", 1.0, 1e-5, 3)
+    assert row[2] == "dp_set_union_weighted_laplace" and "'max_items': 3.0" in row[7]
+    assert f"'threshold': {cal.threshold!r}" in row[8]
+
+
+# -- persistence and processes -------------------------------------------------------------------
+
+def test_file_database_ledger_persists(tmp_path):
+    db = tmp_path / "d.duckdb"
+    con = dpsql.connect(db)
+    con.execute("CREATE TABLE t AS SELECT i % 10 AS user_id, i % 7 AS item FROM range(100) r(i)")
+    dpsql.ledger.set_budget(con, 2.0, 1e-5)
+    con.sql("FROM dp_set_union('t', epsilon := 1.5)").fetchall()
+    con.close()
+    assert (tmp_path / "d.duckdb.dpsql-ledger").is_file()
+    con = dpsql.connect(db, read_only=True)
+    with pytest.raises(duckdb.Error, match="exceeded"):
+        con.sql("FROM dp_set_union('t', epsilon := 1.0)").fetchall()
+    assert [r.epsilon for r in dpsql.ledger.releases(con)] == [1.5]
+
+
+def test_in_memory_database_with_explicit_ledger_file(tmp_path):
+    path = tmp_path / "mem.dpsql-ledger"
+    con = dpsql.connect(ledger=path)
+    con.execute("CREATE TABLE t AS SELECT 1 AS user_id, 2 AS item")
+    con.sql("FROM dp_set_union('t')").fetchall()
+    assert len(Ledger(path).releases()) == 1
+
+
+_WORKER = textwrap.dedent("""
+    import sys, time, warnings
+    from pathlib import Path
+    import duckdb, dpsql
+    db, go = sys.argv[1], Path(sys.argv[2])
+    con = dpsql.connect(db, read_only=True)
+    while not go.exists():
+        time.sleep(0.005)
+    ok = 0
+    for _ in range(6):
+        try:
+            con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.25, max_items := 5)").fetchall()
+            ok += 1
+        except duckdb.Error as exc:
+            assert "exceeded" in str(exc), exc
+    print(ok)
+""")
+
+
+def test_two_processes_never_both_spend_the_last_budget(tmp_path):
+    db = tmp_path / "shared.duckdb"
+    con = dpsql.connect(db)
+    con.execute("CREATE TABLE t AS SELECT i % 50 AS user_id, i % 13 AS item FROM range(500) r(i)")
+    dpsql.ledger.set_budget(con, 1.0, 1e-3)  # room for exactly 4 releases of 0.25
+    con.close()
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(db), str(go)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    go.touch()
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    successes = [int(o[0].strip()) for o in outs]
+    assert sum(successes) == 4
+    led = Ledger(L.sidecar_path(db))
+    assert len(led.releases()) == 4
+    assert led.status()[0].epsilon_spent == pytest.approx(1.0)
+
+
+# -- CLI -----------------------------------------------------------------------------------------
+
+def test_cli_budget_set_show_and_release(tmp_path, capsys):
+    from dpsql.cli import main
+    data = tmp_path / "events.parquet"
+    duckdb.sql(f"COPY (SELECT i % 40 AS user_id, i % 9 AS item FROM range(400) r(i)) TO '{data}'")
+    assert main(["budget", "set", str(data), "--epsilon", "1.0", "--delta", "1e-5"]) == 0
+    args = ["set-union", str(data), "--epsilon", "0.6", "--delta", "1e-6", "--max-items", "3"]
+    assert main(args) == 0
+    assert main(args) == 1  # 0.6 + 0.6 > 1.0
+    assert "exceeded" in capsys.readouterr().err
+    assert main(["budget", "releases", str(data), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(r["table"], r["epsilon"]) for r in doc["releases"]] == [("events.parquet", 0.6)]
+    assert doc["scopes"][0]["epsilon_remaining"] == pytest.approx(0.4)
+    assert main(["budget", "show", str(tmp_path / "nope.duckdb")]) == 2

@@ -1,0 +1,391 @@
+"""The Spark backend (dpsql.spark) against the DuckDB macros: the translated stages give the same
+pre-noise weights on the same capped data, the cap is uniform and per-user, releases have the
+distribution the calibration predicts on both engines, and bad input fails with the same errors.
+Skips when pyspark or Java is missing (the translation tests only need sqlglot)."""
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import sys
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from scipy import stats
+
+import dpsql
+from dpsql import adaptive, calibration, union
+from dpsql.validation import DPParameterError
+
+from conftest import seeded
+
+MAX_ITEMS = 8
+
+
+# ---------------------------------------------------------------------------
+# Translation (sqlglot only)
+# ---------------------------------------------------------------------------
+
+def test_translated_stages_are_the_macros_with_bindings():
+    pytest.importorskip("sqlglot")
+    from dpsql.portable import TranslationError, macros, stage_sql
+
+    sql = stage_sql("dp__set_union_weights", {"dp__capped_user_items": "capped"}, {"weighting": "inverse_sqrt"})
+    assert "FROM capped" in sql and "'inverse_sqrt'" in sql
+    assert "CAST(1.0 AS DOUBLE)" in sql  # Spark would read 1.0 as a DECIMAL and round 1/d
+    assert "RAISE_ERROR" in sql.upper() and "ERROR(" not in sql.upper().replace("RAISE_ERROR(", "")
+    # b_min * b_max >= 1: DuckDB prunes the UDF branch of UserWeights, and so does the translation.
+    closed = stage_sql("dp__user_weight_rows", {"rows_rel": "rows"}, {"b_min": 0.5, "b_max": 2.0})
+    assert "dp__user_weights" not in closed.lower() and "UNION" not in closed.upper()
+    with pytest.raises(TranslationError, match="dp__user_weights"):
+        stage_sql("dp__user_weight_rows", {"rows_rel": "rows"}, {"b_min": 0.5, "b_max": 1.5})
+    with pytest.raises(TranslationError, match="b_min"):
+        stage_sql("dp__user_weight_rows", {"rows_rel": "rows"}, {"b_max": 2.0})
+    # A CTE of a release macro comes with what it reads and nothing else: no calibration, no noise.
+    items2 = stage_sql("dp_set_union_mad2r", {"dp__m2_noisy1": "noisy", "dp__m2_cal": "cal"},
+                       output="dp__m2_items2")
+    assert "calibration" not in items2.lower() and "noise" not in items2.lower()
+    assert "FROM noisy" in items2 and "cal AS dp__m2_cal" in items2
+    assert {"dp__set_union_weights", "dp__mad_stage", "dp__user_weight_rows", "dp__sips_round",
+            "dp_set_union_mad2r"} <= set(macros())
+
+
+# ---------------------------------------------------------------------------
+# Spark session and data
+# ---------------------------------------------------------------------------
+
+def _java_available() -> bool:
+    home = os.environ.get("JAVA_HOME")
+    return bool(shutil.which("java") or (home and os.path.exists(os.path.join(home, "bin", "java"))))
+
+
+@pytest.fixture(scope="module")
+def spark():
+    pytest.importorskip("pyspark")
+    pytest.importorskip("sqlglot")
+    if not _java_available():
+        pytest.skip("Java is not available (pyspark needs a JVM; set JAVA_HOME)")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        session = (SparkSession.builder.master("local[2]").appName("dpsql-tests")
+                   .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+                   .config("spark.sql.shuffle.partitions", "2")
+                   .config("spark.default.parallelism", "2").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # pyspark's notice about pandas 3
+        warnings.simplefilter("ignore", UserWarning)    # the expected NOT-private warning of seeds
+        yield
+
+
+def zipf_rows(seed: int, n_users=70, n_items=40, max_deg=14, s=1.1):
+    """Zipf-like item popularity, degrees 1..max_deg, distinct (user, item) pairs."""
+    rng = random.Random(seed)
+    weights = [1.0 / (k + 1) ** s for k in range(n_items)]
+    rows = []
+    for u in range(n_users):
+        deg = rng.randint(1, max_deg)
+        items = list(dict.fromkeys(rng.choices(range(n_items), weights=weights, k=3 * deg)))[:deg]
+        rows += [(u, f"i{k}") for k in sorted(items)]
+    return rows
+
+
+def arrow(rows, bias=None) -> pa.Table:
+    cols = {"user_id": pa.array([r[0] for r in rows], pa.int64()), "item": pa.array([r[1] for r in rows], pa.string())}
+    if bias is not None:
+        cols["b"] = pa.array([bias.get(r[1], 1.0) for r in rows], pa.float64())
+    return pa.table(cols)
+
+
+@pytest.fixture(scope="module")
+def capped(spark):
+    """The same capped rows in DuckDB (table ``c``) and Spark: capped once, by DuckDB."""
+    con = seeded(7)
+    raw = arrow(zipf_rows(7))  # noqa: F841 (read by DuckDB's replacement scan)
+    con.execute("CREATE TABLE t AS FROM raw")
+    con.execute(f"CREATE TABLE c AS SELECT user_id, item, d FROM dp__capped_user_items('t', max_items := {MAX_ITEMS})")
+    frame = spark.createDataFrame(con.sql("FROM c").to_arrow_table())
+    yield con, frame
+    con.close()
+
+
+def as_dict(rows) -> dict:
+    return {r[0]: r[1] for r in rows}
+
+
+def assert_same_weights(spark_rows, duck_rows):
+    got, want = as_dict(spark_rows), as_dict(duck_rows)
+    assert set(got) == set(want) and want
+    for item, w in want.items():
+        assert got[item] == pytest.approx(w, rel=1e-9, abs=1e-12), item
+
+
+# ---------------------------------------------------------------------------
+# Pre-noise weights: Spark translation == DuckDB macro, on the same capped data
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("weighting", ["count", "inverse", "inverse_sqrt"])
+def test_independent_weights_agree(capped, weighting):
+    from dpsql import spark as dspark
+
+    con, frame = capped
+    duck = con.execute(f"SELECT item, w FROM dp__set_union_weights('c', '{weighting}', "
+                       f"max_items := {MAX_ITEMS})").fetchall()
+    assert_same_weights(dspark.set_union_weights(frame, weighting).collect(), duck)
+
+
+@pytest.mark.parametrize("tau,d_max", [(3.0, 4), (1.0, 50)])
+def test_mad_weights_agree(capped, tau, d_max):
+    from dpsql import spark as dspark
+
+    con, frame = capped
+    duck = con.execute(f"SELECT item, w, w_init, w_trunc, w_reroute FROM dp__mad_weights('c', {tau}, "
+                       f"max_adaptive_degree := {d_max}, max_items := {MAX_ITEMS})").fetchall()
+    got = {r[0]: r[1:] for r in dspark.mad_weights(frame, tau, d_max, MAX_ITEMS)
+           .select("item", "w", "w_init", "w_trunc", "w_reroute").collect()}
+    assert any(r[1] > tau for r in duck), "the data must make MAD truncate some item"
+    assert set(got) == {r[0] for r in duck}
+    for item, *want in duck:
+        assert got[item] == pytest.approx(tuple(want), rel=1e-9, abs=1e-12), item
+
+
+@pytest.mark.parametrize("b_min,b_max", [(0.5, 2.0), (0.8, 1.0)])  # closed form; Alg. 2's loop (pandas)
+def test_biased_mad_weights_agree(spark, capped, b_min, b_max):
+    from dpsql import spark as dspark
+
+    con, _ = capped
+    rng = random.Random(11)
+    items = sorted({r[0] for r in con.execute("SELECT DISTINCT item FROM c").fetchall()})
+    bias = {i: rng.random() for i in items if rng.random() < 0.6}
+    rows = con.execute("SELECT user_id, item FROM c").fetchall()
+    tb = arrow(rows, bias)  # noqa: F841
+    con.execute("CREATE OR REPLACE TABLE tb AS FROM tb")
+    duck = con.execute(f"SELECT item, w FROM dp__mad_biased_weights('tb', 2.0, 5, {b_min}, {b_max})").fetchall()
+    got = dspark.mad_biased_weights(spark.createDataFrame(arrow(rows, bias)), 2.0, 5, b_min, b_max)
+    assert_same_weights(got.select("item", "w").collect(), duck)
+
+
+def test_sips_round_weights_agree(spark, capped):
+    from dpsql import spark as dspark
+
+    con, frame = capped
+    removed = ["i0", "i3", "i5"]
+    con.execute(f"CREATE OR REPLACE TABLE kept AS SELECT user_id, item FROM c WHERE item NOT IN {tuple(removed)}")
+    duck = con.execute(f"SELECT item, w FROM dp__set_union_weights('kept', 'inverse_sqrt', "
+                       f"max_items := {MAX_ITEMS})").fetchall()
+    removed_frame = spark.createDataFrame(pa.table({"item": pa.array(removed, pa.string())}))
+    assert_same_weights(dspark.sips_round_weights(frame, removed_frame).collect(), duck)
+
+
+# ---------------------------------------------------------------------------
+# Contribution bounding
+# ---------------------------------------------------------------------------
+
+def test_spark_cap_is_per_user_and_uniform(spark):
+    from dpsql import spark as dspark
+
+    # 2,000 users with the same 10 items and one small user, capped to 3 items.
+    n_users, n_items, cap = 2000, 10, 3
+    rows = [(u, f"i{k}") for u in range(n_users) for k in range(n_items)] + [(-1, "i0"), (-1, "i1")]
+    frame = spark.createDataFrame(arrow(rows))
+    got = dspark.capped_user_items(frame, cap, salt=12345).collect()
+    sets: dict = {}
+    for user, item, d in got:
+        sets.setdefault(user, set()).add(item)
+        assert d == (2 if user == -1 else cap)
+    assert sets.pop(-1) == {"i0", "i1"}  # under the cap: untouched
+    assert all(len(s) == cap for s in sets.values()) and len(sets) == n_users
+    # Uniform: each item is kept by Binomial(n_users, cap/n_items) users; 4.5 sd.
+    counts = np.array([sum(f"i{k}" in s for s in sets.values()) for k in range(n_items)])
+    p = cap / n_items
+    assert np.all(np.abs(counts - n_users * p) <= 4.5 * math.sqrt(n_users * p * (1 - p))), counts
+    # Per-user: other users' rows do not change a user's sample (same salt).
+    alone = dspark.capped_user_items(frame.where("user_id = 17"), cap, salt=12345).collect()
+    assert {r[1] for r in alone} == sets[17]
+    other_salt = dspark.capped_user_items(frame.where("user_id < 50"), cap, salt=999).collect()
+    assert any({r[1] for r in other_salt if r[0] == u} != sets[u] for u in range(50))
+
+
+# ---------------------------------------------------------------------------
+# Release distribution: both engines against the calibration's prediction
+# ---------------------------------------------------------------------------
+
+N_ITEMS, EPS, DELTA = 400, 1.0, 1e-5
+
+
+def _gauss_pass(k: float, sigma: float, rho: float) -> float:
+    return float(stats.norm.sf((rho - k) / sigma))
+
+
+def _release_probability(method: str, k: int) -> float:
+    """P(an item held by k single-item users is released), max_items = 1.
+
+    With one item per user every weighting gives the item weight k (MAD: no item reaches
+    tau; MAD2R round two: UserWeights of a single item is 1), so each item is an
+    independent experiment with this probability.
+    """
+    if method == "mad2r":
+        c = adaptive.mad2r_calibration(EPS, DELTA, 1)
+        r1, r2 = c.round1, c.round2
+        p1 = _gauss_pass(k, r1.sigma, r1.rho)
+        candidate = stats.norm.cdf((r1.rho - k) / r1.sigma) - stats.norm.cdf((r2.rho - c.upper_offset - k) / r1.sigma)
+        return p1 + max(0.0, candidate) * _gauss_pass(k, r2.sigma, r2.rho)
+    if method == "sips":
+        miss = 1.0
+        for r in adaptive.sips_calibration(EPS, DELTA, 1):
+            miss *= 1.0 - _gauss_pass(k, r.scale, r.threshold)
+        return 1.0 - miss
+    cal = union.calibrate(method, EPS, DELTA, 1)
+    if cal.noise == "laplace":
+        x = (cal.threshold - k) / cal.scale
+        return 0.5 * math.exp(-x) if x >= 0 else 1.0 - 0.5 * math.exp(x)
+    return _gauss_pass(k, cal.scale, cal.threshold)
+
+
+def _threshold(method: str) -> float:
+    if method == "mad2r":
+        return adaptive.mad2r_calibration(EPS, DELTA, 1).round2.rho
+    return union.calibrate(method, EPS, DELTA, 1).threshold
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian",
+                                    "mad", "mad2r", "sips"])
+def test_release_distribution_matches_duckdb(spark, method):
+    from dpsql import spark as dspark
+
+    k = max(1, round(_threshold(method)))  # items near the (last round's) threshold
+    p = _release_probability(method, k)
+    rows = [(i * k + j, f"x{i}") for i in range(N_ITEMS) for j in range(k)]
+    data = arrow(rows)
+    spark_n = dspark.set_union(spark.createDataFrame(data), method, epsilon=EPS, delta=DELTA, max_items=1,
+                               seed=20261122).count()
+    con = seeded(20261122)
+    try:
+        con.execute("CREATE TABLE t AS FROM data")
+        duck_n = len(dpsql.set_union(con, "t", method, epsilon=EPS, delta=DELTA, max_items=1))
+    finally:
+        con.close()
+    sd = math.sqrt(N_ITEMS * p * (1 - p))
+    assert 0.05 < p < 0.95
+    assert abs(spark_n - N_ITEMS * p) <= 4 * sd, (spark_n, N_ITEMS * p)
+    assert abs(duck_n - N_ITEMS * p) <= 4 * sd, (duck_n, N_ITEMS * p)
+    assert abs(spark_n - duck_n) <= 4 * math.sqrt(2) * sd
+
+
+def test_top_k_domain_is_the_set_union_at_half_budget(spark):
+    from dpsql import spark as dspark
+    from dpsql import topk
+
+    half = calibration.weighted_gaussian_calibration(EPS / 2, DELTA / 2, 1)
+    k = round(half.threshold)
+    p = _gauss_pass(k, half.scale, half.threshold)
+    frame = spark.createDataFrame(arrow([(i * k + j, f"x{i}") for i in range(N_ITEMS) for j in range(k)]))
+    n = dspark.top_k_domain(frame, 10, epsilon=EPS, delta=DELTA, max_items=1).count()
+    assert topk.DEFAULT_DOMAIN_METHOD == "weighted_gaussian"
+    assert abs(n - N_ITEMS * p) <= 4 * math.sqrt(N_ITEMS * p * (1 - p)), (n, N_ITEMS * p)
+    with pytest.raises(DPParameterError, match="k must be a whole number"):
+        dspark.top_k_domain(frame, 2.5)
+
+
+def test_release_is_drawn_once(spark):
+    """Reading the returned DataFrame twice gives the same items: Spark does not redraw the noise."""
+    from dpsql import spark as dspark
+
+    cal = calibration.weighted_gaussian_calibration(EPS, DELTA, 1)
+    k = round(cal.threshold)
+    frame = spark.createDataFrame(arrow([(i * k + j, f"x{i}") for i in range(N_ITEMS) for j in range(k)]))
+    out = dspark.set_union(frame, "weighted_gaussian", epsilon=EPS, delta=DELTA, max_items=1)  # OS-keyed noise
+    first = sorted(r[0] for r in out.collect())
+    assert 0 < len(first) < N_ITEMS  # each item passes with probability ~1/2: a redraw would differ
+    assert sorted(r[0] for r in out.collect()) == first
+    assert out.count() == len(first)
+
+
+# ---------------------------------------------------------------------------
+# Bad input: the same errors as DuckDB
+# ---------------------------------------------------------------------------
+
+BAD = [
+    ("weighted_gaussian", dict(epsilon=0.0), {}),
+    ("weighted_gaussian", dict(delta=1.0), {}),
+    ("count_laplace", dict(max_items=2.5), {}),
+    ("mad", dict(), dict(beta=-1.0)),
+    ("mad2r", dict(), dict(split=[0.5, 0.6])),
+    ("mad2r", dict(), dict(b_min=0.2)),
+    ("sips", dict(), dict(split=[0.2, 0.2, 0.2, 0.2, 0.1, 0.1])),
+    ("mad", dict(), dict(max_adaptive_degree=1.5)),
+]
+
+
+def _sql_value(v) -> str:
+    return f"[{', '.join(repr(float(x)) for x in v)}]" if isinstance(v, list) else repr(v)
+
+
+@pytest.mark.parametrize("method,common,options", BAD)
+def test_bad_parameters_fail_like_duckdb(spark, method, common, options):
+    from dpsql import spark as dspark
+
+    frame = spark.createDataFrame(arrow([(1, "a")]))
+    with pytest.raises(DPParameterError) as spark_err:
+        dspark.set_union(frame, method, **common, **options)
+    con = dpsql.connect()
+    try:
+        con.execute("CREATE TABLE t (user_id BIGINT, item VARCHAR)")
+        args = "".join(f", {k} := {_sql_value(v)}" for k, v in {**common, **options}.items())
+        with pytest.raises(Exception) as duck_err:
+            con.execute(f"SELECT * FROM {union.METHODS[method].macro}('t'{args})").fetchall()
+    finally:
+        con.close()
+    assert str(spark_err.value) in str(duck_err.value)
+
+
+def test_bad_columns_and_methods(spark):
+    from dpsql import spark as dspark
+
+    frame = spark.createDataFrame(arrow([(1, "a")]))
+    with pytest.raises(DPParameterError, match=r"user_col := 'uid' is not a column of the DataFrame; "
+                                               r"its columns are user_id, item"):
+        dspark.set_union(frame, "mad2r", user_col="uid")
+    with pytest.raises(DPParameterError, match="two different columns"):
+        dspark.set_union(frame, "mad2r", user_col="item")
+    with pytest.raises(DPParameterError, match="method must be one of"):
+        dspark.set_union(frame, "nope")
+    with pytest.raises(DPParameterError, match="sequential"):
+        dspark.set_union(frame, "policy_gaussian")
+    with pytest.raises(DPParameterError, match="does not apply to method 'weighted_gaussian'"):
+        dspark.set_union(frame, "weighted_gaussian", beta=2.0)
+
+
+@pytest.mark.parametrize("column", ["user_id", "item"])
+def test_null_users_and_items_fail_like_duckdb(spark, column):
+    from dpsql import spark as dspark
+
+    rows = pa.table({"user_id": pa.array([1, 2], pa.int64()), "item": pa.array(["a", "b"], pa.string())})
+    idx = rows.schema.get_field_index(column)
+    rows = rows.set_column(idx, column, pa.array([None, rows[column][1].as_py()], rows.schema.field(column).type))
+    con = dpsql.connect()
+    try:
+        con.execute("CREATE TABLE t AS FROM rows")
+        with pytest.raises(Exception) as duck_err:
+            dpsql.set_union(con, "t", "weighted_gaussian")
+    finally:
+        con.close()
+    message = str(duck_err.value).split("dpsql: ", 1)[1].splitlines()[0]
+    assert "contains NULL" in message
+    with pytest.raises(Exception) as spark_err:
+        dspark.set_union(spark.createDataFrame(rows), "weighted_gaussian").collect()
+    assert message in str(spark_err.value)
