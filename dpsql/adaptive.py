@@ -47,6 +47,8 @@ after the cap no user has more than ``max_items`` items ([MAD] takes
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import math
 import numbers
 from dataclasses import dataclass
@@ -426,21 +428,41 @@ def udfs(source) -> list[Udf]:
     """Calibration/validation UDFs of the adaptive macros and the UserWeights UDF (all pure)."""
     from dpsql.union import check_column_pair  # dpsql.union imports this module for METHODS
 
+    # A macro references its calibration CTE several times and DuckDB evaluates the (pure) UDF once
+    # per reference, so the rows are cached: MAD2R's costs ~0.1 s at max_items = 100,000. Failures
+    # raise every time (lru_cache stores results, not exceptions).
+    @lru_cache(maxsize=128)
+    def _mad_row(*args):
+        return mad_calibration(*args).sql_row()
+
+    @lru_cache(maxsize=128)
+    def _mad2r_row(epsilon, delta, max_items, split, *rest):
+        c = mad2r_calibration(epsilon, delta, max_items, list(split) if split is not None else None, *rest)
+        return {**c.round1.sql_row("1"), **c.round2.sql_row("2"), "min_bias": c.round2.b_min,
+                "max_bias": c.round2.b_max, "lower_offset": c.lower_offset, "upper_offset": c.upper_offset}
+
+    @lru_cache(maxsize=128)
+    def _sips_row(epsilon, delta, max_items, split):
+        rounds = sips_calibration(epsilon, delta, max_items, list(split) if split is not None else None)
+        return {"sigma": [r.scale for r in rounds], "rho": [r.threshold for r in rounds]}
+
+    def _key(split):
+        return tuple(split) if isinstance(split, list) else split
+
     def mad_cal(epsilon, delta, max_items, max_adaptive_degree, beta, user_col, item_col):
         check_column_pair(user_col, item_col)
-        return mad_calibration(epsilon, delta, max_items, max_adaptive_degree, beta).sql_row()
+        return dict(_mad_row(epsilon, delta, max_items, max_adaptive_degree, beta))
 
     def mad2r_cal(epsilon, delta, max_items, split, max_adaptive_degree, beta, b_min, b_max, c_lb, c_ub,
                   user_col, item_col):
         check_column_pair(user_col, item_col)
-        c = mad2r_calibration(epsilon, delta, max_items, split, max_adaptive_degree, beta, b_min, b_max, c_lb, c_ub)
-        return {**c.round1.sql_row("1"), **c.round2.sql_row("2"), "min_bias": c.round2.b_min,
-                "max_bias": c.round2.b_max, "lower_offset": c.lower_offset, "upper_offset": c.upper_offset}
+        return dict(_mad2r_row(epsilon, delta, max_items, _key(split), max_adaptive_degree, beta, b_min, b_max,
+                               c_lb, c_ub))
 
     def sips_cal(epsilon, delta, max_items, split, user_col, item_col):
         check_column_pair(user_col, item_col)
-        rounds = sips_calibration(epsilon, delta, max_items, split)
-        return {"sigma": [r.scale for r in rounds], "rho": [r.threshold for r in rounds]}
+        row = _sips_row(epsilon, delta, max_items, _key(split))
+        return {"sigma": list(row["sigma"]), "rho": list(row["rho"])}
 
     def mad_parameters(tau, max_adaptive_degree, max_items, b_min, b_max):
         # Testing macros: MAD with a given tau (may be +inf) on data that is already capped.

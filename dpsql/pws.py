@@ -164,7 +164,8 @@ def sampling_probabilities(freqs, tau: Optional[float] = None, scheme: str = "pp
     pos = w > 0
     if tau is None:
         return pos.astype(np.float64)
-    x = tau * np.power(np.where(pos, w, 1.0), power)
+    with np.errstate(over="ignore"):  # i^power = inf for a huge power: q = 1, which is right
+        x = tau * np.power(np.where(pos, w, 1.0), power)
     q = -np.expm1(-x) if scheme == "ppswor" else np.minimum(1.0, x)
     return np.where(pos, q, 0.0)
 

@@ -80,12 +80,20 @@ def _run_stage(macro: str, inputs: Mapping[str, object], constants: Optional[Map
 
 
 def _one_row(session, row: Mapping[str, float]):
-    return session.createDataFrame([tuple(float(v) for v in row.values())],
-                                   ", ".join(f"{k} double" for k in row))
+    """A one-row relation of parameters, marked for broadcast (the stages CROSS JOIN it with the rows)."""
+    from pyspark.sql import functions as F
+
+    return F.broadcast(session.createDataFrame([tuple(float(v) for v in row.values())],
+                                               ", ".join(f"{k} double" for k in row)))
 
 
 def _materialise(frame):
-    """Evaluate ``frame`` once; later reads see these rows (noise is not redrawn)."""
+    """Evaluate ``frame`` once; later reads see these rows (noise is not redrawn).
+
+    An eager local checkpoint, not ``persist()``: the translated SQL reads its inputs through
+    temporary views, and Spark's cache lookup did not match them (the plans showed every read of
+    a persisted input recomputed from the source), while a checkpoint cuts the lineage.
+    """
     return frame.localCheckpoint(eager=True)
 
 
@@ -281,7 +289,7 @@ def _release_mad2r(capped, c: adaptive.Mad2rCalibration, seed):
     session = capped.sparkSession
     cal = _one_row(session, {**c.round1.sql_row("1"), **c.round2.sql_row("2"),
                              "lower_offset": c.lower_offset, "upper_offset": c.upper_offset})
-    rows = _run_stage("dp_set_union_mad2r", {"dp__capped_user_items": capped}, output="dp__m2_rows").persist()
+    rows = _materialise(_run_stage("dp_set_union_mad2r", {"dp__capped_user_items": capped}, output="dp__m2_rows"))
     # Round one's noisy weights: drawn once, read twice (the release and round two's biases).
     noisy1 = _materialise(_noisy(_mad_stage(rows, c.round1.sql_row()),
                                  _Noise("gaussian", c.round1.sigma, 0.0, strict=False), seed, keep_all=True))
@@ -289,14 +297,14 @@ def _release_mad2r(capped, c: adaptive.Mad2rCalibration, seed):
     items2 = _run_stage("dp_set_union_mad2r", {"dp__m2_noisy1": noisy1, "dp__m2_cal": cal}, output="dp__m2_items2")
     biased = _run_stage("dp_set_union_mad2r", {"dp__m2_rows": rows, "dp__m2_items2": items2},
                         output="dp__m2_biased")
-    rows2 = _user_weight_rows(biased, c.round2.b_min, c.round2.b_max).persist()  # read 3 times, as in DuckDB
+    rows2 = _materialise(_user_weight_rows(biased, c.round2.b_min, c.round2.b_max))  # read 3 times
     released2 = _noisy(_mad_stage(rows2, c.round2.sql_row()),
                        _Noise("gaussian", c.round2.sigma, c.round2.rho, strict=False), seed)
-    return released1.unionByName(released2), [rows, rows2]
+    return released1.unionByName(released2)
 
 
 def _release_sips(capped, rounds: Sequence[calibration.RoundCalibration], seed):
-    rows = capped.select("user_id", "item").persist()
+    rows = capped.select("user_id", "item")
     removed = rows.select("item").limit(0)
     released = []
     for r in rounds:
@@ -308,7 +316,7 @@ def _release_sips(capped, rounds: Sequence[calibration.RoundCalibration], seed):
     result = released[0]
     for out in released[1:]:
         result = result.unionByName(out)
-    return result, [rows]
+    return result
 
 
 def set_union(df, method: str = union.DEFAULT_METHOD, *, epsilon: float = 1.0, delta: float = 1e-5,
@@ -343,23 +351,14 @@ def set_union(df, method: str = union.DEFAULT_METHOD, *, epsilon: float = 1.0, d
         salt = NoiseSource(int(seed)).salt()
     else:
         salt = secure_source().salt()
-    capped = capped_user_items(pairs, max_items, salt).persist()
-    cached = [capped]
-    try:
-        if method in _WEIGHTING:
-            released = _release_independent(capped, method, cal, seed)
-        elif method == "mad":
-            released = _release_mad(capped, cal, seed)
-        elif method == "mad2r":
-            released, more = _release_mad2r(capped, cal, seed)
-            cached += more
-        else:
-            released, more = _release_sips(capped, cal, seed)
-            cached += more
-        return _materialise(released)
-    finally:
-        for frame in cached:
-            frame.unpersist()
+    capped = capped_user_items(pairs, max_items, salt)
+    if method in _WEIGHTING:
+        released = _release_independent(capped, method, cal, seed)
+    else:  # the adaptive stages read the capped rows several times: cap once
+        capped = _materialise(capped)
+        release = {"mad": _release_mad, "mad2r": _release_mad2r, "sips": _release_sips}[method]
+        released = release(capped, cal, seed)
+    return _materialise(released)
 
 
 def top_k_domain(df, k: int, *, epsilon: float = 1.0, delta: float = 1e-5, max_items: int = 100,
