@@ -25,7 +25,7 @@ import dpsql
 from dpsql import ledger as ledger_mod
 from dpsql.ledger import Ledger
 from dpsql.shell import error_line, run_shell
-from dpsql.validation import DPParameterError, check_identifier
+from dpsql.validation import DPParameterError, check_identifier, sql_string
 
 __all__ = ["main", "UsageError"]
 
@@ -50,9 +50,6 @@ class _Parser(argparse.ArgumentParser):
 def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
-
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
 
 
 # --------------------------------------------------------------------------
@@ -97,7 +94,7 @@ def _pick_table(tables: list[tuple[str, str]], wanted: Optional[str], input_name
 
 def _open_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str) -> None:
     """Create the TEMP view ``dpsql_input`` over the input (a DuckDB file is attached read-only)."""
-    location = _sql_string(str(path))
+    location = sql_string(str(path))
     if kind == "duckdb":
         con.execute(f"ATTACH {location} AS {_SOURCE_DB} (READ_ONLY)")
         schema, name = _pick_table(_source_tables(con), table, input_name)
@@ -263,7 +260,7 @@ EVALUATE_NOTE = ("NON-PRIVATE evaluation: computed from the raw input, not diffe
 
 def _open_released(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """TEMP view ``dpsql_released`` over a Parquet or CSV file of released items (column ``item``)."""
-    location = _sql_string(str(path))
+    location = sql_string(str(path))
     reader = "read_parquet" if _input_kind(path) == "parquet" else "read_csv"
     con.execute(f"CREATE TEMP VIEW dpsql_released AS SELECT * FROM {reader}({location})")
 

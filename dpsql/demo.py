@@ -17,6 +17,7 @@ from typing import Iterator, Optional, TextIO
 import duckdb
 
 import dpsql
+from dpsql.validation import sql_string
 
 __all__ = ["DATASET", "ATTRIBUTION", "dataset_path", "dataset_summary", "run_demo", "format_demo", "print_demo"]
 
@@ -45,12 +46,9 @@ def dataset_path() -> Iterator[Path]:
         yield path
 
 
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
 
 def _load(con: duckdb.DuckDBPyConnection, path: Path) -> dict:
-    con.execute(f"CREATE TEMP TABLE {_TABLE} AS SELECT user_id, item FROM read_parquet({_sql_string(str(path))})")
+    con.execute(f"CREATE TEMP TABLE {_TABLE} AS SELECT user_id, item FROM read_parquet({sql_string(str(path))})")
     [(entries, users, items)] = con.execute(
         f"SELECT count(*), count(DISTINCT user_id), count(DISTINCT item) FROM {_TABLE}").fetchall()
     return {"name": "r/AskReddit unigrams (1% comment sample)", "file": DATASET,

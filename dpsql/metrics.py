@@ -24,7 +24,7 @@ from typing import Hashable, Iterable, Mapping, Optional, Sequence
 
 import duckdb
 
-from dpsql.validation import DPParameterError, check_identifier, check_table_name
+from dpsql.validation import DPParameterError, check_identifier, check_table_name, sql_string
 
 __all__ = ["item_counts", "missing_mass", "top_k_missing_mass", "hits", "greedy_hitting_set",
            "coverage_by_frequency", "evaluate"]
@@ -111,9 +111,6 @@ def coverage_by_frequency(user_sets: UserSets, released: Iterable[Hashable]) -> 
     return [(b, v[0], v[1]) for b, v in sorted(buckets.items())]
 
 
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
 
 def evaluate(con: duckdb.DuckDBPyConnection, table: str, released: str, *, k: Optional[int] = None,
              user_col: str = "user_id", item_col: str = "item", released_col: str = "item") -> dict:
@@ -125,17 +122,17 @@ def evaluate(con: duckdb.DuckDBPyConnection, table: str, released: str, *, k: Op
     ``coverage_by_frequency`` (list of dicts).
     """
     table, released = check_table_name(table), check_table_name(released)
-    cols = (f"user_col := {_sql_string(check_identifier('user_col', user_col))}, "
-            f"item_col := {_sql_string(check_identifier('item_col', item_col))}, "
-            f"released_col := {_sql_string(check_identifier('released_col', released_col))}")
-    t, r = _sql_string(table), _sql_string(released)
+    cols = (f"user_col := {sql_string(check_identifier('user_col', user_col))}, "
+            f"item_col := {sql_string(check_identifier('item_col', item_col))}, "
+            f"released_col := {sql_string(check_identifier('released_col', released_col))}")
+    t, r = sql_string(table), sql_string(released)
     mm = {}
     for key, p in (("0", "0"), ("1", "1"), ("2", "2"), ("inf", "'infinity'::DOUBLE")):
         [(_, value)] = con.sql(f"FROM dp_eval_missing_mass({t}, {r}, p := {p}, {cols})").fetchall()
         mm[key] = value
     [(hit, users)] = con.sql(f"FROM dp_eval_hits({t}, {r}, {cols})").fetchall()
     [(n_released,)] = con.sql(f"SELECT count(*) FROM dp__eval_released_items({r}, "
-                              f"released_col := {_sql_string(released_col)})").fetchall()
+                              f"released_col := {sql_string(released_col)})").fetchall()
     doc: dict = {"missing_mass": mm["1"], "missing_mass_p": mm, "hits": hit, "users": users,
                  "released_items": n_released}
     if k is not None:

@@ -37,7 +37,8 @@ from dpsql.subsampling import (
     subsampling_probability,
 )
 from dpsql.udf import Udf, scalar
-from dpsql.validation import DELTA_MIN, DPParameterError, check_epsilon, check_identifier, check_table_name
+from dpsql.validation import (DELTA_MIN, DPParameterError, check_epsilon, check_identifier, check_table_name,
+                              sql_string)
 
 __all__ = [
     "check_k", "check_beta",
@@ -679,15 +680,12 @@ def k_median(source: NoiseSource, locations, distances, k: int, q: int = 1, epsi
 # Python API over tables (runs the macros of sql/80_optimize.sql)
 # --------------------------------------------------------------------------
 
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
 
 def _columns(con: duckdb.DuckDBPyConnection, table: str, **cols: str) -> None:
     table = check_table_name(table)
     try:
         names = {str(r[0]).lower() for r in
-                 con.execute(f"SELECT name FROM pragma_table_info({_sql_string(table)})").fetchall()}
+                 con.execute(f"SELECT name FROM pragma_table_info({sql_string(table)})").fetchall()}
     except duckdb.CatalogException:
         raise DPParameterError(f"table {table!r} does not exist (create it or a view of your data first)") from None
     for param, col in cols.items():
@@ -706,8 +704,8 @@ def max_coverage(con: duckdb.DuckDBPyConnection, table: str, k: int, epsilon: fl
     """
     check_epsilon(epsilon), check_k(k)
     _columns(con, table, set_col=set_col, element_col=element_col)
-    return con.sql(f"FROM dp_max_coverage({_sql_string(table)}, {int(k)}, epsilon := {float(epsilon)!r}, "
-                   f"set_col := {_sql_string(set_col)}, element_col := {_sql_string(element_col)})").to_arrow_table()
+    return con.sql(f"FROM dp_max_coverage({sql_string(table)}, {int(k)}, epsilon := {float(epsilon)!r}, "
+                   f"set_col := {sql_string(set_col)}, element_col := {sql_string(element_col)})").to_arrow_table()
 
 
 def set_cover(con: duckdb.DuckDBPyConnection, table: str, epsilon: float = 1.0, *, set_col: str = "set_id",
@@ -716,8 +714,8 @@ def set_cover(con: duckdb.DuckDBPyConnection, table: str, epsilon: float = 1.0, 
     check_epsilon(epsilon)
     _check_positive_param("tau_constant", tau_constant, "the printed value is 1000")
     _columns(con, table, set_col=set_col, element_col=element_col)
-    return con.sql(f"FROM dp_set_cover({_sql_string(table)}, epsilon := {float(epsilon)!r}, "
-                   f"set_col := {_sql_string(set_col)}, element_col := {_sql_string(element_col)}, "
+    return con.sql(f"FROM dp_set_cover({sql_string(table)}, epsilon := {float(epsilon)!r}, "
+                   f"set_col := {sql_string(set_col)}, element_col := {sql_string(element_col)}, "
                    f"tau_constant := {float(tau_constant)!r})").to_arrow_table()
 
 
@@ -726,8 +724,8 @@ def eval_set_cover_cost(con: duckdb.DuckDBPyConnection, table: str, permutation_
     """Open-set cost of a (position, set_id) permutation on ``table``. NON-PRIVATE evaluation of raw data."""
     _columns(con, table, set_col=set_col, element_col=element_col)
     _columns(con, permutation_table, set_col="position", element_col="set_id")
-    rows = con.sql(f"FROM dp_eval_set_cover_cost({_sql_string(table)}, {_sql_string(permutation_table)}, "
-                   f"set_col := {_sql_string(set_col)}, element_col := {_sql_string(element_col)})").fetchall()
+    rows = con.sql(f"FROM dp_eval_set_cover_cost({sql_string(table)}, {sql_string(permutation_table)}, "
+                   f"set_col := {sql_string(set_col)}, element_col := {sql_string(element_col)})").fetchall()
     return int(rows[0][0])
 
 
@@ -742,10 +740,10 @@ def shifting_heavy_hitters(con: duckdb.DuckDBPyConnection, stream_table: str, bu
     heavy_hitters_calibration(epsilon, k, check_k(horizon, "horizon"), 1, beta)
     _columns(con, stream_table, user_col=user_col, time_col=time_col, bucket_col=bucket_col)
     _columns(con, buckets_table, bucket_col=bucket_col)
-    return con.sql(f"FROM dp_shifting_heavy_hitters({_sql_string(stream_table)}, {_sql_string(buckets_table)}, "
+    return con.sql(f"FROM dp_shifting_heavy_hitters({sql_string(stream_table)}, {sql_string(buckets_table)}, "
                    f"{int(k)}, epsilon := {float(epsilon)!r}, beta := {float(beta)!r}, horizon := {int(horizon)}, "
-                   f"user_col := {_sql_string(user_col)}, time_col := {_sql_string(time_col)}, "
-                   f"bucket_col := {_sql_string(bucket_col)})").to_arrow_table()
+                   f"user_col := {sql_string(user_col)}, time_col := {sql_string(time_col)}, "
+                   f"bucket_col := {sql_string(bucket_col)})").to_arrow_table()
 
 
 def matroid_coverage(con: duckdb.DuckDBPyConnection, table: str, parts: dict, capacities: dict,
@@ -766,7 +764,7 @@ def matroid_coverage(con: duckdb.DuckDBPyConnection, table: str, parts: dict, ca
         raise DPParameterError("every set's part needs an entry in capacities")
     set_index = {s: i for i, s in enumerate(ids)}
     # element ids in sorted order (as dp_matroid_coverage): a seeded run is reproducible and matches the macro
-    rows = con.sql(f"SELECT DISTINCT {_quote(set_col)}, {_quote(element_col)} FROM query_table({_sql_string(table)}) "
+    rows = con.sql(f"SELECT DISTINCT {_quote(set_col)}, {_quote(element_col)} FROM query_table({sql_string(table)}) "
                    f"WHERE {_quote(element_col)} IS NOT NULL ORDER BY 2, 1").fetchall()
     elem_index: dict = {}
     s_idx, e_idx = [], []

@@ -56,7 +56,7 @@ import pyarrow as pa
 from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql.udf import Udf, scalar
-from dpsql.validation import DPParameterError, check_delta, check_epsilon, check_positive
+from dpsql.validation import DPParameterError, check_delta, check_epsilon, check_positive, sql_string
 
 __all__ = [
     "SCHEMES", "GS", "ESTIMATORS", "check_pws_parameters", "L_value", "sampling_probabilities",
@@ -1070,9 +1070,6 @@ def _coefficients(epsilon, delta, tau, scheme, power, g, estimator, n_tokens) ->
 # ---------------------------------------------------------------------------
 
 
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
 
 def weighted_sample(con, table: str, epsilon: float, delta: float, *, tau: Optional[float] = None,
                     scheme: str = "ppswor", power: float = 1.0, with_frequencies: bool = False,
@@ -1087,9 +1084,9 @@ def weighted_sample(con, table: str, epsilon: float, delta: float, *, tau: Optio
     epsilon, delta, tau, scheme, power = check_pws_parameters(epsilon, delta, tau, scheme, power)
     table = check_table_name(table)
     key_col = check_identifier("key_col", key_col)
-    freq = "NULL" if freq_col is None else _sql_string(check_identifier("freq_col", freq_col))
-    sql = (f"SELECT key, token FROM dp_weighted_sample({_sql_string(table)}, {epsilon!r}, {delta!r}, "
-           f"tau := {'NULL' if tau is None else repr(tau)}, scheme := {_sql_string(scheme)}, power := {power!r}, "
-           f"with_frequencies := {'true' if with_frequencies else 'false'}, key_col := {_sql_string(key_col)}, "
+    freq = "NULL" if freq_col is None else sql_string(check_identifier("freq_col", freq_col))
+    sql = (f"SELECT key, token FROM dp_weighted_sample({sql_string(table)}, {epsilon!r}, {delta!r}, "
+           f"tau := {'NULL' if tau is None else repr(tau)}, scheme := {sql_string(scheme)}, power := {power!r}, "
+           f"with_frequencies := {'true' if with_frequencies else 'false'}, key_col := {sql_string(key_col)}, "
            f"freq_col := {freq})")
     return con.sql(sql).to_arrow_table()

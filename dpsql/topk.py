@@ -63,6 +63,7 @@ from dpsql.validation import (
     check_identifier,
     check_max_items,
     check_table_name,
+    sql_string,
 )
 
 __all__ = ["K_LIMIT", "check_k", "peeling_epsilon", "TopKCalibration", "top_k_calibration",
@@ -361,40 +362,37 @@ def udfs(source) -> list[Udf]:
 # Python API
 # --------------------------------------------------------------------------
 
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
 
 def _columns(user_col: str, item_col: str) -> str:
-    return f"user_col := {_sql_string(user_col)}, item_col := {_sql_string(item_col)}"
+    return f"user_col := {sql_string(user_col)}, item_col := {sql_string(item_col)}"
+
+
+def _unknown_domain(macro: str, con: duckdb.DuckDBPyConnection, table: str, k: int, epsilon: float,
+                    delta: float, max_items: int, domain_method: str, user_col: str, item_col: str) -> pa.Table:
+    """Validate, then run ``macro`` (dp_top_k or dp_hitting_set: same parameters) once."""
+    table = check_table_name(table)
+    user_col, item_col = check_identifier("user_col", user_col), check_identifier("item_col", item_col)
+    cal = top_k_calibration(k, epsilon, delta, max_items, domain_method)
+    union._check_columns(con, table, user_col, item_col)
+    return con.sql(
+        f"SELECT rank, item FROM {macro}({sql_string(table)}, {cal.k}, epsilon := {float(epsilon)!r}, "
+        f"delta := {float(delta)!r}, max_items := {int(max_items)}, domain_method := {sql_string(cal.domain_method)}, "
+        f"{_columns(user_col, item_col)}) ORDER BY rank").to_arrow_table()
 
 
 def top_k(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float = 1.0, delta: float = 1e-5,
           max_items: int = 100, domain_method: str = DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
           item_col: str = "item") -> pa.Table:
     """Unknown-domain top-k (``dp_top_k``): an Arrow table ``(rank, item)`` of at most k rows."""
-    table = check_table_name(table)
-    user_col, item_col = check_identifier("user_col", user_col), check_identifier("item_col", item_col)
-    cal = top_k_calibration(k, epsilon, delta, max_items, domain_method)
-    union._check_columns(con, table, user_col, item_col)
-    return con.sql(
-        f"SELECT rank, item FROM dp_top_k({_sql_string(table)}, {cal.k}, epsilon := {float(epsilon)!r}, "
-        f"delta := {float(delta)!r}, max_items := {int(max_items)}, domain_method := {_sql_string(cal.domain_method)}, "
-        f"{_columns(user_col, item_col)}) ORDER BY rank").to_arrow_table()
+    return _unknown_domain("dp_top_k", con, table, k, epsilon, delta, max_items, domain_method, user_col, item_col)
 
 
 def hitting_set(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float = 1.0, delta: float = 1e-5,
                 max_items: int = 100, domain_method: str = DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
                 item_col: str = "item") -> pa.Table:
     """Unknown-domain k-hitting set (``dp_hitting_set``): an Arrow table ``(rank, item)``."""
-    table = check_table_name(table)
-    user_col, item_col = check_identifier("user_col", user_col), check_identifier("item_col", item_col)
-    cal = top_k_calibration(k, epsilon, delta, max_items, domain_method)
-    union._check_columns(con, table, user_col, item_col)
-    return con.sql(
-        f"SELECT rank, item FROM dp_hitting_set({_sql_string(table)}, {cal.k}, epsilon := {float(epsilon)!r}, "
-        f"delta := {float(delta)!r}, max_items := {int(max_items)}, domain_method := {_sql_string(cal.domain_method)}, "
-        f"{_columns(user_col, item_col)}) ORDER BY rank").to_arrow_table()
+    return _unknown_domain("dp_hitting_set", con, table, k, epsilon, delta, max_items, domain_method, user_col,
+                           item_col)
 
 
 def top_k_limited_domain(con: duckdb.DuckDBPyConnection, table: str, k: int, k_bar: float, *,
@@ -408,6 +406,6 @@ def top_k_limited_domain(con: duckdb.DuckDBPyConnection, table: str, k: int, k_b
     k_bar_sql = "'infinity'::DOUBLE" if math.isinf(cal.k_bar) else str(int(cal.k_bar))
     cap_sql = "NULL" if math.isinf(cal.max_items) else str(int(cal.max_items))
     return con.sql(
-        f"SELECT rank, item FROM dp_top_k_limited_domain({_sql_string(table)}, {cal.k}, {k_bar_sql}, "
+        f"SELECT rank, item FROM dp_top_k_limited_domain({sql_string(table)}, {cal.k}, {k_bar_sql}, "
         f"epsilon := {float(epsilon)!r}, delta := {float(delta)!r}, max_items := {cap_sql}, "
         f"{_columns(user_col, item_col)}) ORDER BY rank").to_arrow_table()

@@ -43,6 +43,7 @@ from dpsql.validation import (
     check_identifier,
     check_max_items,
     check_table_name,
+    sql_string,
 )
 
 __all__ = ["METHODS", "DEFAULT_METHOD", "SetUnionMethod", "calibrate", "set_union", "udfs"]
@@ -170,13 +171,10 @@ def udfs(source) -> list[Udf]:
     ]
 
 
-def _sql_string(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
 
 def _check_columns(con: duckdb.DuckDBPyConnection, table: str, user_col: str, item_col: str) -> None:
     try:
-        columns = con.execute(f"SELECT name FROM pragma_table_info({_sql_string(table)})").fetchall()
+        columns = con.execute(f"SELECT name FROM pragma_table_info({sql_string(table)})").fetchall()
     except duckdb.CatalogException:
         raise DPParameterError(f"table {table!r} does not exist (create it or a view of your data first)") from None
     check_column_pair(user_col, item_col)
@@ -220,9 +218,9 @@ def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_
     _check_columns(con, table, user_col, item_col)
     # greedy_update has no cap: its macro takes no max_items.
     cap = "" if method == "greedy_update" else f", max_items := {int(max_items)}"
-    sql = (f"SELECT item FROM {METHODS[method].macro}({_sql_string(table)}, "
+    sql = (f"SELECT item FROM {METHODS[method].macro}({sql_string(table)}, "
            f"epsilon := {float(epsilon)!r}, delta := {float(delta)!r}{cap}{extra}, "
-           f"user_col := {_sql_string(user_col)}, item_col := {_sql_string(item_col)})")
+           f"user_col := {sql_string(user_col)}, item_col := {sql_string(item_col)})")
     if progress is None:
         return con.sql(sql).to_arrow_table()
     if method in policy.POLICIES:  # the kernel reports the share of users processed

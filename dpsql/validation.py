@@ -18,6 +18,7 @@ __all__ = [
     "check_positive",
     "check_identifier",
     "check_table_name",
+    "sql_string",
 ]
 
 
@@ -129,3 +130,9 @@ def check_table_name(table: object) -> str:
     if not isinstance(table, str) or not table.strip():
         raise DPParameterError(f"table must be a table or view name, got {table!r}")
     return table
+
+
+def sql_string(value: str) -> str:
+    """``value`` as a SQL string literal (single quotes doubled): table and column names reach the
+    macros as data, never as SQL text."""
+    return "'" + value.replace("'", "''") + "'"
