@@ -178,6 +178,7 @@ class Ledger:
         self.aliases = {normalize_scope(k): v for k, v in (aliases or {}).items()}
         self._lock = threading.Lock()
         self._memory: Optional[sqlite3.Connection] = None
+        self._ready = False  # tables created (on first use, so registering writes nothing)
         if self.path is None:
             self._memory = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
         # A file ledger is created on first use, so registering dpsql on a database writes nothing.
@@ -198,7 +199,9 @@ class Ledger:
             self.ledger._lock.acquire()
             try:
                 self.db = self.ledger._memory if self.ledger._memory is not None else self.ledger._open()
-                self.db.executescript(_SCHEMA)
+                if not self.ledger._ready:  # once per Ledger: a charge is on every release's path
+                    self.db.executescript(_SCHEMA)
+                    self.ledger._ready = True
                 # IMMEDIATE takes the write lock now: no other process can spend between our check and insert.
                 self.db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:

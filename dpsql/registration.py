@@ -101,7 +101,7 @@ def _registered_udfs(con: duckdb.DuckDBPyConnection) -> set[str]:
 
 
 def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource,
-                       ledger: Optional[ledger_mod.Ledger] = None) -> None:
+                       ledger: Union[None, str, os.PathLike, ledger_mod.Ledger] = None) -> None:
     """Register every family's UDFs on ``con``, their randomness drawn from ``source``.
 
     ``ledger`` receives the charges of every release (default: see :func:`dpsql.ledger.ledger_for`).
@@ -143,7 +143,7 @@ def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None,
     else:
         source = noise.seeded_source(seed)
         con.execute("SET threads = 1")
-    register_functions(con, source, ledger_mod.ledger_for(con, ledger))
+    register_functions(con, source, ledger)
     register_macros(con)
     return con
 
