@@ -25,13 +25,10 @@ $DPSQL_SHARED_DATA) at (1, 1e-5, 100).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -44,6 +41,7 @@ import dpsql  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 import zipf_data  # noqa: E402
+from bench_set_union import _pct, machine_info, run_once  # noqa: E402  (shared measuring helpers)
 
 EPS, DELTA, MAX_ITEMS = 1.0, 1e-5, 100
 SPEED = {
@@ -70,17 +68,6 @@ DATASETS = {
 }
 
 
-def machine_info() -> dict:
-    info = {"nproc": os.cpu_count(), "python": platform.python_version(), "duckdb": duckdb.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return info
-
-
 def table_name(rows: int) -> str:
     return f"t{rows // 1_000_000}m" if rows % 1_000_000 == 0 else f"t{rows}"
 
@@ -105,30 +92,6 @@ def ensure_table(db: str, rows: int) -> str:
     return name
 
 
-def _busy_seconds() -> float | None:
-    """Busy CPU seconds of the whole machine since boot, from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return None
-    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def run_once(con, sql: str):
-    """Wall seconds, the result, and the share of the cores other processes kept busy meanwhile."""
-    busy0, own0 = _busy_seconds(), sum(os.times()[:2])
-    t0 = time.perf_counter()
-    result = con.execute(sql).fetchall()
-    seconds = time.perf_counter() - t0
-    busy1, own1 = _busy_seconds(), sum(os.times()[:2])
-    others = None
-    if busy0 is not None:
-        others = max(0.0, (busy1 - busy0) - (own1 - own0)) / (seconds * (os.cpu_count() or 1))
-    return seconds, result[0][0], others
-
-
 def bench_speed(con, table: str, reps: int) -> dict:
     names = list(SPEED)
     sql = {k: v.format(t=table) for k, v in SPEED.items()}
@@ -141,7 +104,8 @@ def bench_speed(con, table: str, reps: int) -> dict:
         loads.append(os.getloadavg()[0])
         order = names[i % len(names):] + names[:i % len(names)]
         for k in order:
-            seconds, n, busy = run_once(con, sql[k])
+            seconds, rows, busy = run_once(con, sql[k])
+            n = rows[0][0]
             times[k].append(seconds)
             released[k].append(n)
             if busy is not None:
@@ -173,10 +137,6 @@ def bench_utility(data_dir: Path, runs: int) -> list[dict]:
     finally:
         con.close()
     return rows
-
-
-def _pct(values) -> str:
-    return f"{100 * statistics.median(values):.0f}% (max {100 * max(values):.0f}%)" if values else "n/a"
 
 
 def main(argv=None) -> None:
