@@ -786,14 +786,15 @@ def _quote(col: str) -> str:
 # UDFs
 # --------------------------------------------------------------------------
 
-def _flat(arr: pa.Array, i: int) -> np.ndarray:
+def _flat(arr: pa.Array, i: int, dtype=np.int64, what: str = "id") -> np.ndarray:
+    """Row ``i`` of a LIST column as a numpy array (empty for NULL); a NULL element is an error."""
     value = arr[i]
     if not value.is_valid or value.values is None:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=dtype)
     flat = value.values
     if flat.null_count:
-        raise ValueError("dpsql: NULL id in an optimisation input list")
-    return np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.int64)
+        raise ValueError(f"dpsql: NULL {what} in an optimisation input list")
+    return np.asarray(flat.to_numpy(zero_copy_only=False), dtype=dtype)
 
 
 def _scalars(arr: pa.Array) -> list:
@@ -803,18 +804,8 @@ def _scalars(arr: pa.Array) -> list:
     return values
 
 
-def _flat_float(arr: pa.Array, i: int) -> np.ndarray:
-    value = arr[i]
-    if not value.is_valid or value.values is None:
-        return np.zeros(0, dtype=np.float64)
-    flat = value.values
-    if flat.null_count:
-        raise ValueError("dpsql: NULL value in an optimisation input list")
-    return np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float64)
-
-
 def _check_n_bound(n_bound: object) -> int:
-    """A public whole number >= 1 (no upper limit: it only enters ``ln n_bound``)."""
+    """A public whole number in 1..N_BOUND_LIMIT (it enters ``ln n_bound`` and reaches the kernel as a BIGINT)."""
     if n_bound is None:
         raise DPParameterError("n_bound must be a public upper bound on the number of points, e.g. n_bound := 100000")
     if isinstance(n_bound, bool) or not isinstance(n_bound, numbers.Real) or not math.isfinite(float(n_bound)) \
@@ -911,7 +902,7 @@ def udfs(source: NoiseSource) -> list[Udf]:
         out = []
         for i, (m, kk, qq, e, nb) in enumerate(zip(_scalars(n_cands), _scalars(k), _scalars(q), _scalars(epsilon),
                                                    _scalars(n_bound))):
-            dist = _metric(_flat(rows, i), _flat(cols, i), _flat_float(dists, i), int(m))
+            dist = _metric(_flat(rows, i), _flat(cols, i), _flat(dists, i, np.float64, "value"), int(m))
             if int(m) == 0:  # no candidates (public): nothing to choose
                 out.append([])
                 continue
