@@ -12,7 +12,7 @@ a sort of the whole table)::
     python benchmarks/bench_out_of_core.py generate --db big.duckdb --rows 1000000000
     python benchmarks/bench_out_of_core.py run --db big.duckdb --memory-limit 8GB --temp-dir spill/
 
-The run is not a test: it takes about an hour at 10^9 rows on 2 cores. The
+The run is not a test: it takes about 70 minutes at 10^9 rows on 2 cores. The
 releases are charged to an in-memory ledger (the benchmark's releases are not
 publications).
 """

@@ -246,7 +246,7 @@ def _mad_params(tau: float, max_adaptive_degree: object, max_items: object, b_mi
 def mad_weights(capped, tau: float, max_adaptive_degree: int = 50, max_items: int = 100):
     """``dp__mad_weights`` on capped rows (user_id, item, d): (item, w, w_init, w_trunc, w_reroute). Testing/audit."""
     params = _mad_params(tau, max_adaptive_degree, max_items, 1.0, 1.0)
-    rows = _run_stage("dp_set_union_mad", {"dp__capped_user_items": capped}, output="dp__mad_rows")
+    rows = _run_stage("dp_set_union_mad", {"dp__capped_user_items_window": capped}, output="dp__mad_rows")
     return _mad_stage(rows, params)
 
 
@@ -280,7 +280,7 @@ def _release_independent(capped, method: str, cal: calibration.SetUnionCalibrati
 
 
 def _release_mad(capped, r: adaptive.MadRound, seed):
-    rows = _run_stage("dp_set_union_mad", {"dp__capped_user_items": capped}, output="dp__mad_rows")
+    rows = _run_stage("dp_set_union_mad", {"dp__capped_user_items_window": capped}, output="dp__mad_rows")
     weights = _mad_stage(rows, r.sql_row())
     return _noisy(weights, _Noise("gaussian", r.sigma, r.rho, strict=False), seed)
 
@@ -289,7 +289,7 @@ def _release_mad2r(capped, c: adaptive.Mad2rCalibration, seed):
     session = capped.sparkSession
     cal = _one_row(session, {**c.round1.sql_row("1"), **c.round2.sql_row("2"),
                              "lower_offset": c.lower_offset, "upper_offset": c.upper_offset})
-    rows = _materialise(_run_stage("dp_set_union_mad2r", {"dp__capped_user_items": capped}, output="dp__m2_rows"))
+    rows = _materialise(_run_stage("dp_set_union_mad2r", {"dp__capped_user_items_window": capped}, output="dp__m2_rows"))
     # Round one's noisy weights: drawn once, read twice (the release and round two's biases).
     noisy1 = _materialise(_noisy(_mad_stage(rows, c.round1.sql_row()),
                                  _Noise("gaussian", c.round1.sigma, 0.0, strict=False), seed, keep_all=True))

@@ -53,7 +53,8 @@ FROM dp__ms_items CROSS JOIN dp__ms_p;
 -- Otherwise the loop can take more steps and runs in the vectorised UDF dp__user_weights, one list
 -- per user. b_min and b_max are constants, so DuckDB prunes the branch not taken.
 CREATE OR REPLACE TEMP MACRO dp__user_weight_rows(rows_rel VARCHAR, b_min DOUBLE, b_max DOUBLE) AS TABLE
-WITH dp__uw_in AS (
+-- NOT MATERIALIZED: read twice; recomputing the projection is cheaper than storing a copy of the rows.
+WITH dp__uw_in AS NOT MATERIALIZED (
     SELECT user_id, item, CASE WHEN b < 1.0 THEN greatest(b_min, b) END AS v FROM query_table(rows_rel)),
 dp__uw_users AS (
     SELECT user_id, d, u, m, q, kv + (d - n_biased) * coalesce(u * u, 0.0) AS norm
@@ -92,7 +93,7 @@ dp__mad_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_mad', 'user', tbl,
          'item_col': item_col}::VARCHAR, dp__mad_cal::VARCHAR) AS paid FROM dp__mad_cal),
 dp__mad_rows AS MATERIALIZED (
     SELECT user_id, item, d, 1.0 / sqrt(d) AS uw
-    FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col))
+    FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col))
 SELECT item FROM dp__mad_stage('dp__mad_rows', 'dp__mad_cal') CROSS JOIN dp__mad_cal CROSS JOIN dp__mad_paid
 WHERE paid AND w + dp_gaussian_noise(sigma) >= rho;
 
@@ -118,7 +119,7 @@ dp__m2_p2 AS (SELECT tau2 AS tau, alpha2 AS alpha, min_degree2 AS min_degree, ma
                      min_bias AS b_min, max_bias AS b_max FROM dp__m2_cal),
 dp__m2_rows AS MATERIALIZED (
     SELECT user_id, item, d, 1.0 / sqrt(d) AS uw
-    FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
+    FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
 dp__m2_noisy1 AS MATERIALIZED (
     SELECT item, w + dp_gaussian_noise(sigma1) AS noisy
     FROM dp__mad_stage('dp__m2_rows', 'dp__m2_p1') CROSS JOIN dp__m2_cal),
@@ -126,7 +127,7 @@ dp__m2_items2 AS (
     SELECT item, CASE WHEN noisy - lower_offset > rho2 THEN rho2 / (noisy - lower_offset) ELSE 1.0 END AS b
     FROM dp__m2_noisy1 CROSS JOIN dp__m2_cal
     WHERE noisy < rho1 AND noisy + upper_offset >= rho2),
-dp__m2_biased AS (SELECT user_id, item, b FROM dp__m2_rows JOIN dp__m2_items2 USING (item)),
+dp__m2_biased AS NOT MATERIALIZED (SELECT user_id, item, b FROM dp__m2_rows JOIN dp__m2_items2 USING (item)),
 dp__m2_rows2 AS MATERIALIZED (FROM dp__user_weight_rows('dp__m2_biased', b_min, b_max))
 SELECT item FROM dp__m2_noisy1 CROSS JOIN dp__m2_cal CROSS JOIN dp__m2_paid WHERE paid AND noisy >= rho1
 UNION ALL
@@ -137,7 +138,9 @@ WHERE paid AND w + dp_gaussian_noise(sigma2) >= rho2;
 -- not in `removed_rel`, calibrated by element `r` of the lists sigma/rho of `params_rel`.
 CREATE OR REPLACE TEMP MACRO dp__sips_round(rows_rel VARCHAR, removed_rel VARCHAR, params_rel VARCHAR,
                                             r INTEGER) AS TABLE
-WITH dp__sr_kept AS (
+-- NOT MATERIALIZED: read twice, recomputed (a scan and an anti join with the released items) rather
+-- than stored: storing it would copy nearly every capped row once per round.
+WITH dp__sr_kept AS NOT MATERIALIZED (
     SELECT user_id, item FROM query_table(rows_rel) ANTI JOIN query_table(removed_rel) USING (item)),
 dp__sr_weights AS (
     SELECT item, sum(1.0 / sqrt(d)) AS w
@@ -159,7 +162,7 @@ dp__s_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_sips', 'user', tbl, 
     FROM dp__s_cal),
 dp__s_rows AS MATERIALIZED (
     SELECT user_id, item
-    FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
+    FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
 dp__s_none AS (SELECT item FROM dp__s_rows LIMIT 0),
 dp__s_r1 AS MATERIALIZED (FROM dp__sips_round('dp__s_rows', 'dp__s_none', 'dp__s_cal', 1)),
 dp__s_u1 AS (FROM dp__s_r1),
@@ -183,7 +186,7 @@ CREATE OR REPLACE TEMP MACRO dp__mad_weights(tbl VARCHAR, tau DOUBLE, max_adapti
 WITH dp__mw_p AS (SELECT unnest(dp__mad_parameters(tau, max_adaptive_degree, max_items, 1.0, 1.0))),
 dp__mw_rows AS MATERIALIZED (
     SELECT user_id, item, d, 1.0 / sqrt(d) AS uw
-    FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col))
+    FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col))
 FROM dp__mad_stage('dp__mw_rows', 'dp__mw_p');
 
 -- Biased MAD weights, as in round two of MAD2R, of the already capped rows of `rows_tbl`
