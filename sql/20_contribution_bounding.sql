@@ -32,9 +32,10 @@ QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY h) <= max_items;
 -- The same capped rows (for one salt: the same rows, tests/test_union.py), computed by one window
 -- over the distinct pairs. For callers that store the capped rows themselves (MAD, MAD2R, DP-SIPS:
 -- their rounds re-read them): dp__capped_user_items reads the pairs three times, so DuckDB stores
--- the pairs and the degrees as well, two more copies that spill on a table larger than memory. It
--- is the faster of the two otherwise (the window sorts every user's pairs, not only those of the
--- users over the cap): benchmarks/README.md, "Out-of-core".
+-- the pairs and the degrees as well, two more copies that spill on a table larger than memory.
+-- For a caller that reads the capped rows once, dp__capped_user_items is the faster: this window
+-- sorts every user's pairs, the join ranks only the users over the cap (benchmarks/README.md,
+-- "Out-of-core"). The ranking key hash(xor(hash(user_id, item), s)) must stay the same in both.
 CREATE OR REPLACE TEMP MACRO dp__capped_user_items_window(tbl VARCHAR, max_items DOUBLE := 100,
                                                           user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s)
