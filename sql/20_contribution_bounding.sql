@@ -18,14 +18,14 @@ FROM query_table(tbl);
 -- under the cap keep every item and skip the ranking. Output: user_id, item, d = capped degree.
 CREATE OR REPLACE TEMP MACRO dp__capped_user_items(tbl VARCHAR, max_items DOUBLE := 100,
                                                    user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
-WITH pairs AS (FROM dp__user_items(tbl, user_col := user_col, item_col := item_col)),
-degrees AS (SELECT user_id, count(*) AS d FROM pairs GROUP BY user_id),
-salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s)
-SELECT user_id, item, d FROM pairs JOIN degrees USING (user_id) WHERE d <= max_items
+WITH dp__pairs AS (FROM dp__user_items(tbl, user_col := user_col, item_col := item_col)),
+dp__degrees AS (SELECT user_id, count(*) AS d FROM dp__pairs GROUP BY user_id),
+dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s)
+SELECT user_id, item, d FROM dp__pairs JOIN dp__degrees USING (user_id) WHERE d <= max_items
 UNION ALL
 SELECT user_id, item, max_items::BIGINT AS d
 FROM (SELECT user_id, item, hash(xor(hash(user_id, item), s)) AS h
-      FROM pairs JOIN degrees USING (user_id) CROSS JOIN salt
+      FROM dp__pairs JOIN dp__degrees USING (user_id) CROSS JOIN dp__salt
       WHERE d > max_items)
 QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY h) <= max_items;
 
@@ -38,9 +38,9 @@ QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY h) <= max_items;
 -- "Out-of-core"). The ranking key hash(xor(hash(user_id, item), s)) must stay the same in both.
 CREATE OR REPLACE TEMP MACRO dp__capped_user_items_window(tbl VARCHAR, max_items DOUBLE := 100,
                                                           user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
-WITH salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s)
+WITH dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s)
 SELECT user_id, item, least(d, max_items)::BIGINT AS d
 FROM (SELECT user_id, item, count(*) OVER (PARTITION BY user_id) AS d,
              row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s))) AS rn
-      FROM dp__user_items(tbl, user_col := user_col, item_col := item_col) CROSS JOIN salt)
+      FROM dp__user_items(tbl, user_col := user_col, item_col := item_col) CROSS JOIN dp__salt)
 WHERE rn <= max_items;

@@ -1,7 +1,7 @@
 -- User-level (epsilon, delta)-DP set union (partition selection) with an independent
 -- update policy (Gopi et al. 2020, Alg. 1 / Sec. 1.1, App. B; Chen et al., Alg. 1).
--- Each returns one column `item` of the input's type and nothing else: the noisy
--- weights never leave the query. Calibration: dpsql/calibration.py. Each release charges its
+-- Each returns one column `item` of the input's type, sorted, and nothing else: the noisy
+-- weights never leave the query. Release path (constant parameters, row order): sql/00_release.sql. Calibration: dpsql/calibration.py. Each release charges its
 -- (epsilon, delta) to the ledger once, in the `paid` CTE (sql/05_ledger.sql).
 
 -- Pre-noise item weights of the independent update policies. NOT a release: these are exact
@@ -18,32 +18,60 @@ GROUP BY item;
 
 CREATE OR REPLACE TEMP MACRO dp_set_union_count_laplace(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
-WITH cal AS (SELECT unnest(dp__set_union_calibration('count_laplace', epsilon, delta, max_items, user_col, item_col))),
-paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_count_laplace', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
-weights AS (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
-SELECT item FROM weights CROSS JOIN cal CROSS JOIN paid WHERE paid AND w + dp_laplace_noise(scale) > threshold;
+WITH dp__cal AS (
+    SELECT unnest(dp__set_union_calibration('count_laplace', epsilon, delta, max_items, user_col, item_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
+      AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
+      AND dp__constant('item_col', item_col)),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_count_laplace', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
+    FROM dp__cal),
+dp__weights AS (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
+SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
+WHERE paid AND w + dp_laplace_noise(scale) > threshold
+ORDER BY item;
 
 CREATE OR REPLACE TEMP MACRO dp_set_union_count_gaussian(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
-WITH cal AS (SELECT unnest(dp__set_union_calibration('count_gaussian', epsilon, delta, max_items, user_col, item_col))),
-paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_count_gaussian', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
-weights AS (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
-SELECT item FROM weights CROSS JOIN cal CROSS JOIN paid WHERE paid AND w + dp_gaussian_noise(scale) > threshold;
+WITH dp__cal AS (
+    SELECT unnest(dp__set_union_calibration('count_gaussian', epsilon, delta, max_items, user_col, item_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
+      AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
+      AND dp__constant('item_col', item_col)),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_count_gaussian', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
+    FROM dp__cal),
+dp__weights AS (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
+SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
+WHERE paid AND w + dp_gaussian_noise(scale) > threshold
+ORDER BY item;
 
 CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_laplace(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
-WITH cal AS (SELECT unnest(dp__set_union_calibration('weighted_laplace', epsilon, delta, max_items, user_col, item_col))),
-paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_weighted_laplace', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
-weights AS (FROM dp__set_union_weights(tbl, 'inverse', max_items := max_items, user_col := user_col, item_col := item_col))
-SELECT item FROM weights CROSS JOIN cal CROSS JOIN paid WHERE paid AND w + dp_laplace_noise(scale) > threshold;
+WITH dp__cal AS (
+    SELECT unnest(dp__set_union_calibration('weighted_laplace', epsilon, delta, max_items, user_col, item_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
+      AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
+      AND dp__constant('item_col', item_col)),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_weighted_laplace', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
+    FROM dp__cal),
+dp__weights AS (FROM dp__set_union_weights(tbl, 'inverse', max_items := max_items, user_col := user_col, item_col := item_col))
+SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
+WHERE paid AND w + dp_laplace_noise(scale) > threshold
+ORDER BY item;
 
 CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_gaussian(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
-WITH cal AS (SELECT unnest(dp__set_union_calibration('weighted_gaussian', epsilon, delta, max_items, user_col, item_col))),
-paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_weighted_gaussian', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
-weights AS (FROM dp__set_union_weights(tbl, 'inverse_sqrt', max_items := max_items, user_col := user_col, item_col := item_col))
-SELECT item FROM weights CROSS JOIN cal CROSS JOIN paid WHERE paid AND w + dp_gaussian_noise(scale) > threshold;
+WITH dp__cal AS (
+    SELECT unnest(dp__set_union_calibration('weighted_gaussian', epsilon, delta, max_items, user_col, item_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
+      AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
+      AND dp__constant('item_col', item_col)),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_weighted_gaussian', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
+    FROM dp__cal),
+dp__weights AS (FROM dp__set_union_weights(tbl, 'inverse_sqrt', max_items := max_items, user_col := user_col, item_col := item_col))
+SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
+WHERE paid AND w + dp_gaussian_noise(scale) > threshold
+ORDER BY item;

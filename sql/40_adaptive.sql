@@ -78,7 +78,7 @@ FROM (SELECT user_id, len(l) AS d, unnest(l) AS x,
 WHERE b_min * b_max < 1.0;
 
 -- ---------------------------------------------------------------------------------------------
--- Releases. Each returns one column `item` and nothing else.
+-- Releases. Each returns one column `item`, sorted, and nothing else (sql/00_release.sql).
 -- ---------------------------------------------------------------------------------------------
 
 -- MAD (unbiased, Alg. 3 inside Alg. 1): the sigma and rho of Weighted Gaussian / Basic,
@@ -87,7 +87,10 @@ CREATE OR REPLACE TEMP MACRO dp_set_union_mad(tbl VARCHAR, epsilon DOUBLE := 1.0
         max_items DOUBLE := 100, max_adaptive_degree DOUBLE := 50, beta DOUBLE := 2,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__mad_cal AS (
-    SELECT unnest(dp__mad_calibration(epsilon, delta, max_items, max_adaptive_degree, beta, user_col, item_col))),
+    SELECT unnest(dp__mad_calibration(epsilon, delta, max_items, max_adaptive_degree, beta, user_col, item_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
+      AND dp__constant('max_items', max_items) AND dp__constant('max_adaptive_degree', max_adaptive_degree)
+      AND dp__constant('beta', beta) AND dp__constant('user_col', user_col) AND dp__constant('item_col', item_col)),
 dp__mad_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_mad', 'user', tbl, epsilon, delta,
         {'max_items': max_items, 'max_adaptive_degree': max_adaptive_degree, 'beta': beta, 'user_col': user_col,
          'item_col': item_col}::VARCHAR, dp__mad_cal::VARCHAR) AS paid FROM dp__mad_cal),
@@ -95,7 +98,8 @@ dp__mad_rows AS MATERIALIZED (
     SELECT user_id, item, d, 1.0 / sqrt(d) AS uw
     FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col))
 SELECT item FROM dp__mad_stage('dp__mad_rows', 'dp__mad_cal') CROSS JOIN dp__mad_cal CROSS JOIN dp__mad_paid
-WHERE paid AND w + dp_gaussian_noise(sigma) >= rho;
+WHERE paid AND w + dp_gaussian_noise(sigma) >= rho
+ORDER BY item;
 
 -- MAD2R (Alg. 4): (eps_r, delta_r) = (split[r]*epsilon, split[r]*delta), one cap for both rounds.
 -- Round 1: unbiased MAD; its noisy weights stay in this query (dp__m2_noisy1 is never output).
@@ -107,7 +111,12 @@ CREATE OR REPLACE TEMP MACRO dp_set_union_mad2r(tbl VARCHAR, epsilon DOUBLE := 1
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__m2_cal AS (
     SELECT unnest(dp__mad2r_calibration(epsilon, delta, max_items, split, max_adaptive_degree, beta,
-                                        b_min, b_max, c_lb, c_ub, user_col, item_col))),
+                                        b_min, b_max, c_lb, c_ub, user_col, item_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
+      AND dp__constant('max_items', max_items) AND dp__constant('split', split)
+      AND dp__constant('max_adaptive_degree', max_adaptive_degree) AND dp__constant('beta', beta)
+      AND dp__constant('b_min', b_min) AND dp__constant('b_max', b_max) AND dp__constant('c_lb', c_lb)
+      AND dp__constant('c_ub', c_ub) AND dp__constant('user_col', user_col) AND dp__constant('item_col', item_col)),
 dp__m2_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_mad2r', 'user', tbl, epsilon, delta,
         {'max_items': max_items, 'split': split, 'max_adaptive_degree': max_adaptive_degree, 'beta': beta,
          'b_min': b_min, 'b_max': b_max, 'c_lb': c_lb, 'c_ub': c_ub, 'user_col': user_col,
@@ -132,7 +141,8 @@ dp__m2_rows2 AS MATERIALIZED (FROM dp__user_weight_rows('dp__m2_biased', b_min, 
 SELECT item FROM dp__m2_noisy1 CROSS JOIN dp__m2_cal CROSS JOIN dp__m2_paid WHERE paid AND noisy >= rho1
 UNION ALL
 SELECT item FROM dp__mad_stage('dp__m2_rows2', 'dp__m2_p2') CROSS JOIN dp__m2_cal CROSS JOIN dp__m2_paid
-WHERE paid AND w + dp_gaussian_noise(sigma2) >= rho2;
+WHERE paid AND w + dp_gaussian_noise(sigma2) >= rho2
+ORDER BY item;
 
 -- One DP-SIPS round: Basic (1/sqrt(d) on the reduced sets) on the rows of `rows_rel` whose item is
 -- not in `removed_rel`, calibrated by element `r` of the lists sigma/rho of `params_rel`.
@@ -156,7 +166,11 @@ WHERE w + dp_gaussian_noise(s) >= t;
 CREATE OR REPLACE TEMP MACRO dp_set_union_sips(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, split DOUBLE[] := [0.1, 0.9],
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
-WITH dp__s_cal AS (SELECT unnest(dp__sips_calibration(epsilon, delta, max_items, split, user_col, item_col))),
+WITH dp__s_cal AS (
+    SELECT unnest(dp__sips_calibration(epsilon, delta, max_items, split, user_col, item_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
+      AND dp__constant('max_items', max_items) AND dp__constant('split', split)
+      AND dp__constant('user_col', user_col) AND dp__constant('item_col', item_col)),
 dp__s_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_sips', 'user', tbl, epsilon, delta,
         {'max_items': max_items, 'split': split, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__s_cal::VARCHAR) AS paid
     FROM dp__s_cal),
@@ -173,7 +187,8 @@ dp__s_u3 AS (FROM dp__s_u2 UNION ALL FROM dp__s_r3),
 dp__s_r4 AS MATERIALIZED (FROM dp__sips_round('dp__s_rows', 'dp__s_u3', 'dp__s_cal', 4) WHERE len(split) >= 4),
 dp__s_u4 AS (FROM dp__s_u3 UNION ALL FROM dp__s_r4),
 dp__s_r5 AS MATERIALIZED (FROM dp__sips_round('dp__s_rows', 'dp__s_u4', 'dp__s_cal', 5) WHERE len(split) >= 5)
-SELECT item FROM (FROM dp__s_u4 UNION ALL FROM dp__s_r5) CROSS JOIN dp__s_cal CROSS JOIN dp__s_paid WHERE paid;
+SELECT item FROM (FROM dp__s_u4 UNION ALL FROM dp__s_r5) CROSS JOIN dp__s_cal CROSS JOIN dp__s_paid WHERE paid
+ORDER BY item;
 
 -- ---------------------------------------------------------------------------------------------
 -- Testing / audit only: PRE-NOISE weights, exact aggregates of the raw data. NOT releases.

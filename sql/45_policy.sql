@@ -38,37 +38,43 @@ WHERE method = 'greedy_update';
 -- (a function of the user's own rows and the salt only).
 CREATE OR REPLACE TEMP MACRO dp__policy_run(tbl VARCHAR, method VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE, alpha DOUBLE, passes DOUBLE, user_col VARCHAR, item_col VARCHAR) AS TABLE
-WITH cal AS (SELECT unnest(dp__policy_calibration(method, epsilon, delta, max_items, alpha, passes,
-                                                  user_col, item_col))),
+WITH dp__cal AS (
+    SELECT unnest(dp__policy_calibration(method, epsilon, delta, max_items, alpha, passes, user_col, item_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('method', method) AND dp__constant('epsilon', epsilon)
+      AND dp__constant('delta', delta) AND dp__constant('max_items', max_items) AND dp__constant('alpha', alpha)
+      AND dp__constant('passes', passes) AND dp__constant('user_col', user_col)
+      AND dp__constant('item_col', item_col)),
 -- One charge per release (sql/05_ledger.sql); the public macros below are thin wrappers of this one.
-paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_' || method, 'user', tbl, epsilon, delta,
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_' || method, 'user', tbl, epsilon, delta,
         {'max_items': max_items, 'alpha': alpha, 'passes': passes, 'user_col': user_col,
-         'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
-order_salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
+         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal),
+dp__order_salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 -- Materialised: row_number() OVER () is not reproducible, and the ids are used twice.
-items AS MATERIALIZED (
+dp__items AS MATERIALIZED (
     SELECT item, CASE WHEN n < 4294967296 THEN n
                       ELSE error('dpsql: more than 2^32 distinct items; the policy methods cannot number them') END AS iid
     FROM (SELECT item, row_number() OVER () - 1 AS n
           FROM (SELECT DISTINCT COLUMNS(lambda c: lower(c) = lower(item_col)) AS item FROM query_table(tbl)))),
-users AS (
+dp__users AS (
     SELECT user_id, CASE WHEN n < 2147483648 THEN n
                          ELSE error('dpsql: more than 2^31 users; the policy methods cannot number them') END AS ord
     FROM (SELECT user_id, row_number() OVER (ORDER BY hash(xor(hash(user_id), s)), user_id) - 1 AS n
           FROM (SELECT DISTINCT COLUMNS(lambda c: lower(c) = lower(user_col)) AS user_id FROM query_table(tbl))
-          CROSS JOIN order_salt)),
-entries AS NOT MATERIALIZED (
+          CROSS JOIN dp__order_salt)),
+dp__entries AS NOT MATERIALIZED (
     SELECT (ord << 32) | iid AS k, m, hash(xor(hash(user_id, item), s)) AS tie
     FROM dp__policy_entries(tbl, method, max_items := max_items, user_col := user_col, item_col := item_col)
-    JOIN users USING (user_id) JOIN items USING (item) CROSS JOIN order_salt),
-lists AS (
-    SELECT list(k) AS keys FROM entries WHERE method <> 'greedy_update'
+    JOIN dp__users USING (user_id) JOIN dp__items USING (item) CROSS JOIN dp__order_salt),
+dp__lists AS (
+    SELECT list(k) AS keys FROM dp__entries WHERE method <> 'greedy_update'
     UNION ALL
-    SELECT list(k ORDER BY k >> 32, m DESC, tie) AS keys FROM entries WHERE method = 'greedy_update'),
-released AS (
+    SELECT list(k ORDER BY k >> 32, m DESC, tie) AS keys FROM dp__entries WHERE method = 'greedy_update'),
+dp__released AS (
     SELECT unnest(dp__policy_release(method, keys, noise, scale, threshold, gamma, n_passes)) AS iid
-    FROM lists CROSS JOIN cal)
-SELECT item FROM released JOIN items USING (iid) CROSS JOIN paid WHERE paid;
+    FROM dp__lists CROSS JOIN dp__cal)
+-- Sorted: the dense ids follow the engine's hash order, which depends on the data.
+SELECT item FROM dp__released JOIN dp__items USING (iid) CROSS JOIN dp__paid WHERE paid
+ORDER BY item;
 
 -- Policy Laplace (Gopi et al. 2020, Alg. 4): l1-descent towards Gamma = rho_Lap + alpha/epsilon,
 -- Lap(1/epsilon) noise, threshold rho_Lap. passes := P runs P passes with budget 1/P each.

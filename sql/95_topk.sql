@@ -19,21 +19,26 @@ CREATE OR REPLACE TEMP MACRO dp_limited_domain_epsilon(epsilon DOUBLE, delta_pri
 CREATE OR REPLACE TEMP MACRO dp_top_k(tbl VARCHAR, k DOUBLE, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, domain_method VARCHAR := 'weighted_gaussian',
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
-WITH cal AS (SELECT unnest(dp__top_k_calibration(k, epsilon, delta, max_items, domain_method, user_col, item_col))),
+WITH dp__cal AS (
+    SELECT unnest(dp__top_k_calibration(k, epsilon, delta, max_items, domain_method, user_col, item_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('k', k) AND dp__constant('epsilon', epsilon)
+      AND dp__constant('delta', delta) AND dp__constant('max_items', max_items)
+      AND dp__constant('domain_method', domain_method) AND dp__constant('user_col', user_col)
+      AND dp__constant('item_col', item_col)),
 -- The domain step charges its own (epsilon/2, delta/2) inside dp_set_union; this is the selection step's half.
-paid AS MATERIALIZED (SELECT dp__charge('dp_top_k (selection step)', 'user', tbl, epsilon / 2, delta / 2,
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_top_k (selection step)', 'user', tbl, epsilon / 2, delta / 2,
         {'k': k, 'max_items': max_items, 'domain_method': domain_method, 'user_col': user_col,
-         'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
-domain AS MATERIALIZED (
+         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal),
+dp__domain AS MATERIALIZED (
     SELECT item FROM dp_set_union(tbl, method := domain_method, epsilon := epsilon / 2, delta := delta / 2,
                                   max_items := max_items, user_col := user_col, item_col := item_col)),
-counts AS (
+dp__counts AS (
     SELECT p.item, count(*) AS n
-    FROM dp__user_items(tbl, user_col := user_col, item_col := item_col) AS p SEMI JOIN domain AS d ON p.item = d.item
+    FROM dp__user_items(tbl, user_col := user_col, item_col := item_col) AS p SEMI JOIN dp__domain AS d ON p.item = d.item
     GROUP BY p.item),
-noisy AS (SELECT item, n + dp_gumbel_noise(gumbel_scale) AS score, cal.k AS k_rows FROM counts CROSS JOIN cal)
+dp__noisy AS (SELECT item, n + dp_gumbel_noise(gumbel_scale) AS score, dp__cal.k AS k_rows FROM dp__counts CROSS JOIN dp__cal)
 SELECT row_number() OVER (ORDER BY score DESC) AS rank, item
-FROM noisy CROSS JOIN paid
+FROM dp__noisy CROSS JOIN dp__paid
 WHERE paid
 QUALIFY rank <= k_rows
 ORDER BY rank;
@@ -45,27 +50,32 @@ ORDER BY rank;
 CREATE OR REPLACE TEMP MACRO dp_hitting_set(tbl VARCHAR, k DOUBLE, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         max_items DOUBLE := 100, domain_method VARCHAR := 'weighted_gaussian',
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
-WITH cal AS (SELECT unnest(dp__top_k_calibration(k, epsilon, delta, max_items, domain_method, user_col, item_col))),
+WITH dp__cal AS (
+    SELECT unnest(dp__top_k_calibration(k, epsilon, delta, max_items, domain_method, user_col, item_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('k', k) AND dp__constant('epsilon', epsilon)
+      AND dp__constant('delta', delta) AND dp__constant('max_items', max_items)
+      AND dp__constant('domain_method', domain_method) AND dp__constant('user_col', user_col)
+      AND dp__constant('item_col', item_col)),
 -- The domain step charges its own (epsilon/2, delta/2) inside dp_set_union; this is the selection step's half.
-paid AS MATERIALIZED (SELECT dp__charge('dp_hitting_set (peeling step)', 'user', tbl, epsilon / 2, delta / 2,
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_hitting_set (peeling step)', 'user', tbl, epsilon / 2, delta / 2,
         {'k': k, 'max_items': max_items, 'domain_method': domain_method, 'user_col': user_col,
-         'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal),
+         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal),
 -- MATERIALIZED: the release is used twice and must be drawn (and paid for) once.
-domain AS MATERIALIZED (
-    SELECT item, row_number() OVER () - 1 AS iid
+dp__domain AS MATERIALIZED (
+    SELECT item, row_number() OVER (ORDER BY item) - 1 AS iid
     FROM dp_set_union(tbl, method := domain_method, epsilon := epsilon / 2, delta := delta / 2,
                       max_items := max_items, user_col := user_col, item_col := item_col)),
-per_user AS (
+dp__per_user AS (
     SELECT list(d.iid) AS iids
-    FROM dp__user_items(tbl, user_col := user_col, item_col := item_col) AS p JOIN domain AS d ON p.item = d.item
+    FROM dp__user_items(tbl, user_col := user_col, item_col := item_col) AS p JOIN dp__domain AS d ON p.item = d.item
     GROUP BY p.user_id),
-picked AS MATERIALIZED (
-    SELECT dp__user_peeling(u.all_iids, m.n_items, cal.k, cal.gumbel_scale) AS chosen
-    FROM (SELECT list(iids) AS all_iids FROM per_user) AS u,
-         (SELECT count(*) AS n_items FROM domain) AS m,
-         cal),
-ranked AS (SELECT unnest(range(1, len(chosen) + 1)) AS rank, unnest(chosen) AS iid FROM picked)
-SELECT r.rank, d.item FROM ranked AS r JOIN domain AS d ON r.iid = d.iid CROSS JOIN paid
+dp__picked AS MATERIALIZED (
+    SELECT dp__user_peeling(u.all_iids, m.n_items, dp__cal.k, dp__cal.gumbel_scale) AS chosen
+    FROM (SELECT list(iids) AS all_iids FROM dp__per_user) AS u,
+         (SELECT count(*) AS n_items FROM dp__domain) AS m,
+         dp__cal),
+dp__ranked AS (SELECT unnest(range(1, len(chosen) + 1)) AS rank, unnest(chosen) AS iid FROM dp__picked)
+SELECT r.rank, d.item FROM dp__ranked AS r JOIN dp__domain AS d ON r.iid = d.iid CROSS JOIN dp__paid
 WHERE paid
 ORDER BY r.rank;
 
@@ -78,25 +88,30 @@ ORDER BY r.rank;
 CREATE OR REPLACE TEMP MACRO dp_top_k_limited_domain(tbl VARCHAR, k DOUBLE, k_bar DOUBLE, epsilon DOUBLE := 1.0,
         delta DOUBLE := 1e-5, max_items DOUBLE := NULL,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
-WITH cal AS (SELECT unnest(dp__limited_domain_calibration(k, k_bar, epsilon, delta, max_items, user_col, item_col))),
-paid AS MATERIALIZED (SELECT dp__charge('dp_top_k_limited_domain', 'user', tbl, epsilon, delta,
-        {'k': k, 'k_bar': k_bar, 'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, cal::VARCHAR) AS paid
-    FROM cal),
-counts AS (
+WITH dp__cal AS (
+    SELECT unnest(dp__limited_domain_calibration(k, k_bar, epsilon, delta, max_items, user_col, item_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('k', k) AND dp__constant('k_bar', k_bar)
+      AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
+      AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
+      AND dp__constant('item_col', item_col)),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_top_k_limited_domain', 'user', tbl, epsilon, delta,
+        {'k': k, 'k_bar': k_bar, 'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
+    FROM dp__cal),
+dp__counts AS (
     -- With no cap the capped macro keeps every item (the cap is larger than any degree).
     SELECT item, count(*) AS n
     FROM dp__capped_user_items(tbl, max_items := coalesce(max_items, 4e18), user_col := user_col, item_col := item_col)
     GROUP BY item),
-ranked AS (SELECT item, n, row_number() OVER (ORDER BY n DESC, hash(item)) AS r FROM counts),
-bottom AS MATERIALIZED (
-    SELECT h.h_next + cal.offset + dp_gumbel_noise(cal.gumbel_scale) AS v_bot
-    FROM (SELECT coalesce(max(n) FILTER (WHERE r = cal.k_bar + 1), 0) AS h_next FROM ranked CROSS JOIN cal) AS h
-    CROSS JOIN cal),
-noisy AS (
-    SELECT item, n + dp_gumbel_noise(cal.gumbel_scale) AS score, cal.k AS k_rows
-    FROM ranked CROSS JOIN cal WHERE r <= cal.k_bar)
+dp__ranked AS (SELECT item, n, row_number() OVER (ORDER BY n DESC, hash(item)) AS r FROM dp__counts),
+dp__bottom AS MATERIALIZED (
+    SELECT h.h_next + dp__cal.offset + dp_gumbel_noise(dp__cal.gumbel_scale) AS v_bot
+    FROM (SELECT coalesce(max(n) FILTER (WHERE r = dp__cal.k_bar + 1), 0) AS h_next FROM dp__ranked CROSS JOIN dp__cal) AS h
+    CROSS JOIN dp__cal),
+dp__noisy AS (
+    SELECT item, n + dp_gumbel_noise(dp__cal.gumbel_scale) AS score, dp__cal.k AS k_rows
+    FROM dp__ranked CROSS JOIN dp__cal WHERE r <= dp__cal.k_bar)
 SELECT row_number() OVER (ORDER BY score DESC) AS rank, item
-FROM noisy CROSS JOIN bottom CROSS JOIN paid
+FROM dp__noisy CROSS JOIN dp__bottom CROSS JOIN dp__paid
 WHERE paid AND score > v_bot
 QUALIFY rank <= k_rows
 ORDER BY rank;
