@@ -12,6 +12,7 @@ histogram's support gets noise and is released if it exceeds a threshold.
 * ``greedy_update`` (Carvalho et al. 2022, as used by [MAD] and [MM]): the user
   fills its items one after another in a fixed order (most frequent in the
   user's own rows first) up to ``Gamma`` with l1 budget 1. No ``max_items`` cap.
+  Released with the windowed rule of point 5, not the support rule of point 4.
 
 Privacy argument (user-level add/remove, [DPSU] Thm 1.1, 4.1, 5.1):
 
@@ -26,28 +27,49 @@ Privacy argument (user-level add/remove, [DPSU] Thm 1.1, 4.1, 5.1):
 2. Each policy is contractive: l1-descent and greedy_update for the invariant
    set ``{(G1, G2): G1 >= G2, ||G1 - G2||_1 <= 1}`` ([DPSU] Lemma 4.1; for
    greedy_update the fill order does not depend on the histogram, so with
-   ``G1 >= G2`` the remaining budget of G1 is never smaller at any item, which
-   gives monotonicity, and the spent budgets compare as in Lemma 4.1);
-   l2-descent for all pairs at l2 distance <= 1 ([DPSU] Lemma 5.1, 5.2). Hence
-   the final histogram has l1 (resp. l2) sensitivity <= 1 ([DPSU] Lemma 4.2).
-   With ``passes = P`` every pass spends ``1/P`` (l1 budget, or l2 step length),
-   so by contraction and the triangle inequality the P passes together still
-   move the histogram by at most 1 (spec Sec. 2.6).
-3. Novel items (held only by the added user, ``t`` of them) all start at 0 and
-   receive the same weight ``<= 1/t`` (l1-descent), ``<= 1/sqrt(t)`` (l2-descent);
-   greedy_update's cutoff is ``>= 1``, so at most one novel item gets weight,
-   ``<= 1``.
-4. Laplace ``Lap(1/eps)`` resp. Gaussian ``N(0, sigma(eps, delta/2)^2)`` noise on
-   the support and the thresholds of :mod:`dpsql.calibration` (``h(t) = 1/t``,
-   ``1/sqrt(t)``, resp. ``h = 1`` with ``t = 1``) bound the probability that a
-   novel item is released by ``delta`` (Laplace) resp. ``delta/2`` (Gaussian).
-   Only items with positive weight are candidates, so zero-weight novel items
-   cannot be released.
+   ``G1 >= G2`` every gap of G1 is smaller and its remaining budget never
+   smaller at any item: ``G1' >= G2'``, and G1 spends at most what G2 spends,
+   so the l1 distance does not grow); l2-descent for all pairs at l2 distance
+   <= 1 ([DPSU] Lemma 5.1, 5.2). Hence the final histogram has l1 (resp. l2)
+   sensitivity <= 1 ([DPSU] Lemma 4.2). With ``passes = P`` every pass spends
+   ``1/P`` (l1 budget, or l2 step length), so by contraction and the triangle
+   inequality the P passes together still move the histogram by at most 1
+   (spec Sec. 2.6).
+3. l1- and l2-descent give every item of a capped set a positive weight, so
+   the support of H is the union of the capped sets and the items that are
+   positive only with the added user are its novel items (held by no one
+   else): at most ``max_items`` of them, each with the same weight ``<= 1/t``
+   (l1-descent) resp. ``<= 1/sqrt(t)`` (l2-descent).
+4. Support rule (policy_laplace, policy_gaussian): ``Lap(1/eps)`` resp.
+   ``N(0, sigma(eps, delta/2)^2)`` noise on the support and the thresholds of
+   :mod:`dpsql.calibration` (``h(t) = 1/t``, ``1/sqrt(t)``) bound the
+   probability that a novel item is released by ``delta`` resp. ``delta/2``;
+   on the common support the Laplace/Gaussian mechanism gives the rest.
+5. GreedyUpdate leaves most union items at weight 0, and an added user can
+   turn MANY of them positive: the budget it frees cascades through later
+   users, each of which may spill onto one more zero item (``t`` items of
+   weight ``1/t`` each, ``t`` unbounded without a cap). Under the support rule
+   these act like novel items: with ``rho = 1 + ln(1/(2 delta))/eps``,
+   ``P[some is released] ~ t delta e^{-eps(1-1/t)}``, and no fixed threshold
+   bounds it for every t. GreedyUpdate therefore uses the windowed
+   rule (:func:`release` with ``window=True``): item ``i`` is released iff
+   ``rho - H[i] < L_i <= rho``, ``L_i ~ Lap(1/eps)``. Its release probability
+   ``q(w) = P[rho - w < L <= rho]`` is continuous with ``q(0) = 0`` (drawing
+   noise for the support only is the rule run on the whole universe), and for
+   ``0 <= w <= w + d``,
+   ``d <= 1``: ``q(w + d) <= e^{eps d} q(w) + P[rho - d < L <= rho]`` and
+   ``1 - q(w) <= e^{eps d} (1 - q(w + d))`` (shift the Laplace density by d),
+   with ``P[rho - d < L <= rho] = e^{-eps rho} (e^{eps d} - 1) / 2
+   <= d e^{-eps rho} (e^eps - 1) / 2 <= d delta`` (convexity; ``rho >= 1``) at
+   ``rho = max(1, ln((e^eps - 1) / (2 delta)) / eps)``. Each item is thus
+   ``(eps d_i, delta d_i)``-indistinguishable, the items are independent, and
+   ``sum d_i = ||H' - H||_1 <= 1`` (point 2): ``(eps, delta)``-DP by basic
+   composition. ``Gamma >= 1`` is not needed for this (``Gamma > rho >= 1``
+   holds anyway). Full argument: docs/proofs/greedy_update.md.
 
-The cutoff Gamma does not affect privacy (only utility), except that
-greedy_update needs ``Gamma >= 1`` for point 3. The histogram and the noisy
-values never leave :func:`release`: the UDF returns only released dense ids,
-which the macro joins back to items in the engine.
+The cutoff Gamma does not affect privacy, only utility. The histogram and the
+noisy values never leave :func:`release`: the UDF returns only released dense
+ids, which the macro joins back to items in the engine.
 """
 from __future__ import annotations
 
@@ -71,7 +93,8 @@ from dpsql.validation import DPParameterError, check_delta, check_epsilon, check
 
 __all__ = [
     "POLICIES", "MAX_PASSES", "check_alpha", "check_passes",
-    "policy_laplace_calibration", "policy_gaussian_calibration", "greedy_update_calibration",
+    "policy_laplace_calibration", "policy_gaussian_calibration", "greedy_update_threshold",
+    "greedy_update_calibration",
     "policy_cutoff", "calibrate", "build_csr", "csr_from_keys", "run_policy", "release", "numba_available",
     "reporting", "ProgressRelay", "udfs",
 ]
@@ -140,16 +163,28 @@ def policy_gaussian_calibration(epsilon: float, delta: float, max_items: int) ->
     return calibration.weighted_gaussian_calibration(epsilon, delta, max_items)
 
 
-def greedy_update_calibration(epsilon: float, delta: float, max_items: Optional[int] = None) -> SetUnionCalibration:
-    """GreedyUpdate (spec Sec. 2.8): ``Lap(1/eps)``, ``rho = 1 + (1/eps) ln(1 / (2 delta))``.
+def greedy_update_threshold(epsilon: float, delta: float) -> float:
+    """``rho = max(1, ln((e^eps - 1) / (2 delta)) / eps)`` of GreedyUpdate's windowed release.
 
-    At most one novel item gets weight (``<= 1``, since ``Gamma >= 1``), so the
-    threshold is :func:`calibration.laplace_threshold` with ``h = 1`` and
-    ``t = 1``. ``max_items`` is ignored (GreedyUpdate has no cap).
+    The smallest ``rho >= 1`` with ``P[rho - 1 < Lap(1/eps) <= rho] =
+    e^{-eps rho} (e^eps - 1) / 2 <= delta`` (point 5 of the module docstring).
+    Computed as ``1 + max(0, ln((1 - e^-eps) / (2 delta))) / eps`` (no overflow).
+    Example: eps = 1, delta = 1e-5 gives 11.3611 (the support rule's
+    ``1 + ln(1/(2 delta))/eps`` = 11.8198 is not private for GreedyUpdate).
     """
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
-    scale = 1.0 / epsilon
-    return SetUnionCalibration("laplace", scale, calibration.laplace_threshold(scale, delta, 1, calibration.one))
+    return 1.0 + max(0.0, math.log(-math.expm1(-epsilon) / (2.0 * delta))) / epsilon
+
+
+def greedy_update_calibration(epsilon: float, delta: float, max_items: Optional[int] = None) -> SetUnionCalibration:
+    """GreedyUpdate: ``Lap(1/eps)`` and :func:`greedy_update_threshold`, for the windowed release.
+
+    The threshold is only valid with ``release(..., window=True)`` (items whose
+    noise alone exceeds it are never released). ``max_items`` is ignored
+    (GreedyUpdate has no cap).
+    """
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    return SetUnionCalibration("laplace", 1.0 / epsilon, greedy_update_threshold(epsilon, delta))
 
 
 _CALIBRATIONS = {"policy_laplace": policy_laplace_calibration, "policy_gaussian": policy_gaussian_calibration,
@@ -170,7 +205,7 @@ def policy_cutoff(method: str, epsilon: float, delta: float, max_items: int, alp
     * policy_gaussian: ``Gamma = rho_Gauss + alpha * sigma`` ([DPSU] Sec. 5.2;
       Alg. 6 prints rho_Lap, an erratum);
     * greedy_update: ``Gamma = max(rho + alpha / eps, 1)`` (spec Sec. 2.8:
-      alpha counts Laplace scales; ``Gamma >= 1`` keeps novel items to one).
+      alpha counts Laplace scales; ``rho >= 1``, so ``Gamma > 1`` always).
 
     Example ([DPSU] setting eps=3, delta=e^-10, max_items=100, alpha=5):
     13.4876 (Gaussian), 6.3140 (Laplace).
@@ -472,18 +507,27 @@ def run_policy(kind: int, indptr: np.ndarray, indices: np.ndarray, n_items: int,
 # Release
 # --------------------------------------------------------------------------
 
-def release(H: np.ndarray, cal: SetUnionCalibration, source: NoiseSource) -> np.ndarray:
+def release(H: np.ndarray, cal: SetUnionCalibration, source: NoiseSource, *, window: bool = False) -> np.ndarray:
     """Dense ids ``i`` with ``H[i] > 0`` and ``H[i] + noise > threshold`` ([DPSU] Alg. 1 step 3).
 
     Noise is one draw per support item from ``source`` (Laplace or Gaussian of
-    ``cal.scale``). Items outside the support are never candidates.
+    ``cal.scale``). Items outside the support are never candidates. With
+    ``window`` (GreedyUpdate, Laplace only) an item is released only if also
+    ``noise <= threshold``: ``P[release] = P[threshold - H[i] < noise <= threshold]``
+    is 0 at ``H[i] = 0`` and continuous, so zero-weight items need no
+    separate argument (module docstring, point 5).
     """
+    if window and cal.noise != "laplace":
+        raise ValueError("the windowed release is calibrated for Laplace noise only")
     support = np.flatnonzero(H > 0)
     if len(support) == 0:
         return support
     scale = np.full(len(support), cal.scale)
     noise = source.laplace(scale) if cal.noise == "laplace" else source.gaussian(scale)
-    return support[H[support] + noise > cal.threshold]
+    keep = H[support] + noise > cal.threshold
+    if window:
+        keep &= noise <= cal.threshold
+    return support[keep]
 
 
 # --------------------------------------------------------------------------
@@ -545,7 +589,7 @@ def udfs(source: NoiseSource) -> list[Udf]:
         n_items = int(indices.max()) + 1 if len(indices) else 0
         H = run_policy(POLICIES[method], indptr, indices, n_items, float(gamma[0].as_py()), int(passes[0].as_py()),
                        kernel=KERNEL, progress=_PROGRESS.get(source))
-        released = release(H, cal, source)
+        released = release(H, cal, source, window=method == "greedy_update")
         del H  # the exact histogram never leaves this function
         return pa.array([released], type=pa.list_(pa.int64()))
 

@@ -23,10 +23,11 @@ WITH dp__cal AS (
     WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
       AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
       AND dp__constant('item_col', item_col)),
+dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col)),
+-- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
 dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_count_laplace', 'user', tbl, epsilon, delta,
         {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
-    FROM dp__cal),
-dp__weights AS (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
+    FROM dp__cal WHERE (SELECT count(*) FROM dp__weights) >= 0)
 SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
 WHERE paid AND w + dp_laplace_noise(scale) > threshold
 ORDER BY item;
@@ -38,10 +39,11 @@ WITH dp__cal AS (
     WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
       AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
       AND dp__constant('item_col', item_col)),
+dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col)),
+-- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
 dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_count_gaussian', 'user', tbl, epsilon, delta,
         {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
-    FROM dp__cal),
-dp__weights AS (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
+    FROM dp__cal WHERE (SELECT count(*) FROM dp__weights) >= 0)
 SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
 WHERE paid AND w + dp_gaussian_noise(scale) > threshold
 ORDER BY item;
@@ -53,10 +55,11 @@ WITH dp__cal AS (
     WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
       AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
       AND dp__constant('item_col', item_col)),
+dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'inverse', max_items := max_items, user_col := user_col, item_col := item_col)),
+-- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
 dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_weighted_laplace', 'user', tbl, epsilon, delta,
         {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
-    FROM dp__cal),
-dp__weights AS (FROM dp__set_union_weights(tbl, 'inverse', max_items := max_items, user_col := user_col, item_col := item_col))
+    FROM dp__cal WHERE (SELECT count(*) FROM dp__weights) >= 0)
 SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
 WHERE paid AND w + dp_laplace_noise(scale) > threshold
 ORDER BY item;
@@ -68,10 +71,11 @@ WITH dp__cal AS (
     WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
       AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
       AND dp__constant('item_col', item_col)),
+dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'inverse_sqrt', max_items := max_items, user_col := user_col, item_col := item_col)),
+-- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
 dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_weighted_gaussian', 'user', tbl, epsilon, delta,
         {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
-    FROM dp__cal),
-dp__weights AS (FROM dp__set_union_weights(tbl, 'inverse_sqrt', max_items := max_items, user_col := user_col, item_col := item_col))
+    FROM dp__cal WHERE (SELECT count(*) FROM dp__weights) >= 0)
 SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
 WHERE paid AND w + dp_gaussian_noise(scale) > threshold
 ORDER BY item;

@@ -91,12 +91,13 @@ WITH dp__mad_cal AS (
     WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
       AND dp__constant('max_items', max_items) AND dp__constant('max_adaptive_degree', max_adaptive_degree)
       AND dp__constant('beta', beta) AND dp__constant('user_col', user_col) AND dp__constant('item_col', item_col)),
-dp__mad_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_mad', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'max_adaptive_degree': max_adaptive_degree, 'beta': beta, 'user_col': user_col,
-         'item_col': item_col}::VARCHAR, dp__mad_cal::VARCHAR) AS paid FROM dp__mad_cal),
 dp__mad_rows AS MATERIALIZED (
     SELECT user_id, item, d, 1.0 / sqrt(d) AS uw
-    FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col))
+    FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
+-- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
+dp__mad_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_mad', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'max_adaptive_degree': max_adaptive_degree, 'beta': beta, 'user_col': user_col,
+         'item_col': item_col}::VARCHAR, dp__mad_cal::VARCHAR) AS paid FROM dp__mad_cal WHERE (SELECT count(*) FROM dp__mad_rows) >= 0)
 SELECT item FROM dp__mad_stage('dp__mad_rows', 'dp__mad_cal') CROSS JOIN dp__mad_cal CROSS JOIN dp__mad_paid
 WHERE paid AND w + dp_gaussian_noise(sigma) >= rho
 ORDER BY item;
@@ -117,10 +118,6 @@ WITH dp__m2_cal AS (
       AND dp__constant('max_adaptive_degree', max_adaptive_degree) AND dp__constant('beta', beta)
       AND dp__constant('b_min', b_min) AND dp__constant('b_max', b_max) AND dp__constant('c_lb', c_lb)
       AND dp__constant('c_ub', c_ub) AND dp__constant('user_col', user_col) AND dp__constant('item_col', item_col)),
-dp__m2_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_mad2r', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'split': split, 'max_adaptive_degree': max_adaptive_degree, 'beta': beta,
-         'b_min': b_min, 'b_max': b_max, 'c_lb': c_lb, 'c_ub': c_ub, 'user_col': user_col,
-         'item_col': item_col}::VARCHAR, dp__m2_cal::VARCHAR) AS paid FROM dp__m2_cal),
 dp__m2_p1 AS (SELECT tau1 AS tau, alpha1 AS alpha, min_degree1 AS min_degree, max_degree1 AS max_degree
               FROM dp__m2_cal),
 -- (the struct names the bias limits min_bias/max_bias: inside this macro b_min/b_max are the arguments)
@@ -129,6 +126,11 @@ dp__m2_p2 AS (SELECT tau2 AS tau, alpha2 AS alpha, min_degree2 AS min_degree, ma
 dp__m2_rows AS MATERIALIZED (
     SELECT user_id, item, d, 1.0 / sqrt(d) AS uw
     FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
+-- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
+dp__m2_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_mad2r', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'split': split, 'max_adaptive_degree': max_adaptive_degree, 'beta': beta,
+         'b_min': b_min, 'b_max': b_max, 'c_lb': c_lb, 'c_ub': c_ub, 'user_col': user_col,
+         'item_col': item_col}::VARCHAR, dp__m2_cal::VARCHAR) AS paid FROM dp__m2_cal WHERE (SELECT count(*) FROM dp__m2_rows) >= 0),
 dp__m2_noisy1 AS MATERIALIZED (
     SELECT item, w + dp_gaussian_noise(sigma1) AS noisy
     FROM dp__mad_stage('dp__m2_rows', 'dp__m2_p1') CROSS JOIN dp__m2_cal),
@@ -171,12 +173,13 @@ WITH dp__s_cal AS (
     WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
       AND dp__constant('max_items', max_items) AND dp__constant('split', split)
       AND dp__constant('user_col', user_col) AND dp__constant('item_col', item_col)),
-dp__s_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_sips', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'split': split, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__s_cal::VARCHAR) AS paid
-    FROM dp__s_cal),
 dp__s_rows AS MATERIALIZED (
     SELECT user_id, item
     FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
+-- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
+dp__s_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_sips', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'split': split, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__s_cal::VARCHAR) AS paid
+    FROM dp__s_cal WHERE (SELECT count(*) FROM dp__s_rows) >= 0),
 dp__s_none AS (SELECT item FROM dp__s_rows LIMIT 0),
 dp__s_r1 AS MATERIALIZED (FROM dp__sips_round('dp__s_rows', 'dp__s_none', 'dp__s_cal', 1)),
 dp__s_u1 AS (FROM dp__s_r1),

@@ -44,10 +44,6 @@ WITH dp__cal AS (
       AND dp__constant('delta', delta) AND dp__constant('max_items', max_items) AND dp__constant('alpha', alpha)
       AND dp__constant('passes', passes) AND dp__constant('user_col', user_col)
       AND dp__constant('item_col', item_col)),
--- One charge per release (sql/05_ledger.sql); the public macros below are thin wrappers of this one.
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_' || method, 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'alpha': alpha, 'passes': passes, 'user_col': user_col,
-         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal),
 dp__order_salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 -- Materialised: row_number() OVER () is not reproducible, and the ids are used twice.
 dp__items AS MATERIALIZED (
@@ -69,6 +65,11 @@ dp__lists AS (
     SELECT list(k) AS keys FROM dp__entries WHERE method <> 'greedy_update'
     UNION ALL
     SELECT list(k ORDER BY k >> 32, m DESC, tie) AS keys FROM dp__entries WHERE method = 'greedy_update'),
+-- One charge per release (sql/05_ledger.sql); the public macros below are thin wrappers of this one.
+-- Charged after the entries are read (sql/00_release.sql): a NULL user fails before the charge.
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_' || method, 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'alpha': alpha, 'passes': passes, 'user_col': user_col,
+         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal WHERE (SELECT count(*) FROM dp__lists) >= 0),
 dp__released AS (
     SELECT unnest(dp__policy_release(method, keys, noise, scale, threshold, gamma, n_passes)) AS iid
     FROM dp__lists CROSS JOIN dp__cal)
@@ -91,8 +92,9 @@ CREATE OR REPLACE TEMP MACRO dp_set_union_policy_gaussian(tbl VARCHAR, epsilon D
 FROM dp__policy_run(tbl, 'policy_gaussian', epsilon, delta, max_items, alpha, passes, user_col, item_col);
 
 -- GreedyUpdate (Carvalho et al. 2022): no cap; each user fills its items, most repeated rows first,
--- up to Gamma = max(rho + alpha/epsilon, 1) with l1 budget 1; Lap(1/epsilon) noise,
--- rho = 1 + ln(1/(2 delta))/epsilon. One pass.
+-- up to Gamma = max(rho + alpha/epsilon, 1) with l1 budget 1; Lap(1/epsilon) noise;
+-- windowed release: rho - weight < L <= rho, L ~ Lap(1/epsilon), rho = max(1, ln((e^epsilon - 1)/(2 delta))/epsilon)
+-- (dpsql/policy.py; docs/proofs/greedy_update.md). One pass.
 CREATE OR REPLACE TEMP MACRO dp_set_union_greedy_update(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
         alpha DOUBLE := 3, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 FROM dp__policy_run(tbl, 'greedy_update', epsilon, delta, 1, alpha, 1, user_col, item_col);

@@ -26,9 +26,6 @@ WITH dp__cal AS (
       AND dp__constant('domain_method', domain_method) AND dp__constant('user_col', user_col)
       AND dp__constant('item_col', item_col)),
 -- The domain step charges its own (epsilon/2, delta/2) inside dp_set_union; this is the selection step's half.
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_top_k (selection step)', 'user', tbl, epsilon / 2, delta / 2,
-        {'k': k, 'max_items': max_items, 'domain_method': domain_method, 'user_col': user_col,
-         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal),
 dp__domain AS MATERIALIZED (
     SELECT item FROM dp_set_union(tbl, method := domain_method, epsilon := epsilon / 2, delta := delta / 2,
                                   max_items := max_items, user_col := user_col, item_col := item_col)),
@@ -36,6 +33,10 @@ dp__counts AS (
     SELECT p.item, count(*) AS n
     FROM dp__user_items(tbl, user_col := user_col, item_col := item_col) AS p SEMI JOIN dp__domain AS d ON p.item = d.item
     GROUP BY p.item),
+-- Charged after the data is read (sql/00_release.sql).
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_top_k (selection step)', 'user', tbl, epsilon / 2, delta / 2,
+        {'k': k, 'max_items': max_items, 'domain_method': domain_method, 'user_col': user_col,
+         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal WHERE (SELECT count(*) FROM dp__counts) >= 0),
 dp__noisy AS (SELECT item, n + dp_gumbel_noise(gumbel_scale) AS score, dp__cal.k AS k_rows FROM dp__counts CROSS JOIN dp__cal)
 SELECT row_number() OVER (ORDER BY score DESC) AS rank, item
 FROM dp__noisy CROSS JOIN dp__paid
@@ -57,9 +58,6 @@ WITH dp__cal AS (
       AND dp__constant('domain_method', domain_method) AND dp__constant('user_col', user_col)
       AND dp__constant('item_col', item_col)),
 -- The domain step charges its own (epsilon/2, delta/2) inside dp_set_union; this is the selection step's half.
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_hitting_set (peeling step)', 'user', tbl, epsilon / 2, delta / 2,
-        {'k': k, 'max_items': max_items, 'domain_method': domain_method, 'user_col': user_col,
-         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal),
 -- MATERIALIZED: the release is used twice and must be drawn (and paid for) once.
 dp__domain AS MATERIALIZED (
     SELECT item, row_number() OVER (ORDER BY item) - 1 AS iid
@@ -69,6 +67,10 @@ dp__per_user AS (
     SELECT list(d.iid) AS iids
     FROM dp__user_items(tbl, user_col := user_col, item_col := item_col) AS p JOIN dp__domain AS d ON p.item = d.item
     GROUP BY p.user_id),
+-- Charged after the data is read (sql/00_release.sql).
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_hitting_set (peeling step)', 'user', tbl, epsilon / 2, delta / 2,
+        {'k': k, 'max_items': max_items, 'domain_method': domain_method, 'user_col': user_col,
+         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal WHERE (SELECT count(*) FROM dp__per_user) >= 0),
 dp__picked AS MATERIALIZED (
     SELECT dp__user_peeling(u.all_iids, m.n_items, dp__cal.k, dp__cal.gumbel_scale) AS chosen
     FROM (SELECT list(iids) AS all_iids FROM dp__per_user) AS u,
@@ -94,15 +96,16 @@ WITH dp__cal AS (
       AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
       AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
       AND dp__constant('item_col', item_col)),
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_top_k_limited_domain', 'user', tbl, epsilon, delta,
-        {'k': k, 'k_bar': k_bar, 'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
-    FROM dp__cal),
 dp__counts AS (
     -- With no cap the capped macro keeps every item (the cap is larger than any degree).
     SELECT item, count(*) AS n
     FROM dp__capped_user_items(tbl, max_items := coalesce(max_items, 4e18), user_col := user_col, item_col := item_col)
     GROUP BY item),
 dp__ranked AS (SELECT item, n, row_number() OVER (ORDER BY n DESC, hash(item)) AS r FROM dp__counts),
+-- Charged after the data is read (sql/00_release.sql).
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_top_k_limited_domain', 'user', tbl, epsilon, delta,
+        {'k': k, 'k_bar': k_bar, 'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
+    FROM dp__cal WHERE (SELECT count(*) FROM dp__ranked) >= 0),
 dp__bottom AS MATERIALIZED (
     SELECT h.h_next + dp__cal.offset + dp_gumbel_noise(dp__cal.gumbel_scale) AS v_bot
     FROM (SELECT coalesce(max(n) FILTER (WHERE r = dp__cal.k_bar + 1), 0) AS h_next FROM dp__ranked CROSS JOIN dp__cal) AS h

@@ -35,12 +35,23 @@ def test_cutoffs_of_the_dpsu_setting():
 
 
 def test_greedy_update_calibration():
+    # rho = max(1, ln((e^eps - 1) / (2 delta)) / eps): the windowed release's threshold (policy.py, point 5).
     cal = policy.greedy_update_calibration(1.0, 1e-5)
     assert cal.noise == "laplace" and cal.scale == 1.0
-    assert cal.threshold == pytest.approx(1 + math.log(1 / (2e-5)), rel=1e-12)
+    assert cal.threshold == pytest.approx(11.361103139023, rel=1e-12)
+    assert cal.threshold == pytest.approx(math.log((math.e - 1) / 2e-5), rel=1e-12)
+    assert policy.greedy_update_calibration(0.1, 1e-6).threshold == pytest.approx(108.70194916360, rel=1e-12)
+    assert policy.greedy_update_calibration(3.0, math.exp(-10)).threshold == pytest.approx(4.0852612128325, rel=1e-12)
+    # Floor: 1 - e^-eps <= 2 delta gives rho = 1 exactly (the window must start at rho - 1 >= 0).
+    assert policy.greedy_update_calibration(0.5, 0.4).threshold == 1.0
+    # The defining property: a weight-1 item that is absent from the neighbour is released w.p. exactly delta.
+    for eps, delta in [(1.0, 1e-5), (0.1, 1e-6), (3.0, math.exp(-10)), (20.0, 1e-9)]:
+        rho = policy.greedy_update_threshold(eps, delta)
+        assert laplace_window(1.0, rho, eps) == pytest.approx(delta, rel=1e-9)
     assert policy.policy_cutoff("greedy_update", 1.0, 1e-5, 100, 3) == pytest.approx(cal.threshold + 3, rel=1e-12)
-    # The cutoff never drops below 1 (a new user must put weight on at most one novel item).
     assert policy.policy_cutoff("greedy_update", 1e6, 0.4, 1, 1e-9) >= 1.0
+    with pytest.raises(DPParameterError, match="delta"):
+        policy.greedy_update_threshold(1.0, 0.0)
 
 
 def test_cutoff_in_sql_matches_python(seeded_con):
@@ -152,6 +163,173 @@ def test_greedy_update_sensitivity_on_random_neighbours():
         assert np.all(diff >= -TOL)
         assert h2.max() <= gamma
         assert np.count_nonzero(h2[novel]) <= 1 and h2[novel].max(initial=0) <= 1 + TOL
+
+
+# ---------------------------------------------------------------------------
+# GreedyUpdate's windowed release (policy.py point 5; docs/proofs/greedy_update.md)
+# ---------------------------------------------------------------------------
+
+def laplace_tail(x, eps):
+    """P[Lap(1/eps) > x]."""
+    return 0.5 * math.exp(-eps * x) if x >= 0 else 1.0 - 0.5 * math.exp(eps * x)
+
+
+def laplace_window(w, rho, eps):
+    """q(w) = P[rho - w < Lap(1/eps) <= rho]: the windowed release probability of weight w."""
+    if w <= rho:  # both ends >= 0: closed form without cancellation
+        return 0.5 * math.exp(-eps * rho) * math.expm1(eps * w)
+    return laplace_tail(rho - w, eps) - laplace_tail(rho, eps)
+
+
+def bernoulli_delta(p, p2, eps):
+    """The smallest delta with Bern(p), Bern(p2) (eps, delta)-indistinguishable both ways."""
+    e = math.exp(eps)
+    return max(0.0, p2 - e * p, p - e * p2, (1 - p2) - e * (1 - p), (1 - p) - e * (1 - p2))
+
+
+def head_tail_neighbours(seed, pairs=1000, n_head=8, n_tail=200):
+    """Random neighbours where GreedyUpdate cascades: each user holds 1-3 of a few popular items (filled
+    first) then 1-3 rare ones, so a freed budget can spill onto rare items of weight 0."""
+    rng = np.random.default_rng(seed)
+    n = n_head + n_tail
+
+    def user():
+        return np.concatenate([rng.choice(n_head, int(rng.integers(1, 4)), replace=False),
+                               n_head + rng.choice(n_tail, int(rng.integers(1, 4)), replace=False)])
+
+    for _ in range(pairs):
+        gamma = float(rng.choice([1.25, 1.5, 1.75, 2.5])) if rng.random() < 0.5 else float(rng.uniform(1.0, 4.0))
+        users = [user() for _ in range(int(rng.integers(5, 40)))]
+        pos = int(rng.integers(0, len(users) + 1))
+        with_v = users[:pos] + [user()] + users[pos:]
+        yield (policy.run_policy(GREEDY, *csr(users), n, gamma, kernel="python"),
+               policy.run_policy(GREEDY, *csr(with_v), n, gamma, kernel="python"))
+
+
+def test_greedy_update_windowed_release_is_private_on_random_neighbours():
+    # The proof's quantity: with d_i = |H'_i - H_i|, sum_i d_i <= 1 and each item's release coins
+    # (eps d_i, delta_i)-close with sum_i delta_i <= delta. Checked exactly (per-item Bernoulli
+    # hockey-stick) on neighbours built to cascade, where the old support rule exceeds delta.
+    settings = [(1.0, 1e-5), (0.1, 1e-6), (4.0, 1e-3)]
+    cascades = old_rule_violations = 0
+    worst = 0.0
+    for h, h2 in head_tail_neighbours(101):
+        d = h2 - h
+        assert np.abs(d).sum() <= 1 + TOL and np.all(d >= -TOL)
+        changed = np.flatnonzero(d != 0)
+        turned_positive = np.flatnonzero((h == 0) & (h2 > 0))
+        cascades += len(turned_positive) >= 2
+        for eps, delta in settings:
+            rho = policy.greedy_update_threshold(eps, delta)
+            total = sum(bernoulli_delta(laplace_window(h[i], rho, eps), laplace_window(h2[i], rho, eps),
+                                        eps * abs(d[i])) for i in changed)
+            worst = max(worst, total / delta)
+            assert total <= delta * (1 + 1e-9), (eps, delta, total / delta)
+            # The old rule: support only, rho = 1 + ln(1/(2 delta))/eps; items turned positive act as novel.
+            old_rho = 1 + math.log(1 / (2 * delta)) / eps
+            old_rule_violations += sum(laplace_tail(old_rho - h2[i], eps) for i in turned_positive) > 1.01 * delta
+    # The data exercise the finding (several zero-weight items turned positive) and the old rule fails on it.
+    assert cascades >= 10 and old_rule_violations >= 10, (cascades, old_rule_violations)
+    assert worst > 0.5  # the bound is approached, so the check can fail
+
+
+def cascade(t, gamma_int=4):
+    """Neighbours where the added user v turns t zero-weight union items positive (1/t each); t a power of 2.
+
+    Items: per j, a_j and c_j1..c_j(t-1) preloaded to Gamma - 1/t by ``gamma_int`` single-item users,
+    and z_j held only by y_j = [a_j, c_j1, .., c_j(t-1), z_j]. Without v, y_j spends its 1 on a_j and
+    the c's; v = [a_1, .., a_t] fills every a_j first, so each y_j spills 1/t onto z_j.
+    """
+    gamma = gamma_int + 1.0 / t
+    a = lambda j: j * (t + 1)  # noqa: E731
+    z = lambda j: j * (t + 1) + t  # noqa: E731
+    pre = [np.array([a(j) + k]) for j in range(t) for k in range(t) for _ in range(gamma_int)]
+    ys = [np.arange(a(j), z(j) + 1) for j in range(t)]
+    v = np.array([a(j) for j in range(t)])
+    n = t * (t + 1)
+    h = policy.run_policy(GREEDY, *csr(pre + ys), n, gamma, kernel="python")
+    h2 = policy.run_policy(GREEDY, *csr(pre + [v] + ys), n, gamma, kernel="python")
+    return h, h2, np.array([z(j) for j in range(t)]), gamma
+
+
+@pytest.mark.parametrize("t", [2, 16, 64])
+def test_greedy_update_cascade_exact(t):
+    h, h2, zs, gamma = cascade(t)
+    assert np.all(h[zs] == 0) and np.all(h2[zs] == 1.0 / t)
+    assert np.abs(h2 - h).sum() == 1.0
+    for eps, delta in [(1.0, 1e-5), (0.1, 1e-6)]:
+        rho = policy.greedy_update_threshold(eps, delta)
+        new = 1 - math.prod(1 - laplace_window(h2[i], rho, eps) for i in zs)  # P_{D'}[some z released]; P_D = 0
+        assert new <= delta
+        old_rho = 1 + math.log(1 / (2 * delta)) / eps
+        old = 1 - math.prod(1 - laplace_tail(old_rho - h2[i], eps) for i in zs)
+        assert old > delta  # the finding: the support rule with the old rho is not (eps, delta)-DP
+    # eps = 1, t = 64: about 23.9 delta under the old rule.
+    if t == 64:
+        assert old / delta > 20
+
+
+def test_greedy_update_windowed_release_statistics():
+    # Fixed seed; tolerance 5 binomial standard errors.
+    eps, delta, t, blocks = 1.0, 0.05, 16, 20000
+    h, h2, zs, gamma = cascade(t)
+    cal = policy.greedy_update_calibration(eps, delta)
+    weights = h2[zs]
+    tiled = np.tile(weights, blocks)
+
+    def event_rate(c, window):
+        ids = policy.release(tiled, c, NoiseSource(seed=123), window=window)
+        return len(np.unique(ids // t)) / blocks
+
+    def se(p):
+        return math.sqrt(p * (1 - p) / blocks)
+
+    expected = 1 - math.prod(1 - laplace_window(w, cal.threshold, eps) for w in weights)
+    got = event_rate(cal, True)
+    assert abs(got - expected) <= 5 * se(expected), (got, expected)
+    assert got + 5 * se(got) < delta  # P_D[event] = 0, so (eps, delta)-DP needs P_{D'}[event] <= delta
+    # The old rule on the same draws: far above delta (measured 0.27 expected).
+    old = SetUnionCalibration("laplace", 1 / eps, 1 + math.log(1 / (2 * delta)) / eps)
+    old_expected = 1 - math.prod(1 - laplace_tail(old.threshold - w, eps) for w in weights)
+    got_old = event_rate(old, False)
+    assert abs(got_old - old_expected) <= 5 * se(old_expected) and got_old - 5 * se(got_old) > delta
+    # Release frequency of single items, including weights far above rho (the window drops noise > rho).
+    ws = np.array([0.3, 1.0, cal.threshold, cal.threshold + 3.0, 50.0])
+    ids = policy.release(np.tile(ws, blocks), cal, NoiseSource(seed=7), window=True)
+    freq = np.bincount(ids % len(ws), minlength=len(ws)) / blocks
+    for w, f in zip(ws, freq):
+        q = laplace_window(w, cal.threshold, eps)
+        assert abs(f - q) <= 5 * se(q) + 1e-12, (w, f, q)
+
+
+def test_windowed_release_follows_the_rule_draw_for_draw():
+    h = np.array([0.0, 3.0, 0.5, 0.0, 12.0, 2.0, 7.0])
+    cal = SetUnionCalibration("laplace", 2.0, 3.0)
+    for seed in range(20):
+        ids = policy.release(h, cal, NoiseSource(seed=seed), window=True)
+        support = np.flatnonzero(h > 0)
+        noise = NoiseSource(seed=seed).laplace(np.full(len(support), cal.scale))
+        expected = support[(h[support] + noise > cal.threshold) & (noise <= cal.threshold)]
+        np.testing.assert_array_equal(ids, expected)
+    with pytest.raises(ValueError, match="Laplace"):
+        policy.release(h, SetUnionCalibration("gaussian", 1.0, 3.0), NoiseSource(seed=1), window=True)
+
+
+@pytest.mark.parametrize("kind,passes", [(L1, 1), (L2, 1), (L1, 2), (L2, 2), (GREEDY, 1)])
+def test_support_is_the_union_except_for_greedy_update(kind, passes):
+    # The support rule's premise (policy.py, point 3): l1/l2-descent give every item of every capped
+    # user a positive weight, so only the added user's novel items can enter the support.
+    # GreedyUpdate leaves union items at weight 0 (point 5), which is why it needs the windowed rule.
+    rng = np.random.default_rng(111 + kind + passes)
+    zero_union_items = 0
+    for _ in range(200):
+        users = random_users(rng)
+        gamma = float(rng.uniform(1.0, 6.0))
+        h = hist(kind, users, gamma, passes)
+        union = np.unique(np.concatenate(users))
+        zero_union_items += int(np.count_nonzero(h[union] == 0))
+        assert np.all(h[np.setdiff1d(np.arange(len(h)), union)] == 0)
+    assert (zero_union_items > 0) == (kind == GREEDY), zero_union_items
 
 
 @pytest.mark.parametrize("kind,passes", [(L1, 1), (L2, 1), (GREEDY, 1), (L1, 3), (L2, 3)])
@@ -338,10 +516,10 @@ def test_macro_equals_a_direct_python_call(method, monkeypatch):
         seen["args"] = (kind, indptr.copy(), indices.copy(), n_items, gamma, passes)
         return real_run(kind, indptr, indices, n_items, gamma, passes, **kw)
 
-    def spy_release(h, cal, source):
+    def spy_release(h, cal, source, **kw):
         seen["drawn_before_noise"] = source.samples_drawn
-        seen["cal"] = cal
-        seen["ids"] = real_release(h, cal, source)
+        seen["cal"], seen["kw"] = cal, kw
+        seen["ids"] = real_release(h, cal, source, **kw)
         return seen["ids"]
 
     monkeypatch.setattr(policy, "run_policy", spy_run)
@@ -367,7 +545,9 @@ def test_macro_equals_a_direct_python_call(method, monkeypatch):
     for _ in range(before):
         src.salt()
     h = real_run(kind, indptr, indices, n_items, gamma, passes, kernel="python")
-    ids = real_release(h, policy.calibrate(method, 2.0, 1e-5, 1000), src)
+    # GreedyUpdate is released with the windowed rule, the others with the support rule.
+    assert seen["kw"] == {"window": method == "greedy_update"}
+    ids = real_release(h, policy.calibrate(method, 2.0, 1e-5, 1000), src, **seen["kw"])
     np.testing.assert_array_equal(ids, seen["ids"])
     assert len(released) == len(ids) > 0
 

@@ -192,6 +192,21 @@ def test_check_constant_reads_statistics():
             check_constant("epsilon", stats)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if "user_col" in c.args))
+def test_null_user_fails_before_the_charge(name):
+    # The NULL is the table's last row of 3M: before the charge waited for the data, DuckDB ran the
+    # charge first and then failed on the NULL for mad2r and policy_laplace (charged, nothing released).
+    con = dpsql.connect()
+    con.execute("CREATE TABLE t AS SELECT CASE WHEN i = 2999999 THEN NULL ELSE i % 300000 END AS user_id, "
+                "'i' || (i % 1700) AS item FROM range(3000000) r(i)")
+    case = CASES[name]
+    with pytest.raises(duckdb.Error, match=r"dpsql: column user_id \(user_col\) contains NULL"):
+        con.execute(_call(name, case, _macros(con)[name][0])).fetchall()
+    assert _n_releases(con) == 0
+    con.close()
+
+
 # -- row order -----------------------------------------------------------------------------------
 
 

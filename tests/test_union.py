@@ -127,10 +127,11 @@ def test_salt_is_fresh_per_query(con):
 # evaluated once per release, sql/00_release.sql), the one-row charge and the salt:
 # - count/weighted read the capped rows once; dp__capped_user_items stores the distinct pairs and
 #   the per-user degrees, which its join reads three times (faster than a window over all pairs);
+#   the item weights (one row per item) are stored because the charge waits for them;
 # - MAD, DP-SIPS and MAD2R re-read the capped rows, so they store them once, capped by the window
 #   (no pairs, no degrees); DP-SIPS adds each round's released items; MAD2R adds round one's noisy
 #   weights and the candidates' biases (one row per item) and round two's rows.
-_BASIC = {"dp__cal", "dp__paid", "dp__salt", "dp__pairs", "dp__degrees"}
+_BASIC = {"dp__cal", "dp__paid", "dp__salt", "dp__pairs", "dp__degrees", "dp__weights"}
 STORED = {
     "count_gaussian": _BASIC,
     "count_laplace": _BASIC,
