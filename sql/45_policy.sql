@@ -61,10 +61,13 @@ dp__entries AS NOT MATERIALIZED (
     SELECT (ord << 32) | iid AS k, m, hash(xor(hash(user_id, item), s)) AS tie
     FROM dp__policy_entries(tbl, method, max_items := max_items, user_col := user_col, item_col := item_col)
     JOIN dp__users USING (user_id) JOIN dp__items USING (item) CROSS JOIN dp__order_salt),
+-- One row for the method's branch (HAVING: an aggregate over the pruned branch's empty input would
+-- add a second row with an empty list).
 dp__lists AS (
-    SELECT list(k) AS keys FROM dp__entries WHERE method <> 'greedy_update'
+    SELECT list(k) AS keys FROM dp__entries WHERE method <> 'greedy_update' HAVING count(*) > 0
     UNION ALL
-    SELECT list(k ORDER BY k >> 32, m DESC, tie) AS keys FROM dp__entries WHERE method = 'greedy_update'),
+    SELECT list(k ORDER BY k >> 32, m DESC, tie) AS keys FROM dp__entries WHERE method = 'greedy_update'
+    HAVING count(*) > 0),
 -- One charge per release (sql/05_ledger.sql); the public macros below are thin wrappers of this one.
 -- Charged after the entries are read (sql/00_release.sql): a NULL user fails before the charge.
 dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_' || method, 'user', tbl, epsilon, delta,
