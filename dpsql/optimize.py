@@ -1,20 +1,39 @@
 """Pure epsilon-DP combinatorial optimisation by subsampling ([SUB], paper 003), thin on :mod:`dpsql.subsampling`.
 
 Privacy unit: one record, add/remove -- a universe element (coverage, set
-cover), a user's whole stream (heavy hitters), a point (k-median). The set
-system, the candidate centres, the bucket set and the time horizon are public.
-Every mechanism here is "an ln 2-add-DP algorithm run on ``S_p(D)`` with
+cover), a user's whole stream (heavy hitters), a point (k-median). Every
+mechanism here is "an ln 2-add-DP algorithm run on ``S_p(D)`` with
 ``p = 1 - e^-eps``" and hence pure eps-DP by [SUB] Cor. 3.2 (see
 :mod:`dpsql.subsampling`), except DPGreedyScaling which splits its budget
-itself (see :func:`greedy_scaling`).
+itself (see :func:`_greedy_scaling`).
+
+What the proofs take as public. [SUB] fixes the candidate universe ``[m]``
+before the data: a record is ``x in X = {0,1}^m`` (its memberships in the m
+sets, Sec. 1 footnote 6), a point of the metric ``[m]`` (App. G) or a stream
+over the buckets Y and times 1..T (Sec. 5.2). Repeated-EM's candidates
+``C_i = [m] minus {c*_1, ..., c*_{i-1}}`` (Sec. 4.1.1, App. D, G) and Repeated-AT's
+tests (Alg. 3, 4) depend on earlier outputs only, and Thm 4.3 / 5.3 compare
+``q_i(c; D)`` with ``q_i(c; D')`` over the *same* candidates (Assumptions 4.1,
+5.1: scores are monotone in D, the candidate set is not a function of D). Were
+the set ids read from the private rows, removing a set's only element would
+remove the set from every ``C_i``: an output holding it has probability 0 on
+D', and no epsilon bounds that. So every candidate list is a public table
+(``candidates_tbl``, ``parts_tbl``, ``buckets_tbl``, k-median's
+``candidates_tbl``); a candidate without private rows is still a candidate
+(score 0); private rows outside the public universe are ignored (a set that
+is not a candidate, a bucket not in Y, a time outside 1..T, a point that is
+not a candidate): such a row is no membership of X, and an error instead
+would tell whether some record holds a value the caller chose.
 
 Layout: each mechanism has a numpy kernel (compact integer ids, CSR
-set->elements and element->sets) taking a :class:`~dpsql.noise.NoiseSource`, and
-a Python API running the SQL macro of ``sql/80_optimize.sql``; the macro does
-the joins, the dense ids and (where the subsample is drawn once) the
-Poisson subsample in DuckDB, and calls the kernel once through an Arrow UDF
-over flat lists. ``nonprivate_*`` functions are evaluation baselines: NOT
-private.
+set->elements and element->sets) taking a :class:`~dpsql.noise.NoiseSource`;
+kernels are private (leading underscore): they release without charging, and
+only the UDFs call them. Each public release function runs the SQL macro of
+``sql/80_optimize.sql``, which validates, charges the ledger once and
+returns rows in a data-independent order; the macro does the joins, the
+dense ids and (where the subsample is drawn once) the Poisson subsample in
+DuckDB, and calls the kernel once through an Arrow UDF over flat lists.
+``nonprivate_*``, ``*_cost`` and ``coverage_value`` are evaluation: NOT private.
 """
 from __future__ import annotations
 
@@ -25,7 +44,7 @@ from typing import Optional, Sequence
 import duckdb
 import numpy as np
 import pyarrow as pa
-from duckdb.sqltypes import BIGINT, DOUBLE, VARCHAR
+from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql.noise import NoiseSource
 from dpsql.subsampling import (
@@ -41,12 +60,13 @@ from dpsql.validation import (DELTA_MIN, DPParameterError, check_epsilon, check_
                               sql_string)
 
 __all__ = [
-    "check_k", "check_beta",
-    "coverage_greedy", "max_coverage_arrays", "max_coverage",
-    "greedy_scaling", "greedy_scaling_epsilons", "set_cover", "eval_set_cover_cost", "set_cover_cost",
-    "heavy_hitters_calibration", "thresh_monitor", "shifting_heavy_hitters",
-    "priv_cont_greedy", "swap_round", "matroid_coverage",
-    "k_median",
+    "check_k", "check_beta", "check_eta", "check_key_types",
+    # releases: each runs its SQL macro, which charges the ledger once
+    "max_coverage", "set_cover", "shifting_heavy_hitters", "matroid_coverage", "k_median",
+    # pure calibration
+    "greedy_scaling_epsilons", "heavy_hitters_calibration",
+    # NOT private: evaluation of raw data and baselines
+    "eval_set_cover_cost", "set_cover_cost", "coverage_value",
     "nonprivate_greedy_coverage", "nonprivate_greedy_set_cover",
     "udfs",
 ]
@@ -184,7 +204,7 @@ class _Coverage:
 # Max k-coverage: DPSubmodGreedy ([SUB] Thm 1.2, Sec. 4.1)
 # --------------------------------------------------------------------------
 
-def coverage_greedy(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_elems: int, k: int,
+def _coverage_greedy(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_elems: int, k: int,
                     eps0: float = EPS0) -> list[int]:
     """DPSubmodGreedy_{eps0} for coverage on the given (already subsampled) data: eps0-add-DP.
 
@@ -209,13 +229,13 @@ def coverage_greedy(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_elems
     return chosen
 
 
-def max_coverage_arrays(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_elems: int, k: int,
+def _max_coverage_arrays(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_elems: int, k: int,
                         epsilon: float = 1.0) -> list[int]:
-    """Pure eps-DP max k-coverage: :func:`coverage_greedy` at ln 2 on ``S_p`` of the elements, ``p = 1 - e^-eps``."""
+    """Pure eps-DP max k-coverage: :func:`_coverage_greedy` at ln 2 on ``S_p`` of the elements, ``p = 1 - e^-eps``."""
     epsilon, k = check_epsilon(epsilon), check_k(k)
     keep = poisson_subsample(source, int(n_elems), subsampling_probability(epsilon))
     sub = _Coverage(set_idx, elem_idx, n_sets, n_elems).restrict(keep)
-    return coverage_greedy(source, sub.set_idx, sub.elem_idx, n_sets, n_elems, k, EPS0)
+    return _coverage_greedy(source, sub.set_idx, sub.elem_idx, n_sets, n_elems, k, EPS0)
 
 
 def nonprivate_greedy_coverage(set_idx, elem_idx, n_sets: int, n_elems: int, k: int) -> list[int]:
@@ -256,7 +276,7 @@ def greedy_scaling_epsilons(epsilon: float, rounds: int) -> list[float]:
     return [epsilon / (4.0 * 2.0 ** (rounds - r)) for r in range(1, int(rounds) + 1)]
 
 
-def greedy_scaling(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_elems: int, epsilon: float = 1.0,
+def _greedy_scaling(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_elems: int, epsilon: float = 1.0,
                    tau_constant: float = 1000.0) -> list[int]:
     """DPGreedyScaling_eps: a permutation of all ``n_sets`` sets (open-set model), pure eps-DP.
 
@@ -389,7 +409,7 @@ def _bernoulli_positions(source: NoiseSource, n: int, q: float) -> np.ndarray:
         out.append(pos)
 
 
-def thresh_monitor(source: NoiseSource, user_idx, time_idx, bucket_idx, n_users: int, horizon: int,
+def _thresh_monitor(source: NoiseSource, user_idx, time_idx, bucket_idx, n_users: int, horizon: int,
                    n_buckets: int, k: int, tau: float, eps0: float = EPS0) -> list[tuple[int, int]]:
     """ThreshMonitor_{eps0, tau, k} ([SUB] Alg. 3) on the given (already subsampled) users: eps0-add-DP.
 
@@ -438,7 +458,7 @@ def thresh_monitor(source: NoiseSource, user_idx, time_idx, bucket_idx, n_users:
     return reports
 
 
-def shifting_heavy_hitters_arrays(source: NoiseSource, user_idx, time_idx, bucket_idx, n_users: int, horizon: int,
+def _shifting_heavy_hitters_arrays(source: NoiseSource, user_idx, time_idx, bucket_idx, n_users: int, horizon: int,
                                   n_buckets: int, k: int, epsilon: float = 1.0, beta: float = 0.05,
                                   tau_constant: float = 4000.0) -> list[tuple[int, int]]:
     """Pure eps-DP shifting heavy hitters ([SUB] Thm 5.6): users Poisson-subsampled once with
@@ -447,7 +467,7 @@ def shifting_heavy_hitters_arrays(source: NoiseSource, user_idx, time_idx, bucke
     keep = poisson_subsample(source, int(n_users), cal["p"])
     users = _ids(user_idx, "user ids")
     rows = keep[users] if users.size else np.zeros(0, dtype=bool)
-    return thresh_monitor(source, users[rows], _ids(time_idx, "time ids")[rows], _ids(bucket_idx, "bucket ids")[rows],
+    return _thresh_monitor(source, users[rows], _ids(time_idx, "time ids")[rows], _ids(bucket_idx, "bucket ids")[rows],
                           n_users, horizon, n_buckets, k, cal["tau"], EPS0)
 
 
@@ -467,7 +487,7 @@ def _matroid_parts(part_of_set, capacities, n_sets: int) -> tuple[np.ndarray, np
     return part, cap
 
 
-def priv_cont_greedy(source: NoiseSource, cov: "_Coverage", part: np.ndarray, cap: np.ndarray, eps0: float,
+def _priv_cont_greedy(source: NoiseSource, cov: "_Coverage", part: np.ndarray, cap: np.ndarray, eps0: float,
                      passes: int, samples: int) -> tuple[np.ndarray, list[list[int]]]:
     """PrivContGreedy_{eps0, 1/passes, samples} ([SUB] Alg. 5) for coverage on a partition matroid.
 
@@ -507,7 +527,7 @@ def priv_cont_greedy(source: NoiseSource, cov: "_Coverage", part: np.ndarray, ca
     return y, bases
 
 
-def swap_round(source: NoiseSource, bases: list[list[int]], part: np.ndarray, cap: np.ndarray) -> list[int]:
+def _swap_round(source: NoiseSource, bases: list[list[int]], part: np.ndarray, cap: np.ndarray) -> list[int]:
     """Swap rounding (Chekuri-Vondrak-Zenklusen 2010) of ``y = mean of 1_B over bases`` on a partition matroid.
 
     Each independent set is padded with dummy elements to a basis of the padded
@@ -547,7 +567,7 @@ def swap_round(source: NoiseSource, bases: list[list[int]], part: np.ndarray, ca
     return sorted(u for per in merged for u in per if u >= 0)
 
 
-def matroid_coverage_arrays(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_elems: int, part_of_set,
+def _matroid_coverage_arrays(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_elems: int, part_of_set,
                             capacities, epsilon: float = 1.0, eta: float = 0.2, beta: float = 0.05,
                             samples: Optional[int] = None) -> list[int]:
     """Pure eps-DP max coverage under a partition matroid ([SUB] Thm 1.3): ``A_{ln 2, eta/2, beta/2}`` on ``S_p``.
@@ -575,9 +595,9 @@ def matroid_coverage_arrays(source: NoiseSource, set_idx, elem_idx, n_sets: int,
     part, cap = _matroid_parts(part_of_set, capacities, int(n_sets))
     keep = poisson_subsample(source, int(n_elems), subsampling_probability(epsilon))
     sub = _Coverage(set_idx, elem_idx, n_sets, n_elems).restrict(keep)
-    _, bases = priv_cont_greedy(source, sub, part, cap, EPS0 / 2, passes, samples)
+    _, bases = _priv_cont_greedy(source, sub, part, cap, EPS0 / 2, passes, samples)
     h = int(math.ceil(20.0 * math.log(6.0 / beta) / eta))
-    rounded = [swap_round(source, bases, part, cap) for _ in range(h)]
+    rounded = [_swap_round(source, bases, part, cap) for _ in range(h)]
     values = np.array([np.unique(_gather(sub.set_ptr, sub.set_elems, np.asarray(s, dtype=np.int64))).size
                        for s in rounded], dtype=np.float64)
     return rounded[exp_mech(source, values, EPS0 / 2)]
@@ -618,7 +638,7 @@ def _local_search(dq: np.ndarray, locations: np.ndarray, weights: np.ndarray, k:
     return sorted(centres)
 
 
-def k_median(source: NoiseSource, locations, distances, k: int, q: int = 1, epsilon: float = 1.0,
+def _k_median(source: NoiseSource, locations, distances, k: int, q: int = 1, epsilon: float = 1.0,
              n_bound: Optional[int] = None) -> list[int]:
     """Pure eps-DP k-median (q=1) / k-means (q=2) ([SUB] Thm 1.5, App. G) over a finite metric.
 
@@ -695,28 +715,43 @@ def _columns(con: duckdb.DuckDBPyConnection, table: str, **cols: str) -> None:
                                    f"{', '.join(sorted(names))}")
 
 
-def max_coverage(con: duckdb.DuckDBPyConnection, table: str, k: int, epsilon: float = 1.0, *,
-                 set_col: str = "set_id", element_col: str = "element") -> pa.Table:
-    """Pure eps-DP max k-coverage of the set system in ``table`` (rows: set, element); returns (rank, set_id).
+def _literal(value: object) -> str:
+    """A validated number (or None) as a SQL literal: the macros see constants, never a column or a subquery."""
+    return "NULL" if value is None else repr(float(value))
 
-    Elements are the private records; set ids are public (a row with a NULL
-    element declares a set without contributing an element).
+
+def _release(con: duckdb.DuckDBPyConnection, call: str) -> pa.Table:
+    """Run one releasing macro (it validates, charges once and orders its rows) and return its rows in order."""
+    return con.sql(f"FROM {call}").to_arrow_table()
+
+
+def max_coverage(con: duckdb.DuckDBPyConnection, table: str, candidates_table: str, k: int, epsilon: float = 1.0,
+                 *, set_col: str = "set_id", element_col: str = "element") -> pa.Table:
+    """Pure eps-DP max k-coverage (``dp_max_coverage``): (rank, set_id) in the greedy's order, charged once.
+
+    ``table`` rows (set, element) are private (the elements are the records);
+    ``candidates_table`` (column ``set_col``) lists the public candidate sets:
+    only those can be chosen, with or without rows in ``table``.
     """
     check_epsilon(epsilon), check_k(k)
     _columns(con, table, set_col=set_col, element_col=element_col)
-    return con.sql(f"FROM dp_max_coverage({sql_string(table)}, {int(k)}, epsilon := {float(epsilon)!r}, "
-                   f"set_col := {sql_string(set_col)}, element_col := {sql_string(element_col)})").to_arrow_table()
+    _columns(con, candidates_table, set_col=set_col)
+    return _release(con, f"dp_max_coverage({sql_string(table)}, {sql_string(candidates_table)}, {int(k)}, "
+                         f"epsilon := {_literal(epsilon)}, set_col := {sql_string(set_col)}, "
+                         f"element_col := {sql_string(element_col)})")
 
 
-def set_cover(con: duckdb.DuckDBPyConnection, table: str, epsilon: float = 1.0, *, set_col: str = "set_id",
-              element_col: str = "element", tau_constant: float = 1000.0) -> pa.Table:
-    """Pure eps-DP set cover (DPGreedyScaling): every set id of ``table`` once, as (position, set_id)."""
+def set_cover(con: duckdb.DuckDBPyConnection, table: str, candidates_table: str, epsilon: float = 1.0, *,
+              set_col: str = "set_id", element_col: str = "element", tau_constant: float = 1000.0) -> pa.Table:
+    """Pure eps-DP set cover (``dp_set_cover``, DPGreedyScaling): every candidate set of ``candidates_table``
+    once, as (position, set_id) in the released order; charged once."""
     check_epsilon(epsilon)
     _check_positive_param("tau_constant", tau_constant, "the printed value is 1000")
     _columns(con, table, set_col=set_col, element_col=element_col)
-    return con.sql(f"FROM dp_set_cover({sql_string(table)}, epsilon := {float(epsilon)!r}, "
-                   f"set_col := {sql_string(set_col)}, element_col := {sql_string(element_col)}, "
-                   f"tau_constant := {float(tau_constant)!r})").to_arrow_table()
+    _columns(con, candidates_table, set_col=set_col)
+    return _release(con, f"dp_set_cover({sql_string(table)}, {sql_string(candidates_table)}, "
+                         f"epsilon := {_literal(epsilon)}, set_col := {sql_string(set_col)}, "
+                         f"element_col := {sql_string(element_col)}, tau_constant := {_literal(tau_constant)})")
 
 
 def eval_set_cover_cost(con: duckdb.DuckDBPyConnection, table: str, permutation_table: str, *,
@@ -732,54 +767,66 @@ def eval_set_cover_cost(con: duckdb.DuckDBPyConnection, table: str, permutation_
 def shifting_heavy_hitters(con: duckdb.DuckDBPyConnection, stream_table: str, buckets_table: str, k: int,
                            horizon: int, epsilon: float = 1.0, beta: float = 0.05, *, user_col: str = "user_id",
                            time_col: str = "t", bucket_col: str = "bucket") -> pa.Table:
-    """Pure eps-DP shifting heavy hitters (subsampled ThreshMonitor); returns reported (t, bucket) pairs.
+    """Pure eps-DP shifting heavy hitters (``dp_shifting_heavy_hitters``): reported (t, bucket), sorted; charged once.
 
     ``stream_table`` rows (user, t, bucket) with t in 1..horizon; ``buckets_table``
     lists the public bucket set Y in column ``bucket_col``; ``horizon`` = T is public.
+    Rows outside Y x 1..horizon are ignored.
     """
     heavy_hitters_calibration(epsilon, k, check_k(horizon, "horizon"), 1, beta)
     _columns(con, stream_table, user_col=user_col, time_col=time_col, bucket_col=bucket_col)
     _columns(con, buckets_table, bucket_col=bucket_col)
-    return con.sql(f"FROM dp_shifting_heavy_hitters({sql_string(stream_table)}, {sql_string(buckets_table)}, "
-                   f"{int(k)}, epsilon := {float(epsilon)!r}, beta := {float(beta)!r}, horizon := {int(horizon)}, "
-                   f"user_col := {sql_string(user_col)}, time_col := {sql_string(time_col)}, "
-                   f"bucket_col := {sql_string(bucket_col)})").to_arrow_table()
+    return _release(con, f"dp_shifting_heavy_hitters({sql_string(stream_table)}, {sql_string(buckets_table)}, "
+                         f"{int(k)}, epsilon := {_literal(epsilon)}, beta := {_literal(beta)}, "
+                         f"horizon := {int(horizon)}, user_col := {sql_string(user_col)}, "
+                         f"time_col := {sql_string(time_col)}, bucket_col := {sql_string(bucket_col)})")
 
 
-def matroid_coverage(con: duckdb.DuckDBPyConnection, table: str, parts: dict, capacities: dict,
+def matroid_coverage(con: duckdb.DuckDBPyConnection, table: str, parts_table: str, capacities_table: str,
                      epsilon: float = 1.0, *, eta: float = 0.2, beta: float = 0.05, samples: Optional[int] = None,
-                     set_col: str = "set_id", element_col: str = "element") -> list:
-    """Pure eps-DP coverage under a partition matroid: ``parts`` maps set id -> part, ``capacities`` part -> cap.
+                     set_col: str = "set_id", element_col: str = "element", part_col: str = "part",
+                     capacity_col: str = "capacity") -> pa.Table:
+    """Pure eps-DP coverage under a partition matroid (``dp_matroid_coverage``): (rank, set_id) in set_id order;
+    charged once.
 
-    The set ids are the keys of ``parts`` (public); the set system's rows are read from ``table``.
+    ``parts_table`` (set_col, part_col) lists the public candidate sets, one
+    part each; ``capacities_table`` (part_col, capacity_col) each part's capacity.
     """
-    from dpsql.registration import source_of
-
-    check_epsilon(epsilon)
+    check_epsilon(epsilon), check_beta(beta), check_eta(eta)
+    if samples is not None:
+        check_k(samples, "samples")
     _columns(con, table, set_col=set_col, element_col=element_col)
-    ids = list(parts)
-    part_names = list(capacities)
-    part_index = {p: i for i, p in enumerate(part_names)}
-    if any(parts[s] not in part_index for s in ids):
-        raise DPParameterError("every set's part needs an entry in capacities")
-    set_index = {s: i for i, s in enumerate(ids)}
-    # element ids in sorted order (as dp_matroid_coverage): a seeded run is reproducible and matches the macro
-    rows = con.sql(f"SELECT DISTINCT {_quote(set_col)}, {_quote(element_col)} FROM query_table({sql_string(table)}) "
-                   f"WHERE {_quote(element_col)} IS NOT NULL ORDER BY 2, 1").fetchall()
-    elem_index: dict = {}
-    s_idx, e_idx = [], []
-    for s, e in rows:
-        if s in set_index:
-            s_idx.append(set_index[s])
-            e_idx.append(elem_index.setdefault(e, len(elem_index)))
-    chosen = matroid_coverage_arrays(source_of(con), s_idx, e_idx, len(ids), len(elem_index),
-                                     [part_index[parts[s]] for s in ids], [int(capacities[p]) for p in part_names],
-                                     epsilon, eta, beta, samples)
-    return [ids[i] for i in chosen]
+    _columns(con, parts_table, set_col=set_col, part_col=part_col)
+    _columns(con, capacities_table, part_col=part_col, capacity_col=capacity_col)
+    return _release(con, f"dp_matroid_coverage({sql_string(table)}, {sql_string(parts_table)}, "
+                         f"{sql_string(capacities_table)}, epsilon := {_literal(epsilon)}, eta := {_literal(eta)}, "
+                         f"beta := {_literal(beta)}, samples := {_literal(samples)}, "
+                         f"set_col := {sql_string(set_col)}, element_col := {sql_string(element_col)}, "
+                         f"part_col := {sql_string(part_col)}, capacity_col := {sql_string(capacity_col)})")
 
 
-def _quote(col: str) -> str:
-    return '"' + col.replace('"', '""') + '"'
+def k_median(con: duckdb.DuckDBPyConnection, points_table: str, candidates_table: str, distances_table: str, k: int,
+             q: int = 1, epsilon: float = 1.0, *, n_bound: Optional[int] = None, point_col: str = "point",
+             candidate_col: str = "candidate_id") -> pa.Table:
+    """Pure eps-DP k-median (q = 1) / k-means (q = 2) (``dp_k_median``): (rank, candidate_id) in candidate_id
+    order; charged once.
+
+    ``points_table`` (point_col): one private record per row, located at a
+    candidate; ``candidates_table`` (candidate_col) and ``distances_table``
+    (point, candidate, distance in [0, 1]) are the public metric; ``n_bound``
+    a public upper bound on the number of points (required).
+    """
+    check_epsilon(epsilon), check_k(k)
+    if q not in (1, 2):
+        raise DPParameterError(f"q must be 1 (k-median) or 2 (k-means) (got {q!r})")
+    _check_n_bound(n_bound)
+    _columns(con, points_table, point_col=point_col)
+    _columns(con, candidates_table, candidate_col=candidate_col)
+    _columns(con, distances_table)  # its columns are fixed (point, candidate, distance); the binder checks them
+    return _release(con, f"dp_k_median({sql_string(points_table)}, {sql_string(candidates_table)}, "
+                         f"{sql_string(distances_table)}, {int(k)}, q := {int(q)}, epsilon := {_literal(epsilon)}, "
+                         f"n_bound := {int(n_bound)}, point_col := {sql_string(point_col)}, "
+                         f"candidate_col := {sql_string(candidate_col)})")
 
 
 # --------------------------------------------------------------------------
@@ -830,6 +877,30 @@ def _metric(rows: np.ndarray, cols: np.ndarray, dists: np.ndarray, m: int) -> np
     return dist
 
 
+_INTEGER_TYPES = frozenset({"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT",
+                            "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT"})
+
+
+def check_key_types(name: str, private_type: str, common_type: str) -> bool:
+    """A private key column may be joined with a public one when converting it to their common type cannot fail.
+
+    ``private_type`` is the private column's type and ``common_type`` the type
+    both sides take in the join (DuckDB's UNION type). A failing conversion
+    would raise an error quoting a private value after the charge; the safe
+    ones are none, any type to VARCHAR, integer widening and an integer or
+    FLOAT to DOUBLE. Anything else is refused before the charge.
+    """
+    safe = (private_type == common_type or common_type == "VARCHAR"
+            or (private_type in _INTEGER_TYPES and common_type in _INTEGER_TYPES)
+            or ((private_type in _INTEGER_TYPES or private_type == "FLOAT") and common_type == "DOUBLE"))
+    if not safe:
+        raise DPParameterError(
+            f"dpsql: {name} has type {private_type} in the private table, and joining it with the public table "
+            f"would convert it to {common_type}, which can fail on a value; give both columns the same type "
+            f"(e.g. a view with CAST) and try again; nothing was read or charged")
+    return True
+
+
 def udfs(source: NoiseSource) -> list[Udf]:
     """Validation/calibration UDFs (pure) and the sequential kernels (draw noise: side effects)."""
 
@@ -858,7 +929,7 @@ def udfs(source: NoiseSource) -> list[Udf]:
             check_identifier(name, col)
         check_epsilon(epsilon), check_beta(beta)
         eta = check_eta(eta)
-        # resolved here so that the kernel gets the same s as matroid_coverage_arrays' default
+        # resolved here so that the kernel gets the same s as _matroid_coverage_arrays' default
         return 8 * int(math.ceil(4.0 / eta)) if samples is None else check_k(samples, "samples")
 
     def k_median_cal(k, q, epsilon, n_bound, point_col, candidate_col):
@@ -871,21 +942,21 @@ def udfs(source: NoiseSource) -> list[Udf]:
     def coverage_select(sets, elems, n_sets, n_elems, k):
         out = []
         for i, (m, n, kk) in enumerate(zip(_scalars(n_sets), _scalars(n_elems), _scalars(k))):
-            out.append(coverage_greedy(source, _flat(sets, i), _flat(elems, i), int(m), int(n), int(kk), EPS0))
+            out.append(_coverage_greedy(source, _flat(sets, i), _flat(elems, i), int(m), int(n), int(kk), EPS0))
         return pa.array(out, type=pa.list_(pa.int64()))
 
     def set_cover_select(sets, elems, n_sets, n_elems, epsilon, tau_constant):
         out = []
         for i, (m, n, e, c) in enumerate(zip(_scalars(n_sets), _scalars(n_elems), _scalars(epsilon),
                                              _scalars(tau_constant))):
-            out.append(greedy_scaling(source, _flat(sets, i), _flat(elems, i), int(m), int(n), float(e), float(c)))
+            out.append(_greedy_scaling(source, _flat(sets, i), _flat(elems, i), int(m), int(n), float(e), float(c)))
         return pa.array(out, type=pa.list_(pa.int64()))
 
     def hh_select(users, times, buckets, n_users, horizon, n_buckets, k, tau):
         out = []
         for i, (nu, hz, nb, kk, tt) in enumerate(zip(_scalars(n_users), _scalars(horizon), _scalars(n_buckets),
                                                      _scalars(k), _scalars(tau))):
-            reps = thresh_monitor(source, _flat(users, i), _flat(times, i), _flat(buckets, i), int(nu), int(hz),
+            reps = _thresh_monitor(source, _flat(users, i), _flat(times, i), _flat(buckets, i), int(nu), int(hz),
                                   int(nb), int(kk), float(tt), EPS0)
             out.append([t * int(nb) + y for t, y in reps])
         return pa.array(out, type=pa.list_(pa.int64()))
@@ -894,7 +965,7 @@ def udfs(source: NoiseSource) -> list[Udf]:
         out = []
         for i, (m, n, e, h, b, s) in enumerate(zip(_scalars(n_sets), _scalars(n_elems), _scalars(epsilon),
                                                    _scalars(eta), _scalars(beta), _scalars(samples))):
-            out.append(matroid_coverage_arrays(source, _flat(sets, i), _flat(elems, i), int(m), int(n),
+            out.append(_matroid_coverage_arrays(source, _flat(sets, i), _flat(elems, i), int(m), int(n),
                                                _flat(parts, i), _flat(caps, i), float(e), float(h), float(b), int(s)))
         return pa.array(out, type=pa.list_(pa.int64()))
 
@@ -906,13 +977,14 @@ def udfs(source: NoiseSource) -> list[Udf]:
             if int(m) == 0:  # no candidates (public): nothing to choose
                 out.append([])
                 continue
-            out.append(k_median(source, _flat(locations, i), dist, int(kk), int(qq), float(e), int(nb)))
+            out.append(_k_median(source, _flat(locations, i), dist, int(kk), int(qq), float(e), int(nb)))
         return pa.array(out, type=pa.list_(pa.int64()))
 
     d, big, txt = DOUBLE, BIGINT, VARCHAR
     ids = duckdb.list_type(BIGINT)
     reals = duckdb.list_type(DOUBLE)
     return [
+        Udf("dp__check_key_types", scalar(check_key_types), (txt, txt, txt), BOOLEAN),
         Udf("dp__max_coverage_check", scalar(coverage_check), (d, d, txt, txt), d),
         Udf("dp__set_cover_check", scalar(set_cover_check), (d, d, txt, txt), d),
         Udf("dp__heavy_hitters_calibration", scalar(hh_cal), (d, d, d, d, txt, txt, txt),

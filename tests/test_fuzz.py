@@ -53,6 +53,7 @@ SETUP = [
     "CREATE TABLE smp AS SELECT 'k1' AS key, 2::BIGINT AS token UNION ALL SELECT 'k2', 1",
     "CREATE TABLE sets AS SELECT 's' || (i % 5) AS set_id, i % 40 AS element FROM range(200) r(i)",
     "CREATE TABLE sets_empty (set_id VARCHAR, element INTEGER)",
+    "CREATE TABLE set_cands AS SELECT 's' || i AS set_id FROM range(5) r(i)",
     "CREATE TABLE parts AS SELECT 's' || i AS set_id, i % 2 AS part FROM range(5) r(i)",
     "CREATE TABLE caps AS SELECT i AS part, 2 AS capacity FROM range(2) r(i)",
     "CREATE TABLE stream AS SELECT 'u' || (i % 30) AS user_id, 1 + (i % 3) AS t, 'b' || (i % 2) AS bucket "
@@ -152,7 +153,7 @@ def check_estimate(con, columns, rows, params):
 
 def check_set_cover(con, columns, rows, params):
     assert [r[0] for r in rows] == list(range(1, len(rows) + 1))
-    assert sorted(r[1] for r in rows) == sorted(values(con, "SELECT set_id FROM sets"))
+    assert sorted(r[1] for r in rows) == sorted(values(con, "SELECT set_id FROM set_cands"))
 
 
 def check_heavy_hitters(con, columns, rows, params):
@@ -265,12 +266,12 @@ ENTRIES: list[Entry] = [
           dict(tbl="smp", epsilon=0.5, delta=1e-3, tau=0.1, power=1.0),
           ["key", "token", "estimate"], check_estimate),
     Entry("dp_max_coverage",
-          "FROM dp_max_coverage({tbl}, {k}, epsilon := {epsilon}, set_col := {set_col}, element_col := {element_col})",
+          "FROM dp_max_coverage({tbl}, 'set_cands', {k}, epsilon := {epsilon}, set_col := {set_col}, element_col := {element_col})",
           dict(tbl="sets", k=2.0, epsilon=1.0, set_col="set_id", element_col="element"),
-          ["rank", "set_id"], ranked("k", "SELECT set_id FROM sets"),
+          ["rank", "set_id"], ranked("k", "SELECT set_id FROM set_cands"),
           {"set_col": "set_id", "element_col": "element"}, {"tbl": ("sets", "sets_empty")}),
     Entry("dp_set_cover",
-          "FROM dp_set_cover({tbl}, epsilon := {epsilon}, tau_constant := {tau_constant}, set_col := {set_col}, "
+          "FROM dp_set_cover({tbl}, 'set_cands', epsilon := {epsilon}, tau_constant := {tau_constant}, set_col := {set_col}, "
           "element_col := {element_col})",
           dict(tbl="sets", epsilon=1.0, tau_constant=1.0, set_col="set_id", element_col="element"),
           ["position", "set_id"], check_set_cover,
@@ -474,9 +475,10 @@ def test_missing_table_is_a_catalog_error(con, entry_name, placeholder):
     assert isinstance(exc, duckdb.CatalogException) and "no_such_table" in str(exc) and rows == []
 
 
-# Matroid coverage picks among the public sets of parts_tbl and k-median among the public candidates:
+# Coverage and set cover pick among candidates_tbl, matroid coverage among the public sets of parts_tbl and
+# k-median among the public candidates:
 # with no private records they still return a (data-independent) choice.
-PUBLIC_CANDIDATES = {"dp_matroid_coverage", "dp_k_median"}
+PUBLIC_CANDIDATES = {"dp_max_coverage", "dp_set_cover", "dp_matroid_coverage", "dp_k_median"}
 
 
 @pytest.mark.parametrize("entry_name, placeholder", TABLE_CASES, ids=[e for e, _ in TABLE_CASES])
@@ -567,7 +569,7 @@ def test_a_list_of_tables_is_refused_by_the_binder(con):
 FOUND = [
     # (call, parameter the error must name); each used to fail with a bare Python/engine error
     ("FROM dp_sbh_histogram('ev', 1e-320, 1e-3)", "epsilon"),           # Laplace scale 1/epsilon = inf
-    ("FROM dp_set_cover('sets', epsilon := 1e-320)", "epsilon"),        # idem (Lap(2/epsilon))
+    ("FROM dp_set_cover('sets', 'set_cands', epsilon := 1e-320)", "epsilon"),        # idem (Lap(2/epsilon))
     ("FROM dp_top_k_limited_domain('t', 3, 5, epsilon := 1e-320)", "epsilon"),
     ("FROM dp_set_union_greedy_update('t', delta := 1e-320)", "delta"),  # 1/(2 delta) = inf
     ("FROM dp_weighted_sample('ev', 1e300, 1e-3)", "epsilon"),          # OverflowError in e^epsilon

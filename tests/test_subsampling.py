@@ -127,7 +127,7 @@ def test_implementation_samples_the_enumerated_distribution():
     runs = 6000
     counts = {o: 0 for o in OUTPUTS}
     for _ in range(runs):
-        counts[tuple(optimize.max_coverage_arrays(source, set_idx, elem_idx, 5, 5, K, 1.0))] += 1
+        counts[tuple(optimize._max_coverage_arrays(source, set_idx, elem_idx, 5, 5, K, 1.0))] += 1
     p = subsampling.subsampling_probability(1.0)
     expected = np.array([_subsampled_prob(D_FULL, o, p) for o in OUTPUTS]) * runs
     observed = np.array([counts[o] for o in OUTPUTS])
@@ -218,7 +218,7 @@ def test_thresh_monitor_noise_has_mean_k_over_ln2(k):
     times = np.tile(np.arange(horizon), n_users)
     buckets = rng.integers(0, n_buckets, users.size)
     source = RecordingSource(k)
-    optimize.thresh_monitor(source, users, times, buckets, n_users, horizon, n_buckets, k, tau=40.0)
+    optimize._thresh_monitor(source, users, times, buckets, n_users, horizon, n_buckets, k, tau=40.0)
     draws = np.concatenate(source.exp_draws)
     assert np.allclose(np.concatenate(source.exp_rates), LN2 / k)
     assert draws.size > 1000

@@ -1,0 +1,394 @@
+"""The release path of the optimisation family (sql/80_optimize.sql, dpsql/optimize.py).
+
+Candidates come from public tables only (the support of an output does not depend on whether a
+set has private rows), every parameter is a constant checked before the charge, rows come out in
+the DP-chosen rank or sorted by the released columns, every public Python release function charges
+once, and no error raised after the charge quotes a private value.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import duckdb
+import pytest
+
+import dpsql
+from dpsql import optimize
+
+from conftest import seeded
+
+# -- one valid call per releasing macro ----------------------------------------------------------
+
+SETS = """
+CREATE TABLE sets AS SELECT * FROM (VALUES (1, 10), (1, 11), (2, 11), (2, 12), (3, 13), (9, 14)) v(set_id, element);
+CREATE TABLE sets2 AS SELECT * FROM sets;
+CREATE TABLE cands AS SELECT * FROM (VALUES (1), (2), (3), (4)) v(set_id);
+CREATE TABLE cands2 AS SELECT * FROM cands;
+CREATE TABLE parts AS SELECT * FROM (VALUES (1, 'a'), (2, 'a'), (3, 'b'), (4, 'b')) v(set_id, part);
+CREATE TABLE parts2 AS SELECT * FROM parts;
+CREATE TABLE caps AS SELECT * FROM (VALUES ('a', 1), ('b', 2)) v(part, capacity);
+CREATE TABLE caps2 AS SELECT * FROM caps;
+"""
+# 16,000 users in bucket 'a' at t = 1, 2: above tau = 11,413 at epsilon 5 (k = 2, T = 3, |Y| = 2)
+STREAM = """
+CREATE TABLE st AS SELECT i AS user_id, t, 'a' AS bucket FROM range(16000) r(i), range(1, 3) s(t);
+CREATE TABLE st2 AS SELECT * FROM st;
+CREATE TABLE bk AS SELECT * FROM (VALUES ('a'), ('b')) v(bucket);
+CREATE TABLE bk2 AS SELECT * FROM bk;
+"""
+METRIC = """
+CREATE TABLE kc AS SELECT range AS candidate_id FROM range(5);
+CREATE TABLE kc2 AS SELECT * FROM kc;
+CREATE TABLE kd AS SELECT a.candidate_id AS point, b.candidate_id AS candidate,
+    abs(a.candidate_id - b.candidate_id) / 4 AS distance FROM kc a, kc b;
+CREATE TABLE kd2 AS SELECT * FROM kd;
+CREATE TABLE kp AS SELECT CASE WHEN range % 2 = 0 THEN 0 ELSE 4 END AS point FROM range(400);
+CREATE TABLE kp2 AS SELECT * FROM kp;
+"""
+
+
+@dataclass
+class Case:
+    setup: str
+    positional: tuple[str, ...]
+    args: dict[str, str]                   # valid SQL for each parameter
+    other: dict[str, str] = field(default_factory=dict)  # a second valid value (for a two-valued CASE)
+    order_by: tuple[str, ...] = ("rank",)
+
+
+COVERAGE_ARGS = {"sets_tbl": "'sets'", "candidates_tbl": "'cands'", "epsilon": "1.0", "set_col": "'set_id'",
+                 "element_col": "'element'"}
+CASES = {
+    "dp_max_coverage": Case(SETS, ("sets_tbl", "candidates_tbl", "k"), {**COVERAGE_ARGS, "k": "2"},
+                            {"sets_tbl": "'sets2'", "candidates_tbl": "'cands2'", "k": "3", "epsilon": "2.0"}),
+    "dp_set_cover": Case(SETS, ("sets_tbl", "candidates_tbl"), {**COVERAGE_ARGS, "tau_constant": "1.0"},
+                         {"sets_tbl": "'sets2'", "candidates_tbl": "'cands2'", "epsilon": "2.0",
+                          "tau_constant": "1000.0"}, ("position",)),
+    "dp_shifting_heavy_hitters": Case(STREAM, ("stream_tbl", "buckets_tbl", "k"), {
+        "stream_tbl": "'st'", "buckets_tbl": "'bk'", "k": "2", "epsilon": "1.0", "beta": "0.05", "horizon": "3",
+        "user_col": "'user_id'", "time_col": "'t'", "bucket_col": "'bucket'"},
+        {"stream_tbl": "'st2'", "buckets_tbl": "'bk2'", "k": "1", "epsilon": "2.0", "beta": "0.1", "horizon": "4"},
+        ("t", "bucket")),
+    "dp_matroid_coverage": Case(SETS, ("sets_tbl", "parts_tbl", "capacities_tbl"), {
+        "sets_tbl": "'sets'", "parts_tbl": "'parts'", "capacities_tbl": "'caps'", "epsilon": "1.0", "eta": "0.5",
+        "beta": "0.05", "samples": "16", "set_col": "'set_id'", "element_col": "'element'", "part_col": "'part'",
+        "capacity_col": "'capacity'"},
+        {"sets_tbl": "'sets2'", "parts_tbl": "'parts2'", "capacities_tbl": "'caps2'", "epsilon": "2.0",
+         "eta": "0.25", "beta": "0.1", "samples": "8"}, ("set_id",)),
+    "dp_k_median": Case(METRIC, ("points_tbl", "candidates_tbl", "distances_tbl", "k"), {
+        "points_tbl": "'kp'", "candidates_tbl": "'kc'", "distances_tbl": "'kd'", "k": "2", "q": "1",
+        "epsilon": "1.0", "n_bound": "1000", "point_col": "'point'", "candidate_col": "'candidate_id'"},
+        {"points_tbl": "'kp2'", "candidates_tbl": "'kc2'", "distances_tbl": "'kd2'", "k": "3", "q": "2",
+         "epsilon": "2.0", "n_bound": "100"}, ("candidate_id",)),
+}
+
+
+def _params(con, name: str) -> list[str]:
+    rows = con.execute("SELECT parameters FROM duckdb_functions() WHERE function_name = ? "
+                       "AND function_type = 'table_macro'", [name]).fetchall()
+    assert len(rows) == 1, name
+    return rows[0][0]
+
+
+def _call(name: str, case: Case, params: list[str], override: dict[str, str] | None = None) -> str:
+    args = {**case.args, **(override or {})}
+    pos = [args[p] for p in case.positional]
+    named = [f"{p} := {args[p]}" for p in params if p not in case.positional]
+    return f"SELECT * FROM {name}({', '.join(pos + named)})"
+
+
+def _n_releases(con) -> int:
+    return con.execute("SELECT count(*) FROM dp_releases()").fetchall()[0][0]
+
+
+def test_every_parameter_of_each_macro_is_exercised():
+    con = dpsql.connect()
+    for name, case in CASES.items():
+        assert set(case.args) == set(_params(con, name)), name
+        assert set(case.other) == {p for p in case.args if not p.endswith("_col")}, name
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_volatile_parameter_is_refused_before_the_charge(name):
+    con = dpsql.connect()
+    case = CASES[name]
+    con.execute(case.setup)
+    params = _params(con, name)
+    con.execute(_call(name, case, params)).fetchall()  # the valid call releases
+    assert _n_releases(con) == 1
+    for p in params:
+        if p.endswith("_col"):
+            # Column names select columns through COLUMNS(lambda ...): DuckDB's binder refuses a
+            # non-constant expression there before the query is planned (its message cannot name it).
+            volatile, expected = f"(CASE WHEN random() < 0.5 THEN {case.args[p]} ELSE NULL END)", \
+                "Unsupported expression in COLUMNS"
+        else:
+            volatile = f"(CASE WHEN random() < 0.5 THEN {case.args[p]} ELSE {case.other[p]} END)"
+            expected = rf"dpsql: {p} must be a constant expression"
+        with pytest.raises(duckdb.Error, match=expected):
+            con.execute(_call(name, case, params, {p: volatile})).fetchall()
+        assert _n_releases(con) == 1, (name, p)  # nothing charged
+    con.close()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rows_come_out_in_released_order(name):
+    con = dpsql.connect()
+    case = CASES[name]
+    con.execute(case.setup)
+    params = _params(con, name)
+    for _ in range(5):
+        rows = con.sql(_call(name, case, params, {"epsilon": "5.0"})).to_arrow_table()
+        assert rows.num_rows > 1, name
+        keys = [rows.column(c).to_pylist() for c in case.order_by]
+        assert list(zip(*keys)) == sorted(zip(*keys)), name
+        if "rank" in rows.column_names or "position" in rows.column_names:
+            rank = rows.column(0).to_pylist()
+            assert rank == list(range(1, rows.num_rows + 1)), name  # the DP-chosen order, 1..n
+
+
+# -- issue point 3: candidates from public input -------------------------------------------------
+
+def _coverage_tables(con, rows: str) -> None:
+    con.execute(f"CREATE TABLE s (set_id VARCHAR, element INT); INSERT INTO s VALUES {rows}")
+    con.execute("CREATE TABLE c AS SELECT * FROM (VALUES ('A'), ('B')) v(set_id)")
+
+
+def _first_a_probability(eps: float, a_elems: int, b_elems: int) -> float:
+    """Exact Pr[first pick = A] of max coverage on disjoint sets A, B of the given sizes (EM at ln 2 on S_p)."""
+    p = -math.expm1(-eps)
+    binom = lambda n, i: math.comb(n, i) * p ** i * (1 - p) ** (n - i)  # noqa: E731
+    return sum(binom(a_elems, i) * binom(b_elems, j) * 2.0 ** i / (2.0 ** i + 2.0 ** j)
+               for i in range(a_elems + 1) for j in range(b_elems + 1))
+
+
+def test_issue_attack_candidate_support_does_not_depend_on_private_rows():
+    # The attack of the issue: D has ('A',1), ('A',2), ('B',3); D' removes element 3, B's only element.
+    # With the set ids taken from the private rows, k = 5 released {A, B} on D in 200/200 runs and {A}
+    # on D' in 200/200. Now B is a public candidate: both outputs hold A and B, in a DP order.
+    for label, rows in (("D", "('A',1),('A',2),('B',3)"), ("D'", "('A',1),('A',2)")):
+        con = seeded(41)
+        _coverage_tables(con, rows)
+        for _ in range(40):
+            out = con.execute("SELECT set_id FROM dp_max_coverage('s', 'c', 5, epsilon := 1.0)").fetchall()
+            assert sorted(r[0] for r in out) == ["A", "B"], label
+        for _ in range(20):
+            cover = con.execute("SELECT set_id FROM dp_set_cover('s', 'c', epsilon := 1.0)").fetchall()
+            assert sorted(r[0] for r in cover) == ["A", "B"], label
+        assert _n_releases(con) == 60
+
+
+def test_issue_attack_order_is_epsilon_close_on_the_neighbours():
+    # The order the macro releases on the attack's data is drawn from the mechanism's distribution
+    # (the kernel behind dp_max_coverage, with the same dense ids: A = 0, B = 1, two candidates), and
+    # that distribution is eps-close on D and D'.
+    from dpsql.noise import NoiseSource
+
+    eps, runs = 1.0, 4000
+    exact = {"D": _first_a_probability(eps, 2, 1), "D'": _first_a_probability(eps, 2, 0)}
+    p = 1 - math.exp(-eps)  # closed forms: A's sampled size 0, 1, 2 against B's 0 (D') or 0, 1 (D)
+    no_b = (1 - p) ** 2 / 2 + 2 * p * (1 - p) * 2 / 3 + p ** 2 * 4 / 5
+    one_b = (1 - p) ** 2 / 3 + 2 * p * (1 - p) / 2 + p ** 2 * 2 / 3
+    assert exact["D'"] == pytest.approx(no_b, rel=1e-12)
+    assert exact["D"] == pytest.approx((1 - p) * no_b + p * one_b, rel=1e-12)
+    data = {"D": ([0, 0, 1], [0, 1, 2]), "D'": ([0, 0], [0, 1])}
+    for label, (sets, elems) in data.items():
+        source = NoiseSource(49)
+        outs = [optimize._max_coverage_arrays(source, sets, elems, 2, len(elems), 5, eps) for _ in range(runs)]
+        assert all(sorted(o) == [0, 1] for o in outs), label
+        q = exact[label]
+        freq = sum(o[0] == 0 for o in outs) / runs
+        assert abs(freq - q) < 4 * math.sqrt(q * (1 - q) / runs), (label, freq, q)
+    for a, b in ((exact["D"], exact["D'"]), (1 - exact["D"], 1 - exact["D'"])):
+        assert math.exp(-eps) <= a / b <= math.exp(eps)
+
+
+def test_candidates_without_rows_are_chosen_and_non_candidates_never():
+    con = seeded(42)
+    con.execute("CREATE TABLE s AS SELECT * FROM (VALUES (1, 10), (1, 11), (7, 12), (7, 13), (7, 14), (NULL, 15),"
+                " (2, NULL)) v(set_id, element)")
+    con.execute("CREATE TABLE c AS SELECT * FROM (VALUES (1), (2), (3)) v(set_id)")
+    seen = set()
+    for _ in range(20):
+        out = [r[1] for r in con.execute("FROM dp_max_coverage('s', 'c', 2, epsilon := 1.0)").fetchall()]
+        assert len(out) == 2 and set(out) <= {1, 2, 3}
+        seen |= set(out)
+        perm = [r[1] for r in con.execute("FROM dp_set_cover('s', 'c', epsilon := 1.0)").fetchall()]
+        assert sorted(perm) == [1, 2, 3]
+    assert seen == {1, 2, 3}  # 2 and 3 have no element, yet are candidates
+
+
+# -- issue point 9: every public release function charges exactly once ---------------------------
+
+RELEASE_CALLS = {
+    "max_coverage": (SETS, lambda con: optimize.max_coverage(con, "sets", "cands", 2, epsilon=0.8), ("rank",)),
+    "set_cover": (SETS, lambda con: optimize.set_cover(con, "sets", "cands", epsilon=0.8), ("position",)),
+    "shifting_heavy_hitters": (STREAM, lambda con: optimize.shifting_heavy_hitters(con, "st", "bk", 2, 3,
+                                                                                   epsilon=0.8), ("t", "bucket")),
+    "matroid_coverage": (SETS, lambda con: optimize.matroid_coverage(con, "sets", "parts", "caps", epsilon=0.8,
+                                                                     eta=0.5), ("set_id",)),
+    "k_median": (METRIC, lambda con: optimize.k_median(con, "kp", "kc", "kd", 2, epsilon=0.8, n_bound=1000),
+                 ("candidate_id",)),
+}
+
+
+def test_every_public_release_function_is_listed():
+    import inspect
+
+    takes_con = {n for n in optimize.__all__ if inspect.isfunction(getattr(optimize, n))
+                 and list(inspect.signature(getattr(optimize, n)).parameters)[:1] == ["con"]}
+    assert takes_con - {"eval_set_cover_cost"} == set(RELEASE_CALLS)  # the evaluation releases nothing private
+    for name in dir(optimize):  # kernels that draw from a NoiseSource are private
+        fn = getattr(optimize, name)
+        if inspect.isfunction(fn) and fn.__module__ == optimize.__name__ and not name.startswith("_") \
+                and name != "udfs":  # udfs(source) registers the kernels behind the charging macros
+            assert "source" not in inspect.signature(fn).parameters, name
+
+
+@pytest.mark.parametrize("name", sorted(RELEASE_CALLS))
+def test_public_release_function_charges_once_and_matches_its_macro(name):
+    setup, call, order_by = RELEASE_CALLS[name]
+    con = dpsql.connect()
+    con.execute(setup)
+    out = call(con)
+    releases = con.execute("SELECT mechanism, epsilon FROM dp_releases()").fetchall()
+    assert releases == [(f"dp_{name}", 0.8)]
+    keys = [out.column(c).to_pylist() for c in order_by]
+    assert list(zip(*keys)) == sorted(zip(*keys)), name
+    con.close()
+
+
+def test_python_release_functions_validate_before_the_charge():
+    con = dpsql.connect()
+    con.execute(SETS + STREAM + METRIC)
+    bad = [lambda: optimize.max_coverage(con, "sets", "cands", 0),
+           lambda: optimize.max_coverage(con, "sets", "nope", 2),
+           lambda: optimize.set_cover(con, "sets", "cands", epsilon=-1),
+           lambda: optimize.shifting_heavy_hitters(con, "st", "bk", 2, 0),
+           lambda: optimize.matroid_coverage(con, "sets", "parts", "caps", eta=2.0),
+           lambda: optimize.matroid_coverage(con, "sets", "parts", "caps", capacity_col="cap"),
+           lambda: optimize.k_median(con, "kp", "kc", "kd", 2),
+           lambda: optimize.k_median(con, "kp", "kc", "kd", 2, q=3, n_bound=10)]
+    for call in bad:
+        with pytest.raises(dpsql.validation.DPParameterError):
+            call()
+    assert _n_releases(con) == 0
+
+
+# -- issue point 5: no private value in an error after the charge --------------------------------
+
+SECRET = "secret_value_4711"
+
+
+def test_heavy_hitters_rows_outside_the_public_domain_are_ignored_not_quoted():
+    # Before: a bucket not in buckets_tbl or a time outside 1..horizon raised an error quoting it, after
+    # the charge (and an error at all tells whether some record holds a value the caller chose).
+    con = seeded(43)
+    con.execute(STREAM)
+    query = "FROM dp_shifting_heavy_hitters('st', 'bk', 2, epsilon := 5.0, horizon := 3)"
+    clean = con.execute(query).fetchall()
+    assert clean == [(1, "a"), (2, "a")]
+    con.execute(f"INSERT INTO st VALUES (1, 9, 'a'), (2, 0, 'a'), (3, 2, '{SECRET}'), (4, NULL, 'a'), (5, 2, NULL)")
+    con.execute(f"INSERT INTO st SELECT 100000 + range, 3, '{SECRET}' FROM range(16000)")  # not in bk
+    assert con.execute(query).fetchall() == clean
+    assert _n_releases(con) == 2
+
+
+def test_heavy_hitters_user_in_two_buckets_at_once_is_in_none():
+    # The kernel refuses such a stream with an error; raised after the charge it would tell that some
+    # (sampled) user is in two of the buckets the caller listed. Such a (user, t) now counts nowhere.
+    con = seeded(50)
+    con.execute(STREAM)
+    query = "FROM dp_shifting_heavy_hitters('st', 'bk', 2, epsilon := 5.0, horizon := 3)"
+    con.execute("INSERT INTO st SELECT range, 3, 'a' FROM range(16000)")
+    assert con.execute(query).fetchall() == [(1, "a"), (2, "a")]  # k = 2: retired before t = 3
+    con.execute("INSERT INTO st SELECT range, 1, 'b' FROM range(8000)")  # half the users also in b at t = 1
+    # t = 1: 8,000 users in a alone (< tau = 11,413), none counted in b; t = 2, 3: all 16,000 in a
+    assert con.execute(query).fetchall() == [(2, "a"), (3, "a")]
+
+
+def test_heavy_hitters_text_times_are_ignored_without_conversion_errors():
+    con = seeded(44)
+    con.execute("CREATE TABLE st AS SELECT i AS user_id, t::VARCHAR AS t, 'a' AS bucket "
+                "FROM range(16000) r(i), range(1, 3) s(t)")
+    con.execute(f"INSERT INTO st VALUES (1, '{SECRET}', 'a'), (2, '2.5', 'a')")
+    con.execute("CREATE TABLE bk AS SELECT * FROM (VALUES ('a'), ('b')) v(bucket)")
+    assert con.execute("FROM dp_shifting_heavy_hitters('st', 'bk', 2, epsilon := 5.0, horizon := 3)"
+                       ).fetchall() == [(1, "a"), (2, "a")]
+
+
+def test_null_user_error_quotes_no_value():
+    con = seeded(45)
+    con.execute(STREAM)
+    con.execute(f"INSERT INTO st VALUES (NULL, 1, '{SECRET}'), (NULL, 2, 'a')")
+    with pytest.raises(duckdb.Error) as info:
+        con.execute("FROM dp_shifting_heavy_hitters('st', 'bk', 2, epsilon := 5.0, horizon := 3)").fetchall()
+    message = str(info.value)
+    assert "dpsql: column user_id (user_col) contains NULL" in message
+    assert SECRET not in message and not any(ch.isdigit() for ch in message.split("dpsql:")[1])
+
+
+def test_k_median_points_outside_the_metric_are_ignored():
+    con = seeded(46)
+    con.execute(METRIC)
+    query = "FROM dp_k_median('kp', 'kc', 'kd', 2, epsilon := 5.0, n_bound := 1000)"
+    assert con.execute(query).fetchall() == [(1, 0), (2, 4)]  # every candidate is a bicriteria centre
+    con.execute("INSERT INTO kp VALUES (NULL), (77), (-3)")
+    assert con.execute(query).fetchall() == [(1, 0), (2, 4)]
+
+
+@pytest.mark.parametrize("name, setup, query", [
+    ("set_col", "CREATE TABLE s AS SELECT * FROM (VALUES ('{s}', 1), ('12', 2)) v(set_id, element);"
+                "CREATE TABLE c AS SELECT * FROM (VALUES (12), (13)) v(set_id)",
+     "FROM dp_max_coverage('s', 'c', 2)"),
+    ("set_col", "CREATE TABLE s AS SELECT * FROM (VALUES ('{s}', 1), ('12', 2)) v(set_id, element);"
+                "CREATE TABLE c AS SELECT * FROM (VALUES (12), (13)) v(set_id)",
+     "FROM dp_set_cover('s', 'c')"),
+    ("set_col", "CREATE TABLE s AS SELECT * FROM (VALUES ('{s}', 1), ('12', 2)) v(set_id, element);"
+                "CREATE TABLE p AS SELECT * FROM (VALUES (12, 'a')) v(set_id, part);"
+                "CREATE TABLE cp AS SELECT 'a' AS part, 1 AS capacity",
+     "FROM dp_matroid_coverage('s', 'p', 'cp')"),
+    ("bucket_col", "CREATE TABLE st AS SELECT * FROM (VALUES (1, 1, '{s}'), (2, 1, '3')) v(user_id, t, bucket);"
+                   "CREATE TABLE bk AS SELECT * FROM (VALUES (3), (4)) v(bucket)",
+     "FROM dp_shifting_heavy_hitters('st', 'bk', 1, horizon := 3)"),
+    ("point_col", "CREATE TABLE kp AS SELECT * FROM (VALUES ('{s}'), ('1')) v(point);"
+                  "CREATE TABLE kc AS SELECT * FROM (VALUES (1), (2)) v(candidate_id);"
+                  "CREATE TABLE kd AS SELECT * FROM (VALUES (1, 1, 0.0), (1, 2, 1.0), (2, 1, 1.0), (2, 2, 0.0))"
+                  " v(point, candidate, distance)",
+     "FROM dp_k_median('kp', 'kc', 'kd', 1, n_bound := 10)"),
+])
+def test_text_keys_against_typed_public_keys_never_quote_a_private_value(name, setup, query):
+    # Before: DuckDB's join cast the private text ids to the public column's type after the charge and
+    # failed with "Could not convert string 'secret...' to INT32". Now the join runs in the common type.
+    con = seeded(47)
+    con.execute(setup.format(s=SECRET))
+    out = con.execute(query).fetchall()
+    assert all(SECRET not in str(r) for r in out)
+    assert _n_releases(con) == 1
+
+
+def test_a_key_conversion_that_can_fail_is_refused_before_the_charge():
+    con = seeded(48)
+    con.execute("CREATE TABLE s AS SELECT (1e12)::BIGINT + range AS set_id, range AS element FROM range(3)")
+    con.execute("CREATE TABLE c AS SELECT 1.5::DECIMAL(38, 30) AS set_id")
+    with pytest.raises(duckdb.Error, match=r"dpsql: set_col has type BIGINT .* DECIMAL\(38,30\)") as info:
+        con.execute("FROM dp_max_coverage('s', 'c', 2)").fetchall()
+    assert "1000000000000" not in str(info.value)
+    assert _n_releases(con) == 0
+    assert optimize.check_key_types("set_col", "INTEGER", "BIGINT")
+    assert optimize.check_key_types("set_col", "DATE", "VARCHAR")
+    assert optimize.check_key_types("set_col", "FLOAT", "DOUBLE")
+    for private, common in (("VARCHAR", "INTEGER"), ("VARCHAR", "DATE"), ("BIGINT", "FLOAT"), ("DOUBLE", "BIGINT")):
+        with pytest.raises(dpsql.validation.DPParameterError, match="set_col"):
+            optimize.check_key_types("set_col", private, common)
+
+
+@pytest.mark.parametrize("query", ["FROM dp_max_coverage('sets', 'cands', 2)", "FROM dp_set_cover('sets', 'cands')"])
+def test_public_candidate_errors_come_before_the_charge(query):
+    con = seeded(51)
+    con.execute(SETS)
+    con.execute("INSERT INTO cands VALUES (NULL)")
+    with pytest.raises(duckdb.Error, match=r"dpsql: column set_id of cands \(candidates_tbl\) contains NULL"):
+        con.execute(query).fetchall()
+    assert _n_releases(con) == 0
