@@ -1,22 +1,38 @@
 """Privacy-budget ledger: every release is charged once, before its result can be read.
 
-What is recorded. Each dpsql macro that releases something calls the UDF
+What is recorded. Each dpsql macro that releases something calls
 ``dp__charge(mechanism, unit, tbl, epsilon, delta, parameters, calibration)`` in
 a one-row MATERIALIZED CTE that its output rows depend on. The charge runs after the
 parameters are validated and before any output row exists; if it would take a
-scope over its budget it raises, and the query (hence the release) fails with
-nothing charged. Each charge is one immutable :class:`Release` value;
-accountants (:func:`basic_composition`) consume lists of them.
+scope over its budget, or the ledger cannot be written, it raises and the query
+(hence the release) fails with nothing charged. Each charge is one immutable
+:class:`Release` value; accountants (:func:`basic_composition`) consume lists of them.
 
 Composition is basic: the (epsilon, delta) of a scope is the sum over its
 releases (Dwork & Roth 2014, Thm 3.16). This is valid for any mix of
 mechanisms, and loose for many Gaussian releases.
 
 Scopes. A budget applies to ``'database'`` (every release on the connection's
-database) or to one table name (releases whose ``tbl`` argument names that
-table). A release must fit every budget that applies to it. The table scope is
-bookkeeping by name: a view or a copy of the table is another name, so the
+database) or to one table. A release must fit every budget that applies to it.
+A table scope is the table's catalog identity, ``database.schema.table`` in
+lower case, resolved as DuckDB resolves the name (:func:`resolve_scope`): the
+connection's current database and schema, its search path (TEMP objects
+first), quoted identifiers, case-insensitivity. So ``t``, ``"T"``, ``main.t``,
+``memory.t`` and ``memory.main.t`` are one scope. A DuckDB database file is
+named by its file (DuckDB's default name for it, ``events`` for
+``events.duckdb``) whatever name it is attached under, so dbt's
+``"events"."main"."t"`` and ``dpsql budget set events.duckdb --scope t`` meet.
+A name that is no table or view (DuckDB reads it as a file) is the file's
+absolute path with symbolic links resolved. A view, a copy, a glob or a
+``read_parquet(...)`` view of the same rows is another scope: the
 ``'database'`` scope is the one that bounds an analyst.
+
+Seeded connections. Releases made on a connection registered with a seed
+(``dpsql.connect(seed=N)``) are NOT private: anyone who knows the seed can
+subtract the noise. They are charged like private ones (the ledger must not
+make a seeded run look free) and marked ``seeded``; :func:`budget` counts them
+per scope (``seeded_releases``) so that a scope whose spending includes them
+is visible as such.
 
 Privacy units. Set-union and top-k are user-level (all of one user's rows); the
 optimisation family is record-level (one universe element, stream or point
@@ -31,21 +47,24 @@ SQLite's ``BEGIN IMMEDIATE`` makes check-and-spend atomic across threads and
 processes, including several processes that opened one DuckDB file read-only
 (they could not write a table inside it). DuckDB cannot write to the database
 from inside the running query that makes the release, which is the other
-reason the ledger is a sidecar. The ledger is a guard against accidental
-overspending by people who work through dpsql; anyone who can write files
-(DuckDB's ``COPY`` included) can delete it, so it is not a security boundary.
+reason the ledger is a sidecar. A connection keeps its ledger when dpsql is
+registered on it again (:func:`ledger_for`). The ledger is a guard against
+accidental overspending by people who work through dpsql; anyone who can
+write files (DuckDB's ``COPY`` included) can delete it, so it is not a
+security boundary.
 """
 from __future__ import annotations
 
 import math
 import os
+import re
 import sqlite3
 import threading
 import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import duckdb
 import pyarrow as pa
@@ -55,8 +74,9 @@ from dpsql.udf import Udf
 from dpsql.validation import DPParameterError, check_epsilon
 
 __all__ = ["Release", "Budget", "ScopeStatus", "Ledger", "BudgetExceededError", "LEDGER_SUFFIX",
-           "DATABASE_SCOPE", "basic_composition", "normalize_scope", "sidecar_path", "database_path",
-           "ledger_for", "ledger_of", "set_budget", "budget", "releases", "udfs"]
+           "DATABASE_SCOPE", "NameContext", "basic_composition", "scope_key", "resolve_scope", "file_scope",
+           "split_name", "database_alias", "sidecar_path", "database_path", "ledger_for", "ledger_of", "set_budget",
+           "budget", "releases", "udfs"]
 
 LEDGER_SUFFIX = ".dpsql-ledger"
 DATABASE_SCOPE = "database"
@@ -78,11 +98,12 @@ class Release:
     time: float           # seconds since the epoch (UTC)
     mechanism: str
     unit: str             # 'user', 'element' or 'record'
-    table: str            # normalised table argument (the scope it is charged to besides 'database')
+    table: str            # scope of the table argument (its catalog identity or file path)
     epsilon: float
     delta: float
     parameters: str       # the macro's other arguments, as text
     calibration: str = ""  # the calibration the release used (noise scale, threshold, ...), as text
+    seeded: bool = False   # made on a seeded connection: reproducible noise, NOT private
 
 
 @dataclass(frozen=True)
@@ -96,7 +117,11 @@ class Budget:
 
 @dataclass(frozen=True)
 class ScopeStatus:
-    """Spent and remaining budget of one scope (remaining is None without a budget)."""
+    """Spent and remaining budget of one scope (remaining is None without a budget).
+
+    ``seeded_releases`` of the ``releases`` were made on a seeded connection
+    (NOT private); their epsilon is counted in the spending all the same.
+    """
 
     scope: str
     epsilon_budget: Optional[float]
@@ -104,6 +129,7 @@ class ScopeStatus:
     epsilon_spent: float
     delta_spent: float
     releases: int
+    seeded_releases: int = 0
 
     @property
     def epsilon_remaining(self) -> Optional[float]:
@@ -120,18 +146,226 @@ def basic_composition(releases: Iterable[Release]) -> tuple[float, float]:
     return math.fsum(r.epsilon for r in releases), math.fsum(r.delta for r in releases)
 
 
-def normalize_scope(name: object) -> str:
-    """Scope key of a table argument: lower case, no double quotes, no leading ``main.``.
+# -- scopes: a table name's catalog identity ---------------------------------------------------------
 
-    DuckDB identifiers are case-insensitive, so ``T``, ``"t"`` and ``main.t``
-    are one table; ``'database'`` is the whole-database scope.
+# Suffixes DuckDB reads through a replacement scan (a name that is no table is then a file).
+_FILE_SUFFIXES = {"parquet", "csv", "tsv", "tbl", "json", "jsonl", "ndjson", "txt", "gz", "zst", "zstd",
+                  "arrow", "feather", "ipc", "xlsx", "avro", "orc"}
+_PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+# The schemas DuckDB keeps in its system catalog whatever the search path.
+_SYSTEM_SCHEMAS = ("information_schema", "pg_catalog")
+
+
+def split_name(name: str) -> list[str]:
+    """The components of a qualified name, parsed as DuckDB's ``query_table`` parses it.
+
+    Components are separated by ``.``; a component may be double-quoted (``""``
+    is a quote inside it); nothing is trimmed; one trailing ``.`` is ignored.
+    Raises ValueError where DuckDB raises a parser error.
+    """
+    parts: list[str] = []
+    i, n = 0, len(name)
+    while True:
+        if i < n and name[i] == '"':
+            j, buf = i + 1, []
+            while True:
+                if j >= n:
+                    raise ValueError("unterminated quote")
+                if name[j] == '"':
+                    if j + 1 < n and name[j + 1] == '"':
+                        buf.append('"')
+                        j += 2
+                        continue
+                    break
+                buf.append(name[j])
+                j += 1
+            part, i = "".join(buf), j + 1
+            if not part:
+                raise ValueError("zero-length quoted identifier")
+            if i < n and name[i] != ".":
+                raise ValueError("quote in the middle of a component")
+        else:
+            j = i
+            while j < n and name[j] != ".":
+                if name[j] == '"':
+                    raise ValueError("quote in the middle of a component")
+                j += 1
+            part, i = name[i:j], j
+            if not part:
+                raise ValueError("zero-length identifier")
+        parts.append(part)
+        if i >= n:
+            return parts
+        i += 1  # the '.'
+        if i == n:  # one trailing '.' is ignored, as DuckDB does
+            return parts
+
+
+def _quote(part: str) -> str:
+    # Keys quote what a plain identifier cannot hold, so a key is itself a name that resolves to it.
+    return part if _PLAIN_IDENTIFIER.fullmatch(part) else '"' + part.replace('"', '""') + '"'
+
+
+def database_alias(path: Union[str, os.PathLike]) -> str:
+    """The name DuckDB gives a database file attached without ``AS``: ``events`` for ``events.duckdb``."""
+    base = os.path.basename(os.fspath(path).rstrip("/\\")) or os.fspath(path)
+    stem = base.split(".")[0] or base
+    return (stem + "_db" if stem.lower() in ("main", "temp", "system") else stem).lower()
+
+
+def file_scope(path: Union[str, os.PathLike]) -> str:
+    """Scope of a file DuckDB reads: its absolute path with symbolic links resolved (URLs as given)."""
+    text = os.fspath(path)
+    if _URL.match(text):
+        return text
+    return os.path.realpath(os.path.expanduser(text))
+
+
+@dataclass(frozen=True)
+class NameContext:
+    """What resolving a table name needs from a connection (the SQL macro ``dp__catalog(tbl)`` reads it).
+
+    ``relations`` holds the lower-case (database, schema, name) of tables and
+    views that may match; None when the catalog is unknown (a ledger used
+    without a connection): names then resolve where DuckDB would create them.
+    """
+
+    database: str = "memory"             # current_database()
+    schema: str = "main"                 # current_schema()
+    search_path: str = ""                # current_setting('search_path')
+    databases: tuple[tuple[str, Optional[str], Optional[str]], ...] = ()  # (name, path, type)
+    relations: Optional[frozenset] = None
+
+    @classmethod
+    def from_row(cls, row: Optional[Mapping]) -> "NameContext":
+        """From the struct ``dp__catalog(tbl)`` returns."""
+        if not row:
+            return cls()
+        return cls(database=row.get("database") or "memory", schema=row.get("schema") or "main",
+                   search_path=row.get("search_path") or "",
+                   databases=tuple((d["name"], d.get("path"), d.get("type")) for d in row.get("databases") or ()),
+                   relations=frozenset((r["database"].lower(), r["schema"].lower(), r["name"].lower())
+                                       for r in row.get("relations") or ()))
+
+    def _alias(self, name: str) -> Optional[str]:
+        """The attached database ``name`` denotes (its own name or its file's name), lower case."""
+        low = name.lower()
+        if low in (self.database.lower(), "temp", "system") or any(d[0].lower() == low for d in self.databases):
+            return low
+        for alias, path, kind in self.databases:
+            if path and (kind or "duckdb") == "duckdb" and database_alias(path) == low:
+                return alias.lower()
+        return None
+
+    def _key_of_database(self, alias: str) -> str:
+        for name, path, kind in self.databases:
+            if name.lower() == alias and path and (kind or "duckdb") == "duckdb":
+                return database_alias(path)
+        return alias
+
+    def _search_entries(self) -> list[tuple[str, str]]:
+        entries: list[tuple[str, str]] = []
+        for entry in _split_search_path(self.search_path):
+            try:
+                parts = split_name(entry)
+            except ValueError:
+                continue
+            if len(parts) == 1:
+                db = self._alias(parts[0])
+                entries.append((db, "main") if db else (self.database.lower(), parts[0].lower()))
+            elif len(parts) == 2:
+                entries.append((parts[0].lower(), parts[1].lower()))
+        if not entries:
+            entries = [(self.database.lower(), self.schema.lower())]
+        return [("temp", "main")] + entries + [("system", "main"), ("system", "pg_catalog")]
+
+    def candidates(self, parts: Sequence[str]) -> tuple[tuple[str, str, str], list[tuple[str, str, str]]]:
+        """Where DuckDB would create ``parts``, and the (database, schema, name) it looks up, in its order."""
+        low = [p.lower() for p in parts]
+        entries = self._search_entries()
+        if len(low) == 1:
+            return (self.database.lower(), self.schema.lower(), low[0]), [(c, s, low[0]) for c, s in entries]
+        if len(low) == 2:
+            db = self._alias(low[0])
+            if db is not None:
+                found = [(db, s, low[1]) for s in [s for c, s in entries if c == db] or ["main"]]
+                return found[0], found
+            if low[0] in _SYSTEM_SCHEMAS:
+                return ("system", low[0], low[1]), [("system", low[0], low[1])]
+            found = [(c, low[0], low[1]) for c in [c for c, s in entries if s == low[0]]]
+            default = (self.database.lower(), low[0], low[1])
+            return default, found or [default]
+        db = self._alias(low[0])
+        return (db or low[0], low[1], low[2]), [(db or low[0], low[1], low[2])]
+
+    def key(self, database: str, schema: str, name: str) -> str:
+        return ".".join(_quote(p) for p in (self._key_of_database(database), schema, name))
+
+
+def _split_search_path(text: str) -> list[str]:
+    out, buf, quoted = [], [], False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            out.append("".join(buf).strip())
+            buf = []
+        else:
+            buf.append(ch)
+    out.append("".join(buf).strip())
+    return [e for e in out if e]
+
+
+def _looks_like_file(text: str) -> bool:
+    if any(c in text for c in "/\\*?[") or _URL.match(text):
+        return True
+    suffixes = text.lower().split(".")[1:]
+    return any(s in _FILE_SUFFIXES for s in suffixes)
+
+
+def scope_key(name: object, context: Optional[NameContext] = None) -> str:
+    """The scope a table argument (or a scope name) charges: ``'database'``, a table's identity or a file path.
+
+    Pure: ``context`` describes the connection (default: an in-memory database
+    whose catalog is unknown). Resolving a key again returns it unchanged.
     """
     if not isinstance(name, str) or not name.strip():
         raise DPParameterError(f"scope must be 'database' or a table name (got {name!r})")
-    key = name.strip().replace('"', "").lower()
-    if key.startswith("main."):
-        key = key[len("main."):]
-    return key
+    if name.strip().lower() == DATABASE_SCOPE:
+        return DATABASE_SCOPE
+    context = context or NameContext()
+    try:
+        parts = split_name(name)
+    except ValueError:
+        if _looks_like_file(name):
+            return file_scope(name)
+        raise DPParameterError(f"scope {name!r} is not a table name DuckDB can parse; quote a name that holds "
+                               f"dots or spaces as \"name\"") from None
+    joined = ".".join(parts)  # what DuckDB's replacement scan reads when no table has this name
+    if len(parts) > 3:
+        return file_scope(joined)
+    default, lookups = context.candidates(parts)
+    if context.relations is not None:
+        for candidate in lookups:
+            if candidate in context.relations:
+                return context.key(*candidate)
+    if _looks_like_file(joined):
+        return file_scope(joined)
+    return context.key(*default)
+
+
+def resolve_scope(con: duckdb.DuckDBPyConnection, name: object) -> str:
+    """The scope ``name`` denotes on ``con`` (dpsql must be registered on it): see :func:`scope_key`."""
+    if isinstance(name, str) and name.strip() and name.strip().lower() != DATABASE_SCOPE:
+        (row,) = con.execute("SELECT dp__catalog(?)", [name]).fetchall()
+        return scope_key(name, NameContext.from_row(row[0]))
+    return scope_key(name)
+
+
+def _alias_key(name: str) -> str:
+    # Alias keys are the raw names a caller passes as tbl (e.g. the CLI's TEMP view), compared loosely.
+    return name.strip().replace('"', "").lower()
 
 
 def sidecar_path(database: Union[str, os.PathLike]) -> Path:
@@ -155,27 +389,42 @@ def _check_release_delta(delta: object) -> float:
     return float(delta)
 
 
+# user_version 1: table scopes are catalog identities, releases have a seeded column.
+_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS budgets (scope TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS releases (
     id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, mechanism TEXT NOT NULL, unit TEXT NOT NULL,
     tbl TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, parameters TEXT NOT NULL,
-    calibration TEXT NOT NULL);
+    calibration TEXT NOT NULL, seeded INTEGER NOT NULL DEFAULT 0);
 """
+
+
+def _ledger_database(path: Optional[Path]) -> str:
+    # The database a sidecar belongs to, named as DuckDB names it (an in-memory database is 'memory').
+    if path is None:
+        return "memory"
+    name = path.name
+    return database_alias(name[:-len(LEDGER_SUFFIX)] if name.endswith(LEDGER_SUFFIX) else name)
 
 
 class Ledger:
     """Budgets and releases of one database, kept in a SQLite file or in memory.
 
     ``path=None`` keeps the ledger in memory (it lives as long as this object).
+    ``database`` names the database the ledger belongs to, used to resolve a
+    scope given without a connection (default: ``memory``, or DuckDB's name of
+    the file whose sidecar ``path`` is). ``aliases`` maps a table argument (e.g.
+    the CLI's TEMP view over its input) to the scope charged in its place.
     """
 
     def __init__(self, path: Optional[Union[str, os.PathLike]] = None, *,
-                 aliases: Optional[dict[str, str]] = None):
+                 aliases: Optional[dict[str, str]] = None, database: Optional[str] = None):
         self.path = None if path is None else Path(os.fspath(path))
+        self.database = (database or _ledger_database(self.path)).lower()
         # Table names recorded in place of others (the CLI reads its input through a TEMP view and
-        # records the input's table or file name instead of the view's).
-        self.aliases = {normalize_scope(k): v for k, v in (aliases or {}).items()}
+        # records the input's table or file instead of the view's).
+        self.aliases = {_alias_key(k): self.scope(v) for k, v in (aliases or {}).items()}
         self._lock = threading.Lock()
         self._memory: Optional[sqlite3.Connection] = None
         self._ready = False  # tables created (on first use, so registering writes nothing)
@@ -186,10 +435,41 @@ class Ledger:
     def __repr__(self) -> str:
         return f"Ledger({str(self.path) if self.path else 'in memory'})"
 
+    def scope(self, name: object) -> str:
+        """The scope ``name`` denotes without a connection: a table of this ledger's database, or a file."""
+        return scope_key(name, NameContext(database=self.database))
+
     # -- storage -------------------------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves; timeout: wait for other writers.
         return sqlite3.connect(os.fspath(self.path), timeout=60.0, isolation_level=None)
+
+    def _error(self, exc: BaseException) -> DPParameterError:
+        return DPParameterError(
+            f"dpsql: cannot use the privacy ledger {self.path or '(in memory)'} ({exc}); nothing was released "
+            f"or charged. Make its folder writable or pass ledger= a writable path to dpsql.connect/register")
+
+    def _prepare(self, db: sqlite3.Connection) -> None:
+        db.executescript(_SCHEMA)
+        if db.execute("PRAGMA user_version").fetchone()[0] >= _VERSION:
+            return
+        # A ledger written before scopes were catalog identities: add the seeded column and re-key its
+        # table scopes as this ledger's database resolves them, so that its budgets keep applying.
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            columns = {r[1] for r in db.execute("PRAGMA table_info(releases)")}
+            if "seeded" not in columns:
+                db.execute("ALTER TABLE releases ADD COLUMN seeded INTEGER NOT NULL DEFAULT 0")
+            for table, column in (("releases", "tbl"), ("budgets", "scope")):
+                for (old,) in db.execute(f"SELECT DISTINCT {column} FROM {table}").fetchall():
+                    new = old if old == DATABASE_SCOPE or _looks_like_file(old) else self.scope(old)
+                    if new != old:
+                        db.execute(f"UPDATE {table} SET {column} = ? WHERE {column} = ?", (new, old))
+            db.execute(f"PRAGMA user_version = {_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     class _Tx:
         def __init__(self, ledger: "Ledger"):
@@ -197,38 +477,63 @@ class Ledger:
 
         def __enter__(self) -> sqlite3.Connection:
             self.ledger._lock.acquire()
+            self.db = None
             try:
                 self.db = self.ledger._memory if self.ledger._memory is not None else self.ledger._open()
                 if not self.ledger._ready:  # once per Ledger: a charge is on every release's path
-                    self.db.executescript(_SCHEMA)
+                    self.ledger._prepare(self.db)
                     self.ledger._ready = True
                 # IMMEDIATE takes the write lock now: no other process can spend between our check and insert.
                 self.db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                self.ledger._lock.release()
-                raise DPParameterError(
-                    f"dpsql: cannot use the privacy ledger {self.ledger.path} ({exc}); nothing was released. "
-                    f"Make its folder writable or pass ledger= a writable path to dpsql.connect/register") from exc
+                self._close()
+                raise self.ledger._error(exc) from exc
             except BaseException:
-                self.ledger._lock.release()
+                self._close()
                 raise
             return self.db
 
-        def __exit__(self, exc_type, exc, tb) -> None:
+        def _close(self) -> None:
             try:
-                self.db.execute("ROLLBACK" if exc_type else "COMMIT")
-            finally:
-                if self.ledger._memory is None:
+                if self.db is not None and self.ledger._memory is None:
                     self.db.close()
+            finally:
                 self.ledger._lock.release()
+
+        def __exit__(self, exc_type, exc, tb) -> bool:
+            try:
+                if exc_type is None:
+                    try:
+                        self.db.execute("COMMIT")
+                    except sqlite3.Error as commit_error:
+                        # A failed COMMIT (disk full, I/O error) must not leave a half-recorded release.
+                        self._rollback()
+                        raise self.ledger._error(commit_error) from commit_error
+                else:
+                    self._rollback()
+                    if issubclass(exc_type, sqlite3.Error):
+                        raise self.ledger._error(exc) from exc
+            finally:
+                self._close()
+            return False
+
+        def _rollback(self) -> None:
+            try:
+                self.db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # no transaction left to undo: SQLite rolled it back itself
 
     def _transaction(self) -> "Ledger._Tx":
         return Ledger._Tx(self)
 
     # -- budgets -------------------------------------------------------------------------------
     def set_budget(self, epsilon: float, delta: float, scope: str = DATABASE_SCOPE) -> Budget:
-        """Set (replace) the total budget of ``scope``; releases already charged stay charged."""
-        budget = Budget(normalize_scope(scope), check_epsilon(epsilon), _check_budget_delta(delta))
+        """Set (replace) the total budget of ``scope``; releases already charged stay charged.
+
+        ``scope`` is resolved without a connection (:meth:`scope`); :func:`set_budget`
+        resolves it on the connection instead.
+        """
+        budget = Budget(self.scope(scope), check_epsilon(epsilon), _check_budget_delta(delta))
         with self._transaction() as db:
             db.execute("INSERT INTO budgets VALUES (?, ?, ?) ON CONFLICT(scope) DO UPDATE SET "
                        "epsilon = excluded.epsilon, delta = excluded.delta",
@@ -237,73 +542,90 @@ class Ledger:
 
     def remove_budget(self, scope: str = DATABASE_SCOPE) -> None:
         """Remove the limit of ``scope`` (its releases stay recorded)."""
+        key = self.scope(scope)
         with self._transaction() as db:
-            db.execute("DELETE FROM budgets WHERE scope = ?", (normalize_scope(scope),))
+            db.execute("DELETE FROM budgets WHERE scope = ?", (key,))
 
     def budgets(self) -> list[Budget]:
         with self._transaction() as db:
             rows = db.execute("SELECT scope, epsilon, delta FROM budgets ORDER BY scope").fetchall()
         return [Budget(*r) for r in rows]
 
+    def is_empty(self) -> bool:
+        """No release recorded and no budget set."""
+        with self._transaction() as db:
+            return db.execute("SELECT (SELECT count(*) FROM releases) + (SELECT count(*) FROM budgets)"
+                              ).fetchone()[0] == 0
+
     # -- releases ------------------------------------------------------------------------------
     def releases(self) -> list[Release]:
         with self._transaction() as db:
-            rows = db.execute("SELECT id, time, mechanism, unit, tbl, epsilon, delta, parameters, calibration "
-                              "FROM releases ORDER BY id").fetchall()
-        return [Release(*r) for r in rows]
+            rows = db.execute("SELECT id, time, mechanism, unit, tbl, epsilon, delta, parameters, calibration, "
+                              "seeded FROM releases ORDER BY id").fetchall()
+        return [Release(*r[:9], seeded=bool(r[9])) for r in rows]
 
     def status(self) -> list[ScopeStatus]:
         """One row per scope that has a budget or a release: 'database' first, then tables."""
         with self._transaction() as db:
             budgets = {s: (e, d) for s, e, d in db.execute("SELECT scope, epsilon, delta FROM budgets")}
-            rows = db.execute("SELECT tbl, epsilon, delta FROM releases").fetchall()
-        spent: dict[str, list] = {DATABASE_SCOPE: [[], [], 0]}
-        for tbl, eps, delta in rows:
+            rows = db.execute("SELECT tbl, epsilon, delta, seeded FROM releases").fetchall()
+        spent: dict[str, list] = {DATABASE_SCOPE: [[], [], 0, 0]}
+        for tbl, eps, delta, seeded in rows:
             for scope in (DATABASE_SCOPE, tbl):
-                entry = spent.setdefault(scope, [[], [], 0])
+                entry = spent.setdefault(scope, [[], [], 0, 0])
                 entry[0].append(eps)
                 entry[1].append(delta)
                 entry[2] += 1
+                entry[3] += int(bool(seeded))
         for scope in budgets:
-            spent.setdefault(scope, [[], [], 0])
+            spent.setdefault(scope, [[], [], 0, 0])
         order = [DATABASE_SCOPE] + sorted(s for s in spent if s != DATABASE_SCOPE)
         return [ScopeStatus(s, budgets.get(s, (None, None))[0], budgets.get(s, (None, None))[1],
-                            math.fsum(spent[s][0]), math.fsum(spent[s][1]), spent[s][2]) for s in order]
+                            math.fsum(spent[s][0]), math.fsum(spent[s][1]), spent[s][2], spent[s][3])
+                for s in order]
 
     def charge(self, mechanism: str, unit: str, table: str, epsilon: float, delta: float,
-               parameters: str = "", calibration: str = "") -> Release:
+               parameters: str = "", calibration: str = "", *, seeded: bool = False,
+               scope: Optional[str] = None) -> Release:
         """Atomically check every applicable budget and record the release.
 
-        Raises :class:`BudgetExceededError` (recording nothing) if the release
-        would exceed the budget of ``'database'`` or of ``table``.
+        ``table`` is the macro's table argument; ``scope`` its resolved scope
+        (:func:`resolve_scope`; default: :meth:`scope` of ``table``). An alias of
+        ``table`` replaces both. Raises :class:`BudgetExceededError` (recording
+        nothing) if the release would exceed the budget of ``'database'`` or of
+        the table's scope, and a ``dpsql:`` error (recording nothing) if the
+        ledger cannot be written.
         """
         if unit not in UNITS:
             raise DPParameterError(f"unit must be one of {UNITS} (got {unit!r})")
         epsilon = check_epsilon(epsilon)
         delta = _check_release_delta(delta)
-        table = normalize_scope(table)
-        table = normalize_scope(self.aliases.get(table, table))
+        key = self.scope(table) if scope is None else self.scope(scope)
+        raw = _alias_key(table) if isinstance(table, str) else key
+        table = self.aliases.get(raw, self.aliases.get(key, key))
+        seeded = bool(seeded)
         with self._transaction() as db:
-            for scope in dict.fromkeys((DATABASE_SCOPE, table)):
-                row = db.execute("SELECT epsilon, delta FROM budgets WHERE scope = ?", (scope,)).fetchone()
+            for scope_name in dict.fromkeys((DATABASE_SCOPE, table)):
+                row = db.execute("SELECT epsilon, delta FROM budgets WHERE scope = ?", (scope_name,)).fetchone()
                 if row is None:
                     continue
-                where = "" if scope == DATABASE_SCOPE else " WHERE tbl = ?"
-                args = () if scope == DATABASE_SCOPE else (scope,)
+                where = "" if scope_name == DATABASE_SCOPE else " WHERE tbl = ?"
+                args = () if scope_name == DATABASE_SCOPE else (scope_name,)
                 spent = db.execute(f"SELECT epsilon, delta FROM releases{where}", args).fetchall()
                 eps_spent = math.fsum(r[0] for r in spent)
                 delta_spent = math.fsum(r[1] for r in spent)
                 if eps_spent + epsilon > row[0] * (1 + _SLACK) or delta_spent + delta > row[1] * (1 + _SLACK):
                     raise BudgetExceededError(
-                        f"dpsql: privacy budget of scope '{scope}' exceeded: {mechanism} on {table} needs "
+                        f"dpsql: privacy budget of scope '{scope_name}' exceeded: {mechanism} on {table} needs "
                         f"epsilon={epsilon:g}, delta={delta:g}, but only epsilon={max(0.0, row[0] - eps_spent):g}, "
                         f"delta={max(0.0, row[1] - delta_spent):g} remain of ({row[0]:g}, {row[1]:g}); nothing was "
                         f"released. Raise the budget with dpsql.set_budget / 'dpsql budget set' if that is intended.")
             now = time.time()
             cur = db.execute("INSERT INTO releases (time, mechanism, unit, tbl, epsilon, delta, parameters, "
-                             "calibration) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                             (now, mechanism, unit, table, epsilon, delta, parameters, calibration))
-            return Release(int(cur.lastrowid), now, mechanism, unit, table, epsilon, delta, parameters, calibration)
+                             "calibration, seeded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (now, mechanism, unit, table, epsilon, delta, parameters, calibration, int(seeded)))
+            release_id = int(cur.lastrowid)
+        return Release(release_id, now, mechanism, unit, table, epsilon, delta, parameters, calibration, seeded)
 
 
 # -- connections ----------------------------------------------------------------------------------
@@ -319,19 +641,56 @@ def database_path(con: duckdb.DuckDBPyConnection) -> Optional[str]:
     return path or None
 
 
+def _same_file(a: Optional[Path], b: Optional[Path]) -> bool:
+    return a is not None and b is not None and os.path.realpath(a) == os.path.realpath(b)
+
+
 def ledger_for(con: duckdb.DuckDBPyConnection,
                ledger: Union[None, str, os.PathLike, Ledger] = None) -> Ledger:
-    """The ledger a newly registered connection uses.
+    """The ledger a connection that dpsql is (re)registered on charges.
 
-    ``ledger`` may be a :class:`Ledger`, a file path, or None: the sidecar of
-    the database file, or an in-memory ledger for an in-memory database.
+    ``ledger`` may be a :class:`Ledger`, a file path, or None. A connection
+    that already has a ledger keeps it when ``ledger`` is None, the same
+    object, or its file; another ledger is refused while the current one holds
+    releases or budgets (switching would silently restart the spending), and
+    replaces it when empty. A new connection gets ``ledger``, else the sidecar
+    of its database file, else an in-memory ledger.
     """
+    current = _LEDGERS.get(con)
+    if ledger is None and current is not None:
+        return current
     if isinstance(ledger, Ledger):
-        return ledger
-    if ledger is not None:
-        return Ledger(ledger)
-    path = database_path(con)
-    return Ledger(sidecar_path(path)) if path else Ledger(None)
+        wanted = ledger
+    elif ledger is not None:
+        path = Path(os.fspath(ledger))
+        if current is not None and _same_file(current.path, path):
+            return current
+        wanted = Ledger(path, database=_current_database(con))
+    else:
+        path = database_path(con)
+        return Ledger(sidecar_path(path)) if path else Ledger(None)
+    if current is not None and wanted is not current and not _same_file(current.path, wanted.path) \
+            and not _holds_nothing(current):
+        raise DPParameterError(
+            f"dpsql: this connection already charges its releases to {current!r}, which holds releases or "
+            f"budgets; registering it again with ledger={wanted!r} would restart its spending from zero. "
+            f"Register again without ledger= (or with the same ledger) to keep it, or open a new connection "
+            f"for another ledger")
+    return wanted
+
+
+def _holds_nothing(ledger: Ledger) -> bool:
+    # A file ledger whose file was never written holds nothing (and checking must not create it).
+    return (ledger.path is not None and not ledger.path.exists()) or ledger.is_empty()
+
+
+def _current_database(con: duckdb.DuckDBPyConnection) -> str:
+    rows = con.execute("SELECT current_database(), path FROM duckdb_databases() "
+                       "WHERE database_name = current_database()").fetchall()
+    if not rows:
+        return "memory"
+    name, path = rows[0]
+    return database_alias(path) if path else name
 
 
 def attach(con: duckdb.DuckDBPyConnection, ledger: Ledger) -> None:
@@ -348,8 +707,9 @@ def ledger_of(con: duckdb.DuckDBPyConnection) -> Ledger:
 
 def set_budget(con: duckdb.DuckDBPyConnection, epsilon: float, delta: float,
                scope: str = DATABASE_SCOPE) -> Budget:
-    """Set the total (epsilon, delta) of ``scope`` ('database' or a table name) for ``con``'s ledger."""
-    return ledger_of(con).set_budget(epsilon, delta, scope)
+    """Set the total (epsilon, delta) of ``scope`` ('database' or a table name, resolved on ``con``)."""
+    ledger = ledger_of(con)
+    return ledger.set_budget(epsilon, delta, resolve_scope(con, scope))
 
 
 def budget(con: duckdb.DuckDBPyConnection) -> list[ScopeStatus]:
@@ -364,35 +724,50 @@ def releases(con: duckdb.DuckDBPyConnection) -> list[Release]:
 
 # -- SQL access ---------------------------------------------------------------------------------
 
+def _catalog_type():
+    # The struct the macro dp__catalog(tbl) (sql/05_ledger.sql) builds.
+    return duckdb.struct_type({
+        "database": VARCHAR, "schema": VARCHAR, "search_path": VARCHAR,
+        "databases": duckdb.list_type(duckdb.struct_type({"name": VARCHAR, "path": VARCHAR, "type": VARCHAR})),
+        "relations": duckdb.list_type(duckdb.struct_type({"database": VARCHAR, "schema": VARCHAR,
+                                                          "name": VARCHAR}))})
+
+
 def _status_type():
     return duckdb.list_type(duckdb.struct_type({
         "scope": VARCHAR, "epsilon_budget": DOUBLE, "delta_budget": DOUBLE, "epsilon_spent": DOUBLE,
-        "delta_spent": DOUBLE, "epsilon_remaining": DOUBLE, "delta_remaining": DOUBLE, "releases": BIGINT}))
+        "delta_spent": DOUBLE, "epsilon_remaining": DOUBLE, "delta_remaining": DOUBLE, "releases": BIGINT,
+        "seeded_releases": BIGINT}))
 
 
 def _releases_type():
     return duckdb.list_type(duckdb.struct_type({
         "release_id": BIGINT, "released_at": DOUBLE, "mechanism": VARCHAR, "unit": VARCHAR, "table_name": VARCHAR,
-        "epsilon": DOUBLE, "delta": DOUBLE, "parameters": VARCHAR, "calibration": VARCHAR}))
+        "epsilon": DOUBLE, "delta": DOUBLE, "parameters": VARCHAR, "calibration": VARCHAR, "seeded": BOOLEAN}))
 
 
-def udfs(ledger: Ledger) -> list[Udf]:
-    """``dp__charge`` and the two readers behind ``dp_budget()`` / ``dp_releases()``.
+def udfs(ledger: Ledger, seeded: bool = False) -> list[Udf]:
+    """``dp__charge_scoped`` (called by the macro ``dp__charge``) and the readers behind ``dp_budget()``
+    and ``dp_releases()``.
 
-    All three have side effects (or read changing state), so DuckDB must not
-    fold them while planning: a folded charge would be paid at plan time (and
-    by EXPLAIN), a folded reader would show a stale ledger.
+    ``seeded``: the connection's noise source is seeded, so its releases are
+    recorded as NOT private. All three have side effects (or read changing
+    state), so DuckDB must not fold them while planning: a folded charge
+    would be paid at plan time (and by EXPLAIN), a folded reader would show a
+    stale ledger.
     """
 
-    def charge(mechanism, unit, table, epsilon, delta, parameters, calibration):
+    def charge(mechanism, unit, table, epsilon, delta, parameters, calibration, catalog):
         # ``calibration`` is the macro's one-row calibration CTE cast to text: passing it makes
         # DuckDB evaluate (and so validate) the calibration before the charge. A charge that only
-        # read the CTE's row could run with the calibration's columns pruned away.
+        # read the CTE's row could run with the calibration's columns pruned away. ``catalog`` is
+        # what resolving ``table`` needs from the connection, which a UDF cannot query itself.
         out = []
-        for m, u, t, e, d, p, c in zip(mechanism.to_pylist(), unit.to_pylist(), table.to_pylist(),
-                                       epsilon.to_pylist(), delta.to_pylist(), parameters.to_pylist(),
-                                       calibration.to_pylist()):
-            ledger.charge(m, u, t, e, d, p or "", c or "")
+        for m, u, t, e, d, p, c, k in zip(mechanism.to_pylist(), unit.to_pylist(), table.to_pylist(),
+                                          epsilon.to_pylist(), delta.to_pylist(), parameters.to_pylist(),
+                                          calibration.to_pylist(), catalog.to_pylist()):
+            scope = scope_key(t, NameContext.from_row(k))
+            ledger.charge(m, u, t, e, d, p or "", c or "", seeded=seeded, scope=scope)
             out.append(True)
         return pa.array(out, pa.bool_())
 
@@ -400,18 +775,19 @@ def udfs(ledger: Ledger) -> list[Udf]:
         rows = [{"scope": s.scope, "epsilon_budget": s.epsilon_budget, "delta_budget": s.delta_budget,
                  "epsilon_spent": s.epsilon_spent, "delta_spent": s.delta_spent,
                  "epsilon_remaining": s.epsilon_remaining, "delta_remaining": s.delta_remaining,
-                 "releases": s.releases} for s in ledger.status()]
+                 "releases": s.releases, "seeded_releases": s.seeded_releases} for s in ledger.status()]
         return pa.array([rows] * len(dummy))
 
     def releases(dummy):
         rows = [{"release_id": r.id, "released_at": r.time, "mechanism": r.mechanism, "unit": r.unit,
                  "table_name": r.table, "epsilon": r.epsilon, "delta": r.delta, "parameters": r.parameters,
-                 "calibration": r.calibration}
+                 "calibration": r.calibration, "seeded": r.seeded}
                 for r in ledger.releases()]
         return pa.array([rows] * len(dummy))
 
     return [
-        Udf("dp__charge", charge, (VARCHAR, VARCHAR, VARCHAR, DOUBLE, DOUBLE, VARCHAR, VARCHAR), BOOLEAN,
+        Udf("dp__charge_scoped", charge,
+            (VARCHAR, VARCHAR, VARCHAR, DOUBLE, DOUBLE, VARCHAR, VARCHAR, _catalog_type()), BOOLEAN,
             side_effects=True),
         Udf("dp__budget_status", status, (DOUBLE,), _status_type(), side_effects=True),
         Udf("dp__budget_releases", releases, (DOUBLE,), _releases_type(), side_effects=True),

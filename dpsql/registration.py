@@ -23,6 +23,7 @@ from dpsql import topk
 from dpsql import pws
 from dpsql import policy
 from dpsql import optimize, subsampling
+from dpsql import release
 from dpsql.udf import Udf, scalar
 
 __all__ = ["connect", "register", "register_macros", "sql_dir", "sql_files", "source_of"]
@@ -82,6 +83,7 @@ def _calibration_udfs(source: noise.NoiseSource) -> list[Udf]:
 # Every family's UDF declarations, in registration order. A new mechanism family adds its
 # module's ``udfs`` here and its macros as sql/NN_family.sql.
 UDF_PROVIDERS: tuple[Callable[[noise.NoiseSource], list[Udf]], ...] = (
+    release.udfs,
     _calibration_udfs,
     noise.udfs,
     union.udfs,
@@ -104,11 +106,13 @@ def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource
                        ledger: Union[None, str, os.PathLike, ledger_mod.Ledger] = None) -> None:
     """Register every family's UDFs on ``con``, their randomness drawn from ``source``.
 
-    ``ledger`` receives the charges of every release (default: see :func:`dpsql.ledger.ledger_for`).
+    ``ledger`` receives the charges of every release (see :func:`dpsql.ledger.ledger_for`: a
+    connection registered again keeps its ledger). Releases are marked seeded when ``source`` is.
     """
-    ledger = ledger_mod.ledger_for(con, ledger)
+    ledger = ledger_mod.ledger_for(con, ledger)  # before any change: a refused ledger changes nothing
     existing = _registered_udfs(con)
-    declared = [udf for provider in UDF_PROVIDERS for udf in provider(source)] + ledger_mod.udfs(ledger)
+    declared = [udf for provider in UDF_PROVIDERS for udf in provider(source)] + \
+        ledger_mod.udfs(ledger, seeded=source.seeded)
     for udf in declared:
         if udf.name in existing:  # re-registering (e.g. with another seed) replaces the UDF
             con.remove_function(udf.name)
@@ -131,13 +135,17 @@ def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None,
 
     ``ledger``: where releases are charged; default the sidecar file
     ``<database file>.dpsql-ledger``, or an in-memory ledger for an in-memory
-    database; a path or a :class:`dpsql.ledger.Ledger` overrides it.
+    database; a path or a :class:`dpsql.ledger.Ledger` overrides it. Registering
+    again keeps the connection's ledger (a spent budget stays spent); another
+    ledger is refused while the current one holds releases or budgets.
 
     ``seed`` makes noise and sampling reproducible and the results **NOT
     PRIVATE** (a warning is issued); it also pins the connection to one
     thread, since the order in which DuckDB hands rows to the noise UDF
     otherwise varies between runs.
     """
+    # The ledger first: a refused ledger leaves the connection (source, threads) as it was.
+    ledger = ledger_mod.ledger_for(con, ledger)
     if seed is None:
         source = noise.secure_source()
     else:

@@ -4,16 +4,34 @@
 -- The charge's last argument is the macro's calibration CTE cast to text (`cal::VARCHAR`): it makes
 -- DuckDB run the calibration, and with it the parameter checks, before the charge.
 
+-- What resolving the table name `tbl` to its scope (database.schema.table, or a file path) needs from
+-- the connection: a UDF cannot query the connection while the query that calls it runs, so the macro
+-- reads it. Only tables and views whose name occurs in `tbl` are listed (a superset of the candidates).
+CREATE OR REPLACE TEMP MACRO dp__catalog(tbl) AS {
+    'database': current_database(), 'schema': current_schema(), 'search_path': current_setting('search_path'),
+    'databases': (SELECT list({'name': database_name, 'path': path, 'type': type}) FROM duckdb_databases()),
+    'relations': (SELECT list({'database': database_name, 'schema': schema_name, 'name': table_name})
+                  FROM (SELECT database_name, schema_name, table_name FROM duckdb_tables()
+                        UNION ALL SELECT database_name, schema_name, view_name FROM duckdb_views())
+                  WHERE contains(replace(lower(tbl), '""', '"'), lower(table_name)))};
+
+-- The charge every releasing macro makes (call shape unchanged: seven arguments). The scope is
+-- resolved from `tbl` and the connection's catalog; the release is marked seeded on a seeded connection.
+CREATE OR REPLACE TEMP MACRO dp__charge(mechanism, unit, tbl, epsilon, delta, parameters, calibration) AS
+    dp__charge_scoped(mechanism, unit, tbl, epsilon, delta, parameters, calibration, dp__catalog(tbl));
+
 -- Spent and remaining (epsilon, delta) per scope ('database' first, then each table with a budget or a release).
--- Remaining is NULL for a scope without a budget. Composition is basic: sums.
+-- Remaining is NULL for a scope without a budget. Composition is basic: sums. seeded_releases counts the
+-- scope's releases made on a seeded (NOT private) connection; they are charged like the others.
 CREATE OR REPLACE TEMP MACRO dp_budget() AS TABLE
 SELECT s.scope, s.epsilon_budget, s.delta_budget, s.epsilon_spent, s.delta_spent,
-       s.epsilon_remaining, s.delta_remaining, s.releases
+       s.epsilon_remaining, s.delta_remaining, s.releases, s.seeded_releases
 FROM (SELECT unnest(dp__budget_status(0)) AS s);
 
--- Every charged release, oldest first: when, which mechanism, privacy unit ('user' or 'element'),
--- which table, its (epsilon, delta), its other parameters and the calibration it used.
+-- Every charged release, oldest first: when, which mechanism, privacy unit ('user', 'record' or 'element'),
+-- which scope (table identity or file), its (epsilon, delta), its other parameters, the calibration it
+-- used, and whether it was made on a seeded connection (reproducible noise: NOT private).
 CREATE OR REPLACE TEMP MACRO dp_releases() AS TABLE
 SELECT r.release_id, to_timestamp(r.released_at) AS released_at, r.mechanism, r.unit, r.table_name,
-       r.epsilon, r.delta, r.parameters, r.calibration
+       r.epsilon, r.delta, r.parameters, r.calibration, r.seeded
 FROM (SELECT unnest(dp__budget_releases(0)) AS r);

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -26,10 +27,10 @@ def test_charge_records_and_status_sums():
     led.charge("m2", "element", "main.u", 0.25, 0.0)
     rel = led.releases()
     assert [(r.mechanism, r.unit, r.table, r.epsilon, r.delta) for r in rel] == [
-        ("m1", "user", "t", 0.5, 1e-6), ("m2", "element", "u", 0.25, 0.0)]
+        ("m1", "user", "memory.main.t", 0.5, 1e-6), ("m2", "element", "memory.main.u", 0.25, 0.0)]
     status = {s.scope: s for s in led.status()}
     assert status["database"].epsilon_spent == 0.75 and status["database"].releases == 2
-    assert status["t"].epsilon_spent == 0.5 and status["u"].delta_spent == 0.0
+    assert status["memory.main.t"].epsilon_spent == 0.5 and status["memory.main.u"].delta_spent == 0.0
     assert status["database"].epsilon_remaining is None  # no budget set
     assert L.basic_composition(rel) == (0.75, 1e-6)
 
@@ -62,15 +63,21 @@ def test_table_scope_applies_only_to_its_table():
     led = Ledger()
     led.set_budget(1.0, 1e-5, scope='"Visits"')
     led.charge("m", "user", "visits", 1.0, 1e-5)
-    with pytest.raises(BudgetExceededError, match="scope 'visits'"):
+    with pytest.raises(BudgetExceededError, match="scope 'memory.main.visits'"):
         led.charge("m", "user", "main.VISITS", 0.1, 0.0)
+    with pytest.raises(BudgetExceededError, match="scope 'memory.main.visits'"):
+        led.charge("m", "user", 'MEMORY."visits"', 0.1, 0.0)
     led.charge("m", "user", "other", 5.0, 0.1)  # other tables are not limited by it
-    assert [b.scope for b in led.budgets()] == ["visits"]
+    assert [b.scope for b in led.budgets()] == ["memory.main.visits"]
 
 
-def test_aliases_record_the_named_table():
-    led = Ledger(aliases={"dpsql_input": "events.parquet"})
-    assert led.charge("m", "user", "dpsql_input", 1.0, 0.0).table == "events.parquet"
+def test_aliases_record_the_named_table(tmp_path):
+    data = tmp_path / "events.parquet"
+    led = Ledger(aliases={"dpsql_input": str(data)})
+    assert led.charge("m", "user", "dpsql_input", 1.0, 0.0).table == os.path.realpath(data)
+    # a ledger used without a connection names its tables as tables of its own database
+    led = Ledger(tmp_path / "shop.duckdb.dpsql-ledger", aliases={"dpsql_input": "User_Items"})
+    assert led.charge("m", "user", '"DPSQL_INPUT"', 1.0, 0.0).table == "shop.main.user_items"
 
 
 @pytest.mark.parametrize("call, match", [
@@ -135,7 +142,7 @@ def _new_releases(con, before):
 def test_each_set_union_method_charges_once(con, method):
     before = len(dpsql.ledger.releases(con))
     con.sql(f"SELECT count(*) FROM dp_set_union('t', method := '{method}', epsilon := 0.7, delta := 1e-6)").fetchall()
-    assert _new_releases(con, before) == [(f"dp_set_union_{method}", "user", "t", 0.7, 1e-6)]
+    assert _new_releases(con, before) == [(f"dp_set_union_{method}", "user", "memory.main.t", 0.7, 1e-6)]
 
 
 @pytest.mark.parametrize("sql, expected", [
@@ -157,13 +164,14 @@ def test_top_k_family_charges_its_total(con, sql, expected):
 def test_pws_and_optimize_charge_with_their_units(con):
     con.execute("CREATE TABLE ev AS SELECT (i % 30) AS key FROM range(600) r(i)")
     con.execute("CREATE TABLE sets AS SELECT i % 5 AS set_id, i AS element FROM range(50) r(i)")
+    con.execute("CREATE TABLE cands AS SELECT DISTINCT set_id FROM sets")
     before = len(dpsql.ledger.releases(con))
     con.sql("FROM dp_weighted_sample('ev', 1.0, 1e-4)").fetchall()
     con.sql("FROM dp_sbh_histogram('ev', 0.5, 1e-4)").fetchall()
-    con.sql("FROM dp_max_coverage('sets', 2, epsilon := 0.3)").fetchall()
-    assert _new_releases(con, before) == [("dp_weighted_sample", "element", "ev", 1.0, 1e-4),
-                                          ("dp_sbh_histogram", "element", "ev", 0.5, 1e-4),
-                                          ("dp_max_coverage", "record", "sets", 0.3, 0.0)]
+    con.sql("FROM dp_max_coverage('sets', 'cands', 2, epsilon := 0.3)").fetchall()
+    assert _new_releases(con, before) == [("dp_weighted_sample", "element", "memory.main.ev", 1.0, 1e-4),
+                                          ("dp_sbh_histogram", "element", "memory.main.ev", 0.5, 1e-4),
+                                          ("dp_max_coverage", "record", "memory.main.sets", 0.3, 0.0)]
 
 
 def test_post_processing_and_planning_are_free(con):
@@ -190,8 +198,8 @@ def test_post_processing_and_planning_are_free(con):
     "FROM dp_weighted_sample('t', 1.0, 1e-4, key_col := 'nope')",
     "FROM dp_weighted_sample('t', 1.0, 1.0, key_col := 'item')",
     "FROM dp_sbh_histogram('t', 0.0, 1e-4, key_col := 'item')",
-    "FROM dp_max_coverage('t', 2, epsilon := -1, set_col := 'user_id', element_col := 'item')",
-    "FROM dp_set_cover('t', epsilon := 'nan'::DOUBLE, set_col := 'user_id', element_col := 'item')",
+    "FROM dp_max_coverage('t', 't', 2, epsilon := -1, set_col := 'user_id', element_col := 'item')",
+    "FROM dp_set_cover('t', 't', epsilon := 'nan'::DOUBLE, set_col := 'user_id', element_col := 'item')",
 ])
 def test_invalid_calls_charge_nothing(con, sql):
     before = len(dpsql.ledger.releases(con))
@@ -216,10 +224,10 @@ def test_over_budget_release_fails_whole_and_charges_nothing(con):
 def test_table_budget_through_sql(con):
     con.execute("CREATE VIEW v AS FROM t")
     dpsql.ledger.set_budget(con, 0.5, 1e-5, scope="t")
-    with pytest.raises(duckdb.Error, match="scope 't'"):
+    with pytest.raises(duckdb.Error, match="scope 'memory.main.t'"):
         con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.6)").fetchall()
-    con.sql("FROM dp_set_union_weighted_gaussian('v', epsilon := 0.6)").fetchall()  # another name
-    (row,) = con.sql("SELECT count(*) FROM dp_releases() WHERE table_name = 'v'").fetchall()
+    con.sql("FROM dp_set_union_weighted_gaussian('v', epsilon := 0.6)").fetchall()  # a view is its own name
+    (row,) = con.sql("SELECT count(*) FROM dp_releases() WHERE table_name = 'memory.main.v'").fetchall()
     assert row == (1,)
 
 
@@ -235,7 +243,7 @@ def test_dp_releases_columns(con):
     con.sql("FROM dp_set_union_weighted_laplace('t', max_items := 3)").fetchall()
     rel = con.sql("FROM dp_releases()")
     assert rel.columns == ["release_id", "released_at", "mechanism", "unit", "table_name", "epsilon", "delta",
-                           "parameters", "calibration"]
+                           "parameters", "calibration", "seeded"]
     (row,) = rel.fetchall()[-1:]
     cal = dpsql.calibrate("weighted_laplace", 1.0, 1e-5, 3)
     assert row[2] == "dp_set_union_weighted_laplace" and "'max_items': 3.0" in row[7]
@@ -318,6 +326,226 @@ def test_cli_budget_set_show_and_release(tmp_path, capsys):
     assert "exceeded" in capsys.readouterr().err
     assert main(["budget", "releases", str(data), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert [(r["table"], r["epsilon"]) for r in doc["releases"]] == [("events.parquet", 0.6)]
+    assert [(r["table"], r["epsilon"]) for r in doc["releases"]] == [(os.path.realpath(data), 0.6)]
     assert doc["scopes"][0]["epsilon_remaining"] == pytest.approx(0.4)
     assert main(["budget", "show", str(tmp_path / "nope.duckdb")]) == 2
+
+
+# -- scopes: every spelling of one table is one scope --------------------------------------------
+
+def _identity_tables(con, tmp_path):
+    """Tables whose one row is the scope they should charge, in every place a name can resolve to."""
+    con.execute("ATTACH ':memory:' AS m2")
+    con.execute(f"ATTACH '{tmp_path / 'shop.duckdb'}' AS prod")
+    for sql in [
+        "CREATE TABLE t AS SELECT 'memory.main.t' AS w",
+        "CREATE TABLE \"My T\" AS SELECT 'memory.main.\"my t\"' AS w",
+        "CREATE TABLE \"d.e\" AS SELECT 'memory.main.\"d.e\"' AS w",
+        "CREATE TABLE \"a\"\"b\" AS SELECT 'memory.main.\"a\"\"b\"' AS w",
+        "CREATE SCHEMA s", "CREATE TABLE s.t AS SELECT 'memory.s.t' AS w",
+        "CREATE TABLE u AS SELECT 'memory.main.u' AS w",
+        "CREATE TEMP TABLE u AS SELECT 'temp.main.u' AS w",   # shadows memory.main.u, as in DuckDB
+        "CREATE VIEW v AS SELECT 'memory.main.v' AS w",
+        "CREATE TABLE m2.t AS SELECT 'm2.main.t' AS w",
+        # an attached database file is named by its file (shop), whatever it is attached as
+        "CREATE TABLE prod.user_items AS SELECT 'shop.main.user_items' AS w",
+        "CREATE SCHEMA prod.s2", "CREATE TABLE prod.s2.w AS SELECT 'shop.s2.w' AS w",
+    ]:
+        con.execute(sql)
+
+
+SPELLINGS = ['t', 'T', '"t"', '"T"', 'main.t', 'MAIN.T', 'memory.t', 'MEMORY.T', 'memory.main.t',
+             '"memory"."main"."t"', 'memory.main.t.', '"My T"', 'my t', 'MY T', 'main."my t"', '"d.e"',
+             'memory.main."d.e"', '"a""b"', 's.t', 'S.T', 'memory.s.t', 'u', 'main.u', 'temp.u', 'temp.main.u',
+             'memory.u', 'memory.main.u', 'v', 'main.V', 'm2.t', 'M2.main.t', 'prod.user_items',
+             'PROD.MAIN.USER_ITEMS', '"prod"."main"."user_items"', 'prod.s2.w']
+
+
+def test_scope_is_the_table_duckdb_reads(tmp_path):
+    # For every spelling, the scope the ledger resolves equals the identity of the table DuckDB reads.
+    con = dpsql.connect()
+    _identity_tables(con, tmp_path)
+    for name in SPELLINGS:
+        ((read,),) = con.execute("FROM query_table(?)", [name]).fetchall()
+        assert L.resolve_scope(con, name) == read, name
+    # the search path moves with USE and SET search_path, and so does the scope
+    con.execute("USE memory.s")
+    for name, expected in [("t", "memory.s.t"), ("memory.t", "memory.s.t"), ("u", "temp.main.u")]:
+        assert con.execute("FROM query_table(?)", [name]).fetchall() == [(expected,)]
+        assert L.resolve_scope(con, name) == expected, name
+    con.execute("SET search_path = 'prod.s2,prod.main'")
+    for name, expected in [("w", "shop.s2.w"), ("user_items", "shop.main.user_items"), ("prod.w", "shop.s2.w")]:
+        assert con.execute("FROM query_table(?)", [name]).fetchall() == [(expected,)]
+        assert L.resolve_scope(con, name) == expected, name
+    # a key is itself a spelling of its table (the file name shop stands for the database prod)
+    con.execute("RESET search_path")
+    con.execute("USE memory")
+    for name in SPELLINGS:
+        key = L.resolve_scope(con, name)
+        assert L.resolve_scope(con, key) == key
+        assert Ledger().scope(key) == key
+    con.close()
+
+
+def test_every_spelling_charges_one_scope(tmp_path):
+    # The attack of the issue: with scope t spent, 'memory.main.t' and 'memory.t' still released.
+    con = dpsql.connect()
+    con.execute("CREATE TABLE t AS SELECT i AS user_id, unnest(['A', 'B']) AS item FROM range(300) r(i)")
+    dpsql.set_budget(con, epsilon=1.0, delta=1e-5, scope="t")
+    con.sql("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := 1.0)").fetchall()
+    for name in ["t", "T", '"t"', "main.t", "memory.main.t", "MEMORY.MAIN.T", "memory.t", '"memory"."main"."t"']:
+        with pytest.raises(duckdb.Error, match="privacy budget of scope 'memory.main.t' exceeded"):
+            con.sql(f"SELECT * FROM dp_set_union_weighted_gaussian('{name}', epsilon := 1.0)").fetchall()
+    assert [(s.scope, s.epsilon_spent, s.releases) for s in dpsql.budget(con)] == [
+        ("database", 1.0, 1), ("memory.main.t", 1.0, 1)]
+    # a budget set with any spelling is the budget of that one scope
+    dpsql.set_budget(con, epsilon=3.0, delta=1e-4, scope='"MEMORY".main.T')
+    assert [(b.scope, b.epsilon) for b in dpsql.ledger.ledger_of(con).budgets()] == [("memory.main.t", 3.0)]
+    con.sql("SELECT * FROM dp_set_union_weighted_gaussian('memory.t', epsilon := 2.0)").fetchall()
+    assert [r.table for r in dpsql.releases(con)] == ["memory.main.t", "memory.main.t"]
+    con.close()
+
+
+def test_budget_set_before_the_table_exists_applies_to_it():
+    con = dpsql.connect()
+    dpsql.set_budget(con, epsilon=0.5, delta=1e-5, scope="Later")
+    con.execute("CREATE TABLE later AS SELECT i AS user_id, 'x' AS item FROM range(100) r(i)")
+    with pytest.raises(duckdb.Error, match="scope 'memory.main.later' exceeded"):
+        con.sql("FROM dp_set_union_weighted_gaussian('main.later', epsilon := 0.6)").fetchall()
+    con.close()
+
+
+def test_dbt_relation_cli_scope_and_attached_file_are_one_scope(tmp_path):
+    # dbt names a model "shop"."main"."user_items"; 'dpsql budget set shop.duckdb --scope user_items' and a
+    # session that ATTACHes the file under another name must charge and read that same scope.
+    db = tmp_path / "shop.duckdb"
+    con = dpsql.connect(db)
+    con.execute("CREATE TABLE user_items AS SELECT i % 100 AS user_id, 'w' || (i % 3) AS item FROM range(1000) r(i)")
+    con.close()
+    from dpsql.cli import main
+    assert main(["budget", "set", str(db), "--epsilon", "1.0", "--delta", "1e-4", "--scope", "user_items"]) == 0
+    con = dpsql.connect(db)
+    con.sql("""FROM dp_set_union_weighted_gaussian('"shop"."main"."user_items"', epsilon := 0.75)""").fetchall()
+    with pytest.raises(duckdb.Error, match="scope 'shop.main.user_items' exceeded"):
+        con.sql("FROM dp_set_union_weighted_gaussian('user_items', epsilon := 0.5)").fetchall()
+    con.close()
+    other = dpsql.connect(ledger=L.sidecar_path(db))
+    other.execute(f"ATTACH '{db}' AS prod (READ_ONLY)")
+    with pytest.raises(duckdb.Error, match="scope 'shop.main.user_items' exceeded"):
+        other.sql("FROM dp_set_union_weighted_gaussian('prod.user_items', epsilon := 0.5)").fetchall()
+    other.sql("FROM dp_set_union_weighted_gaussian('prod.user_items', epsilon := 0.25)").fetchall()  # the rest
+    other.close()
+    assert [(r.table, r.epsilon) for r in Ledger(L.sidecar_path(db)).releases()] == [
+        ("shop.main.user_items", 0.75), ("shop.main.user_items", 0.25)]
+
+
+def test_file_scopes_are_resolved_paths(tmp_path, monkeypatch):
+    data = tmp_path / "events.parquet"
+    duckdb.sql(f"COPY (SELECT i % 50 AS user_id, 'x' AS item FROM range(500) r(i)) TO '{data}'")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.parquet").symlink_to(data)
+    monkeypatch.chdir(tmp_path)
+    con = dpsql.connect()
+    dpsql.set_budget(con, epsilon=1.0, delta=1e-5, scope="events.parquet")
+    assert [b.scope for b in dpsql.ledger.ledger_of(con).budgets()] == [os.path.realpath(data)]
+    con.sql("FROM dp_set_union_weighted_gaussian('./events.parquet', epsilon := 1.0)").fetchall()
+    for name in ["events.parquet", str(data), "sub/../events.parquet", '"events.parquet"', "link.parquet"]:
+        assert con.execute("SELECT count(*) FROM query_table(?)", [name]).fetchall() == [(500,)]
+        with pytest.raises(duckdb.Error, match="exceeded"):
+            con.sql(f"FROM dp_set_union_weighted_gaussian('{name}', epsilon := 0.1)").fetchall()
+    assert [r.table for r in dpsql.releases(con)] == [os.path.realpath(data)]
+    con.close()
+
+
+@pytest.mark.parametrize("name", ['"unterminated', 'a"b', "a..b", ".a"])
+def test_unparsable_scope_is_named(name):
+    with pytest.raises(dpsql.DPParameterError, match="scope .* is not a table name"):
+        Ledger().set_budget(1.0, 1e-5, scope=name)
+
+
+def test_split_name_parses_as_duckdb():
+    assert L.split_name('"memory"."main"."a""b"') == ["memory", "main", 'a"b']
+    assert L.split_name("my t") == ["my t"]  # nothing is trimmed
+    assert L.split_name('"d.e"') == ["d.e"]
+    assert L.split_name("t.") == ["t"]
+    assert L.database_alias("/x/y/events.v2.duckdb") == "events"
+    assert L.database_alias("main.duckdb") == "main_db"
+
+
+# -- seeded releases -----------------------------------------------------------------------------
+
+def test_seeded_releases_are_marked():
+    con = dpsql.connect()
+    con.execute("CREATE TABLE t AS SELECT i % 100 AS user_id, 'x' AS item FROM range(1000) r(i)")
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5)").fetchall()
+    with pytest.warns(UserWarning):
+        dpsql.register(con, seed=3)  # same connection, same ledger, now NOT private
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.25)").fetchall()
+    assert [(r.epsilon, r.seeded) for r in dpsql.releases(con)] == [(0.5, False), (0.25, True)]
+    assert con.sql("SELECT epsilon, seeded FROM dp_releases() ORDER BY release_id").fetchall() == [
+        (0.5, False), (0.25, True)]
+    assert con.sql("SELECT scope, epsilon_spent, releases, seeded_releases FROM dp_budget()").fetchall() == [
+        ("database", 0.75, 2, 1), ("memory.main.t", 0.75, 2, 1)]
+    dpsql.register(con)  # private again
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.125)").fetchall()
+    assert dpsql.releases(con)[-1].seeded is False
+    con.close()
+
+
+# -- ledger consistency --------------------------------------------------------------------------
+
+class _FailingDb:
+    """A SQLite connection whose writes fail like a full or broken disk."""
+
+    def __init__(self, db, fail_on):
+        self._db, self._fail_on = db, fail_on
+
+    def execute(self, sql, *args):
+        if sql.lstrip().upper().startswith(self._fail_on):
+            raise sqlite3.OperationalError("disk I/O error")
+        return self._db.execute(sql, *args)
+
+    def executescript(self, sql):
+        return self._db.executescript(sql)
+
+    def close(self):
+        self._db.close()
+
+
+@pytest.mark.parametrize("fail_on", ["INSERT", "COMMIT", "BEGIN"])
+def test_failing_charge_is_a_clear_error_and_records_nothing(tmp_path, monkeypatch, fail_on):
+    path = tmp_path / "l.dpsql-ledger"
+    con = dpsql.connect(ledger=path)
+    con.execute("CREATE TABLE t AS SELECT i % 100 AS user_id, 'x' AS item FROM range(1000) r(i)")
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5)").fetchall()
+    opener = Ledger._open
+    monkeypatch.setattr(Ledger, "_open", lambda self: _FailingDb(opener(self), fail_on))
+    with pytest.raises(duckdb.Error, match=r"dpsql: cannot use the privacy ledger .*disk I/O error.*nothing "
+                                           r"was released"):
+        con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.25)").fetchall()
+    monkeypatch.setattr(Ledger, "_open", opener)
+    assert [r.epsilon for r in Ledger(path).releases()] == [0.5]
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.125)").fetchall()  # the ledger still works
+    assert [r.epsilon for r in dpsql.releases(con)] == [0.5, 0.125]
+    con.close()
+
+
+def test_ledger_of_an_older_version_keeps_its_budgets(tmp_path):
+    # Ledgers written before scopes were catalog identities: their scopes are re-keyed, not orphaned.
+    path = L.sidecar_path(tmp_path / "shop.duckdb")
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE budgets (scope TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL NOT NULL);
+        CREATE TABLE releases (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, mechanism TEXT NOT NULL,
+            unit TEXT NOT NULL, tbl TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL,
+            parameters TEXT NOT NULL, calibration TEXT NOT NULL);
+        INSERT INTO budgets VALUES ('user_items', 1.0, 1e-5), ('database', 5.0, 1e-4);
+        INSERT INTO releases VALUES (1, 0, 'm', 'user', 'user_items', 0.75, 0, '', '');""")
+    db.commit()
+    db.close()
+    led = Ledger(path)
+    assert [(s.scope, s.epsilon_budget, s.epsilon_spent, s.seeded_releases) for s in led.status()] == [
+        ("database", 5.0, 0.75, 0), ("shop.main.user_items", 1.0, 0.75, 0)]
+    with pytest.raises(BudgetExceededError, match="scope 'shop.main.user_items'"):
+        led.charge("m", "user", "shop.main.user_items", 0.5, 0.0)
+    assert [r.seeded for r in led.releases()] == [False]

@@ -109,3 +109,75 @@ def test_read_only_connection(tmp_path):
         assert ro.execute("SELECT * FROM dp_set_union_weighted_gaussian('t')").fetchall() == [("common",)]
     finally:
         ro.close()
+
+
+def _spend(con, epsilon):
+    con.sql(f"FROM dp_set_union_weighted_gaussian('t', epsilon := {epsilon})").fetchall()
+
+
+@pytest.fixture
+def spent():
+    """An in-memory connection whose ledger has a budget of (1, 1e-4) and one release of 0.75."""
+    c = dpsql.connect()
+    c.execute("CREATE TABLE t AS SELECT i % 100 AS user_id, 'x' AS item FROM range(1000) r(i)")
+    dpsql.set_budget(c, epsilon=1.0, delta=1e-4)
+    _spend(c, 0.75)
+    yield c
+    c.close()
+
+
+def test_reregistering_keeps_the_ledger(spent):
+    # A re-run notebook cell calls register again: the spent budget must stay spent.
+    ledger = dpsql.ledger.ledger_of(spent)
+    dpsql.register(spent)
+    with pytest.warns(UserWarning):
+        dpsql.register(spent, seed=1)
+    dpsql.register(spent, ledger=ledger)  # the same ledger, named explicitly
+    assert dpsql.ledger.ledger_of(spent) is ledger
+    with pytest.raises(duckdb.Error, match="scope 'database' exceeded"):
+        _spend(spent, 0.5)
+    assert [(s.scope, s.epsilon_spent, s.releases) for s in dpsql.budget(spent)][0] == ("database", 0.75, 1)
+
+
+def test_reregistering_with_another_ledger_is_refused_while_it_holds_releases(spent, tmp_path):
+    ledger = dpsql.ledger.ledger_of(spent)
+    for other in (dpsql.ledger.Ledger(), tmp_path / "other.dpsql-ledger"):
+        with pytest.raises(dpsql.DPParameterError, match="already charges its releases.*restart its spending"):
+            dpsql.register(spent, ledger=other)
+    threads = spent.execute("SELECT current_setting('threads')").fetchall()
+    with pytest.raises(dpsql.DPParameterError, match="already charges"):
+        dpsql.register(spent, seed=2, ledger=dpsql.ledger.Ledger())
+    assert not source_of(spent).seeded  # a refused registration changed nothing
+    assert spent.execute("SELECT current_setting('threads')").fetchall() == threads
+    assert dpsql.ledger.ledger_of(spent) is ledger and not (tmp_path / "other.dpsql-ledger").exists()
+    _spend(spent, 0.25)  # still charged to the first ledger, whose budget it exhausts
+    assert ledger.status()[0].epsilon_spent == pytest.approx(1.0)
+
+
+def test_an_empty_ledger_may_be_replaced(tmp_path):
+    con = dpsql.connect()
+    try:
+        con.execute("CREATE TABLE t AS SELECT i % 100 AS user_id, 'x' AS item FROM range(1000) r(i)")
+        path = tmp_path / "chosen.dpsql-ledger"
+        dpsql.register(con, ledger=path)
+        dpsql.register(con, ledger=str(path))  # the same file: the same ledger object
+        assert dpsql.ledger.ledger_of(con).path == path
+        _spend(con, 0.5)
+        assert [r.epsilon for r in dpsql.ledger.Ledger(path).releases()] == [0.5]
+    finally:
+        con.close()
+
+
+def test_a_ledger_that_was_never_written_may_be_replaced(tmp_path):
+    # A first ledger in a missing folder fails every charge; registering a usable one must be possible.
+    con = dpsql.connect(ledger=tmp_path / "missing" / "x.dpsql-ledger")
+    try:
+        con.execute("CREATE TABLE t AS SELECT i % 100 AS user_id, 'x' AS item FROM range(1000) r(i)")
+        with pytest.raises(duckdb.Error, match="cannot use the privacy ledger"):
+            _spend(con, 0.5)
+        dpsql.register(con, ledger=tmp_path / "good.dpsql-ledger")
+        _spend(con, 0.5)
+        assert [r.epsilon for r in dpsql.ledger.Ledger(tmp_path / "good.dpsql-ledger").releases()] == [0.5]
+        assert not (tmp_path / "missing").exists()
+    finally:
+        con.close()
