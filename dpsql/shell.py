@@ -149,7 +149,7 @@ def is_complete(text: str) -> bool:
 _UDF_PREFIX = "Python exception occurred while executing the UDF: "
 
 
-_UNBOUND_NAME = re.compile(r'Referenced (column|table) "[^"]+" not found')
+_UNBOUND_NAME = re.compile(r'Referenced (column|table) "[^"]+" (was )?not found')
 
 
 def error_line(exc: BaseException) -> str:

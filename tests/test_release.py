@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 
 import dpsql
+from dpsql import optimize
 from dpsql.audit import epsilon_lower_bound
 from dpsql.release import check_constant, sorted_release
 from dpsql.validation import DPParameterError
@@ -73,6 +74,13 @@ _MAD2R = {**_MAD, "split": "[0.1, 0.9]", "b_min": "0.5", "b_max": "2.0", "c_lb":
 _POLICY = {"alpha": "5", "passes": "1"}
 _TOPK = {"k": "3", "domain_method": "'weighted_gaussian'"}
 
+def _optimize_cases() -> dict[str, Case]:
+    """The optimisation family's cases (tests/test_optimize_release.py declares them with their data)."""
+    import test_optimize_release as opt
+
+    return {name: Case(c.setup, c.positional, dict(c.args), c.order_by) for name, c in opt.CASES.items()}
+
+
 CASES: dict[str, Case] = {
     "dp_set_union": _union_case({"method": "'weighted_gaussian'"}),
     "dp_set_union_count_laplace": _union_case(),
@@ -91,6 +99,7 @@ CASES: dict[str, Case] = {
     "dp_hitting_set": Case(USER_ITEMS, ("tbl", "k"), {**_union_case().args, **_TOPK}, ("rank",)),
     "dp_top_k_limited_domain": Case(USER_ITEMS, ("tbl", "k", "k_bar"), {
         **_union_case().args, "k": "3", "k_bar": "5"}, ("rank",)),
+    **_optimize_cases(),
 }
 
 
@@ -279,16 +288,39 @@ NOT_RELEASES = {
     "dpsql.registration.register_functions",
     "dpsql.ledger.set_budget", "dpsql.ledger.budget", "dpsql.ledger.releases", "dpsql.ledger.ledger_for",
     "dpsql.ledger.ledger_of", "dpsql.ledger.attach", "dpsql.ledger.database_path",
+    "dpsql.ledger.resolve_scope",
+    "dpsql.optimize.eval_set_cover_cost", "dpsql.metrics.evaluate",  # NON-private evaluation
 }
 
-# Each public release function: a call on the table `t` of USER_ITEMS at epsilon 0.8, and the column(s)
-# its rows are ordered by.
+# Each public release function: the data it needs, a call at epsilon 0.8, and the column(s) its rows
+# are ordered by.
+def _optimize_calls() -> dict[str, tuple]:
+    import test_optimize_release as opt
+
+    return {
+        "dpsql.optimize.max_coverage": (opt.SETS, lambda con: optimize.max_coverage(con, "sets", "cands", 2,
+                                                                                     epsilon=0.8), ("rank",)),
+        "dpsql.optimize.set_cover": (opt.SETS, lambda con: optimize.set_cover(con, "sets", "cands", epsilon=0.8),
+                                     ("position",)),
+        "dpsql.optimize.shifting_heavy_hitters": (
+            opt.STREAM, lambda con: optimize.shifting_heavy_hitters(con, "st", "bk", 2, 3, epsilon=0.8),
+            ("t", "bucket")),
+        "dpsql.optimize.matroid_coverage": (
+            opt.SETS, lambda con: optimize.matroid_coverage(con, "sets", "parts", "caps", epsilon=0.8, eta=0.5),
+            ("set_id",)),
+        "dpsql.optimize.k_median": (
+            opt.METRIC, lambda con: optimize.k_median(con, "kp", "kc", "kd", 2, epsilon=0.8, n_bound=1000),
+            ("candidate_id",)),
+    }
+
+
 RELEASE_CALLS = {
-    "dpsql.union.set_union": (lambda con: dpsql.set_union(con, "t", "mad2r", epsilon=0.8), ("item",)),
-    "dpsql.topk.top_k": (lambda con: dpsql.top_k(con, "t", 3, epsilon=0.8), ("rank",)),
-    "dpsql.topk.hitting_set": (lambda con: dpsql.hitting_set(con, "t", 3, epsilon=0.8), ("rank",)),
-    "dpsql.topk.top_k_limited_domain": (lambda con: dpsql.top_k_limited_domain(con, "t", 3, 5, epsilon=0.8),
-                                        ("rank",)),
+    "dpsql.union.set_union": (USER_ITEMS, lambda con: dpsql.set_union(con, "t", "mad2r", epsilon=0.8), ("item",)),
+    "dpsql.topk.top_k": (USER_ITEMS, lambda con: dpsql.top_k(con, "t", 3, epsilon=0.8), ("rank",)),
+    "dpsql.topk.hitting_set": (USER_ITEMS, lambda con: dpsql.hitting_set(con, "t", 3, epsilon=0.8), ("rank",)),
+    "dpsql.topk.top_k_limited_domain": (
+        USER_ITEMS, lambda con: dpsql.top_k_limited_domain(con, "t", 3, 5, epsilon=0.8), ("rank",)),
+    **_optimize_calls(),
 }
 
 
@@ -299,8 +331,8 @@ def test_every_public_release_function_is_listed():
 @pytest.mark.parametrize("qualname", sorted(RELEASE_CALLS))
 def test_public_release_function_charges_its_epsilon_once(qualname):
     con = dpsql.connect()
-    con.execute(USER_ITEMS)
-    call, order_by = RELEASE_CALLS[qualname]
+    setup, call, order_by = RELEASE_CALLS[qualname]
+    con.execute(setup)
     out = call(con)
     charged = con.execute("SELECT sum(epsilon) FROM dp_releases()").fetchall()[0][0]
     assert charged == pytest.approx(0.8, rel=1e-12), qualname
