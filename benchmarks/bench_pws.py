@@ -9,7 +9,7 @@ time, input validation/aggregation included) with the median and best of the rep
 the aggregation alone and a no-op Arrow UDF over the same rows (the floors of the two paths). Run by hand:
 
     python benchmarks/bench_pws.py [--keys 10000000] [--reps 5] [--tau 0.001] [--kernels auto,numpy] [--parts]
-                                   [--threads 1] [--perfect-ht 24]
+                                   [--threads 1] [--perfect-ht 24] [--fetch]
 """
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--kernels", default="auto", help="comma-separated sanitizer kernels: auto, numba, numpy")
     ap.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: DuckDB's choice)")
     ap.add_argument("--parts", action="store_true", help="also time the GROUP BY alone and a no-op UDF")
+    ap.add_argument("--fetch", action="store_true",
+                    help="fetch the released rows as Arrow (includes the release's ORDER BY key) instead of count(*)")
     ap.add_argument("--perfect-ht", type=int, default=None,
                     help="SET perfect_ht_threshold (bits): integer keys of smaller range get a perfect-hash GROUP BY")
     args = ap.parse_args()
@@ -63,9 +65,11 @@ def main() -> None:
     for kernel in args.kernels.split(","):
         for name, table in (("GROUP BY", "agg"), ("declared", "memory.main.agg_pk")):
             for label, wf in (("keys only", "false"), ("with frequencies", "true")):
+                # count(*) lets the optimizer drop the release's ORDER BY key; --fetch keeps it (sorted rows)
                 runs.append((f"{kernel:5s} {name:8s} {label}", kernel,
-                             f"SELECT count(*) FROM dp_weighted_sample('{table}', {args.epsilon}, {args.delta}, "
-                             f"tau := {tau}, with_frequencies := {wf}, freq_col := 'frequency')"))
+                             f"SELECT {'*' if args.fetch else 'count(*)'} FROM dp_weighted_sample('{table}', "
+                             f"{args.epsilon}, {args.delta}, tau := {tau}, with_frequencies := {wf}, "
+                             f"freq_col := 'frequency')"))
     if args.parts:
         con.create_function("bench_noop", lambda a, b: pa.array(a.to_numpy(zero_copy_only=False) * 0),
                             ["BIGINT", "BIGINT"], "BIGINT", type=duckdb.func.ARROW, side_effects=True)
@@ -88,7 +92,8 @@ def main() -> None:
         for label, kernel, sql in runs:
             pws.SANITIZER_KERNEL = kernel
             t0 = time.perf_counter()
-            n = con.execute(sql).fetchall()[0][0]
+            n = con.execute(sql).to_arrow_table().num_rows if sql.startswith("SELECT *") \
+                else con.execute(sql).fetchall()[0][0]
             dt = time.perf_counter() - t0
             results[label].append(args.keys / dt)
             print(f"rep {rep} {label:40s} {dt:6.2f} s  {args.keys / dt / 1e6:5.2f} M keys/s  result {n:,}")

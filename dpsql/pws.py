@@ -35,6 +35,13 @@ overall probabilities ``pi``, which has the same law as sampling with ``q`` and
 then sanitizing with ``p = pi / q`` ([PWS] Alg. 2), and keeps the sample's
 randomness secret (a hash-coordinated sample whose salt is known is not).
 
+Release path (``dpsql.release``): every macro checks that each parameter is a
+constant and validates all of them, including the frequency range the tables
+can serve (:func:`check_frequency_range`) and the SbH grid against its noise
+scale (:func:`sbh_granularity`), before the ledger charge; rows come out sorted
+by key; an error raised once the data is read names a column, never a value.
+Released numbers (SbH) carry granular noise only: exact multiples of the grid.
+
 Numbers: double precision everywhere except the unbiased estimator and its
 error analysis, whose triangular solve loses all accuracy (coefficients of
 order 1e27 by i = 60 at (1, 1e-3)); ``exact=True`` runs them in
@@ -55,6 +62,8 @@ import numpy as np
 import pyarrow as pa
 from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR
 
+from dpsql.calibration import check_granularity, choose_granularity
+from dpsql.noise import MAX_SCALE_STEPS
 from dpsql.udf import Udf, scalar
 from dpsql.validation import DPParameterError, check_delta, check_epsilon, check_positive, sql_string
 
@@ -64,7 +73,8 @@ __all__ = [
     "KeyTable", "key_table", "FrequencyTable", "frequency_table", "frequency_rows_reference",
     "optimal_frequency_probability", "estimator_coefficients", "estimator_moments", "sum_estimate_error",
     "sbh_threshold", "sbh_report_probability", "sbh_expectation", "sbh_mse", "sbh_moments_numeric",
-    "sanitize_keys", "sanitize_tokens", "sanitizer_spec", "udfs", "weighted_sample",
+    "sanitize_keys", "sanitize_tokens", "sanitizer_spec", "check_frequency_range", "check_sbh_noise",
+    "sbh_granularity", "sbh_noisy_values", "udfs", "weighted_sample",
 ]
 
 SCHEMES = ("ppswor", "priority")
@@ -301,7 +311,9 @@ def key_table(epsilon: float, delta: float, tau: Optional[float] = None, scheme:
     if power == 0 or tau is None:
         end = min(end, 2)  # q is constant for i >= 1: one step of the check suffices
     if end > MAX_KEY_CHECK:
-        raise DPParameterError(f"tau={tau} with power={power} needs q up to frequency {end}; use a larger tau")
+        # end can be the data's largest frequency: the message names only the parameters
+        raise DPParameterError(f"tau={tau} with power={power} needs q beyond frequency {MAX_KEY_CHECK}; "
+                               f"use a larger tau")
     pis = [0.0]
     prev, i = 0.0, 1
     chunk = 4096
@@ -401,7 +413,7 @@ class FrequencyTable:
         if i <= self.m:
             return self.lo[i], self.vals[i]
         if not self.steady:
-            raise DPParameterError(f"frequency {i} is beyond the computed pi_(i,j) table (rows 0..{self.m})")
+            raise DPParameterError(f"a frequency is beyond the computed pi_(i,j) table (rows 0..{self.m})")
         return self.lo[self.m] + (i - self.m), self.vals[self.m]
 
     def entry(self, i: int, j: int) -> float:
@@ -488,8 +500,9 @@ def frequency_table(epsilon: float, delta: float, tau: Optional[float] = None, s
     ee, em = math.exp(epsilon), math.exp(-epsilon)
     limit = n if q1 is None else min(n, q1 + 4 * math.ceil(L_value(epsilon, delta)) + 8)
     if limit > MAX_FREQUENCY_ROWS:
+        # limit can be the data's largest frequency (n): the message names only the parameters
         raise DPParameterError(
-            f"with_frequencies at tau={tau} needs pi_(i,j) rows up to frequency {limit} (> {MAX_FREQUENCY_ROWS}); "
+            f"with_frequencies at tau={tau}, power={power} needs pi_(i,j) rows beyond frequency {MAX_FREQUENCY_ROWS}; "
             f"use a larger tau or report keys only")
     pis = keys.reporting(np.arange(limit + 1))
     cells = 0
@@ -499,7 +512,8 @@ def frequency_table(epsilon: float, delta: float, tau: Optional[float] = None, s
         table.vals.append(v)
         cells += len(v)
         if cells > MAX_FREQUENCY_CELLS:
-            raise DPParameterError("the pi_(i,j) table is too large; use a larger tau or report keys only")
+            raise DPParameterError(f"with_frequencies at tau={tau}, power={power}: the pi_(i,j) table is too large "
+                                   f"(more than {MAX_FREQUENCY_CELLS} entries); use a larger tau or report keys only")
         # Once pi = q = 1 the construction maps a row to its shift (up to rounding, ~1e-16): later rows are
         # shifts of this one, and the pair (row, shifted row) satisfies the DP inequalities like (row-1, row).
         if pis[i] == 1.0 and pis[i - 1] == 1.0 and lo == table.lo[-2] + 1 and len(v) == len(table.vals[-2]) \
@@ -651,8 +665,72 @@ def sum_estimate_error(freqs: Sequence[int], moments: dict, g: Union[str, Callab
 # ---------------------------------------------------------------------------
 
 
+# The released SbH counts carry granular noise only (sql/70_pws.sql, dp_sbh_histogram). Textbook floating-point
+# Laplace noise is not offered: which doubles ``w + Lap`` can produce depends on ``w`` (Mironov 2012), so its low
+# bits tell a frequency 5 from a 6. The formulas below (threshold, phi, moments) are the paper's continuous
+# analysis; the release uses the discrete Laplace tail on the grid (calibration.discrete_laplace_threshold).
+SBH_NOISE_MODES = ("granular",)
+
+
+def check_sbh_noise(noise: object) -> str:
+    """``noise`` of ``dp_sbh_histogram``: only ``'granular'`` (grid-snapped discrete Laplace)."""
+    if noise == "continuous":
+        raise DPParameterError(
+            "noise := 'continuous' was removed: floating-point Laplace noise leaks the true frequency through the "
+            "low-order bits of the released numbers (Mironov 2012); use noise := 'granular' (the default)")
+    if noise not in SBH_NOISE_MODES:
+        raise DPParameterError(f"noise must be 'granular' (got {noise!r}); leave it out for the default")
+    return noise
+
+
+def sbh_granularity(epsilon: object, delta: object, tau: object = None, scheme: object = "ppswor",
+                    power: object = 1.0, noise: object = "granular", granularity: object = None) -> float:
+    """Every parameter of ``dp_sbh_histogram`` validated; returns the grid ``g`` of its noise.
+
+    ``g``: ``granularity`` (a power of two ``<= 1``, so integer frequencies are on the grid), or the largest
+    power of two ``<= (1/epsilon)/2^16``, at most 1. The scale ``1/epsilon`` must be at most
+    ``MAX_SCALE_STEPS`` grid steps (the sampler's limit): checked here, before the charge, so that the noise
+    draw cannot fail after it.
+    """
+    epsilon, delta, tau, scheme, power = check_pws_parameters(epsilon, delta, tau, scheme, power)
+    check_sbh_noise(noise)
+    scale = 1.0 / epsilon
+    g = choose_granularity(scale, granularity, 1.0)
+    if scale / g > MAX_SCALE_STEPS:
+        raise DPParameterError(
+            f"granularity {g!r} is too fine for the noise scale 1/epsilon = {scale!r}: (1/epsilon) / granularity "
+            f"must be <= 2^32; pass granularity >= (1/epsilon) / 2^32 or leave it NULL")
+    return g
+
+
+# |frequency| and |noise| below 2^52 grid steps: their sum has < 2^53 steps, so the double sum is exact.
+_EXACT_STEPS = 2.0 ** 52
+
+
+def sbh_noisy_values(freqs, noise, granularity: float) -> np.ndarray:
+    """The double nearest to ``frequency + noise`` (exact value, noise a multiple of ``g = 2^-k <= 1``).
+
+    Exact (a multiple of g) while the frequency and the noise are below ``2^52 g``; a larger frequency gets
+    the correctly rounded exact sum, computed in integers: a function of the exact noisy count alone, hence
+    post-processing, never an error that depends on the data, and still a multiple of ``g`` (a double that
+    large has an ulp >= g, a power of two).
+    """
+    g = check_granularity(granularity)
+    w = np.asarray(freqs, dtype=np.int64)
+    z = np.asarray(noise, dtype=np.float64)
+    limit = _EXACT_STEPS * g
+    out = w.astype(np.float64) + z
+    big = np.nonzero((w >= limit) | (np.abs(z) >= limit))[0]
+    for k in big.tolist():  # Fraction -> float rounds correctly (integer true division)
+        out[k] = float(Fraction(int(w[k])) + Fraction(float(z[k])))
+    return out
+
+
 def sbh_threshold(epsilon: float, delta: float) -> float:
-    """``T = 1 + ln(1/delta)/eps``: a new key (count 1) passes ``1 + Lap(1/eps) >= T`` w.p. ``delta/2``."""
+    """``T = 1 + ln(1/delta)/eps``: a new key (count 1) passes ``1 + Lap(1/eps) >= T`` w.p. ``delta/2``.
+
+    The paper's continuous threshold, for the analysis; ``dp_sbh_histogram`` releases with the discrete
+    Laplace threshold on its grid (close to this one on the default grid)."""
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
     return 1.0 + math.log(1.0 / delta) / epsilon
 
@@ -852,7 +930,9 @@ def sanitize_tokens(freqs, uniforms, table: FrequencyTable, kernel: str = "auto"
 def _draw_tokens(w: np.ndarray, u: np.ndarray, table: FrequencyTable, wmax: int, kernel: str) -> np.ndarray:
     """:func:`sanitize_tokens` with ``wmax = max(w)`` known."""
     if wmax > table.m and not table.steady:
-        raise DPParameterError(f"frequency {wmax} is beyond the pi_(i,j) table (rows 0..{table.m})")
+        # after the charge: the message must not contain the frequency
+        raise DPParameterError(f"a frequency is beyond the pi_(i,j) table (rows 0..{table.m}) at tau={table.keys.tau}, "
+                               f"power={table.keys.power}; use a larger tau or report keys only")
     cum, lo_rows, width_rows = table.draw_arrays()
     if _use_numba(kernel):
         return _numba_kernels()[1](w, u, cum, lo_rows, width_rows, table.m)
@@ -920,6 +1000,7 @@ def sanitizer_spec(epsilon, delta, tau, scheme, power, with_frequencies) -> int:
     epsilon, delta, tau, scheme, power = check_pws_parameters(epsilon, delta, tau, scheme, power)
     if not isinstance(with_frequencies, (bool, np.bool_)):
         raise DPParameterError(f"with_frequencies must be true or false (got {with_frequencies!r})")
+    check_frequency_range(epsilon, delta, tau, scheme, power, bool(with_frequencies))
     params = (epsilon, delta, tau, scheme, power, bool(with_frequencies))
     with _SPEC_LOCK:
         handle = _SPEC_HANDLES.get(params)
@@ -927,6 +1008,32 @@ def sanitizer_spec(epsilon, delta, tau, scheme, power, with_frequencies) -> int:
             handle = _SPEC_HANDLES[params] = len(_SPEC_PARAMS)
             _SPEC_PARAMS.append(params)
     return handle
+
+
+@lru_cache(maxsize=256)
+def check_frequency_range(epsilon: float, delta: float, tau: Optional[float], scheme: str, power: float,
+                          with_frequencies: bool) -> None:
+    """Refuse, from the parameters alone, a setting whose tables cannot serve every frequency up to 2^63.
+
+    Keys only, :func:`key_table` verifies ``pi_i = q_i`` up to q's first 1.0 (``<= MAX_KEY_CHECK``); with
+    frequencies, :func:`frequency_table` needs the rows up to ``4 ceil(L) + 8`` past it (``<= MAX_FREQUENCY_ROWS``)
+    before they are shifts of each other. Beyond these limits (or when q never reaches 1) the sanitizer would
+    fail on a large enough frequency, i.e. depending on the data after the charge; this check fails before it.
+    """
+    if tau is None or (power == 0 and not with_frequencies):
+        q1 = 1  # q is constant for i >= 1: key_table checks two rows
+    else:
+        q1 = _first_q_one(tau, scheme, power)
+    if with_frequencies:
+        rows = None if q1 is None else q1 + 4 * math.ceil(L_value(epsilon, delta)) + 8
+        if rows is None or rows > MAX_FREQUENCY_ROWS:
+            raise DPParameterError(
+                f"with_frequencies := true at epsilon={epsilon!r}, delta={delta!r}, tau={tau!r}, power={power!r} "
+                f"needs pi_(i,j) rows beyond frequency {MAX_FREQUENCY_ROWS} (q_i must reach 1 early enough); use a "
+                f"larger tau (or power), a larger epsilon, or report keys only (with_frequencies := false)")
+    elif q1 is None or q1 > MAX_KEY_CHECK:
+        raise DPParameterError(
+            f"tau={tau!r} with power={power!r}: q_i reaches 1 only beyond frequency {MAX_KEY_CHECK}; use a larger tau")
 
 
 def _spec_params(handle: object) -> tuple:
@@ -1025,6 +1132,10 @@ def udfs(source) -> list[Udf]:
             raise DPParameterError("token must be >= 0")
         return pa.array(coeffs[j], type=pa.float64())
 
+    def sbh_noisy_udf(freq, noise, granularity):
+        g = _const(granularity, "granularity")
+        return pa.array(sbh_noisy_values(_freqs(freq), noise.to_numpy(zero_copy_only=False), g), type=pa.float64())
+
     def bernoulli_udf(p):
         pr = p.to_numpy(zero_copy_only=False).astype(np.float64)
         return pa.array(source.uniform(len(pr)) < pr, type=pa.bool_())
@@ -1036,6 +1147,8 @@ def udfs(source) -> list[Udf]:
         Udf("dp__pws_check_sampling", scalar(check_sampling), (d, v, d), BOOLEAN),
         Udf("dp__pws_L", scalar(L_value), (d, d), d),
         Udf("dp__sbh_threshold", scalar(sbh_threshold), (d, d), d),
+        Udf("dp__sbh_granularity", scalar(sbh_granularity), (d, d, d, v, d, v, d), d),
+        Udf("dp__sbh_noisy", sbh_noisy_udf, (b, d, d), d),
         Udf("dp__pws_q", q_udf, (d, d, v, d), d),
         Udf("dp__pws_pi", pi_udf, (b, d, d, d, v, d), d),
         Udf("dp__pws_pi_ij", pi_ij_udf, (b, b, d, d, d, v, d), d),
@@ -1077,11 +1190,13 @@ def weighted_sample(con, table: str, epsilon: float, delta: float, *, tau: Optio
     """(epsilon, delta)-DP private weighted sample of ``table`` -- ELEMENT-level privacy, NOT user-level.
 
     Runs ``dp_weighted_sample`` on a connection prepared by :func:`dpsql.register`; returns Arrow columns
-    ``key`` and ``token`` (NULL for keys only). Every parameter is validated before the table is read.
+    ``key`` and ``token`` (NULL for keys only), rows sorted by key (the macro's ORDER BY: an order that depends
+    on the released keys only). Every parameter is validated before the table is read or the budget charged.
     """
     from dpsql.validation import check_identifier, check_table_name
 
     epsilon, delta, tau, scheme, power = check_pws_parameters(epsilon, delta, tau, scheme, power)
+    check_frequency_range(epsilon, delta, tau, scheme, power, bool(with_frequencies))
     table = check_table_name(table)
     key_col = check_identifier("key_col", key_col)
     freq = "NULL" if freq_col is None else sql_string(check_identifier("freq_col", freq_col))

@@ -32,17 +32,21 @@ CREATE OR REPLACE TEMP MACRO dp__pws_declared_unique(tbl, key_col) AS (
 -- would cost a pass per row and hide the column's min/max from the planner, which then cannot choose its
 -- perfect-hash aggregate for integer keys of small range (enabled by SET perfect_ht_threshold). Frequencies
 -- are BIGINT (sum() accumulates them in 128 bits; a sum beyond BIGINT raises).
+-- The errors name the column, never a value of it: they can fire after the release was charged.
+-- CTE names start with dp__: query_table(tbl) would otherwise resolve a table named like one of them to the CTE.
 CREATE OR REPLACE TEMP MACRO dp__pws_frequencies(tbl VARCHAR, key_col VARCHAR := 'key', freq_col VARCHAR := NULL) AS TABLE
-WITH uq AS MATERIALIZED (SELECT dp__pws_declared_unique(tbl, key_col) AS declared),
+WITH dp__uq AS MATERIALIZED (SELECT dp__pws_declared_unique(tbl, key_col) AS declared),
 -- f: the frequency as BIGINT, b = try_cast(fv AS BIGINT) (NULL when out of range); fv must equal b as a DOUBLE
 -- (fractional and non-numeric values do not). Half the cost of testing fv::DOUBLE against floor().
-src AS NOT MATERIALIZED (
+dp__src AS NOT MATERIALIZED (
     SELECT k,
            CASE WHEN freq_col IS NULL THEN 1::BIGINT
                 ELSE CASE WHEN fv IS NULL
                                THEN error('dpsql: column ' || freq_col || ' (freq_col) contains NULL frequencies')
-                          WHEN b IS NULL OR b < 0 OR b <> fv::DOUBLE
-                               THEN error('dpsql: column ' || freq_col || ' (freq_col) must hold whole numbers in 0..2^63-1 (got ' || fv::VARCHAR || ')')
+                          WHEN b IS NULL OR b < 0 OR b <> try_cast(fv AS DOUBLE)
+                               THEN error('dpsql: column ' || freq_col || ' (freq_col) must hold whole numbers in '
+                                          || '0..2^63-1; it holds another value (negative, fractional, too large or '
+                                          || 'not a number)')
                           ELSE b END END AS f
     FROM (SELECT COLUMNS(lambda c: lower(c) = lower(key_col)) AS k,
                  COLUMNS(lambda c: lower(c) = lower(coalesce(freq_col, key_col))) AS fv,
@@ -50,9 +54,13 @@ src AS NOT MATERIALIZED (
           FROM query_table(tbl)))
 SELECT coalesce(k, error('dpsql: column ' || key_col || ' (key_col) contains NULL; filter NULL keys out first')) AS key,
        f AS frequency
-FROM src CROSS JOIN uq WHERE declared AND f > 0
+FROM dp__src CROSS JOIN dp__uq WHERE declared AND f > 0
 UNION ALL
-SELECT k AS key, sum(f)::BIGINT AS frequency FROM src CROSS JOIN uq WHERE NOT declared
+SELECT k AS key,
+       coalesce(try_cast(sum(f) AS BIGINT),
+                error('dpsql: column ' || coalesce(freq_col, key_col) || ' (freq_col): the frequencies of a key sum '
+                      || 'to more than 2^63-1')) AS frequency
+FROM dp__src CROSS JOIN dp__uq WHERE NOT declared
 GROUP BY k
 HAVING CASE WHEN k IS NULL
             THEN error('dpsql: column ' || key_col || ' (key_col) contains NULL; filter NULL keys out first')::BOOLEAN
@@ -83,87 +91,114 @@ CREATE OR REPLACE TEMP MACRO dp_sbh_threshold(epsilon DOUBLE, delta DOUBLE) AS d
 -- u_key = keyed hash of the key. Samples drawn with the same salt are coordinated (same u per key); salt
 -- NULL draws a secret per-query salt from the secure noise source. The output contains exact frequencies:
 -- it is NOT differentially private. Sanitize with dp_weighted_sample instead of publishing it.
+-- Parameters constant and rows sorted by key like every release (sql/00_release.sql).
 CREATE OR REPLACE TEMP MACRO dp_threshold_sample(tbl VARCHAR, tau DOUBLE, scheme VARCHAR := 'ppswor',
         power DOUBLE := 1.0, key_col VARCHAR := 'key', freq_col VARCHAR := NULL, salt BIGINT := NULL) AS TABLE
-WITH cal AS MATERIALIZED (SELECT dp__pws_check_sampling(tau, scheme, power) AS ok,
-                                 hash(coalesce(salt, dp__secret_salt())) AS s),
-freq AS (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col))
+WITH dp__cal AS MATERIALIZED (
+    SELECT dp__pws_check_sampling(tau, scheme, power) AS ok, hash(coalesce(salt, dp__secret_salt())) AS s
+    WHERE dp__constant('tbl', tbl) AND dp__constant('tau', tau) AND dp__constant('scheme', scheme)
+      AND dp__constant('power', power) AND dp__constant('key_col', key_col) AND dp__constant('freq_col', freq_col)
+      AND dp__constant('salt', salt)),
+dp__freq AS (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col))
 SELECT key, frequency, q
 FROM (SELECT key, frequency, dp__pws_q(frequency, tau, scheme, power) AS q,
              (hash(xor(hash(key), s)) >> 11)::DOUBLE / 9007199254740992.0 AS u
-      FROM freq CROSS JOIN cal WHERE ok)
-WHERE u < q;
+      FROM dp__freq CROSS JOIN dp__cal WHERE ok)
+WHERE u < q
+ORDER BY key;
 
--- (epsilon, delta)-DP (ELEMENT level) private weighted sample. Columns: key, token.
+-- (epsilon, delta)-DP (ELEMENT level) private weighted sample. Columns: key, token; rows sorted by key.
 -- tau NULL: no sampling, i.e. a private histogram with the optimal key reporting probabilities pi*_i.
 -- with_frequencies = false: keys only (Alg. 3), token is NULL. true: each key with a sanitized frequency
 -- token j in 1..frequency drawn with probability pi_{i,j} (Alg. 4 / App. B); estimate with
 -- dp_weighted_sample_estimate. Sampling and sanitizing are one draw per key from the connection's noise
 -- source; the probability tables are computed once per call in Python.
+-- Release path (sql/00_release.sql): every parameter must be constant, checked in dp__cal with the
+-- calibration (dp__pws_spec: all parameters, and the frequency range the tables can serve) before the charge.
 CREATE OR REPLACE TEMP MACRO dp_weighted_sample(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, tau DOUBLE := NULL,
         scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, with_frequencies BOOLEAN := false,
         key_col VARCHAR := 'key', freq_col VARCHAR := NULL) AS TABLE
-WITH cal AS (SELECT dp__pws_check(epsilon, delta, tau, scheme, power) AS ok),
--- Ledger charge, once, before any output (sql/05_ledger.sql); privacy unit: one element (row).
-paid AS MATERIALIZED (SELECT dp__charge('dp_weighted_sample', 'element', tbl, epsilon, delta,
+WITH dp__cal AS (
+    SELECT dp__pws_spec(epsilon, delta, tau, scheme, power, with_frequencies) AS spec
+    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
+      AND dp__constant('tau', tau) AND dp__constant('scheme', scheme) AND dp__constant('power', power)
+      AND dp__constant('with_frequencies', with_frequencies) AND dp__constant('key_col', key_col)
+      AND dp__constant('freq_col', freq_col)),
+dp__freq AS MATERIALIZED (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col)),
+-- Ledger charge, once, before any output (sql/05_ledger.sql); privacy unit: one element (row). It waits for
+-- the frequencies (sql/00_release.sql): a NULL key or a bad frequency fails before the charge.
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_weighted_sample', 'element', tbl, epsilon, delta,
         {'tau': tau, 'scheme': scheme, 'power': power, 'with_frequencies': with_frequencies, 'key_col': key_col,
-         'freq_col': freq_col}::VARCHAR, cal::VARCHAR) AS paid FROM cal WHERE ok),
-freq AS (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col))
+         'freq_col': freq_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal WHERE (SELECT count(*) FROM dp__freq) >= 0),
 -- one pass: t = token (with_frequencies) or 1/0 (keys only; token NULL), 0 = not reported
 SELECT key, CASE WHEN with_frequencies THEN t END AS token
-FROM (SELECT key, dp__pws_sanitize(frequency, dp__pws_spec(epsilon, delta, tau, scheme, power, with_frequencies)) AS t
-      FROM freq CROSS JOIN cal CROSS JOIN paid WHERE ok AND paid)
-WHERE t > 0;
+FROM (SELECT key, dp__pws_sanitize(frequency, spec) AS t
+      FROM dp__freq CROSS JOIN dp__cal CROSS JOIN dp__paid WHERE paid)
+WHERE t > 0
+ORDER BY key;
 
 -- Per-key estimates of g(frequency) from a sample of dp_weighted_sample(..., with_frequencies := true)
 -- (a table or view with columns key, token), drawn with the SAME epsilon, delta, tau, scheme, power.
 -- g: 'count' (g(i) = 1) or 'identity' (g(i) = i). estimator: 'ml', 'biased_down' (never over-estimates in
 -- expectation), 'unbiased' (signed, huge variance). The estimate of sum_x L(x) g(w_x) is
 -- SELECT sum(estimate) FROM dp_weighted_sample_estimate(...) WHERE <predicate L on key>.
--- Post-processing of the private sample: no further privacy cost.
+-- Post-processing of the private sample: no further privacy cost. Rows sorted by key.
 CREATE OR REPLACE TEMP MACRO dp_weighted_sample_estimate(sample VARCHAR, epsilon DOUBLE, delta DOUBLE,
         tau DOUBLE := NULL, scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, g VARCHAR := 'count',
         estimator VARCHAR := 'ml') AS TABLE
-WITH cal AS (SELECT dp__pws_check(epsilon, delta, tau, scheme, power) AND dp__pws_check_estimate(g, estimator) AS ok)
+WITH dp__cal AS (
+    SELECT dp__pws_check(epsilon, delta, tau, scheme, power) AND dp__pws_check_estimate(g, estimator) AS ok
+    WHERE dp__constant('sample', sample) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
+      AND dp__constant('tau', tau) AND dp__constant('scheme', scheme) AND dp__constant('power', power)
+      AND dp__constant('g', g) AND dp__constant('estimator', estimator))
 SELECT key, token, dp__pws_estimate(token, epsilon, delta, tau, scheme, power, g, estimator) AS estimate
-FROM query_table(sample) CROSS JOIN cal WHERE ok;
+FROM query_table(sample) CROSS JOIN dp__cal WHERE ok
+ORDER BY key, token;
 
 -- Stability-based histogram baseline (ELEMENT level (epsilon, delta)-DP): each key's frequency plus
--- Laplace noise of scale 1/epsilon, released as (key, noisy_frequency) iff >= T.
--- noise := 'granular' (default): the integer frequency plus g * DLap(1/(epsilon g)) on the grid g = granularity
--- (a power of two <= 1, so counts are on the grid; NULL = the largest power of two <= (1/epsilon)/2^16, at most 1).
--- A one-element change moves the frequency by 1/g steps: pmf ratio <= exp(g (1/g) epsilon) = e^epsilon, exactly.
--- T = the smallest grid point with P[1 + g DLap >= T] <= delta/2 (dp_discrete_laplace_threshold), so a new key
--- (frequency 1) passes with probability <= delta/2, as in the continuous mode. noisy_frequency and T are exact
--- multiples of g (no floating-point leak, Mironov 2012).
--- noise := 'continuous': frequency + Lap(1/epsilon) in floating point, T = 1 + ln(1/delta)/epsilon (the paper's).
+-- discrete Laplace noise of scale 1/epsilon on a grid, released as (key, noisy_frequency) iff >= T; rows
+-- sorted by key.
+-- The noise is granular, the only mode (noise := 'granular', the default; 'continuous' is refused): the integer
+-- frequency plus g * DLap(1/(epsilon g)) on the grid g = granularity (a power of two <= 1, so counts are on the
+-- grid; NULL = the largest power of two <= (1/epsilon)/2^16, at most 1). A one-element change moves the frequency
+-- by 1/g steps: pmf ratio <= exp(g (1/g) epsilon) = e^epsilon, exactly. T = the smallest grid point with
+-- P[1 + g DLap >= T] <= delta/2 (dp_discrete_laplace_threshold), so a new key (frequency 1) passes with
+-- probability <= delta/2. noisy_frequency and T are exact multiples of g, so the released doubles carry no
+-- floating-point leak (Mironov 2012): dp__sbh_noisy adds frequency and noise exactly (a frequency beyond 2^52 g
+-- gets the correctly rounded exact sum, still a multiple of g), so no frequency makes the noise step fail.
+-- Floating-point Laplace (the paper's; continuous noise) was removed: its low bits reveal the frequency.
 -- tau given: sampled-SbH, the released pairs are then sampled with q evaluated at the noisy frequency
 -- (post-processing); inclusion_probability = that q (1 without sampling); estimate g(w) by
 -- g(noisy_frequency) / inclusion_probability.
+-- Release path (sql/00_release.sql): every parameter constant, all checked in dp__cal before the charge
+-- (dp__sbh_granularity: the PWS parameters, the noise mode, the grid against the noise scale).
 CREATE OR REPLACE TEMP MACRO dp_sbh_histogram(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, tau DOUBLE := NULL,
         scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, key_col VARCHAR := 'key', freq_col VARCHAR := NULL,
         noise VARCHAR := 'granular', granularity DOUBLE := NULL) AS TABLE
-WITH chk AS (SELECT dp__pws_check(epsilon, delta, tau, scheme, power) AND dp__check_noise(noise, granularity) AS ok),
-cal AS (SELECT ok, noise = 'granular' AS granular, 1.0 / epsilon AS scale, g,
-               CASE WHEN ok AND noise = 'granular' THEN dp__discrete_laplace_threshold(1.0 / epsilon, g, delta / 2, 1.0)
-                    ELSE dp__sbh_threshold(epsilon, delta) END AS T
-        FROM (SELECT ok, CASE WHEN ok AND noise = 'granular' THEN dp__granularity(1.0 / epsilon, granularity, 1.0) END AS g
-              FROM chk)),
--- Ledger charge, once, before any output (sql/05_ledger.sql); privacy unit: one element (row).
-paid AS MATERIALIZED (SELECT dp__charge('dp_sbh_histogram', 'element', tbl, epsilon, delta,
-        {'tau': tau, 'scheme': scheme, 'power': power, 'key_col': key_col, 'freq_col': freq_col}::VARCHAR, cal::VARCHAR) AS paid
-    FROM cal WHERE ok),
-freq AS (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col)),
--- granular: frequency and noise are multiples of g, so the DOUBLE sum is exact while frequency / g < 2^52
-noisy AS MATERIALIZED (
-    SELECT key, CASE WHEN NOT granular THEN frequency + dp_laplace_noise(scale)
-                     WHEN frequency >= 4503599627370496.0 * g
-                     THEN error('dpsql: frequency ' || frequency || ' is too large for granularity ' || g
-                                || ' (frequency / granularity must be < 2^52); pass a coarser granularity, at most 1')
-                     ELSE frequency + dp_granular_laplace_noise(scale, g) END AS w, T
-    FROM freq CROSS JOIN cal WHERE ok),
-released AS MATERIALIZED (SELECT key, w, CASE WHEN tau IS NULL THEN 1.0 ELSE dp__pws_q(w, tau, scheme, power) END AS q
-                          FROM noisy WHERE w >= T)
+WITH dp__cal AS (
+    SELECT 1.0 / epsilon AS scale, g, dp__discrete_laplace_threshold(1.0 / epsilon, g, delta / 2, 1.0) AS T
+    FROM (SELECT dp__sbh_granularity(epsilon, delta, tau, scheme, power, noise, granularity) AS g
+          WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
+            AND dp__constant('tau', tau) AND dp__constant('scheme', scheme) AND dp__constant('power', power)
+            AND dp__constant('key_col', key_col) AND dp__constant('freq_col', freq_col)
+            AND dp__constant('noise', noise) AND dp__constant('granularity', granularity))),
+dp__freq AS MATERIALIZED (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col)),
+-- Ledger charge, once, before any output (sql/05_ledger.sql); privacy unit: one element (row). It waits for
+-- the frequencies (sql/00_release.sql): a NULL key or a bad frequency fails before the charge.
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_sbh_histogram', 'element', tbl, epsilon, delta,
+        {'tau': tau, 'scheme': scheme, 'power': power, 'key_col': key_col, 'freq_col': freq_col, 'noise': noise,
+         'granularity': granularity}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal WHERE (SELECT count(*) FROM dp__freq) >= 0),
+-- z: one draw per key. Below 2^52 grid steps the double sum is exact; dp__sbh_noisy (exact, in integers) runs
+-- only on the rows beyond (CASE evaluates a branch on its rows only), which saves a UDF call per vector.
+dp__noisy AS MATERIALIZED (
+    SELECT key, CASE WHEN frequency < 4503599627370496.0 * g AND abs(z) < 4503599627370496.0 * g THEN frequency + z
+                     ELSE dp__sbh_noisy(frequency, z, g) END AS w, T
+    FROM (SELECT key, frequency, dp_granular_laplace_noise(scale, g) AS z, g, T
+          FROM dp__freq CROSS JOIN dp__cal CROSS JOIN dp__paid WHERE paid)),
+dp__released AS MATERIALIZED (
+    SELECT key, w, CASE WHEN tau IS NULL THEN 1.0 ELSE dp__pws_q(w, tau, scheme, power) END AS q
+    FROM dp__noisy WHERE w >= T)
 SELECT key, w AS noisy_frequency, q AS inclusion_probability
-FROM released CROSS JOIN paid
-WHERE paid AND (tau IS NULL OR dp__bernoulli(q));
+FROM dp__released
+WHERE tau IS NULL OR dp__bernoulli(q)
+ORDER BY key;

@@ -635,7 +635,7 @@ def test_group_by_input_is_validated_before_any_draw_and_keeps_the_key_statistic
 
 
 # ---------------------------------------------------------------------------
-# SbH noise modes: granular (default) and continuous
+# SbH noise: granular only (grid-snapped discrete Laplace)
 # ---------------------------------------------------------------------------
 
 def _granular_release_probability(f: int, T: float, scale: float, g: float) -> float:
@@ -668,7 +668,7 @@ def test_sbh_granular_release_probability_matches_the_discrete_laplace_tail(gran
         count, lo, on_grid = released.get(f, (0, T, True))
         assert abs(count - n * p) <= 5 * math.sqrt(n * p * (1 - p)) + 1, (f, count, n * p)
         assert on_grid and lo >= T
-    # a new key (frequency 1) passes with probability <= delta/2, as in the continuous mode
+    # a new key (frequency 1) passes with probability <= delta/2, as in the paper's continuous SbH
     assert _granular_release_probability(1, T, 1 / eps, g) <= delta / 2
 
 
@@ -683,42 +683,255 @@ def test_sbh_granular_threshold_is_close_to_the_continuous_one():
     assert calibration.discrete_laplace_threshold(1 / eps, 1.0, delta / 2, 1.0) == 16.0  # coarse: m = 15 steps
 
 
-def test_sbh_continuous_mode_keeps_the_float_release(seeded_con):
-    load_frequencies(seeded_con, {12: 5000, 20: 5000})
-    src = source_of(seeded_con)
-    outputs = {}
-    for mode in ("granular", "continuous"):
-        before = src.samples_drawn
-        outputs[mode] = np.array([r[0] for r in seeded_con.execute(
-            f"SELECT noisy_frequency FROM dp_sbh_histogram('agg', 0.5, 1e-3, freq_col := 'frequency', "
-            f"noise := '{mode}')").fetchall()])
-        assert src.samples_drawn - before == 10_000  # one draw per key, the other branch draws nothing
-    g = 2.0 ** -15
-    assert np.all(outputs["granular"] / g == np.round(outputs["granular"] / g))
-    # continuous Laplace values are (almost surely) off the grid
-    assert np.mean(outputs["continuous"] / g != np.round(outputs["continuous"] / g)) > 0.99
-    assert outputs["continuous"].min() >= pws.sbh_threshold(0.5, 1e-3)
-    expected = 5000 * (pws.sbh_report_probability(12, 0.5, 1e-3) + pws.sbh_report_probability(20, 0.5, 1e-3))
-    assert abs(len(outputs["continuous"]) - expected) <= 5 * math.sqrt(expected)
+@pytest.mark.parametrize("eps, granularity", [(0.5, None), (1.0, 2.0 ** -3), (0.1, 1.0)])
+def test_sbh_released_numbers_are_exact_grid_points(seeded_con, eps, granularity):
+    """Mironov's low-bit attack tells frequency 5 from 6 by which doubles can come out: every released
+    number is an exact multiple of g <= 1, i.e. each one is reachable from both frequencies."""
+    from dpsql import calibration
+    g = calibration.choose_granularity(1 / eps, granularity, 1.0)
+    load_frequencies(seeded_con, {5: 3000, 6: 3000, 400: 3000})
+    arg = "" if granularity is None else f", granularity := {granularity!r}"
+    rows = seeded_con.execute(f"SELECT key, noisy_frequency FROM dp_sbh_histogram('agg', {eps}, 0.01, "
+                              f"freq_col := 'frequency'{arg})").fetchall()
+    values = np.array([v for _, v in rows])
+    assert len(values) > 3000  # the keys of frequency 400 pass: T ~ 1 + ln(1/delta)/eps < 60 here
+    steps = values / g
+    assert np.all(steps == np.floor(steps))
+    for f in (5, 6):  # v - f is a whole number of grid steps for every released v
+        assert np.all((values - f) / g == np.floor((values - f) / g))
+
+
+@pytest.mark.parametrize("args", ["noise := 'continuous'", "noise := 'continuous', granularity := 0.5"])
+def test_sbh_continuous_noise_is_refused_before_the_charge(con, args):
+    load_frequencies(con, {5: 10, 6: 10})
+    dpsql.set_budget(con, 5.0, 1e-2)
+    src, before = source_of(con), len(dpsql.ledger.releases(con))
+    drawn = src.samples_drawn
+    with pytest.raises(Exception, match=r"dpsql: noise := 'continuous' was removed"):
+        con.execute(f"SELECT * FROM dp_sbh_histogram('agg', 0.5, 1e-3, freq_col := 'frequency', {args})").fetchall()
+    assert len(dpsql.ledger.releases(con)) == before and src.samples_drawn == drawn
+    with pytest.raises(DPParameterError, match="noise := 'continuous'"):
+        pws.check_sbh_noise("continuous")
+    assert pws.SBH_NOISE_MODES == ("granular",)
 
 
 @pytest.mark.parametrize("args, match", [
     ("noise := 'exact'", "noise"), ("noise := NULL", "noise"),
-    ("noise := 'continuous', granularity := 0.5", "granularity"),
     ("granularity := 0.3", "granularity"), ("granularity := 2", "granularity"), ("granularity := 0", "granularity"),
+    ("granularity := 2^(-50)", "granularity"),  # 2^50 grid steps per unit of scale: beyond the sampler's 2^32
 ])
 def test_sbh_bad_noise_mode_or_granularity_errors_before_reading_data(con, args, match):
     con.execute("CREATE TABLE empty_t (key VARCHAR)")
     with pytest.raises(Exception, match=match):
         con.execute(f"SELECT * FROM dp_sbh_histogram('empty_t', 0.5, 1e-3, {args})").fetchall()
+    assert dpsql.ledger.releases(con) == []
 
 
-def test_sbh_granular_refuses_frequencies_beyond_the_exact_range(con):
-    # 2^43 / 2^-10 = 2^53 grid steps: beyond the exactly representable range (< 2^52 checked)
+def test_sbh_granularity_is_checked_against_the_noise_scale():
+    assert pws.sbh_granularity(1.0, 1e-6, granularity=2.0 ** -32) == 2.0 ** -32  # scale / g = 2^32: allowed
+    with pytest.raises(DPParameterError, match="too fine"):
+        pws.sbh_granularity(1.0, 1e-6, granularity=2.0 ** -33)
+    assert pws.sbh_granularity(0.5, 1e-3) == 2.0 ** -15 and pws.sbh_granularity(1e-6, 1e-3) == 1.0
+
+
+def test_sbh_noisy_values_are_the_correctly_rounded_exact_sum():
+    rng = np.random.default_rng(5)
+    for g in (1.0, 2.0 ** -10, 2.0 ** -30):
+        w = np.r_[rng.integers(0, 1000, 50), rng.integers(1 << 40, 1 << 62, 200), [(1 << 53) + 1, (1 << 62) + 3]]
+        z = np.r_[rng.integers(-(1 << 40), 1 << 40, len(w) - 2), [1, -1]].astype(np.float64) * g
+        got = pws.sbh_noisy_values(w, z, g)
+        for wk, zk, r in zip(w.tolist(), z.tolist(), got.tolist()):
+            exact = Fraction(wk) + Fraction(zk)
+            err = abs(Fraction(r) - exact)
+            # nearest double: neither neighbour is closer; and a multiple of g (ulp >= g or exact)
+            assert err <= abs(Fraction(math.nextafter(r, math.inf)) - exact)
+            assert err <= abs(Fraction(math.nextafter(r, -math.inf)) - exact)
+            assert Fraction(r) / Fraction(g) == int(Fraction(r) / Fraction(g))
+            if wk < 2 ** 52 * g and abs(zk) < 2 ** 52 * g:
+                assert err == 0
+    # the naive double sum rounds twice: 2^53 + 1 -> 2^53, then + 1 -> 2^53 (the exact sum is 2^53 + 2)
+    assert pws.sbh_noisy_values([(1 << 53) + 1], [1.0], 1.0)[0] == float((1 << 53) + 2)
+
+
+def test_sbh_draws_once_per_key(con):
+    load_frequencies(con, {5: 1000, 40: 1000})
+    src = source_of(con)
+    before = src.samples_drawn
+    con.execute("SELECT * FROM dp_sbh_histogram('agg', 1.0, 1e-5, freq_col := 'frequency')").fetchall()
+    assert src.samples_drawn - before == 2000
+
+
+def test_sbh_large_frequency_is_released_not_an_error(con):
+    # 2^43 / 2^-10 = 2^53 grid steps: beyond the exact double range, released as the rounded exact sum
     con.execute("CREATE TABLE big AS SELECT 'a' AS key, (2::BIGINT ** 43)::BIGINT AS n")
-    with pytest.raises(Exception, match="granularity"):
-        con.execute("SELECT * FROM dp_sbh_histogram('big', 0.5, 1e-3, freq_col := 'n', "
-                    "granularity := 0.0009765625)").fetchall()
-    rows = con.execute("SELECT noisy_frequency FROM dp_sbh_histogram('big', 0.5, 1e-3, freq_col := 'n', "
-                       "granularity := 1)").fetchall()
-    assert len(rows) == 1 and rows[0][0] == int(rows[0][0])
+    for g in (0.0009765625, 1.0):
+        rows = con.execute(f"SELECT noisy_frequency FROM dp_sbh_histogram('big', 0.5, 1e-3, freq_col := 'n', "
+                           f"granularity := {g})").fetchall()
+        assert len(rows) == 1 and rows[0][0] / g == int(rows[0][0] / g)
+        assert abs(rows[0][0] - 2.0 ** 43) < 80  # noise scale 2: |Lap| >= 80 has probability e^-40
+
+
+# ---------------------------------------------------------------------------
+# Release path: errors before the charge, no data in later errors, row order, constant parameters
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sql, match", [
+    ("dp_sbh_histogram('agg', 1.0, 1e-6, freq_col := 'frequency', granularity := 2^(-50))", "granularity"),
+    ("dp_weighted_sample('agg', 1.0, 1e-6, tau := 1e-6, with_frequencies := true, freq_col := 'frequency')",
+     "with_frequencies"),
+    ("dp_weighted_sample('agg', 0.5, 1e-3, tau := 0.05, power := 0, with_frequencies := true, "
+     "freq_col := 'frequency')", "with_frequencies"),
+    ("dp_weighted_sample('agg', 1.0, 1e-6, tau := 1e-12, freq_col := 'frequency')", "tau"),
+])
+def test_parameter_limits_are_checked_before_the_charge(con, sql, match):
+    """Limits that depend only on the parameters fail before the charge, whatever the data holds."""
+    load_frequencies(con, {1234: 1, 5: 10})
+    dpsql.set_budget(con, 5.0, 1e-2)
+    src = source_of(con)
+    drawn = src.samples_drawn
+    with pytest.raises(Exception, match=match) as err:
+        con.execute(f"SELECT * FROM {sql}").fetchall()
+    assert "dpsql:" in str(err.value) and "1234" not in str(err.value)
+    assert dpsql.ledger.releases(con) == [] and src.samples_drawn == drawn
+
+
+def test_frequency_range_check_matches_the_tables():
+    # ppswor tau = 0.01: q reaches 1 (in doubles) at 3,74x; tokens need rows up to q1 + 4 ceil(L) + 8
+    pws.check_frequency_range(1.0, 1e-6, 1e-2, "ppswor", 1.0, True)
+    q1 = pws._first_q_one(1e-2, "ppswor", 1.0)
+    assert 3700 < q1 < 3800 and q1 + 4 * math.ceil(pws.L_value(1.0, 1e-6)) + 8 <= pws.MAX_FREQUENCY_ROWS
+    assert pws.frequency_table(1.0, 1e-6, 1e-2, "ppswor", 1.0, n=1 << 20).steady  # every frequency served
+    pws.check_frequency_range(0.5, 1e-3, 0.05, "ppswor", 0.0, False)  # constant q: two rows suffice
+    with pytest.raises(DPParameterError, match="with_frequencies"):
+        pws.check_frequency_range(1.0, 1e-6, 1e-5, "ppswor", 1.0, True)  # q1 = 3.7e6 rows
+    with pytest.raises(DPParameterError, match="tau"):
+        pws.check_frequency_range(1.0, 1e-6, 1e-9, "ppswor", 1.0, False)  # q1 = 3.7e10 > MAX_KEY_CHECK
+
+
+SECRET = 987654321
+
+
+DATA_ERRORS = [  # (rows of (key, n DOUBLE), the parameter the error names)
+    ([("a", 3.0), ("secret", SECRET + 0.5)], "freq_col"),
+    ([("a", 3.0), ("secret", -SECRET)], "freq_col"),
+    ([("a", 3.0), ("secret", 1e30 + SECRET)], "freq_col"),
+    ([("a", 3.0), ("secret", None)], "freq_col"),
+    ([("a", 3.0), (None, float(SECRET))], "key_col"),
+]
+
+
+@pytest.mark.parametrize("macro", ["dp_weighted_sample", "dp_sbh_histogram"])
+def test_data_errors_name_the_column_not_the_value(con, macro):
+    con.execute("CREATE TABLE t (key VARCHAR, n DOUBLE)")
+    for rows, match in DATA_ERRORS:
+        con.execute("DELETE FROM t")
+        con.executemany("INSERT INTO t VALUES (?, ?)", rows)
+        with pytest.raises(Exception, match=match) as err:
+            con.execute(f"SELECT * FROM {macro}('t', 1.0, 1e-5, freq_col := 'n')").fetchall()
+        msg = str(err.value)
+        assert "dpsql:" in msg and "98765" not in msg and "secret" not in msg, (rows, msg)
+
+
+def test_data_errors_without_values_for_text_frequencies_and_overflowing_sums(con):
+    con.execute(f"CREATE TABLE s AS SELECT 'secret' AS key, 'x{SECRET}' AS n")
+    con.execute("CREATE TABLE o AS SELECT 'secret' AS key, n FROM (VALUES (4611686018427387904 + 987654321), "
+                "(4611686018427387904)) v(n)")
+    for tbl in ("s", "o"):
+        for macro in ("dp_weighted_sample", "dp_sbh_histogram"):
+            with pytest.raises(Exception, match="freq_col") as err:
+                con.execute(f"SELECT * FROM {macro}('{tbl}', 1.0, 1e-5, freq_col := 'n')").fetchall()
+            msg = str(err.value)
+            assert "dpsql:" in msg and "98765" not in msg and "secret" not in msg and "4611" not in msg, msg
+
+
+def test_sanitizer_table_errors_do_not_name_the_frequency():
+    table = pws.frequency_table(0.5, 1e-3, 0.05, "ppswor", 1.0, n=10)
+    assert not table.steady and table.m == 10
+    w = np.array([3, SECRET])
+    for call in (lambda: pws._draw_tokens(w, np.full(2, 0.5), table, SECRET, "numpy"), lambda: table.row(SECRET)):
+        with pytest.raises(DPParameterError) as err:
+            call()
+        assert str(SECRET) not in str(err.value)
+
+
+ORDER_KEYS = [f"k{i:03d}" for i in range(50)]
+
+
+def _order_tables(con):
+    """Element tables. D: 50 keys x 400 rows; D+v: the same plus one element of the last key stored first
+    (e.g. the oldest row). In engine order (first seen) that key came first in D+v only."""
+    body = "SELECT 'k' || lpad((i % 50)::VARCHAR, 3, '0') AS key FROM range(20000) r(i)"
+    con.execute(f"CREATE TABLE d AS {body}")
+    con.execute(f"CREATE TABLE dv AS SELECT 'k049' AS key UNION ALL {body}")
+    con.execute("CREATE TABLE s_d AS SELECT 'k' || lpad(((i * 17) % 50)::VARCHAR, 3, '0') AS key, 300 AS token "
+                "FROM range(50) r(i)")
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_released_rows_are_sorted_whatever_the_table_order(con, threads):
+    """Row-order attack: an extra element stored first in the table put its key first in the output (with
+    one thread the hash aggregation emitted groups in the order first seen). Every release (and the Python
+    API) is sorted by key, so D and D+v give the same order."""
+    con.execute(f"SET threads = {threads}")
+    _order_tables(con)
+    queries = [  # every key is released: frequency 400 is far above the thresholds at epsilon = 1
+        "SELECT key FROM dp_weighted_sample('{t}', 1.0, 1e-5)",
+        "SELECT key FROM dp_weighted_sample('{t}', 1.0, 1e-5, with_frequencies := true)",
+        "SELECT key FROM dp_sbh_histogram('{t}', 1.0, 1e-5)",
+        "SELECT key FROM dp_threshold_sample('{t}', 10.0)",
+    ]
+    for q in queries:
+        for t in ("d", "dv"):
+            assert [r[0] for r in con.execute(q.format(t=t)).fetchall()] == ORDER_KEYS, (q, t)
+    for t in ("d", "dv"):
+        got = pws.weighted_sample(con, t, 1.0, 1e-5, with_frequencies=True)
+        assert got.column("key").to_pylist() == ORDER_KEYS
+    est = con.execute("SELECT key FROM dp_weighted_sample_estimate('s_d', 1.0, 1e-5)").fetchall()
+    assert [r[0] for r in est] == ORDER_KEYS
+
+
+VOLATILE = "(CASE WHEN random() < 2.0 THEN {v} END)"
+
+RELEASES = {
+    "dp_weighted_sample": (
+        "dp_weighted_sample({tbl}, {epsilon}, {delta}, tau := {tau}, scheme := {scheme}, power := {power}, "
+        "with_frequencies := {with_frequencies}, key_col := {key_col}, freq_col := {freq_col})",
+        dict(tbl="'agg'", epsilon="1.0", delta="1e-5", tau="0.5", scheme="'ppswor'", power="1.0",
+             with_frequencies="true", key_col="'key'", freq_col="'frequency'"), True),
+    "dp_sbh_histogram": (
+        "dp_sbh_histogram({tbl}, {epsilon}, {delta}, tau := {tau}, scheme := {scheme}, power := {power}, "
+        "key_col := {key_col}, freq_col := {freq_col}, noise := {noise}, granularity := {granularity})",
+        dict(tbl="'agg'", epsilon="1.0", delta="1e-5", tau="0.5", scheme="'ppswor'", power="1.0", key_col="'key'",
+             freq_col="'frequency'", noise="'granular'", granularity="0.5"), True),
+    "dp_threshold_sample": (
+        "dp_threshold_sample({tbl}, {tau}, scheme := {scheme}, power := {power}, key_col := {key_col}, "
+        "freq_col := {freq_col}, salt := {salt})",
+        dict(tbl="'agg'", tau="0.5", scheme="'ppswor'", power="1.0", key_col="'key'", freq_col="'frequency'",
+             salt="7"), False),
+    "dp_weighted_sample_estimate": (
+        "dp_weighted_sample_estimate({sample}, {epsilon}, {delta}, tau := {tau}, scheme := {scheme}, "
+        "power := {power}, g := {g}, estimator := {estimator})",
+        dict(sample="'smp'", epsilon="1.0", delta="1e-5", tau="0.5", scheme="'ppswor'", power="1.0", g="'count'",
+             estimator="'ml'"), False),
+}
+
+
+@pytest.mark.parametrize("macro", list(RELEASES))
+def test_a_volatile_parameter_is_refused_naming_it_with_nothing_charged(con, macro):
+    template, args, charges = RELEASES[macro]
+    load_frequencies(con, {3: 20, 50: 20})
+    con.execute("CREATE TABLE smp AS SELECT 'k' || i AS key, 1 + i % 5 AS token FROM range(20) r(i)")
+    dpsql.set_budget(con, 5.0, 1e-2)
+    src = source_of(con)
+    con.execute(f"SELECT * FROM {template.format(**args)}").fetchall()  # the constant call works
+    assert len(dpsql.ledger.releases(con)) == (1 if charges else 0)
+    for param in args:
+        before, drawn = len(dpsql.ledger.releases(con)), src.samples_drawn
+        bad = dict(args, **{param: VOLATILE.format(v=args[param])})
+        # column names select columns through COLUMNS(lambda ...), which the binder itself refuses to bind to a
+        # non-constant expression: the query fails before it is planned
+        refusal = ("Binder Error: Unsupported expression in COLUMNS" if param.endswith("_col")
+                   else rf"dpsql: {param} must be a constant expression")
+        with pytest.raises(Exception, match=refusal):
+            con.execute(f"SELECT * FROM {template.format(**bad)}").fetchall()
+        assert len(dpsql.ledger.releases(con)) == before and src.samples_drawn == drawn, param

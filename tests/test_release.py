@@ -99,6 +99,13 @@ CASES: dict[str, Case] = {
     "dp_hitting_set": Case(USER_ITEMS, ("tbl", "k"), {**_union_case().args, **_TOPK}, ("rank",)),
     "dp_top_k_limited_domain": Case(USER_ITEMS, ("tbl", "k", "k_bar"), {
         **_union_case().args, "k": "3", "k_bar": "5"}, ("rank",)),
+    # Element-level (one row) PWS releases: the key is the item, the frequency a number per row.
+    "dp_weighted_sample": Case(USER_ITEMS, ("tbl", "epsilon", "delta"), {
+        "tbl": "'t'", "epsilon": "1.0", "delta": "1e-5", "tau": "0.5", "scheme": "'ppswor'", "power": "1.0",
+        "with_frequencies": "true", "key_col": "'item'", "freq_col": "'user_id'"}, ("key",)),
+    "dp_sbh_histogram": Case(USER_ITEMS, ("tbl", "epsilon", "delta"), {
+        "tbl": "'t'", "epsilon": "1.0", "delta": "1e-5", "tau": "0.5", "scheme": "'ppswor'", "power": "1.0",
+        "key_col": "'item'", "freq_col": "'user_id'", "noise": "'granular'", "granularity": "0.5"}, ("key",)),
     **_optimize_cases(),
 }
 
@@ -216,6 +223,18 @@ def test_null_user_fails_before_the_charge(name):
     con.close()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if "key_col" in c.args))
+def test_null_key_fails_before_the_charge(name):
+    con = dpsql.connect()
+    con.execute("CREATE TABLE t AS SELECT i % 300000 AS user_id, CASE WHEN i = 2999999 THEN NULL "
+                "ELSE 'i' || (i % 1700) END AS item FROM range(3000000) r(i)")
+    with pytest.raises(duckdb.Error, match=r"dpsql: column item \(key_col\) contains NULL"):
+        con.execute(_call(name, CASES[name], _macros(con)[name][0])).fetchall()
+    assert _n_releases(con) == 0
+    con.close()
+
+
 # -- row order -----------------------------------------------------------------------------------
 
 
@@ -320,6 +339,8 @@ RELEASE_CALLS = {
     "dpsql.topk.hitting_set": (USER_ITEMS, lambda con: dpsql.hitting_set(con, "t", 3, epsilon=0.8), ("rank",)),
     "dpsql.topk.top_k_limited_domain": (
         USER_ITEMS, lambda con: dpsql.top_k_limited_domain(con, "t", 3, 5, epsilon=0.8), ("rank",)),
+    "dpsql.pws.weighted_sample": (USER_ITEMS, lambda con: dpsql.pws.weighted_sample(con, "t", 0.8, 1e-5,
+                                                                                      key_col="item"), ("key",)),
     **_optimize_calls(),
 }
 
