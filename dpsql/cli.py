@@ -5,6 +5,15 @@ Exit codes: 0 success; 1 a failure while running (an engine or I/O error);
 Every error is one ``Error: ...`` line on stderr, never a traceback. Only
 released items and public calibration numbers are ever printed, except by
 ``evaluate``, which prints NON-PRIVATE statistics of the raw input and says so.
+
+Charged means delivered. A release command checks everything it can before the
+release is charged: the parameters, the columns, the output file (its format
+is known from its name and a zero-row file of the released column's type is
+written next to it), and the input itself, which is copied into a TEMP table
+first so that an unreadable row, a CSV type the sniffer guessed wrong or a
+NULL user fails with nothing charged. Once charged, the released rows reach the
+user: if writing ``--output`` fails anyway, they are printed on stdout instead
+(exit code 1, and stderr says so).
 """
 from __future__ import annotations
 
@@ -12,7 +21,9 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -24,6 +35,7 @@ import pyarrow as pa
 import dpsql
 from dpsql import ledger as ledger_mod
 from dpsql.ledger import Ledger
+from dpsql.release import sorted_release
 from dpsql.shell import error_line, run_shell
 from dpsql.validation import DPParameterError, check_identifier, sql_string
 
@@ -32,8 +44,11 @@ __all__ = ["main", "UsageError"]
 SEED_WARNING = ("WARNING: --seed makes noise and sampling reproducible: this result is NOT differentially "
                 "private. Use --seed only for tests and demos.")
 
-_VIEW = "dpsql_input"
+_VIEW = "dpsql_input"      # the TEMP table a release reads (a copy of the needed input columns)
+_RAW = "dpsql_raw_input"   # the TEMP view over the input file or table
 _SOURCE_DB = "dpsql_source"
+# --output suffix -> format; any other name is refused before the release.
+OUTPUT_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".parq": "parquet"}
 
 
 class UsageError(Exception):
@@ -92,8 +107,14 @@ def _pick_table(tables: list[tuple[str, str]], wanted: Optional[str], input_name
     return matches[0]
 
 
-def _open_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str) -> None:
-    """Create the TEMP view ``dpsql_input`` over the input (a DuckDB file is attached read-only)."""
+def _open_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str,
+                view: str = _VIEW, whole_csv: bool = False) -> None:
+    """Create the TEMP view ``view`` over the input (a DuckDB file is attached read-only).
+
+    ``whole_csv``: the CSV sniffer reads every row instead of a sample (slow, and again on each
+    use of the view), so that a column whose values change type after the sample gets a type
+    that fits them all.
+    """
     location = sql_string(str(path))
     if kind == "duckdb":
         con.execute(f"ATTACH {location} AS {_SOURCE_DB} (READ_ONLY)")
@@ -102,60 +123,185 @@ def _open_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Op
     elif kind == "parquet":
         source = f"read_parquet({location})"
     else:
-        source = f"read_csv({location})"
-    con.execute(f"CREATE TEMP VIEW {_VIEW} AS SELECT * FROM {source}")
+        source = f"read_csv({location}{', sample_size=-1' if whole_csv else ''})"
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {source}")
 
 
-def _check_input_columns(con: duckdb.DuckDBPyConnection, user_col: str, item_col: str, input_name: str) -> None:
+def _check_input_columns(con: duckdb.DuckDBPyConnection, columns: Sequence[tuple[str, str]], input_name: str,
+                         view: str = _VIEW) -> None:
     """Name the CLI flag when a column is missing (the library would name its internal view)."""
-    columns = [row[0] for row in con.execute(f"SELECT name FROM pragma_table_info('{_VIEW}')").fetchall()]
-    lowered = {c.lower() for c in columns}
-    for flag, col in (("--user-col", user_col), ("--item-col", item_col)):
+    present = [row[0] for row in con.execute(f"SELECT name FROM pragma_table_info('{view}')").fetchall()]
+    lowered = {c.lower() for c in present}
+    for flag, col in columns:
         if col.lower() not in lowered:
-            raise UsageError(f"{flag} {col!r} is not a column of {input_name}; its columns are {', '.join(columns)}")
-    if user_col.lower() == item_col.lower():
-        raise UsageError("--user-col and --item-col must name two different columns")
+            raise UsageError(f"{flag} {col!r} is not a column of {input_name}; its columns are {', '.join(present)}")
+    if len({col.lower() for _, col in columns}) < len(columns):
+        raise UsageError(f"{' and '.join(flag for flag, _ in columns)} must name different columns")
 
 
-def _output_path(output: Optional[str], input_path: Path) -> Optional[Path]:
+def _load_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str,
+                columns: Sequence[tuple[str, str]]) -> None:
+    """Copy ``columns`` (flag, name) of the input into the TEMP table ``dpsql_input``, checked.
+
+    Runs before the release: the whole input is read once here, so an unreadable row or a value
+    that does not fit its column's type fails now, and so does a NULL in any of the columns.
+    Nothing has been charged when this raises.
+    """
+    def unreadable(exc: duckdb.Error) -> UsageError:
+        # DuckDB's CSV errors go on with reader options the command line does not take: keep the cause.
+        cause = re.split(r" Possible (?:solutions|fixes)| file = ", error_line(exc)[len("Error: "):])[0]
+        return UsageError(f"{input_name} could not be read completely ({cause.strip()}); "
+                          f"nothing was released or charged")
+
+    try:
+        _open_input(con, path, kind, table, input_name, view=_RAW)  # the CSV sniffer reads a sample here
+    except duckdb.Error as exc:
+        raise unreadable(exc) from None
+    _check_input_columns(con, columns, input_name, view=_RAW)
+    names = [_quote_ident(col) for _, col in columns]
+    copy = f"CREATE OR REPLACE TEMP TABLE {_VIEW} AS SELECT {', '.join(names)} FROM {_RAW}"
+    try:
+        con.execute(copy)
+    except duckdb.Error as exc:
+        if kind != "csv":
+            raise unreadable(exc) from None
+        # Most often a type the sniffer guessed from its sample that later rows do not fit:
+        # sniff the whole file and read it again.
+        try:
+            _open_input(con, path, kind, table, input_name, view=_RAW, whole_csv=True)
+            con.execute(copy)
+        except duckdb.Error:
+            raise unreadable(exc) from None
+    nulls = con.execute("SELECT " + ", ".join(f"bool_or({n} IS NULL)" for n in names) + f" FROM {_VIEW}").fetchall()
+    for (flag, col), has_null in zip(columns, nulls[0]):
+        if has_null:
+            raise UsageError(f"{flag} {col!r} contains NULL in {input_name}; filter those rows out first "
+                             f"(e.g. a view WHERE {col} IS NOT NULL); nothing was released or charged")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Output:
+    """A checked ``--output`` file and its format."""
+
+    path: Path
+    format: str  # 'csv' or 'parquet'
+
+
+def _output_path(output: Optional[str], input_path: Path) -> Optional[_Output]:
+    """The --output file, checked before anything is read: known format, writable, not the input."""
     if output is None:
         return None
     path = Path(output)
+    fmt = OUTPUT_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise UsageError(f"--output {output!r}: unknown format; name the file *.parquet or *.csv")
     if not path.parent.is_dir():
         raise UsageError(f"--output {output!r}: folder {str(path.parent)!r} does not exist")
+    if path.is_dir():
+        raise UsageError(f"--output {output!r} is a folder; name a file")
     if path.exists() and path.resolve() == input_path.resolve():
         raise UsageError("--output must not be the input file")
-    return path
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"--output {output!r} exists and is not writable")
+    return _Output(path, fmt)
 
 
-def _write(items: pa.Table, path: Path) -> None:
-    """Parquet (zstd), or CSV when the name ends in ``.csv``."""
-    if path.suffix.lower() == ".csv":
-        import pyarrow.csv as pcsv
-        pcsv.write_csv(items, path)
-    else:
-        import pyarrow.parquet as pq
-        pq.write_table(items, path, compression="zstd")
+def _write(rows: pa.Table, output: _Output, metadata: Optional[dict[str, str]] = None) -> None:
+    """Write ``rows`` in their order: Parquet (zstd, with ``metadata`` as key-value metadata) or CSV.
 
-
-def _sorted(items: pa.Table) -> pa.Table:
-    # The engine returns the set in an order that may depend on the data's layout;
-    # sorting publishes only the set.
+    DuckDB writes every column type (lists, structs, blobs included; CSV shows them as text).
+    """
+    con = duckdb.connect()
     try:
-        return items.sort_by("item")
-    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # types Arrow cannot sort
-        return items
+        con.register("dpsql_released", rows)
+        if output.format == "csv":
+            options = "FORMAT csv, HEADER true"
+        else:
+            kv = ", ".join(f"{_quote_ident(k)}: {sql_string(v)}" for k, v in (metadata or {}).items())
+            options = "FORMAT parquet, COMPRESSION zstd" + (f", KV_METADATA {{{kv}}}" if kv else "")
+        con.execute(f"COPY (FROM dpsql_released) TO {sql_string(str(output.path))} ({options})")
+    finally:
+        con.close()
+
+
+def _probe_output(con: duckdb.DuckDBPyConnection, query: str, output: _Output) -> None:
+    """Write the zero-row result of ``query`` next to --output with :func:`_write`, then delete it.
+
+    Proves, before the release, that the folder is writable and that the format can hold the
+    released columns' types (the rows are then written by the same code).
+    """
+    empty = con.sql(query).to_arrow_table()
+    fd, probe = tempfile.mkstemp(prefix=".dpsql-probe-", suffix=output.path.suffix, dir=output.path.parent)
+    os.close(fd)
+    try:
+        _write(empty, _Output(Path(probe), output.format))
+    except Exception as exc:
+        raise UsageError(f"--output {str(output.path)!r}: cannot write {output.format} there "
+                         f"({error_line(exc)[len('Error: '):]}); nothing was released or charged") from None
+    finally:
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
+
+
+def _ordered(rows: pa.Table) -> pa.Table:
+    """The released rows in an order that depends only on their values.
+
+    The macros already end with ORDER BY their released columns; sorting again here only guards
+    that order. Types Arrow cannot sort (lists, structs) keep the macro's order: a release is
+    never lost to sorting.
+    """
+    try:
+        return sorted_release(rows)
+    except (pa.ArrowException, TypeError, ValueError):
+        return rows
+
+
+def _safe_reason(exc: BaseException) -> str:
+    """Why writing failed, without data values (the release is already charged): OS and I/O text only."""
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    if isinstance(exc, (duckdb.IOException, duckdb.PermissionException)):
+        return error_line(exc)[len("Error: "):]
+    return type(exc).__name__
+
+
+def _deliver(rows: pa.Table, output: Optional[_Output], metadata: dict[str, str], err: TextIO) -> bool:
+    """Write charged rows to --output; False (and a line on stderr) if that failed, so the caller prints them."""
+    if output is None:
+        return True
+    try:
+        _write(rows, output, metadata)
+        return True
+    except Exception as exc:  # the release is charged: never lose its rows
+        _say(err, f"Error: could not write --output {str(output.path)!r} ({_safe_reason(exc)}); the release "
+                  f"was charged, so its {rows.num_rows} rows are printed on stdout instead")
+        return False
+
+
+def _say(stream: TextIO, line: str) -> None:
+    """A line on ``stream`` that never raises (stderr may be closed: the rows matter more)."""
+    try:
+        stream.write(line + "\n")
+        stream.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _progress_printer(err: TextIO) -> Callable[[float], None]:
     tty = err.isatty()
 
     def report(pct: float) -> None:
-        if tty:
-            err.write(f"\rprogress: {pct:3.0f}%" + ("\n" if pct >= 100 else ""))
-        else:
-            err.write(f"progress: {pct:.0f}%\n")
-        err.flush()
+        # Called while the release runs: an exception here would abandon a charged release.
+        try:
+            if tty:
+                err.write(f"\rprogress: {pct:3.0f}%" + ("\n" if pct >= 100 else ""))
+            else:
+                err.write(f"progress: {pct:.0f}%\n")
+            err.flush()
+        except (OSError, ValueError):
+            pass
 
     return report
 
@@ -169,19 +315,21 @@ def _connect(seed: Optional[int], ledger: Optional[Ledger] = None) -> duckdb.Duc
 def _input_ledger(args: argparse.Namespace, input_path: Path, kind: str) -> Ledger:
     """The ledger a release from INPUT is charged to: --ledger, else the sidecar of the input file.
 
-    The release reads the input through the TEMP view ``dpsql_input``; the ledger records the
-    DuckDB table (--table) or the file name instead, so that 'dpsql budget set INPUT --scope'
-    can name it.
+    The release reads the input through the TEMP table ``dpsql_input``; the ledger records the
+    DuckDB table (--table, as a table of that database) or the input file (its absolute path)
+    instead, so that 'dpsql budget set INPUT --scope' can name it.
     """
     path = Path(args.ledger) if args.ledger else ledger_mod.sidecar_path(input_path)
     if args.ledger and not path.parent.is_dir():
         raise UsageError(f"--ledger {args.ledger!r}: folder {str(path.parent)!r} does not exist")
-    recorded = args.table if (kind == "duckdb" and args.table) else input_path.name
-    return Ledger(path, aliases={_VIEW: recorded})
+    if kind == "duckdb" and args.table:
+        # A table scope is a catalog identity: the table of the input database, whatever the ledger's name.
+        return Ledger(path, aliases={_VIEW: args.table}, database=ledger_mod.database_alias(input_path))
+    return Ledger(path, aliases={_VIEW: str(input_path.resolve())})
 
 
-def _input_file(args: argparse.Namespace) -> tuple[Path, str, Optional[Path]]:
-    """INPUT, its kind and the --output path, all checked before anything is read."""
+def _input_file(args: argparse.Namespace) -> tuple[Path, str, Optional[_Output]]:
+    """INPUT, its kind and the --output file, all checked before anything is read."""
     input_path = Path(args.input)
     if not input_path.exists():
         raise UsageError(f"input file {args.input!r} does not exist")
@@ -191,6 +339,20 @@ def _input_file(args: argparse.Namespace) -> tuple[Path, str, Optional[Path]]:
     if args.table is not None and kind != "duckdb":
         raise UsageError(f"--table applies to a DuckDB database input; {args.input!r} is a {kind} file")
     return input_path, kind, _output_path(args.output, input_path)
+
+
+def _file_metadata(args: argparse.Namespace, mechanism: str) -> dict[str, str]:
+    """Parquet key-value metadata of a released file: what produced it, and whether it is private."""
+    meta = {"dpsql_mechanism": mechanism, "dpsql_epsilon": repr(float(args.epsilon)),
+            "dpsql_delta": repr(float(args.delta)), "dpsql_private": "false" if args.seed is not None else "true"}
+    if args.seed is not None:
+        meta["dpsql_warning"] = SEED_WARNING
+    return meta
+
+
+def _privacy_fields(args: argparse.Namespace) -> dict:
+    """JSON fields saying whether the result is private (a --seed run is NOT)."""
+    return {"private": args.seed is None, **({"warning": SEED_WARNING} if args.seed is not None else {})}
 
 
 def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -204,8 +366,10 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     con = _connect(args.seed, _input_ledger(args, input_path, kind))
     try:
-        _open_input(con, input_path, kind, args.table, repr(args.input))
-        _check_input_columns(con, user_col, item_col, f"{args.input!r} (read as {kind})")
+        _load_input(con, input_path, kind, args.table, f"{args.input!r} (read as {kind})",
+                    [("--user-col", user_col), ("--item-col", item_col)])
+        if output is not None:
+            _probe_output(con, f"SELECT {_quote_ident(item_col)} AS item FROM {_VIEW} LIMIT 0", output)
         started = time.perf_counter()
         released = dpsql.set_union(con, _VIEW, args.method, epsilon=args.epsilon, delta=args.delta,
                                    max_items=args.max_items, user_col=user_col, item_col=item_col,
@@ -215,11 +379,9 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     finally:
         con.close()
 
-    released = _sorted(released)
-    if output is not None:
-        _write(released, output)
-    if args.progress:
-        print(f"dpsql: {args.method} released {released.num_rows} items in {elapsed:.2f} s", file=err, flush=True)
+    # Charged: from here on nothing may stop the rows from reaching the user.
+    released = _ordered(released)
+    written = _deliver(released, output, _file_metadata(args, dpsql.METHODS[args.method].macro), err)
     if args.json:
         doc = {
             "method": args.method,
@@ -235,19 +397,23 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             # Adaptive / multi-round methods: every round's budget share, noise scale, release
             # threshold and (MAD) truncation level; "calibration" then holds the last round's.
             **({"calibration_rounds": [dataclasses.asdict(r) for r in cal.rounds]} if cal.rounds else {}),
-            "private": args.seed is None,
+            **_privacy_fields(args),
             **{k: v for k, v in (("alpha", args.alpha), ("passes", args.passes)) if v is not None},
         }
-        if output is not None:
-            doc["output"] = str(output)
+        if output is not None and written:
+            doc["output"] = str(output.path)
         else:
             doc["items"] = released.column("item").to_pylist()
+            if output is not None:
+                doc["output_failed"] = str(output.path)
         out.write(json.dumps(doc, indent=2, default=str) + "\n")
-    elif output is None:
+    elif output is None or not written:
         for item in released.column("item").to_pylist():
             out.write(f"{item}\n")
     out.flush()
-    return 0
+    if args.progress:
+        _say(err, f"dpsql: {args.method} released {released.num_rows} items in {elapsed:.2f} s")
+    return 0 if written else 1
 
 
 # --------------------------------------------------------------------------
@@ -283,7 +449,8 @@ def cmd_evaluate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         kind = _input_kind(paths["INPUT"])
         _open_input(con, paths["INPUT"], kind, args.table, repr(args.input))
-        _check_input_columns(con, user_col, item_col, f"{args.input!r} (read as {kind})")
+        _check_input_columns(con, [("--user-col", user_col), ("--item-col", item_col)],
+                             f"{args.input!r} (read as {kind})")
         _open_released(con, paths["--released"])
         names = [r[0].lower() for r in con.execute("SELECT name FROM pragma_table_info('dpsql_released')").fetchall()]
         if args.released_col.lower() not in names:
@@ -329,40 +496,39 @@ def cmd_weighted_sample(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
         print(SEED_WARNING, file=err, flush=True)
     con = _connect(args.seed, _input_ledger(args, input_path, kind))
     try:
-        _open_input(con, input_path, kind, args.table, repr(args.input))
-        columns = [r[0] for r in con.execute(f"SELECT name FROM pragma_table_info('{_VIEW}')").fetchall()]
-        for flag, col in (("--key-col", key_col), ("--freq-col", freq_col)):
-            if col is not None and col.lower() not in {c.lower() for c in columns}:
-                raise UsageError(f"{flag} {col!r} is not a column of {args.input!r}; its columns are "
-                                 f"{', '.join(columns)}")
+        columns = [("--key-col", key_col)] + ([("--freq-col", freq_col)] if freq_col is not None else [])
+        _load_input(con, input_path, kind, args.table, f"{args.input!r} (read as {kind})", columns)
+        if output is not None:
+            token = ", 0::BIGINT AS token" if args.with_frequencies else ""
+            _probe_output(con, f"SELECT {_quote_ident(key_col)} AS key{token} FROM {_VIEW} LIMIT 0", output)
         released = pws.weighted_sample(con, _VIEW, eps, delta, tau=tau, scheme=scheme, power=power,
                                        with_frequencies=args.with_frequencies, key_col=key_col, freq_col=freq_col)
     finally:
         con.close()
+
+    # Charged: from here on nothing may stop the rows from reaching the user.
     if not args.with_frequencies:
         released = released.select(["key"])
-    try:
-        released = released.sort_by("key")  # publish the set, not the engine's order
-    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
-        pass
-    if output is not None:
-        _write(released, output)
+    released = _ordered(released)
+    written = _deliver(released, output, _file_metadata(args, "dp_weighted_sample"), err)
     if args.json:
         doc = {"mechanism": "pws", "privacy_unit": "element (one input row), NOT user", "epsilon": eps,
                "delta": delta, "tau": tau, "scheme": scheme, "power": power,
                "with_frequencies": bool(args.with_frequencies), "input": args.input, "key_col": key_col,
                "freq_col": freq_col, "n_released": released.num_rows, "L": pws.L_value(eps, delta),
-               "private": args.seed is None}
-        if output is not None:
-            doc["output"] = str(output)
+               **_privacy_fields(args)}
+        if output is not None and written:
+            doc["output"] = str(output.path)
         else:
             doc["keys"] = released.to_pylist()
+            if output is not None:
+                doc["output_failed"] = str(output.path)
         out.write(json.dumps(doc, indent=2, default=str) + "\n")
-    elif output is None:
+    elif output is None or not written:
         for row in released.to_pylist():
             out.write("\t".join(str(v) for v in row.values()) + "\n")
     out.flush()
-    return 0
+    return 0 if written else 1
 
 
 def _add_weighted_sample_parser(sub) -> None:
@@ -381,7 +547,7 @@ def _add_weighted_sample_parser(sub) -> None:
     ws.add_argument("--key-col", default="key", help="key column (default: key)")
     ws.add_argument("--freq-col", help="frequency column of an aggregated input (default: one row = one element)")
     ws.add_argument("--table", help="table or view to read when INPUT is a DuckDB database")
-    ws.add_argument("--output", metavar="FILE", help="write the sample to FILE: CSV if it ends in .csv, else Parquet")
+    ws.add_argument("--output", metavar="FILE", help="write the sample to FILE: *.csv (CSV) or *.parquet (Parquet)")
     ws.add_argument("--json", action="store_true", help="print one JSON object with parameters and sample")
     ws.add_argument("--ledger", metavar="FILE", help="privacy ledger to charge (default: INPUT.dpsql-ledger)")
     ws.add_argument("--seed", type=int, help="reproducible noise for tests: the result is NOT private")
@@ -409,6 +575,34 @@ def _fmt(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.6g}"
 
 
+def _seeded(release) -> bool:
+    """True for a release made with reproducible (seeded) noise: NOT private."""
+    return bool(getattr(release, "seeded", False))
+
+
+def _seeded_per_scope(status, releases) -> dict[str, int]:
+    """Seeded (NOT private) releases per scope: the ledger's count, else counted from the releases."""
+    counts = {}
+    for s in status:
+        counted = getattr(s, "seeded_releases", None)
+        if counted is None:
+            counted = sum(1 for r in releases
+                          if _seeded(r) and (s.scope == ledger_mod.DATABASE_SCOPE or r.table == s.scope))
+        counts[s.scope] = int(counted)
+    return counts
+
+
+def _release_doc(release) -> dict:
+    doc = dataclasses.asdict(release) if dataclasses.is_dataclass(release) else dict(vars(release))
+    doc["seeded"] = _seeded(release)
+    doc["private"] = not doc["seeded"]
+    return doc
+
+
+SEEDED_NOTE = ("seeded releases used reproducible noise (--seed / seed=): they are NOT differentially private, "
+               "and the budget counts them like any other release")
+
+
 def cmd_budget(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Set or show the privacy budget of a database (or data file) and list its releases."""
     ledger = _target_ledger(args.target)
@@ -419,25 +613,37 @@ def cmd_budget(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     elif args.action == "remove":
         ledger.remove_budget(args.scope)
     status, releases = ledger.status(), ledger.releases()
+    seeded = _seeded_per_scope(status, releases)
     if args.json:
         doc = {"ledger": str(ledger.path), "composition": "basic (sums of epsilon and delta)",
                "scopes": [{**dataclasses.asdict(s), "epsilon_remaining": s.epsilon_remaining,
-                           "delta_remaining": s.delta_remaining} for s in status]}
+                           "delta_remaining": s.delta_remaining, "seeded_releases": seeded[s.scope],
+                           # False when any release charged to the scope used a seed (NOT private)
+                           "private": seeded[s.scope] == 0} for s in status]}
+        if any(seeded.values()):
+            doc["note"] = SEEDED_NOTE
         if args.action == "releases":
-            doc["releases"] = [dataclasses.asdict(r) for r in releases]
+            doc["releases"] = [_release_doc(r) for r in releases]
         out.write(json.dumps(doc, indent=2) + "\n")
     elif args.action == "releases":
-        out.write("id  released at (UTC)      unit     epsilon     delta        table  mechanism\n")
+        out.write("id  released at (UTC)      unit     epsilon     delta        private      table  mechanism\n")
         for r in releases:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.time))
-            out.write(f"{r.id:<3} {when}  {r.unit:<8} {r.epsilon:<11.6g} {r.delta:<12.6g} {r.table}  "
-                      f"{r.mechanism}\n")
+            private = "NO (seeded)" if _seeded(r) else "yes"
+            out.write(f"{r.id:<3} {when}  {r.unit:<8} {r.epsilon:<11.6g} {r.delta:<12.6g} {private:<12} "
+                      f"{r.table}  {r.mechanism}\n")
+        if any(_seeded(r) for r in releases):
+            out.write(f"NOT PRIVATE: {SEEDED_NOTE}\n")
     else:
         out.write(f"ledger: {ledger.path} (basic composition: sums)\n")
-        out.write("scope                epsilon spent / budget     delta spent / budget   releases\n")
+        out.write("scope                epsilon spent / budget     delta spent / budget   releases  "
+                  "seeded (NOT private)\n")
         for s in status:
             out.write(f"{s.scope:<20} {_fmt(s.epsilon_spent):>10} / {_fmt(s.epsilon_budget):<10}  "
-                      f"{_fmt(s.delta_spent):>10} / {_fmt(s.delta_budget):<10} {s.releases:>6}\n")
+                      f"{_fmt(s.delta_spent):>10} / {_fmt(s.delta_budget):<10} {s.releases:>6}  "
+                      f"{seeded[s.scope]:>6}\n")
+        if any(seeded.values()):
+            out.write(f"NOT PRIVATE: {SEEDED_NOTE}\n")
     out.flush()
     return 0
 
@@ -446,7 +652,9 @@ def _add_budget_parser(sub) -> None:
     bp = sub.add_parser("budget", help="set or show the privacy budget (ledger) of a database or data file",
                         description="The privacy ledger of TARGET (a DuckDB database, a Parquet/CSV file, or a "
                                     "*.dpsql-ledger file): 'show' spent and remaining budget per scope, 'set' a "
-                                    "budget, 'remove' one, list 'releases'. Composition is basic: sums.")
+                                    "budget, 'remove' one, list 'releases'. Composition is basic: sums. "
+                                    "Releases made with --seed (reproducible noise) are counted and marked "
+                                    "NOT private.")
     bp.add_argument("action", choices=["show", "set", "remove", "releases"])
     bp.add_argument("target", metavar="TARGET", help="DuckDB database, data file, or ledger file")
     bp.add_argument("--epsilon", type=float, help="total epsilon of the scope (set)")
@@ -507,7 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
     su.add_argument("--user-col", default="user_id", help="user column (default: user_id)")
     su.add_argument("--item-col", default="item", help="item column (default: item)")
     su.add_argument("--table", help="table or view to read when INPUT is a DuckDB database")
-    su.add_argument("--output", metavar="FILE", help="write the items to FILE: CSV if it ends in .csv, else Parquet")
+    su.add_argument("--output", metavar="FILE", help="write the items to FILE: *.csv (CSV) or *.parquet (Parquet)")
     su.add_argument("--json", action="store_true", help="print one JSON object with the parameters, "
                                                         "calibration and items")
     su.add_argument("--progress", action="store_true", help="report progress and timing on stderr")

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 import weakref
 from array import array
 from functools import lru_cache
@@ -622,10 +623,16 @@ class ProgressRelay:
 
     def _emit(self, pct: float) -> None:
         with self._lock:
-            if pct <= self._last:
+            if pct <= self._last or self._progress is None:
                 return
             self._last = pct
-        self._progress(pct)
+        try:
+            self._progress(pct)
+        except Exception as exc:
+            # The kernel runs after the charge: a failing callback must not lose the release.
+            warnings.warn(f"dpsql: the progress callback failed ({type(exc).__name__}); progress is no longer "
+                          f"reported, the release goes on", RuntimeWarning, stacklevel=2)
+            self._progress = None
 
     def engine(self, pct: float) -> None:
         if self._kernel_base is None or pct >= 100:

@@ -358,7 +358,8 @@ def set_union(df, method: str = union.DEFAULT_METHOD, *, epsilon: float = 1.0, d
         capped = _materialise(capped)
         release = {"mad": _release_mad, "mad2r": _release_mad2r, "sips": _release_sips}[method]
         released = release(capped, cal, seed)
-    return _materialise(released)
+    # Sorted: the partitions' order depends on the data (README, "What a release shows").
+    return _materialise(released.orderBy("item"))
 
 
 def top_k_domain(df, k: int, *, epsilon: float = 1.0, delta: float = 1e-5, max_items: int = 100,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Optional
@@ -202,6 +203,8 @@ def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_
     None keeps the macro's default.
     """
     method = check_method(method)
+    if progress is not None and not callable(progress):
+        raise DPParameterError(f"progress must be a function of one number (0-100) or None (got {progress!r})")
     table = check_table_name(table)
     user_col = check_identifier("user_col", user_col)
     item_col = check_identifier("item_col", item_col)
@@ -243,6 +246,18 @@ def _run_with_progress(con: duckdb.DuckDBPyConnection, sql: str,
         except BaseException as exc:  # re-raised in the caller's thread
             result["error"] = exc
 
+    def report(pct: float) -> None:
+        # A charged release must reach the caller: a failing callback is reported, not raised.
+        nonlocal progress
+        if progress is None:
+            return
+        try:
+            progress(pct)
+        except Exception as exc:
+            warnings.warn(f"dpsql: the progress callback failed ({type(exc).__name__}); progress is no longer "
+                          f"reported, the release goes on", RuntimeWarning, stacklevel=3)
+            progress = None
+
     worker = threading.Thread(target=work, daemon=True)
     worker.start()
     last = -1.0
@@ -253,9 +268,9 @@ def _run_with_progress(con: duckdb.DuckDBPyConnection, sql: str,
         except Exception:  # progress is best effort; the query's own error wins
             pct = -1.0
         if pct >= 0 and pct != last:
-            progress(pct)
+            report(pct)
             last = pct
     if "error" in result:
         raise result["error"]
-    progress(100.0)
+    report(100.0)
     return result["table"]

@@ -28,10 +28,11 @@ SELECT s.scope, s.epsilon_budget, s.delta_budget, s.epsilon_spent, s.delta_spent
        s.epsilon_remaining, s.delta_remaining, s.releases, s.seeded_releases
 FROM (SELECT unnest(dp__budget_status(0)) AS s);
 
--- Every charged release, oldest first: when, which mechanism, privacy unit ('user', 'record' or 'element'),
+-- Every charged release, oldest first: when (a TIMESTAMP in UTC; a TIMESTAMPTZ would need pytz in Python),
+-- which mechanism, privacy unit ('user', 'record' or 'element'),
 -- which scope (table identity or file), its (epsilon, delta), its other parameters, the calibration it
 -- used, and whether it was made on a seeded connection (reproducible noise: NOT private).
 CREATE OR REPLACE TEMP MACRO dp_releases() AS TABLE
-SELECT r.release_id, to_timestamp(r.released_at) AS released_at, r.mechanism, r.unit, r.table_name,
+SELECT r.release_id, make_timestamp((r.released_at * 1e6)::BIGINT) AS released_at, r.mechanism, r.unit, r.table_name,
        r.epsilon, r.delta, r.parameters, r.calibration, r.seeded
 FROM (SELECT unnest(dp__budget_releases(0)) AS r);

@@ -5,11 +5,13 @@ Skipped when dbt-core / dbt-duckdb are not installed (``pip install dpsql[dbt]``
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import duckdb
 import pytest
@@ -68,31 +70,145 @@ def test_plugin_budget_config_limits_releases(tmp_path):
         base.create("dpsql.dbt", config={"budget": {"epsilon": 1.0}})
 
 
-def test_example_project_seeds_and_runs(tmp_path):
+# Models added to a copy of the example project: each stores a release as a query (refused), or
+# reads released rows (allowed). ``name: (materialization, sql)``.
+EXTRA_MODELS = {
+    "release_view": ("view", "select * from dp_set_union_weighted_gaussian('{{ ref(\"user_items\") }}')"),
+    "release_function": ("table_function",
+                         "select * from dp_set_union('{{ ref(\"user_items\") }}', 'weighted_gaussian')"),
+    "release_ephemeral": ("ephemeral",
+                          "select * from dp_set_union_count_gaussian('{{ ref(\"user_items\") }}', epsilon := 0.5)"),
+    "from_ephemeral": ("table", "select * from {{ ref('release_ephemeral') }}"),
+    "released_view": ("view", "select item from {{ ref('released_items') }}  -- dp_top_k( in a comment"),
+    # supported: the released rows are stored once
+    "release_incremental": ("incremental",
+                            "select * from dp_set_union_weighted_laplace('{{ ref(\"user_items\") }}', epsilon := 0.5)"),
+    "release_external": ("external",
+                         "select * from dp_set_union_count_laplace('{{ ref(\"user_items\") }}', epsilon := 0.25, "
+                         "max_items := 3)"),
+}
+REFUSED = {"release_view": "view", "release_function": "table_function", "from_ephemeral": "release_ephemeral"}
+
+
+@pytest.fixture(scope="module")
+def dbt_run(tmp_path_factory) -> SimpleNamespace:
+    """``dbt seed`` and ``dbt run`` of the example project plus EXTRA_MODELS, in a copy."""
     if not EXAMPLE.is_dir():
         pytest.skip("examples/dbt is not next to the tests folder")
     dbt = _dbt_executable()
-    project = tmp_path / "project"
+    project = tmp_path_factory.mktemp("dbt") / "project"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("target", "logs", "*.duckdb*", ".user.yml"))
+    for name, (materialized, sql) in EXTRA_MODELS.items():
+        (project / "models" / f"{name}.sql").write_text(f"{{{{ config(materialized='{materialized}') }}}}\n{sql}\n")
     env = dict(os.environ, DBT_SEND_ANONYMOUS_USAGE_STATS="false")
+    done = {}
     for command in ("seed", "run"):
-        done = subprocess.run([dbt, command, "--profiles-dir", str(project), "--project-dir", str(project)],
-                              cwd=project, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, f"dbt {command} failed:\n{done.stdout}\n{done.stderr}"
+        done[command] = subprocess.run([dbt, command, "--profiles-dir", str(project), "--project-dir", str(project)],
+                                       cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert done["seed"].returncode == 0, f"dbt seed failed:\n{done['seed'].stdout}\n{done['seed'].stderr}"
+    results = json.loads((project / "target" / "run_results.json").read_text())
+    status = {r["unique_id"].split(".")[-1]: (r["status"], r["message"] or "") for r in results["results"]}
+    return SimpleNamespace(project=project, run=done["run"], status=status)
 
+
+def test_example_project_seeds_and_runs(dbt_run):
+    project = dbt_run.project
+    assert dbt_run.status["released_items"][0] == "success", dbt_run.run.stdout
     with (project / "seeds" / "user_items.csv").open(newline="", encoding="utf-8") as f:
         seed_items = {row["item"] for row in csv.DictReader(f)}
     con = duckdb.connect(str(project / "dpsql_example.duckdb"), read_only=True)  # plain DuckDB, no dpsql
     try:
         columns = [row[0] for row in con.execute("DESCRIBE released_items").fetchall()]
         released = [row[0] for row in con.execute("SELECT item FROM released_items").fetchall()]
+        via_view = [row[0] for row in con.execute("SELECT item FROM released_view").fetchall()]
     finally:
         con.close()
     assert columns == ["item"]
-    # the one releasing model was charged once, to the sidecar ledger of the dbt database
-    from dpsql.ledger import Ledger, sidecar_path
-    charged = Ledger(sidecar_path(project / "dpsql_example.duckdb")).releases()
-    assert [(r.mechanism, r.epsilon, r.delta) for r in charged] == [("dp_set_union_weighted_gaussian", 1.0, 1e-5)]
     assert "common" in released
     assert len(released) == len(set(released))
     assert set(released) <= seed_items
+    # a view over the released table is allowed: reading it reads stored rows, no release
+    assert dbt_run.status["released_view"][0] == "success"
+    assert sorted(via_view) == sorted(released)
+
+
+def test_view_ephemeral_and_table_function_releases_are_refused(dbt_run):
+    assert dbt_run.run.returncode == 1  # the refused models fail the run
+    for model, what in REFUSED.items():
+        state, message = dbt_run.status[model]
+        assert state == "error", (model, state, message)
+        assert message.count("dpsql:") == 1 and what in message and "nothing was released or charged" in message
+        assert "materialized='table'" in message
+    # nothing of the refused models exists in the database
+    con = duckdb.connect(str(dbt_run.project / "dpsql_example.duckdb"), read_only=True)
+    try:
+        names = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name "
+                                           "FROM duckdb_views() UNION ALL SELECT function_name FROM "
+                                           "duckdb_functions() WHERE NOT internal").fetchall()}
+    finally:
+        con.close()
+    assert names.isdisjoint({"release_view", "release_function", "release_ephemeral", "from_ephemeral"})
+    # only the table, incremental and external models were charged, once each, to the sidecar ledger
+    from dpsql.ledger import Ledger, sidecar_path
+    charged = Ledger(sidecar_path(dbt_run.project / "dpsql_example.duckdb")).releases()
+    assert sorted((r.mechanism, r.epsilon) for r in charged) == [
+        ("dp_set_union_count_laplace", 0.25), ("dp_set_union_weighted_gaussian", 1.0),
+        ("dp_set_union_weighted_laplace", 0.5)]
+
+
+def test_table_incremental_and_external_materializations_release_once(dbt_run):
+    for model in ("released_items", "release_incremental", "release_external"):
+        assert dbt_run.status[model][0] == "success", (model, dbt_run.status[model])
+    con = duckdb.connect(str(dbt_run.project / "dpsql_example.duckdb"), read_only=True)  # plain DuckDB
+    try:
+        # external: the rows were written once to a file (dbt's view over it names it relative to the project)
+        external = str(dbt_run.project / "release_external.parquet").replace("'", "''")
+        for source in ("release_incremental", f"read_parquet('{external}')"):
+            rows = con.execute(f"SELECT item FROM {source}").fetchall()
+            assert ("common",) in rows and len(rows) == len(set(rows))
+    finally:
+        con.close()
+
+
+RELEASES = frozenset({"dp__charge", "dp_set_union", "dp_top_k"})
+
+
+@pytest.mark.parametrize("sql, refused", [
+    ("create view v as (select * from dp_set_union('t'))", "a view"),
+    ('/* {"app": "dbt"} */\n  CREATE OR REPLACE TEMPORARY VIEW v AS SELECT * FROM "DP_TOP_K"(\'t\', 3)', "a view"),
+    ("create or replace function f() as table (select * from main.dp_set_union('t'))", "function"),
+    ("create macro m() as dp__charge('x', 'user', 't', 1, 0, '', '')", "macro"),
+    ("create table t2 as (with __dbt__cte__eph as (\nselect * from dp_top_k('t', (1 + 2))\n) "
+     "select * from __dbt__cte__eph)", "ephemeral model eph"),
+    ("create table t2 as (with __dbt__cte__eph as (select ')' as p, * from t) "
+     "select * from dp_top_k('__dbt__cte__eph'))", None),  # a parenthesis in a string does not end the ephemeral model's CTE
+    ("create table t2 as (select * from dp_set_union('t'))", None),  # table: stored rows
+    ("create view v as (select * from released)  -- dp_set_union( in a comment", None),
+    # query('...') runs the SQL in a string, so a release named in a string counts as a call
+    ("create view v as (select * from query('select * from dp_set_union(''t'')'))", "a view"),
+    ("create view v as (select 'dp_set_union' as s, ')' as p from t)", None),
+    ("create view v as (select my_dp_set_union(1) from t)", None),
+    ("create table t2 as (with __dbt__cte__eph as (select * from t) select * from dp_set_union('__dbt__cte__eph'))",
+     None),  # the release reads an ephemeral model; the model itself releases once, into a table
+    ("insert into t2 select * from dp_set_union('t')", None),
+    # dbt-duckdb's incremental materialization stages the new rows in a temporary table
+    ('create temporary table "t2__dbt_tmp20261124" as (select * from dp_set_union(\'t\'))', None),
+])
+def test_stored_release_detection(sql, refused):
+    dbt_module = pytest.importorskip("dpsql.dbt", reason="dbt-duckdb is not installed", exc_type=ImportError)
+    reason = dbt_module.stored_release(sql, RELEASES)
+    if refused is None:
+        assert reason is None
+    else:
+        assert reason is not None and refused in reason
+
+
+def test_release_macros_come_from_the_catalog():
+    _plugin_base()
+    from dpsql.dbt import release_macros
+
+    import dpsql
+    names = release_macros(dpsql.connect())
+    assert {"dp__charge", "dp_set_union", "dp_set_union_weighted_gaussian", "dp_top_k",
+            "dp_weighted_sample"} <= names
+    assert names.isdisjoint({"dp_budget", "dp_releases", "dp_gaussian_sigma", "dp_eval_hits", "dp__constant"})

@@ -360,3 +360,20 @@ def test_public_release_function_charges_its_epsilon_once(qualname):
     keys = [out.column(c).to_pylist() for c in order_by]
     assert list(zip(*keys)) == sorted(zip(*keys)), qualname
     con.close()
+
+
+@pytest.mark.parametrize("method", ["weighted_gaussian", "policy_laplace"])
+def test_progress_is_checked_before_the_charge_and_its_failure_loses_nothing(method):
+    con = dpsql.connect()
+    con.execute(USER_ITEMS)
+    with pytest.raises(DPParameterError, match="progress must be a function"):
+        dpsql.set_union(con, "t", method, progress=5)
+    assert _n_releases(con) == 0
+
+    def broken(pct):
+        raise OSError("stderr is closed")
+
+    with pytest.warns(RuntimeWarning, match="progress callback failed"):
+        out = dpsql.set_union(con, "t", method, epsilon=5.0, progress=broken)
+    assert _n_releases(con) == 1 and out.num_rows > 0  # charged once, and the rows reached the caller
+    con.close()
