@@ -377,3 +377,18 @@ def test_progress_is_checked_before_the_charge_and_its_failure_loses_nothing(met
         out = dpsql.set_union(con, "t", method, epsilon=5.0, progress=broken)
     assert _n_releases(con) == 1 and out.num_rows > 0  # charged once, and the rows reached the caller
     con.close()
+
+
+def test_internal_macros_that_read_private_rows_are_documented(macro_con):
+    # README ("Who is protected from whom") lists every internal macro that returns exact intermediates
+    # of a private table without a charge, so that nobody mistakes one for a release.
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    if not readme.is_file():
+        pytest.skip("README.md is not next to the tests")
+    text = readme.read_text(encoding="utf-8")
+    private = {"tbl", "sets_tbl", "rows_tbl"}
+    internal = {name for name, (params, _, body) in _macros(macro_con).items()
+                if name.startswith("dp__") and private & set(params) and "dp__charge(" not in body}
+    assert internal and {name for name in internal if f"`{name}`" not in text} == set()
