@@ -4,9 +4,19 @@ Privacy argument: every noise value a mechanism adds must be fresh and
 unpredictable to whoever runs SQL on the connection. Therefore
 
 * noise is never drawn with SQL ``random()`` (any SQL user can ``setseed()``
-  it); it comes from a :class:`NoiseSource` wrapping a numpy ``Generator`` on a
-  Philox bit generator keyed with 256 bits from the OS CSPRNG
-  (``secrets.randbits``);
+  it); it comes from a :class:`NoiseSource` wrapping a numpy ``Generator`` on
+  the ChaCha20 stream cipher (``randomgen.ChaCha``, 20 rounds) keyed with 256
+  bits from the OS CSPRNG. Its output is computationally indistinguishable from
+  uniform bits, so the values a release reveals (e.g. which items passed a
+  threshold) do not help predict any other draw. A statistical generator such
+  as numpy's Philox makes no such claim;
+* the per-query secret salts (``dp__secret_salt()``, the hash keys of the
+  contribution cap and of the sampling macros) come straight from the OS
+  CSPRNG (:mod:`secrets`), not from the noise stream. ``dp__secret_salt()`` is
+  callable from SQL, so a user can read salts: each call returns a fresh,
+  independent 64-bit value, the one a macro uses is drawn inside that macro's
+  query and never leaves it, and so reading salts tells nothing about another
+  query's salt or about the noise;
 * there is one secure source per process, re-keyed in a forked child (a child
   that inherited its parent's state would repeat the parent's noise);
 * the UDFs are registered with ``side_effects=True`` so DuckDB evaluates them per
@@ -14,17 +24,25 @@ unpredictable to whoever runs SQL on the connection. Therefore
   a call draws a whole vector at once.
 
 A seeded source exists only for tests and reproducibility, through
-``dpsql.connect(..., seed=N)``; its output is a deterministic function of the
-seed and is **not private**.
+``dpsql.connect(..., seed=N)``: the same ChaCha20 generator keyed from the
+seed, salts included. Its output is a deterministic function of the seed and
+is **not private**.
 
-Floating point: textbook continuous noise (``dp_laplace_noise``,
-``dp_gaussian_noise``) leaks through the low-order bits of its outputs (Mironov
-2012: the set of floats ``x + Lap`` can produce depends on ``x``). The granular
-samplers below avoid that: the value is rounded to a grid ``g = 2^-k`` and
-integer noise times ``g`` is added, so every output is an exact multiple of
-``g`` and the pmf ratio between neighbours is the one the calibration
-(:mod:`dpsql.calibration`, ``discrete_laplace_scale``,
-``discrete_gaussian_sigma``) accounts for.
+Floating point, and which UDFs may feed released numbers: textbook float noise
+leaks through the low-order bits of its outputs (Mironov 2012: the set of
+floats ``x + Lap`` can produce depends on ``x``). A number a mechanism
+releases must therefore come from the granular samplers
+(``dp_granular_laplace_noise``, ``dp_granular_gaussian_noise``): the value is
+rounded to a grid ``g = 2^-k`` and integer noise times ``g`` is added, so every
+output is an exact multiple of ``g`` and the pmf ratio between neighbours is
+the one the calibration (:mod:`dpsql.calibration`,
+``discrete_laplace_scale``, ``discrete_gaussian_sigma``) accounts for; there is
+no other noise mode (``NOISE_MODES``). The float UDFs ``dp_laplace_noise``,
+``dp_gaussian_noise``, ``dp_gumbel_noise``, ``dp_exponential_noise`` (and the
+float methods of :class:`NoiseSource`) may only feed comparisons -- a
+threshold, an argmax, an order -- whose outcome, never the noisy value, is
+released: the set-union macros release the items whose noisy weight passes a
+threshold, the top-k macros the items with the largest noisy scores.
 """
 from __future__ import annotations
 
@@ -37,23 +55,32 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR
+from randomgen import ChaCha
 
 from dpsql.calibration import check_granularity
 from dpsql.udf import Udf
+from dpsql.validation import DPParameterError
 
 __all__ = ["NoiseSource", "secure_source", "NOT_PRIVATE_WARNING", "NOISE_MODES", "check_noise_mode", "round_to_grid",
-           "sample_discrete_laplace", "sample_discrete_gaussian"]
+           "sample_discrete_laplace", "sample_discrete_gaussian", "CHACHA_ROUNDS"]
 
 NOT_PRIVATE_WARNING = (
     "dpsql: this connection uses a fixed seed; its noise, salts and releases are reproducible "
     "and therefore NOT differentially private. Use seeds only for tests and demos.")
 
 
-class NoiseSource:
-    """A lock-protected numpy Generator plus a count of the values it has drawn.
+# ChaCha20: the standard round count (RFC 8439). Fewer rounds would be faster and, by current
+# cryptanalysis, still unbroken at 8 -- but 20 is what the standard and the test vectors cover.
+CHACHA_ROUNDS = 20
 
-    ``seed=None`` keys the generator from the OS CSPRNG (private). An integer
-    seed makes every draw reproducible and the releases NOT private.
+
+class NoiseSource:
+    """A lock-protected numpy Generator on ChaCha20 plus a count of the values it has handed out.
+
+    ``seed=None`` keys the generator with 256 bits from the OS CSPRNG and draws
+    every salt from the OS CSPRNG (private). An integer seed derives the key
+    from the seed and draws the salts from the same generator: every draw is
+    reproducible and the releases are NOT private.
     """
 
     def __init__(self, seed: Optional[int] = None):
@@ -65,8 +92,9 @@ class NoiseSource:
 
     def _new_generator(self) -> np.random.Generator:
         if self._seed is not None:
-            return np.random.Generator(np.random.Philox(np.random.SeedSequence(self._seed)))
-        return np.random.Generator(np.random.Philox(np.random.SeedSequence(secrets.randbits(256))))
+            return np.random.Generator(ChaCha(seed=np.random.SeedSequence(self._seed), rounds=CHACHA_ROUNDS))
+        # the key is used as drawn (no seed expansion): 256 uniform bits are already a ChaCha20 key
+        return np.random.Generator(ChaCha(key=secrets.randbits(256), rounds=CHACHA_ROUNDS))
 
     def rekey(self) -> None:
         """Draw a fresh key from the OS CSPRNG (no-op for a seeded source)."""
@@ -114,8 +142,18 @@ class NoiseSource:
         return self._draw(int(n), lambda g, k: g.random(k))
 
     def salt(self) -> int:
-        """A uniformly random signed 64-bit integer (per-query secret salt for hashing)."""
-        return int(self._draw(1, lambda g, n: g.integers(-(2 ** 63), 2 ** 63 - 1, size=n, dtype=np.int64))[0])
+        """A uniformly random signed 64-bit integer (per-query secret salt for hashing).
+
+        Private source: read from the OS CSPRNG on every call, independent of the
+        noise stream and of every other salt. Seeded source: the next draw of its
+        generator (reproducible, NOT private).
+        """
+        if self._seed is not None:
+            return int(self._draw(1, lambda g, n: g.integers(-(2 ** 63), 2 ** 63 - 1, size=n, dtype=np.int64,
+                                                                endpoint=True))[0])
+        with self._lock:
+            self.samples_drawn += 1
+        return int.from_bytes(secrets.token_bytes(8), "little", signed=True)
 
 
 def _positive_vector(name: str, values) -> np.ndarray:
@@ -123,8 +161,8 @@ def _positive_vector(name: str, values) -> np.ndarray:
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if not np.all(np.isfinite(arr) & (arr > 0)):
-        bad = arr[~(np.isfinite(arr) & (arr > 0))]
-        raise ValueError(f"{name} must be a finite number > 0 (got {bad[0]!r})")
+        # no value in the message: these UDFs run after the charge, and a per-row parameter may derive from data
+        raise DPParameterError(f"{name} must be a finite number > 0 in every row")
     return arr
 
 
@@ -132,7 +170,8 @@ def _positive_vector(name: str, values) -> np.ndarray:
 # Granular (snapped) noise: integer samplers and the grid
 # --------------------------------------------------------------------------
 
-NOISE_MODES = ("granular", "continuous")
+# The only noise mode for released numbers. 'continuous' (textbook float noise) was removed: see check_noise_mode.
+NOISE_MODES = ("granular",)
 
 # Doubles hold every integer below 2^53: a value is snapped and shifted exactly while
 # |value / g| stays below this bound (the noise itself stays far below 2^40 steps).
@@ -145,10 +184,14 @@ MAX_SCALE_STEPS = 2.0 ** 32
 
 
 def check_noise_mode(noise: object) -> str:
-    """``noise`` is ``'granular'`` (grid-snapped discrete noise) or ``'continuous'`` (textbook float noise)."""
+    """``noise`` must be ``'granular'`` (grid-snapped discrete noise, the only mode)."""
+    if noise == "continuous":
+        raise DPParameterError(
+            "noise := 'continuous' was removed: textbook floating-point noise leaks the exact value through "
+            "the low-order bits of the released numbers (Mironov 2012); use noise := 'granular' (the default), "
+            "which releases exact multiples of a 2^-k grid")
     if noise not in NOISE_MODES:
-        raise ValueError(f"noise must be 'granular' or 'continuous' (got {noise!r}); "
-                         f"'granular' (the default) snaps values and noise to a 2^-k grid")
+        raise DPParameterError(f"noise must be 'granular' (got {noise!r}); pass noise := 'granular' or omit it")
     return noise
 
 
@@ -162,8 +205,8 @@ def round_to_grid(values, granularity) -> np.ndarray:
     g = _granularity_vector(granularity, x.shape)
     steps = x / g
     if not np.all(np.abs(steps) < _MAX_GRID_STEPS):
-        raise ValueError("value too large (or not finite) for granularity: |value / granularity| must be < 2^52; "
-                         "pass a coarser granularity")
+        raise DPParameterError("value too large (or not finite) for granularity: |value / granularity| must be "
+                               "< 2^52; pass a coarser granularity")
     return np.rint(steps) * g
 
 
@@ -263,7 +306,11 @@ def sample_discrete_gaussian(rng: np.random.Generator, s: np.ndarray) -> np.ndar
       at 40 s, mass < e^-800), up to the float resolution of ``X`` (numpy's ziggurat: a
       relative ~s 2^-50 per integer, as for the Laplace sampler). Since ``x^2 - z^2 >= -|z|`` on the cell,
       ``a >= a_min = exp(-c/s^2)``: a uniform below ``a_min`` accepts without evaluating
-      ``a`` (all but ~40/s of the rows).
+      ``a`` (all but ~40/s of the rows). The uniform ``U = (K + V) / 2^16`` is drawn in two
+      parts: 16 random bits ``K`` for every row, which alone accept when ``K + 1 <= a_min 2^16``
+      (then ``U < a_min`` whatever ``V``), and ``V ~ U[0, 1)`` only for the other rows, accepted
+      iff ``V < a 2^16 - K`` (i.e. ``U < a``; exact in floating point there, as ``K >= a 2^16 / 2``).
+      A quarter of the random bits of a full uniform per row: the generator's cost matters.
 
     Acceptance probabilities are evaluated in double precision (relative error ~1e-16).
     Vectorised: every round redraws only the rows still rejected.
@@ -318,10 +365,10 @@ def _rounding_round(rng: np.random.Generator, s, m: int) -> tuple[np.ndarray, np
     x = rng.standard_normal(m)
     x *= s
     z = np.rint(x)
-    u = rng.random(m)
+    k = rng.integers(0, 1 << 16, size=m, dtype=np.uint16)  # the leading 16 bits of the uniform U
     c = _TAIL * s + 0.25
     a_min = np.exp(-c / (s * s)) * (1.0 - 1e-12)  # margin: a_min must not round above the true bound
-    accept = u < a_min
+    accept = k < np.floor(a_min * 65536.0)  # k + 1 <= a_min 2^16: U < a_min for every remaining bit
     # |z| > 40 s (probability < e^-800) is rejected; two reductions rule it out for the whole batch
     if x.max() > _TAIL * np.min(s) - 1 or x.min() < 1 - _TAIL * np.min(s):
         accept &= np.abs(z) <= _TAIL * s
@@ -330,7 +377,9 @@ def _rounding_round(rng: np.random.Generator, s, m: int) -> tuple[np.ndarray, np
         xs, zs = x[slow], z[slow]
         ss = s if isinstance(s, float) else s[slow]
         cs = c if isinstance(c, float) else c[slow]
-        accept[slow] = (np.abs(zs) <= _TAIL * ss) & (u[slow] < np.exp(((xs - zs) * (xs + zs) - cs) / (2.0 * ss * ss)))
+        a = np.exp(((xs - zs) * (xs + zs) - cs) / (2.0 * ss * ss))
+        v = rng.random(slow.size)  # the remaining bits of U = (k + v) / 2^16
+        accept[slow] = (np.abs(zs) <= _TAIL * ss) & (v < a * 65536.0 - k[slow])
     return z.astype(np.int64), accept
 
 
@@ -367,7 +416,7 @@ if hasattr(os, "register_at_fork"):
 def seeded_source(seed: int) -> NoiseSource:
     """A reproducible source. NOT PRIVATE: warns every time it is created."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be an integer (got {seed!r})")
+        raise DPParameterError(f"seed must be an integer (got {seed!r})")
     warnings.warn(NOT_PRIVATE_WARNING, stacklevel=3)
     return NoiseSource(int(seed))
 
@@ -381,7 +430,7 @@ def _arrow_noise(source: NoiseSource, method: str, param_name: str):
 
     def udf(param: pa.Array) -> pa.Array:
         if param.null_count:
-            raise ValueError(f"{param_name} must not be NULL")
+            raise DPParameterError(f"{param_name} must not be NULL; pass a finite number > 0")
         values = param.to_numpy(zero_copy_only=False)
         return pa.array(draw(values), type=pa.float64())
 
@@ -400,15 +449,16 @@ def _granular_noise(source: NoiseSource, method: str, param_name: str):
 
     def udf(param: pa.Array, granularity: pa.Array) -> pa.Array:
         if param.null_count:
-            raise ValueError(f"{param_name} must not be NULL")
+            raise DPParameterError(f"{param_name} must not be NULL; pass a finite number > 0")
         if granularity.null_count:
-            raise ValueError("granularity must not be NULL; pass a power of two such as 2^-16")
+            raise DPParameterError("granularity must not be NULL; pass a power of two such as 2^-16")
         p = _positive_vector(param_name, param.to_numpy(zero_copy_only=False))
         g = _granularity_vector(granularity.to_numpy(zero_copy_only=False), p.shape)
         steps = p / g
         if not np.all(steps <= MAX_SCALE_STEPS):
-            raise ValueError(f"granularity is too fine for {param_name}: {param_name} / granularity must be "
-                             f"<= 2^32; pass granularity >= {param_name} / 2^32 (e.g. dp_granularity({param_name}))")
+            raise DPParameterError(f"granularity is too fine for {param_name}: {param_name} / granularity must be "
+                                   f"<= 2^32; pass granularity >= {param_name} / 2^32 "
+                                   f"(e.g. dp_granularity({param_name}))")
         return pa.array(draw(steps) * g, type=pa.float64())
 
     udf.__name__ = f"dp_granular_{method}_noise"
@@ -417,7 +467,7 @@ def _granular_noise(source: NoiseSource, method: str, param_name: str):
 
 def _round_to_grid_udf(values: pa.Array, granularity: pa.Array) -> pa.Array:
     if granularity.null_count:
-        raise ValueError("granularity must not be NULL; pass a power of two such as 2^-16")
+        raise DPParameterError("granularity must not be NULL; pass a power of two such as 2^-16")
     x = values.to_numpy(zero_copy_only=False).astype(np.float64)  # NULL -> nan, kept NULL below
     valid = ~np.isnan(x) if values.null_count else np.ones(len(x), dtype=bool)
     out = np.full(len(x), np.nan)
@@ -427,16 +477,21 @@ def _round_to_grid_udf(values: pa.Array, granularity: pa.Array) -> pa.Array:
 
 
 def _check_noise_udf(mode: pa.Array, granularity: pa.Array) -> pa.Array:
-    """``dp__check_noise(noise, granularity)``: true, or an error naming the bad parameter."""
-    for m, g in zip(mode.to_pylist(), granularity.to_pylist()):
+    """``dp__check_noise(noise, granularity)``: true, or an error naming the bad parameter.
+
+    ``granularity`` (NULL: the default grid) is checked by the calibration that uses it.
+    """
+    for m in mode.to_pylist():
         check_noise_mode(m)
-        if m == "continuous" and g is not None:
-            raise ValueError("granularity applies only to noise := 'granular'; drop it or use the granular mode")
     return pa.array([True] * len(mode), type=pa.bool_())
 
 
 def udfs(source: NoiseSource) -> list[Udf]:
-    """The noise UDFs and the per-query secret salt, all drawing from ``source`` (side effects: never folded)."""
+    """The noise UDFs and the per-query secret salt, all drawing from ``source`` (side effects: never folded).
+
+    Only the granular UDFs may produce a released number (module docstring).
+    ``dp__secret_salt()`` returns a fresh independent salt per call (see :meth:`NoiseSource.salt`).
+    """
 
     def secret_salt() -> pa.Array:
         return pa.array([source.salt()], type=pa.int64())

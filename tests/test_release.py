@@ -209,7 +209,7 @@ def test_check_constant_reads_statistics():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if "user_col" in c.args))
+@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if "item_col" in c.args))
 def test_null_user_fails_before_the_charge(name):
     # The NULL is the table's last row of 3M: before the charge waited for the data, DuckDB ran the
     # charge first and then failed on the NULL for mad2r and policy_laplace (charged, nothing released).
