@@ -49,8 +49,7 @@ def check_constant(name: str, stats_json: object) -> bool:
                 and stats.get("min") == stats.get("max"))
     if not constant:
         # dp_set_union hands each branch its epsilon through a CASE on `method` (sql/90_dispatch.sql).
-        via = " (called through dp_set_union, a method that is not constant is reported here too)" \
-            if name == "epsilon" else ""
+        via = " (through dp_set_union or dp_top_k, its method must be constant too)" if name == "epsilon" else ""
         raise DPParameterError(
             f"dpsql: {name} must be a constant expression{via}, evaluated once for the whole release (a literal, a "
             f"prepared-statement parameter or getvariable('...')); the expression passed can take different "
