@@ -10,6 +10,28 @@ import pytest
 import dpsql
 
 
+# CI installs each extra into its own virtualenv and sets DPSQL_REQUIRE to the extras it installed:
+# there a test that skips because its extra is missing fails instead (a skip would hide a dependency
+# the extra forgot to declare). The words identify the skip reasons of each extra's tests.
+_EXTRA_SKIP_WORDS = {"dbt": ("dbt",), "fast": ("numba",), "plot": ("matplotlib",),
+                     "spark": ("pyspark", "sqlglot", "java", "spark")}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    required = [e for e in os.environ.get("DPSQL_REQUIRE", "").split(",") if e]
+    if not (report.skipped and required):
+        return
+    reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr).lower()
+    for extra in required:
+        if any(word in reason for word in _EXTRA_SKIP_WORDS.get(extra, (extra,))):
+            report.outcome = "failed"
+            report.longrepr = f"DPSQL_REQUIRE={extra}: this test skipped although the extra is installed: {reason}"
+            return
+
+
 def shared_data_dir() -> Path | None:
     """The real datasets (../shared/data next to the checkout), or DPSQL_SHARED_DATA; None if absent."""
     env = os.environ.get("DPSQL_SHARED_DATA")
