@@ -1,5 +1,9 @@
 """``python -m dpsql``: the ``dpsql`` command line."""
-from dpsql.cli import main
+import sys
 
 if __name__ == "__main__":
+    try:
+        from dpsql.cli import main
+    except KeyboardInterrupt:  # Ctrl-C while importing: nothing has run yet
+        sys.exit(130)
     raise SystemExit(main())

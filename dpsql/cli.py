@@ -1,4 +1,5 @@
-"""The ``dpsql`` command line: ``shell``, ``set-union`` and ``demo``.
+"""The ``dpsql`` command line: ``shell``, the releases (``set-union``, ``top-k``, ``hitting-set``,
+``weighted-sample``), ``budget``, ``evaluate`` and ``demo``.
 
 Exit codes: 0 success; 1 a failure while running (an engine or I/O error);
 2 a bad argument, parameter or input description (the message names it).
@@ -14,16 +15,23 @@ first so that an unreadable row, a CSV type the sniffer guessed wrong or a
 NULL user fails with nothing charged. Once charged, the released rows reach the
 user: if writing ``--output`` fails anyway, they are printed on stdout instead
 (exit code 1, and stderr says so).
+
+A flag left out takes the default of the SQL macro's parameter (read from the macro itself), so
+the command line and SQL agree. Ctrl-C stops a release that is not charged yet (exit code 130,
+nothing recorded); once it is charged the release is finished and delivered, then exit code 130.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -68,18 +76,96 @@ def _quote_ident(name: str) -> str:
 
 
 # --------------------------------------------------------------------------
-# set-union
+# Reading the input
 # --------------------------------------------------------------------------
 
+JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
+_CSV_FLAGS = ("--delimiter", "--csv-types", "--sample-size", "--all-varchar")
+_CSV_HINT = ("DuckDB's CSV reader options are --delimiter, --csv-types COL=TYPE,..., --sample-size -1 "
+             "(sniff the whole file) and --all-varchar")
+
+
 def _input_kind(path: Path) -> str:
-    """``parquet``, ``duckdb`` or ``csv``, from the file's magic bytes (extensions are often wrong)."""
+    """``parquet`` or ``duckdb`` from the file's magic bytes (extensions are often wrong), else
+    ``json`` for a *.json / *.jsonl / *.ndjson name, else ``csv``."""
     with open(path, "rb") as f:
         head = f.read(12)
     if head[:4] == b"PAR1":
         return "parquet"
     if head[8:12] == b"DUCK":
         return "duckdb"
+    if path.name.lower().endswith(JSON_SUFFIXES):
+        return "json"
     return "csv"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reader:
+    """How a text input is read: DuckDB ``read_csv`` options given on the command line."""
+
+    delimiter: Optional[str] = None
+    types: tuple[tuple[str, str], ...] = ()
+    sample_size: Optional[int] = None
+    all_varchar: bool = False
+
+    def given(self) -> list[str]:
+        """The CSV flags that were given."""
+        return [flag for flag, value in zip(_CSV_FLAGS, (self.delimiter, self.types, self.sample_size,
+                                                         self.all_varchar)) if value]
+
+    def csv_options(self, whole_file: bool = False) -> str:
+        """``, name=value`` options of read_csv (``whole_file``: sniff every row, unless --sample-size says)."""
+        parts = []
+        if self.delimiter is not None:
+            parts.append(f"delim={sql_string(self.delimiter)}")
+        if self.types:
+            parts.append("types={" + ", ".join(f"{sql_string(c)}: {sql_string(t)}" for c, t in self.types) + "}")
+        if self.sample_size is not None:
+            parts.append(f"sample_size={self.sample_size}")
+        elif whole_file:
+            parts.append("sample_size=-1")
+        if self.all_varchar:
+            parts.append("all_varchar=true")
+        return "".join(", " + p for p in parts)
+
+
+def _split_types(text: str) -> list[str]:
+    """Split ``a=INT,b=DECIMAL(10,2)`` at the commas outside parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def _reader(args: argparse.Namespace, kind: str) -> _Reader:
+    """The CSV reader options of ``args``, checked; refused for an input that is not read as CSV."""
+    delimiter = args.delimiter
+    if delimiter is not None:
+        if delimiter in ("\\t", "tab", "TAB"):  # a tab is hard to type in a shell
+            delimiter = "\t"
+        if not delimiter or "\n" in delimiter or "\r" in delimiter:
+            raise UsageError(f"--delimiter must be one or more characters other than a line break "
+                             f"(got {args.delimiter!r}), e.g. --delimiter ';' or --delimiter '\\t'")
+    types = []
+    for text in args.csv_types or []:
+        for pair in _split_types(text):
+            column, sep, type_name = pair.partition("=")
+            if not sep or not column.strip() or not type_name.strip():
+                raise UsageError(f"--csv-types takes COLUMN=TYPE pairs separated by commas "
+                                 f"(got {text!r}), e.g. --csv-types user_id=VARCHAR,item=BIGINT")
+            types.append((column.strip(), type_name.strip()))
+    if args.sample_size is not None and args.sample_size < 1 and args.sample_size != -1:
+        raise UsageError(f"--sample-size must be a number of rows >= 1, or -1 for the whole file "
+                         f"(got {args.sample_size})")
+    reader = _Reader(delimiter, tuple(types), args.sample_size, bool(args.all_varchar))
+    if kind != "csv" and reader.given():
+        raise UsageError(f"{reader.given()[0]} applies to a CSV input; {args.input!r} is read as {kind}")
+    return reader
 
 
 def _source_tables(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
@@ -108,7 +194,7 @@ def _pick_table(tables: list[tuple[str, str]], wanted: Optional[str], input_name
 
 
 def _open_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str,
-                view: str = _VIEW, whole_csv: bool = False) -> None:
+                view: str = _VIEW, whole_csv: bool = False, reader: _Reader = _Reader()) -> None:
     """Create the TEMP view ``view`` over the input (a DuckDB file is attached read-only).
 
     ``whole_csv``: the CSV sniffer reads every row instead of a sample (slow, and again on each
@@ -122,25 +208,73 @@ def _open_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Op
         source = f"{_SOURCE_DB}.{_quote_ident(schema)}.{_quote_ident(name)}"
     elif kind == "parquet":
         source = f"read_parquet({location})"
+    elif kind == "json":
+        source = f"read_json({location})"
     else:
-        source = f"read_csv({location}{', sample_size=-1' if whole_csv else ''})"
+        source = f"read_csv({location}{reader.csv_options(whole_csv)})"
     con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {source}")
 
 
+def _check_not_empty(path: Path, input_name: str, kind: str) -> None:
+    """A text input with nothing but white space has no header (DuckDB would invent a column ``column0``)."""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 16):
+            if chunk.strip():
+                return
+    what = "a header line naming the columns (e.g. user_id,item)" if kind == "csv" else "JSON records"
+    raise UsageError(f"dpsql: {input_name} is empty; it needs {what}; nothing was released or charged")
+
+
+def _first_ragged_line(path: Path, delimiter: str) -> Optional[str]:
+    """Where a CSV stops having the header's number of fields (or has an unclosed quote), as 'line N ...'."""
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            lines = csv.reader(f, delimiter=delimiter, strict=True)
+            width = None
+            for fields in lines:
+                if width is None:
+                    width = len(fields)
+                elif fields and len(fields) != width:
+                    return f"line {lines.line_num} has {len(fields)} fields, the header {width}"
+    except csv.Error:
+        return f"a quote is not closed or is misplaced near line {lines.line_num}"
+    return None
+
+
+def _csv_shape_problem(path: Path, present: Sequence[str], reader: _Reader, input_name: str) -> Optional[str]:
+    """Why DuckDB's sniffer made up the columns ``present`` of a CSV input, or None if it did not."""
+    if present and all(re.fullmatch(r"column\d+", c) for c in present):
+        return (f"dpsql: {input_name} has no header line (DuckDB named its columns {', '.join(present)}); "
+                f"add a first line naming the columns, e.g. user_id,item; nothing was released or charged")
+    if len(present) == 1 and reader.delimiter is None:
+        seen = [d for d in (",", ";", "\t", "|") if d in present[0]]
+        if seen:
+            where = _first_ragged_line(path, seen[0])
+            return (f"dpsql: {input_name} is not a well-formed CSV file: no delimiter splits all of its lines "
+                    f"into the same number of fields{f' ({where})' if where else ''}, so DuckDB read each line "
+                    f"as one column. Fix the file (or name the delimiter with --delimiter to see DuckDB's own "
+                    f"error); nothing was released or charged")
+    return None
+
+
 def _check_input_columns(con: duckdb.DuckDBPyConnection, columns: Sequence[tuple[str, str]], input_name: str,
-                         view: str = _VIEW) -> None:
+                         view: str = _VIEW, csv_path: Optional[Path] = None, reader: _Reader = _Reader()) -> None:
     """Name the CLI flag when a column is missing (the library would name its internal view)."""
     present = [row[0] for row in con.execute(f"SELECT name FROM pragma_table_info('{view}')").fetchall()]
     lowered = {c.lower() for c in present}
     for flag, col in columns:
         if col.lower() not in lowered:
-            raise UsageError(f"{flag} {col!r} is not a column of {input_name}; its columns are {', '.join(present)}")
+            problem = _csv_shape_problem(csv_path, present, reader, input_name) if csv_path is not None else None
+            raise UsageError(problem or f"{flag} {col!r} is not a column of {input_name}; its columns are "
+                                        f"{', '.join(present)}")
     if len({col.lower() for _, col in columns}) < len(columns):
         raise UsageError(f"{' and '.join(flag for flag, _ in columns)} must name different columns")
 
 
 def _load_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str,
-                columns: Sequence[tuple[str, str]]) -> None:
+                columns: Sequence[tuple[str, str]], reader: _Reader = _Reader()) -> None:
     """Copy ``columns`` (flag, name) of the input into the TEMP table ``dpsql_input``, checked.
 
     Runs before the release: the whole input is read once here, so an unreadable row or a value
@@ -148,27 +282,35 @@ def _load_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Op
     Nothing has been charged when this raises.
     """
     def unreadable(exc: duckdb.Error) -> UsageError:
-        # DuckDB's CSV errors go on with reader options the command line does not take: keep the cause.
+        # DuckDB's CSV errors go on with the reader's SQL options: keep the cause, name our flags.
         cause = re.split(r" Possible (?:solutions|fixes)| file = ", error_line(exc)[len("Error: "):])[0]
-        return UsageError(f"{input_name} could not be read completely ({cause.strip()}); "
+        if reader.types and (isinstance(exc, duckdb.CatalogException) or "COLUMN_TYPES" in cause):
+            return UsageError(f"--csv-types: {cause.strip()}; nothing was released or charged")
+        hint = f"; {_CSV_HINT}" if kind == "csv" else ""
+        return UsageError(f"{input_name} could not be read completely ({cause.strip()}){hint}; "
                           f"nothing was released or charged")
 
+    if kind in ("csv", "json"):
+        _check_not_empty(path, input_name, kind)
     try:
-        _open_input(con, path, kind, table, input_name, view=_RAW)  # the CSV sniffer reads a sample here
+        # The CSV sniffer reads a sample here.
+        _open_input(con, path, kind, table, input_name, view=_RAW, reader=reader)
     except duckdb.Error as exc:
         raise unreadable(exc) from None
-    _check_input_columns(con, columns, input_name, view=_RAW)
+    _check_input_columns(con, columns, input_name, view=_RAW, csv_path=path if kind == "csv" else None,
+                         reader=reader)
     names = [_quote_ident(col) for _, col in columns]
     copy = f"CREATE OR REPLACE TEMP TABLE {_VIEW} AS SELECT {', '.join(names)} FROM {_RAW}"
     try:
         con.execute(copy)
     except duckdb.Error as exc:
-        if kind != "csv":
+        if kind != "csv" or reader.sample_size is not None or reader.all_varchar \
+                or isinstance(exc, duckdb.InterruptException):
             raise unreadable(exc) from None
         # Most often a type the sniffer guessed from its sample that later rows do not fit:
         # sniff the whole file and read it again.
         try:
-            _open_input(con, path, kind, table, input_name, view=_RAW, whole_csv=True)
+            _open_input(con, path, kind, table, input_name, view=_RAW, whole_csv=True, reader=reader)
             con.execute(copy)
         except duckdb.Error:
             raise unreadable(exc) from None
@@ -309,10 +451,127 @@ def _progress_printer(err: TextIO) -> Callable[[float], None]:
 def _connect(seed: Optional[int], ledger: Optional[Ledger] = None) -> duckdb.DuckDBPyConnection:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the caller prints SEED_WARNING itself, without a source line
-        return dpsql.connect(seed=seed, ledger=ledger)
+        con = dpsql.connect(seed=seed, ledger=ledger)
+    # DuckDB draws its progress bar on stdout after 2 s, into the released items; --progress has its own.
+    con.execute("SET enable_progress_bar_print = false")
+    return con
 
 
-def _input_ledger(args: argparse.Namespace, input_path: Path, kind: str) -> Ledger:
+# --------------------------------------------------------------------------
+# Ctrl-C
+# --------------------------------------------------------------------------
+
+class _Interrupted(Exception):
+    """Ctrl-C stopped a command before anything was charged (exit code 130)."""
+
+
+class _Interrupts:
+    """Ctrl-C during a release: stop it if nothing is charged yet, else finish and deliver it.
+
+    The release runs in a worker thread (:meth:`run`) while the main thread waits, so the SIGINT
+    handler runs in the main thread between waits. Before the first charge it forbids any charge
+    (:meth:`charging`, under the same lock) and interrupts DuckDB (``con.interrupt()``): the
+    ledger records nothing. After a charge it only takes note: the rows are computed and
+    delivered, then the command exits with 130. Either way the connection is closed only once the
+    worker has stopped (closing a busy connection aborts the process).
+    """
+
+    def __init__(self, err: TextIO):
+        self.err = err
+        # Reentrant: the handler may run in the main thread while that thread holds the lock in run().
+        self.lock = threading.RLock()
+        self.charged = False
+        self.stopping = False
+        self.requested = False
+        self.con: Optional[duckdb.DuckDBPyConnection] = None
+        self._previous = None
+
+    def __enter__(self) -> "_Interrupts":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum, frame) -> None:
+        with self.lock:
+            self.requested = True
+            if self.charged:
+                _say(self.err, "dpsql: interrupted after the release was charged; finishing it so that its "
+                               "rows are not lost")
+                return
+            self.stopping = True
+            con = self.con
+        if con is None:
+            raise KeyboardInterrupt  # no query is running and nothing is charged: stop right here
+        con.interrupt()
+
+    def charging(self) -> "_Interrupts._Gate":
+        """Held while the ledger records a charge: refuses it once Ctrl-C asked to stop."""
+        return _Interrupts._Gate(self)
+
+    class _Gate:
+        def __init__(self, owner: "_Interrupts"):
+            self.owner = owner
+
+        def __enter__(self) -> None:
+            self.owner.lock.acquire()
+            if self.owner.stopping:
+                self.owner.lock.release()
+                raise DPParameterError("dpsql: interrupted (Ctrl-C) before the release was charged")
+
+        def __exit__(self, exc_type, exc, tb) -> None:
+            if exc_type is None:
+                self.owner.charged = True
+            self.owner.lock.release()
+
+    def check(self) -> None:
+        """Raise :class:`_Interrupted` if Ctrl-C asked to stop (called between the steps of a command)."""
+        if self.stopping:
+            raise _Interrupted()
+
+    def run(self, con: duckdb.DuckDBPyConnection, work: Callable[[], object]) -> object:
+        """``work()`` in a worker thread, interruptible with Ctrl-C through ``con``."""
+        result: dict = {}
+
+        def target() -> None:
+            try:
+                result["value"] = work()
+            except BaseException as exc:  # re-raised in the main thread
+                result["error"] = exc
+
+        worker = threading.Thread(target=target, name="dpsql-release")
+        with self.lock:
+            self.con = con
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.1)
+        finally:
+            with self.lock:
+                self.con = None
+        if self.stopping:
+            raise _Interrupted()
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
+
+
+class _GatedLedger(Ledger):
+    """A ledger whose charges pass through :meth:`_Interrupts.charging`."""
+
+    interrupts: Optional[_Interrupts] = None
+
+    def charge(self, *args, **kwargs):  # type: ignore[override]
+        if self.interrupts is None:
+            return super().charge(*args, **kwargs)
+        with self.interrupts.charging():
+            return super().charge(*args, **kwargs)
+
+
+def _input_ledger(args: argparse.Namespace, input_path: Path, kind: str) -> _GatedLedger:
     """The ledger a release from INPUT is charged to: --ledger, else the sidecar of the input file.
 
     The release reads the input through the TEMP table ``dpsql_input``; the ledger records the
@@ -324,12 +583,12 @@ def _input_ledger(args: argparse.Namespace, input_path: Path, kind: str) -> Ledg
         raise UsageError(f"--ledger {args.ledger!r}: folder {str(path.parent)!r} does not exist")
     if kind == "duckdb" and args.table:
         # A table scope is a catalog identity: the table of the input database, whatever the ledger's name.
-        return Ledger(path, aliases={_VIEW: args.table}, database=ledger_mod.database_alias(input_path))
-    return Ledger(path, aliases={_VIEW: str(input_path.resolve())})
+        return _GatedLedger(path, aliases={_VIEW: args.table}, database=ledger_mod.database_alias(input_path))
+    return _GatedLedger(path, aliases={_VIEW: str(input_path.resolve())})
 
 
-def _input_file(args: argparse.Namespace) -> tuple[Path, str, Optional[_Output]]:
-    """INPUT, its kind and the --output file, all checked before anything is read."""
+def _input_file(args: argparse.Namespace) -> tuple[Path, str, Optional[_Output], _Reader]:
+    """INPUT, its kind, the --output file and the CSV reader options, all checked before anything is read."""
     input_path = Path(args.input)
     if not input_path.exists():
         raise UsageError(f"input file {args.input!r} does not exist")
@@ -338,7 +597,7 @@ def _input_file(args: argparse.Namespace) -> tuple[Path, str, Optional[_Output]]
     kind = _input_kind(input_path)
     if args.table is not None and kind != "duckdb":
         raise UsageError(f"--table applies to a DuckDB database input; {args.input!r} is a {kind} file")
-    return input_path, kind, _output_path(args.output, input_path)
+    return input_path, kind, _output_path(args.output, input_path), _reader(args, kind)
 
 
 def _file_metadata(args: argparse.Namespace, mechanism: str) -> dict[str, str]:
@@ -355,34 +614,203 @@ def _privacy_fields(args: argparse.Namespace) -> dict:
     return {"private": args.seed is None, **({"warning": SEED_WARNING} if args.seed is not None else {})}
 
 
+# --------------------------------------------------------------------------
+# Plain output
+# --------------------------------------------------------------------------
+
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Control characters, and the code points that str.splitlines() and many tools take for line breaks.
+_NEEDS_ESCAPE = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escape_text(text: str) -> str:
+    r"""``text`` on one line: ``\\``, ``\n``, ``\r``, ``\t``, and ``\xHH`` / ``\uHHHH`` for other control characters."""
+    def one(match: re.Match) -> str:
+        ch = match.group()
+        if ch in _ESCAPES:
+            return _ESCAPES[ch]
+        return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+    return _NEEDS_ESCAPE.sub(one, text)
+
+
+def _text_columns(rows: pa.Table) -> list[list[str]]:
+    """Each column of ``rows`` as text, as DuckDB casts it to VARCHAR, which is what its CSV writer writes.
+
+    So a number reads the same on stdout and in --output *.csv. Values are then escaped with
+    :func:`escape_text` (one value per line), except BLOBs, whose DuckDB text is already escaped
+    (``\\xHH``). NULL is empty, as in CSV. The rows are charged: if DuckDB fails, Python's ``str``
+    is used instead.
+    """
+    def duckdb_text(name: str) -> list:
+        con = duckdb.connect()
+        try:
+            con.register("dpsql_released", rows.select([name]))
+            return [v for (v,) in con.execute(f"SELECT {_quote_ident(name)}::VARCHAR FROM dpsql_released").fetchall()]
+        finally:
+            con.close()
+
+    columns = []
+    for field in rows.schema:
+        try:
+            values = duckdb_text(field.name)
+        except Exception:
+            values = [None if v is None else str(v) for v in rows.column(field.name).to_pylist()]
+        raw = pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type) \
+            or pa.types.is_fixed_size_binary(field.type)
+        columns.append(["" if v is None else (v if raw else escape_text(v)) for v in values])
+    return columns
+
+
+def _print_rows(rows: pa.Table, out: TextIO) -> None:
+    """One line per row, columns separated by tabs (see :func:`_text_columns`)."""
+    columns = _text_columns(rows)
+    for i in range(rows.num_rows):
+        out.write("\t".join(col[i] for col in columns) + "\n")
+
+
+# --------------------------------------------------------------------------
+# Releases: set-union, top-k, hitting-set
+# --------------------------------------------------------------------------
+
+_MACRO_HEADER = re.compile(r"CREATE\s+OR\s+REPLACE\s+TEMP\s+MACRO\s+(\w+)\s*\((.*?)\)\s+AS\b", re.S | re.I)
+
+
+@functools.lru_cache(maxsize=None)
+def macro_defaults(macro: str) -> dict[str, str]:
+    """The default of each parameter of the SQL macro ``macro`` that has one, as SQL text.
+
+    Read from the macro's ``CREATE`` statement in the package's ``sql/*.sql`` files, so that a
+    command-line flag left out means what leaving the parameter out of the SQL call means.
+    (DuckDB's ``duckdb_functions()`` lists a macro's parameters but not their defaults.)
+    """
+    from dpsql.registration import sql_files
+
+    for path in sql_files():
+        for match in _MACRO_HEADER.finditer(path.read_text(encoding="utf-8")):
+            if match.group(1).lower() != macro.lower():
+                continue
+            defaults = {}
+            for part in _split_params(match.group(2)):
+                name, sep, value = part.partition(":=")
+                if sep:
+                    defaults[name.split()[0].lower()] = value.strip()
+            return defaults
+    raise LookupError(f"dpsql: the SQL macro {macro} is missing from the installation")
+
+
+def _split_params(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _default(macro: str, name: str, cast: Callable[[str], object]):
+    """The SQL default of ``macro``'s parameter ``name``; None if it has none (the flag is then required)."""
+    text = macro_defaults(macro).get(name)
+    return None if text is None or text.upper() == "NULL" else cast(text.strip("'"))
+
+
+def _whole(text: str) -> int:
+    return int(float(text))
+
+
+def _fill_defaults(args: argparse.Namespace, macro: str, names: Sequence[tuple[str, Callable]]) -> None:
+    """Give every flag left out the SQL default of ``macro``'s parameter; refuse one that has none."""
+    for name, cast in names:
+        if getattr(args, name) is None:
+            value = _default(macro, name, cast)
+            if value is None:
+                raise UsageError(f"--{name.replace('_', '-')} is required (the SQL macro {macro} has no default "
+                                 f"for {name})")
+            setattr(args, name, value)
+
+
+def _release(args: argparse.Namespace, err: TextIO, interrupts: _Interrupts,
+             columns: Sequence[tuple[str, str]], probe_sql: str,
+             run: Callable[[duckdb.DuckDBPyConnection], pa.Table]) -> tuple[pa.Table, Optional[_Output], float]:
+    """Check, load INPUT, probe --output, then ``run`` the release (charged), interruptible with Ctrl-C.
+
+    ``probe_sql`` selects zero rows of the released columns' types from ``dpsql_input``.
+    Returns the released rows in value order, the output and the seconds the release took.
+    """
+    input_path, kind, output, reader = _input_file(args)
+    if args.seed is not None:
+        print(SEED_WARNING, file=err, flush=True)
+    ledger = _input_ledger(args, input_path, kind)
+    ledger.interrupts = interrupts
+    con = _connect(args.seed, ledger)
+
+    def work() -> tuple[pa.Table, float]:
+        if getattr(args, "progress", False):
+            _say(err, f"dpsql: reading {args.input!r}")
+        _load_input(con, input_path, kind, args.table, f"{args.input!r} (read as {kind})", columns, reader)
+        interrupts.check()
+        if output is not None:
+            _probe_output(con, probe_sql, output)
+        interrupts.check()
+        started = time.perf_counter()
+        released = run(con)
+        return released, time.perf_counter() - started
+
+    try:
+        released, elapsed = interrupts.run(con, work)
+    finally:
+        con.close()
+    return _ordered(released), output, elapsed
+
+
+def _finish(args: argparse.Namespace, released: pa.Table, output: Optional[_Output], mechanism: str,
+            doc: dict, rows_key: str, rows_json: Callable[[pa.Table], list], out: TextIO, err: TextIO,
+            interrupts: _Interrupts, plain: Optional[Sequence[str]] = None) -> int:
+    """Deliver charged rows: --output, then the JSON document or plain lines (the columns ``plain``,
+    default all); the exit code."""
+    # Charged: from here on nothing may stop the rows from reaching the user.
+    written = _deliver(released, output, _file_metadata(args, mechanism), err)
+    if args.json:
+        doc = {**doc, "n_released": released.num_rows, **_privacy_fields(args)}
+        if output is not None and written:
+            doc["output"] = str(output.path)
+        else:
+            doc[rows_key] = rows_json(released)
+            if output is not None:
+                doc["output_failed"] = str(output.path)
+        out.write(json.dumps(doc, indent=2, default=str) + "\n")
+    elif output is None or not written:
+        _print_rows(released if plain is None else released.select(list(plain)), out)
+    out.flush()
+    if interrupts.requested:
+        _say(err, "dpsql: interrupted; the release was charged before Ctrl-C, so it was finished and delivered")
+        return 130
+    return 0 if written else 1
+
+
 def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Release items of INPUT; print them, write them, or print a JSON summary."""
+    macro = dpsql.METHODS[args.method].macro
+    _fill_defaults(args, macro, [("epsilon", float), ("delta", float)])
+    if args.max_items is None:  # greedy_update has no cap parameter: validate the dispatcher's default
+        args.max_items = _default(macro, "max_items", _whole) or _default("dp_set_union", "max_items", _whole)
     cal = dpsql.calibrate(args.method, args.epsilon, args.delta, args.max_items)
     user_col = check_identifier("--user-col", args.user_col)
     item_col = check_identifier("--item-col", args.item_col)
-    input_path, kind, output = _input_file(args)
-    if args.seed is not None:
-        print(SEED_WARNING, file=err, flush=True)
 
-    con = _connect(args.seed, _input_ledger(args, input_path, kind))
-    try:
-        _load_input(con, input_path, kind, args.table, f"{args.input!r} (read as {kind})",
-                    [("--user-col", user_col), ("--item-col", item_col)])
-        if output is not None:
-            _probe_output(con, f"SELECT {_quote_ident(item_col)} AS item FROM {_VIEW} LIMIT 0", output)
-        started = time.perf_counter()
-        released = dpsql.set_union(con, _VIEW, args.method, epsilon=args.epsilon, delta=args.delta,
-                                   max_items=args.max_items, user_col=user_col, item_col=item_col,
-                                   progress=_progress_printer(err) if args.progress else None,
-                                   alpha=args.alpha, passes=args.passes)
-        elapsed = time.perf_counter() - started
-    finally:
-        con.close()
+    def run(con: duckdb.DuckDBPyConnection) -> pa.Table:
+        return dpsql.set_union(con, _VIEW, args.method, epsilon=args.epsilon, delta=args.delta,
+                               max_items=args.max_items, user_col=user_col, item_col=item_col,
+                               progress=_progress_printer(err) if args.progress else None,
+                               alpha=args.alpha, passes=args.passes)
 
-    # Charged: from here on nothing may stop the rows from reaching the user.
-    released = _ordered(released)
-    written = _deliver(released, output, _file_metadata(args, dpsql.METHODS[args.method].macro), err)
-    if args.json:
+    with _Interrupts(err) as interrupts:
+        released, output, elapsed = _release(
+            args, err, interrupts, [("--user-col", user_col), ("--item-col", item_col)],
+            f"SELECT {_quote_ident(item_col)} AS item FROM {_VIEW} LIMIT 0", run)
         doc = {
             "method": args.method,
             "epsilon": float(args.epsilon),
@@ -392,28 +820,108 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             "table": args.table,
             "user_col": user_col,
             "item_col": item_col,
-            "n_released": released.num_rows,
             "calibration": {"noise": cal.noise, "scale": cal.scale, "threshold": cal.threshold},
             # Adaptive / multi-round methods: every round's budget share, noise scale, release
             # threshold and (MAD) truncation level; "calibration" then holds the last round's.
             **({"calibration_rounds": [dataclasses.asdict(r) for r in cal.rounds]} if cal.rounds else {}),
-            **_privacy_fields(args),
             **{k: v for k, v in (("alpha", args.alpha), ("passes", args.passes)) if v is not None},
         }
-        if output is not None and written:
-            doc["output"] = str(output.path)
-        else:
-            doc["items"] = released.column("item").to_pylist()
-            if output is not None:
-                doc["output_failed"] = str(output.path)
-        out.write(json.dumps(doc, indent=2, default=str) + "\n")
-    elif output is None or not written:
-        for item in released.column("item").to_pylist():
-            out.write(f"{item}\n")
-    out.flush()
-    if args.progress:
-        _say(err, f"dpsql: {args.method} released {released.num_rows} items in {elapsed:.2f} s")
-    return 0 if written else 1
+        code = _finish(args, released, output, macro, doc, "items",
+                       lambda rows: rows.column("item").to_pylist(), out, err, interrupts)
+        if args.progress:
+            _say(err, f"dpsql: {args.method} released {released.num_rows} items in {elapsed:.2f} s")
+    return code
+
+
+def _cmd_ranked(macro: str, function: Callable[..., pa.Table], args: argparse.Namespace, out: TextIO,
+                err: TextIO) -> int:
+    """top-k / hitting-set: at most k items of INPUT in rank order (unknown domain, user-level DP)."""
+    from dpsql import topk
+
+    _fill_defaults(args, macro, [("epsilon", float), ("delta", float), ("max_items", _whole),
+                                 ("domain_method", str)])
+    cal = topk.top_k_calibration(args.k, args.epsilon, args.delta, args.max_items, args.domain_method)
+    user_col = check_identifier("--user-col", args.user_col)
+    item_col = check_identifier("--item-col", args.item_col)
+
+    def run(con: duckdb.DuckDBPyConnection) -> pa.Table:
+        return function(con, _VIEW, cal.k, epsilon=args.epsilon, delta=args.delta, max_items=args.max_items,
+                        domain_method=args.domain_method, user_col=user_col, item_col=item_col)
+
+    with _Interrupts(err) as interrupts:
+        released, output, _ = _release(
+            args, err, interrupts, [("--user-col", user_col), ("--item-col", item_col)],
+            f"SELECT 0::BIGINT AS rank, {_quote_ident(item_col)} AS item FROM {_VIEW} LIMIT 0", run)
+        doc = {"mechanism": macro, "k": cal.k, "epsilon": float(args.epsilon), "delta": float(args.delta),
+               "max_items": int(args.max_items), "domain_method": args.domain_method, "input": args.input,
+               "table": args.table, "user_col": user_col, "item_col": item_col,
+               "calibration": dataclasses.asdict(cal)}
+        # Plain output: the items in rank order (the rank is the line number).
+        return _finish(args, released, output, macro, doc, "items",
+                       lambda rows: rows.column("item").to_pylist(), out, err, interrupts, plain=["item"])
+
+
+def cmd_top_k(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Unknown-domain top-k of INPUT (``dp_top_k``)."""
+    return _cmd_ranked("dp_top_k", dpsql.top_k, args, out, err)
+
+
+def cmd_hitting_set(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Unknown-domain k-hitting set of INPUT (``dp_hitting_set``)."""
+    return _cmd_ranked("dp_hitting_set", dpsql.hitting_set, args, out, err)
+
+
+def _add_input_options(p: argparse.ArgumentParser) -> None:
+    """INPUT, --table and DuckDB's CSV reader options (for an input read as CSV)."""
+    p.add_argument("input", metavar="INPUT",
+                   help="Parquet file, CSV file, JSON file (*.json, *.jsonl, *.ndjson), or DuckDB database "
+                        "(with --table)")
+    p.add_argument("--table", help="table or view to read when INPUT is a DuckDB database")
+    csv = p.add_argument_group("CSV input (DuckDB's read_csv options)")
+    csv.add_argument("--delimiter", metavar="CHAR", help="field separator, e.g. ';' or '\\t' (default: sniffed)")
+    csv.add_argument("--csv-types", metavar="COL=TYPE,...", action="append",
+                     help="column types, e.g. user_id=VARCHAR,item=BIGINT (default: sniffed)")
+    csv.add_argument("--sample-size", type=int, metavar="ROWS",
+                     help="rows the type sniffer reads, -1 for the whole file (default: DuckDB's sample, "
+                          "then the whole file if a later row does not fit)")
+    csv.add_argument("--all-varchar", action="store_true", help="read every column as text")
+
+
+def _add_release_options(p: argparse.ArgumentParser, *, rows: str) -> None:
+    """--output, --json, --ledger and --seed of a release command."""
+    p.add_argument("--output", metavar="FILE", help=f"write the {rows} to FILE: *.csv (CSV) or *.parquet (Parquet)")
+    p.add_argument("--json", action="store_true", help=f"print one JSON object with the parameters, "
+                                                       f"calibration and {rows}")
+    p.add_argument("--ledger", metavar="FILE", help="privacy ledger to charge (default: INPUT.dpsql-ledger)")
+    p.add_argument("--seed", type=int, help="reproducible noise for tests: the result is NOT private")
+
+
+def _default_help(macro: str, name: str) -> str:
+    text = macro_defaults(macro).get(name)
+    return f"default: {text.strip(chr(39))}, as in SQL" if text else "required"
+
+
+PLAIN_OUTPUT = ("Plain output is one value per line (columns separated by tabs); numbers are written as in "
+                "CSV output, and a backslash, line break, tab or other control character in a value as "
+                "\\\\, \\n, \\t, \\xHH.")
+
+
+def _add_ranked_parser(sub, name: str, macro: str, func: Callable, summary: str, description: str) -> None:
+    p = sub.add_parser(name, help=summary, description=description + " " + PLAIN_OUTPUT)
+    _add_input_options(p)
+    p.add_argument("--k", type=int, required=True, help="number of items to release (at most)")
+    p.add_argument("--epsilon", type=float, help=f"privacy parameter epsilon > 0 ({_default_help(macro, 'epsilon')})")
+    p.add_argument("--delta", type=float, help=f"privacy parameter 0 < delta < 1 ({_default_help(macro, 'delta')})")
+    p.add_argument("--max-items", type=int, help=f"items kept per user in the domain step "
+                                                  f"({_default_help(macro, 'max_items')})")
+    p.add_argument("--domain-method", choices=list(dpsql.METHODS),
+                   help=f"set-union method of the domain step ({_default_help(macro, 'domain_method')})")
+    p.add_argument("--user-col", default=_default(macro, "user_col", str),
+                   help=f"user column ({_default_help(macro, 'user_col')})")
+    p.add_argument("--item-col", default=_default(macro, "item_col", str),
+                   help=f"item column ({_default_help(macro, 'item_col')})")
+    _add_release_options(p, rows="items")
+    p.set_defaults(func=func)
 
 
 # --------------------------------------------------------------------------
@@ -427,7 +935,7 @@ EVALUATE_NOTE = ("NON-PRIVATE evaluation: computed from the raw input, not diffe
 def _open_released(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """TEMP view ``dpsql_released`` over a Parquet or CSV file of released items (column ``item``)."""
     location = sql_string(str(path))
-    reader = "read_parquet" if _input_kind(path) == "parquet" else "read_csv"
+    reader = {"parquet": "read_parquet", "json": "read_json"}.get(_input_kind(path), "read_csv")
     con.execute(f"CREATE TEMP VIEW dpsql_released AS SELECT * FROM {reader}({location})")
 
 
@@ -448,9 +956,13 @@ def cmd_evaluate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     con = _connect(None)
     try:
         kind = _input_kind(paths["INPUT"])
-        _open_input(con, paths["INPUT"], kind, args.table, repr(args.input))
-        _check_input_columns(con, [("--user-col", user_col), ("--item-col", item_col)],
-                             f"{args.input!r} (read as {kind})")
+        reader = _reader(args, kind)
+        input_name = f"{args.input!r} (read as {kind})"
+        if kind in ("csv", "json"):
+            _check_not_empty(paths["INPUT"], input_name, kind)
+        _open_input(con, paths["INPUT"], kind, args.table, repr(args.input), reader=reader)
+        _check_input_columns(con, [("--user-col", user_col), ("--item-col", item_col)], input_name,
+                             csv_path=paths["INPUT"] if kind == "csv" else None, reader=reader)
         _open_released(con, paths["--released"])
         names = [r[0].lower() for r in con.execute("SELECT name FROM pragma_table_info('dpsql_released')").fetchall()]
         if args.released_col.lower() not in names:
@@ -487,70 +999,49 @@ def cmd_weighted_sample(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     """Private weighted sample / private histogram of INPUT (element-level DP); print keys (and tokens)."""
     from dpsql import pws
 
+    _fill_defaults(args, "dp_weighted_sample", [("epsilon", float), ("delta", float), ("scheme", str),
+                                                ("power", float), ("key_col", str)])
     eps, delta, tau, scheme, power = pws.check_pws_parameters(args.epsilon, args.delta, args.tau, args.scheme,
                                                               args.power)
     key_col = check_identifier("--key-col", args.key_col)
     freq_col = None if args.freq_col is None else check_identifier("--freq-col", args.freq_col)
-    input_path, kind, output = _input_file(args)
-    if args.seed is not None:
-        print(SEED_WARNING, file=err, flush=True)
-    con = _connect(args.seed, _input_ledger(args, input_path, kind))
-    try:
-        columns = [("--key-col", key_col)] + ([("--freq-col", freq_col)] if freq_col is not None else [])
-        _load_input(con, input_path, kind, args.table, f"{args.input!r} (read as {kind})", columns)
-        if output is not None:
-            token = ", 0::BIGINT AS token" if args.with_frequencies else ""
-            _probe_output(con, f"SELECT {_quote_ident(key_col)} AS key{token} FROM {_VIEW} LIMIT 0", output)
+    columns = [("--key-col", key_col)] + ([("--freq-col", freq_col)] if freq_col is not None else [])
+    token = ", 0::BIGINT AS token" if args.with_frequencies else ""
+
+    def run(con: duckdb.DuckDBPyConnection) -> pa.Table:
         released = pws.weighted_sample(con, _VIEW, eps, delta, tau=tau, scheme=scheme, power=power,
                                        with_frequencies=args.with_frequencies, key_col=key_col, freq_col=freq_col)
-    finally:
-        con.close()
+        return released if args.with_frequencies else released.select(["key"])
 
-    # Charged: from here on nothing may stop the rows from reaching the user.
-    if not args.with_frequencies:
-        released = released.select(["key"])
-    released = _ordered(released)
-    written = _deliver(released, output, _file_metadata(args, "dp_weighted_sample"), err)
-    if args.json:
+    with _Interrupts(err) as interrupts:
+        released, output, _ = _release(args, err, interrupts, columns,
+                                       f"SELECT {_quote_ident(key_col)} AS key{token} FROM {_VIEW} LIMIT 0", run)
         doc = {"mechanism": "pws", "privacy_unit": "element (one input row), NOT user", "epsilon": eps,
                "delta": delta, "tau": tau, "scheme": scheme, "power": power,
                "with_frequencies": bool(args.with_frequencies), "input": args.input, "key_col": key_col,
-               "freq_col": freq_col, "n_released": released.num_rows, "L": pws.L_value(eps, delta),
-               **_privacy_fields(args)}
-        if output is not None and written:
-            doc["output"] = str(output.path)
-        else:
-            doc["keys"] = released.to_pylist()
-            if output is not None:
-                doc["output_failed"] = str(output.path)
-        out.write(json.dumps(doc, indent=2, default=str) + "\n")
-    elif output is None or not written:
-        for row in released.to_pylist():
-            out.write("\t".join(str(v) for v in row.values()) + "\n")
-    out.flush()
-    return 0 if written else 1
+               "freq_col": freq_col, "L": pws.L_value(eps, delta)}
+        return _finish(args, released, output, "dp_weighted_sample", doc, "keys", lambda rows: rows.to_pylist(),
+                       out, err, interrupts)
 
 
 def _add_weighted_sample_parser(sub) -> None:
+    macro = "dp_weighted_sample"
     ws = sub.add_parser("weighted-sample", help="private weighted sample / histogram (ELEMENT-level privacy)",
                         description="Release keys of INPUT (and, with --with-frequencies, sanitized frequency "
                                     "tokens) under ELEMENT-level (epsilon, delta)-DP: one input row is protected, "
                                     "NOT one user. Without --tau: private histogram; with --tau: private "
-                                    "threshold sample (Cohen et al., private weighted sampling).")
-    ws.add_argument("input", metavar="INPUT", help="Parquet file, CSV file, or DuckDB database (with --table)")
-    ws.add_argument("--epsilon", type=float, required=True, help="privacy parameter epsilon > 0")
-    ws.add_argument("--delta", type=float, required=True, help="privacy parameter 0 < delta < 1")
+                                    "threshold sample (Cohen et al., private weighted sampling). " + PLAIN_OUTPUT)
+    _add_input_options(ws)
+    ws.add_argument("--epsilon", type=float, required=True,
+                    help="privacy parameter epsilon > 0 (required, as in SQL)")
+    ws.add_argument("--delta", type=float, required=True, help="privacy parameter 0 < delta < 1 (required, as in SQL)")
     ws.add_argument("--tau", type=float, help="sampling threshold > 0 (default: no sampling)")
-    ws.add_argument("--scheme", default="ppswor", help="ppswor (default) or priority")
-    ws.add_argument("--power", type=float, default=1.0, help="sampling weight f(i) = i^power (default 1)")
+    ws.add_argument("--scheme", help=f"ppswor or priority ({_default_help(macro, 'scheme')})")
+    ws.add_argument("--power", type=float, help=f"sampling weight f(i) = i^power ({_default_help(macro, 'power')})")
     ws.add_argument("--with-frequencies", action="store_true", help="also release sanitized frequency tokens")
-    ws.add_argument("--key-col", default="key", help="key column (default: key)")
+    ws.add_argument("--key-col", help=f"key column ({_default_help(macro, 'key_col')})")
     ws.add_argument("--freq-col", help="frequency column of an aggregated input (default: one row = one element)")
-    ws.add_argument("--table", help="table or view to read when INPUT is a DuckDB database")
-    ws.add_argument("--output", metavar="FILE", help="write the sample to FILE: *.csv (CSV) or *.parquet (Parquet)")
-    ws.add_argument("--json", action="store_true", help="print one JSON object with parameters and sample")
-    ws.add_argument("--ledger", metavar="FILE", help="privacy ledger to charge (default: INPUT.dpsql-ledger)")
-    ws.add_argument("--seed", type=int, help="reproducible noise for tests: the result is NOT private")
+    _add_release_options(ws, rows="sample")
     ws.set_defaults(func=cmd_weighted_sample)
 
 
@@ -669,8 +1160,8 @@ def _add_budget_parser(sub) -> None:
 # --------------------------------------------------------------------------
 
 def cmd_shell(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Run the SQL shell."""
-    return run_shell(args.database, args.command, out=out, err=err)
+    """Run the SQL shell (its options are defined in dpsql.shell)."""
+    return dpsql.shell.run_args(args, out, err)
 
 
 def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -698,34 +1189,46 @@ def build_parser() -> argparse.ArgumentParser:
     shell = sub.add_parser("shell", help="SQL prompt on a DuckDB database with dpsql's macros",
                            description="SQL prompt on a DuckDB database with dpsql's functions and macros. "
                                        "Reads SQL from -c, from stdin when it is not a terminal, or interactively.")
-    shell.add_argument("database", nargs="?", metavar="DATABASE", help="DuckDB database file (default: in memory)")
-    shell.add_argument("-c", dest="command", metavar="SQL", help="run SQL and exit")
+    dpsql.shell.add_arguments(shell)
     shell.set_defaults(func=cmd_shell)
 
     su = sub.add_parser("set-union", help="release items of a table under user-level differential privacy",
                         description="Release the items of INPUT under user-level (epsilon, delta)-DP. Prints the "
-                                    "released items one per line, unless --output or --json is given.")
-    su.add_argument("input", metavar="INPUT", help="Parquet file, CSV file, or DuckDB database (with --table)")
-    su.add_argument("--method", choices=list(dpsql.METHODS), default=dpsql.DEFAULT_METHOD,
-                    help=f"set-union mechanism (default: {dpsql.DEFAULT_METHOD})")
-    su.add_argument("--epsilon", type=float, required=True, help="privacy parameter epsilon > 0")
-    su.add_argument("--delta", type=float, required=True, help="privacy parameter 0 < delta < 1, e.g. 1e-5")
-    su.add_argument("--max-items", type=int, required=True,
-                    help="items kept per user (a uniform sample of larger sets)")
-    su.add_argument("--user-col", default="user_id", help="user column (default: user_id)")
-    su.add_argument("--item-col", default="item", help="item column (default: item)")
-    su.add_argument("--table", help="table or view to read when INPUT is a DuckDB database")
-    su.add_argument("--output", metavar="FILE", help="write the items to FILE: *.csv (CSV) or *.parquet (Parquet)")
-    su.add_argument("--json", action="store_true", help="print one JSON object with the parameters, "
-                                                        "calibration and items")
+                                    "released items one per line, unless --output or --json is given. A flag "
+                                    "left out takes the SQL macro's default. " + PLAIN_OUTPUT)
+    _add_input_options(su)
+    su.add_argument("--method", choices=list(dpsql.METHODS), default=_default("dp_set_union", "method", str),
+                    help=f"set-union mechanism ({_default_help('dp_set_union', 'method')})")
+    su.add_argument("--epsilon", type=float,
+                    help=f"privacy parameter epsilon > 0 ({_default_help('dp_set_union', 'epsilon')})")
+    su.add_argument("--delta", type=float,
+                    help=f"privacy parameter 0 < delta < 1 ({_default_help('dp_set_union', 'delta')})")
+    su.add_argument("--max-items", type=int, help=f"items kept per user, a uniform sample of larger sets "
+                                                  f"({_default_help('dp_set_union', 'max_items')})")
+    su.add_argument("--user-col", default=_default("dp_set_union", "user_col", str),
+                    help=f"user column ({_default_help('dp_set_union', 'user_col')})")
+    su.add_argument("--item-col", default=_default("dp_set_union", "item_col", str),
+                    help=f"item column ({_default_help('dp_set_union', 'item_col')})")
     su.add_argument("--progress", action="store_true", help="report progress and timing on stderr")
     su.add_argument("--alpha", type=float, help="cutoff multiplier of policy_laplace, policy_gaussian (default 5) "
                                                 "and greedy_update (default 3)")
     su.add_argument("--passes", type=int, help="passes over the users of policy_laplace/policy_gaussian (default 1)")
-    su.add_argument("--ledger", metavar="FILE", help="privacy ledger to charge (default: INPUT.dpsql-ledger)")
-    su.add_argument("--seed", type=int, help="reproducible noise for tests: the result is NOT private")
+    _add_release_options(su, rows="items")
     su.set_defaults(func=cmd_set_union)
 
+    _add_ranked_parser(sub, "top-k", "dp_top_k", cmd_top_k,
+                       "release the (about) k items most users hold, user-level DP, unknown domain",
+                       "Release at most k items of INPUT, in rank order, under user-level (epsilon, delta)-DP "
+                       "(dp_top_k: a set-union release at (epsilon/2, delta/2) is the domain, then k-fold peeling "
+                       "at (epsilon/2, delta/2)). Prints the items one per line in rank order, unless --output "
+                       "(columns rank, item) or --json is given. A flag left out takes the SQL macro's default.")
+    _add_ranked_parser(sub, "hitting-set", "dp_hitting_set", cmd_hitting_set,
+                       "release k items that together hit many users, user-level DP, unknown domain",
+                       "Release at most k items of INPUT, in the order they were picked, that together are held "
+                       "by as many users as possible, under user-level (epsilon, delta)-DP (dp_hitting_set: a "
+                       "set-union release at (epsilon/2, delta/2) is the domain, then user peeling at "
+                       "(epsilon/2, delta/2)). Prints the items one per line in rank order, unless --output "
+                       "(columns rank, item) or --json is given. A flag left out takes the SQL macro's default.")
     _add_weighted_sample_parser(sub)
     _add_budget_parser(sub)
     demo = sub.add_parser("demo", help="compare every method on the embedded r/AskReddit sample",
@@ -740,13 +1243,13 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Compare a file of released items with the raw INPUT: missing mass MM_p "
                                     "(p = 0, 1, 2, inf), top-k missing mass (--k), users hit, and items per "
                                     "frequency bucket. Reads the raw data: the numbers are NOT private.")
-    ev.add_argument("input", metavar="INPUT", help="Parquet file, CSV file, or DuckDB database (with --table)")
-    ev.add_argument("--released", required=True, metavar="FILE", help="Parquet or CSV file of released items")
+    _add_input_options(ev)
+    ev.add_argument("--released", required=True, metavar="FILE",
+                    help="Parquet, CSV or JSON file of released items")
     ev.add_argument("--released-col", default="item", help="item column of --released (default: item)")
     ev.add_argument("--k", type=int, help="also report the top-k missing mass (at most k released items)")
     ev.add_argument("--user-col", default="user_id", help="user column (default: user_id)")
     ev.add_argument("--item-col", default="item", help="item column (default: item)")
-    ev.add_argument("--table", help="table or view to read when INPUT is a DuckDB database")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=cmd_evaluate)
     return parser
@@ -768,8 +1271,8 @@ def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None,
     except (UsageError, DPParameterError) as exc:
         print(f"Error: {exc}", file=err, flush=True)
         return 2
-    except KeyboardInterrupt:
-        print("Error: interrupted", file=err, flush=True)
+    except (_Interrupted, KeyboardInterrupt, duckdb.InterruptException):
+        print("Error: dpsql: interrupted (Ctrl-C); nothing was released or charged", file=err, flush=True)
         return 130
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly, and keep Python from

@@ -1,4 +1,4 @@
-"""`dpsql set-union` end to end.
+"""The ``dpsql`` command line end to end: releases, inputs, output formats, Ctrl-C.
 
 A few runs go through `python -m dpsql` in subprocesses, all started at once in
 a module fixture (each process spends most of its time importing, so running
@@ -202,7 +202,6 @@ def test_output_csv(data, tmp_path):
     (["--epsilon", "1", "--delta", "1e-5", "--max-items", "0"], "max_items"),
     (["--epsilon", "1", "--delta", "1e-5", "--max-items", "2.5"], "--max-items"),
     (["--epsilon", "x", "--delta", "1e-5", "--max-items", "10"], "--epsilon"),
-    (["--delta", "1e-5", "--max-items", "10"], "--epsilon"),
     ([*PARAMS, "--method", "nope"], "--method"),
 ])
 def test_bad_parameter_exits_2_naming_it(data, flags, parameter):
@@ -253,6 +252,8 @@ def charges(ledger: Path) -> int:
 
 N_TYPED = 300
 COMMON = {"list": [1, 2], "struct": {"a": 1, "b": "x"}, "blob": b"\x00common,\"\n"}
+# The common item as DuckDB writes it in CSV, and so on stdout (a BLOB's text is DuckDB's escaped form).
+COMMON_TEXT = {"list": "[1, 2]", "struct": "{'a': 1, 'b': x}", "blob": "\\x00common,\\x22\\x0A"}
 
 
 def typed_items(kind: str) -> pa.Table:
@@ -279,7 +280,7 @@ def test_nested_and_binary_items_reach_the_user(tmp_path, kind, dest):
     assert r.returncode == 0, r.stderr
     assert charges(ledger) == 1
     if dest == "stdout":
-        assert str(COMMON[kind]) in r.stdout.splitlines()
+        assert COMMON_TEXT[kind] in r.stdout.splitlines()
     elif dest == "json":
         items = json.loads(r.stdout)["items"]
         assert (str(COMMON[kind]) if kind == "blob" else COMMON[kind]) in items
@@ -292,6 +293,9 @@ def test_nested_and_binary_items_reach_the_user(tmp_path, kind, dest):
     else:
         text = (tmp_path / "out.csv").read_text(encoding="utf-8").splitlines()
         assert text[0] == "item" and len(text) >= 2
+        written = pcsv.read_csv(tmp_path / "out.csv", convert_options=pcsv.ConvertOptions(
+            column_types={"item": pa.string()}))
+        assert COMMON_TEXT[kind] in written.column("item").to_pylist()
 
 
 def test_csv_whose_type_changes_after_the_sniffer_sample(tmp_path):
@@ -500,3 +504,352 @@ def test_duckdb_table_scope_budget_applies_to_cli_releases(data, tmp_path):
     doc = json.loads(cli("budget", "show", str(db), "--json").stdout)
     spent = {s["scope"]: (s["epsilon_spent"], s["releases"]) for s in doc["scopes"]}
     assert spent == {"database": (0.6, 1), "shop.main.events": (0.6, 1)}
+
+
+# ---------------------------------------------------------------- defaults: the SQL macro's
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+README_CLI = "dpsql set-union events.duckdb --table user_items --user-col uid --item-col query --json"
+
+
+def events_db(folder: Path) -> Path:
+    """events.duckdb with user_items(uid, query), as in README's examples."""
+    db = folder / "events.duckdb"
+    pairs = rows()
+    con = duckdb.connect(str(db))
+    try:
+        con.register("staged", pa.table({"uid": [p[0] for p in pairs], "query": [p[1] for p in pairs]}))
+        con.execute("CREATE TABLE user_items AS SELECT * FROM staged")
+    finally:
+        con.close()
+    return db
+
+
+def test_readme_cli_example_runs_with_the_sql_defaults(data, tmp_path):
+    commands = [README_CLI]
+    if README.exists():  # a source checkout: run README's own lines, so they cannot drift
+        commands = [line.strip().rstrip("\\").strip() for line in README.read_text(encoding="utf-8").splitlines()
+                    if line.strip().startswith("dpsql set-union events.duckdb")]
+        assert commands, "README's CLI example on events.duckdb is gone"
+    events_db(tmp_path)
+    for command in commands:
+        argv = command.split()[1:]
+        r = subprocess.run([sys.executable, "-m", "dpsql", *argv], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=300)
+        assert_clean(r)
+        assert r.returncode == 0, (command, r.stderr)
+        doc = json.loads(r.stdout)
+        assert (doc["epsilon"], doc["delta"], doc["max_items"]) == (1.0, 1e-5, 100)
+        assert data.common <= set(doc["items"]) <= data.items
+
+
+def test_left_out_flags_charge_what_the_sql_defaults_charge(tmp_path):
+    import dpsql
+    from dpsql.ledger import Ledger
+
+    db = events_db(tmp_path)
+    sql_ledger, cli_ledger = tmp_path / "sql.dpsql-ledger", tmp_path / "cli.dpsql-ledger"
+    con = dpsql.connect(str(db), ledger=str(sql_ledger), read_only=True)
+    try:
+        con.sql("SELECT * FROM dp_set_union('user_items', user_col := 'uid', item_col := 'query')").fetchall()
+    finally:
+        con.close()
+    r = cli("set-union", str(db), "--table", "user_items", "--user-col", "uid", "--item-col", "query",
+            "--ledger", str(cli_ledger))
+    assert r.returncode == 0, r.stderr
+    (by_sql,), (by_cli,) = Ledger(sql_ledger).releases(), Ledger(cli_ledger).releases()
+    assert (by_cli.mechanism, by_cli.epsilon, by_cli.delta) == (by_sql.mechanism, by_sql.epsilon, by_sql.delta)
+    assert by_cli.parameters == by_sql.parameters  # max_items and the other macro parameters
+
+
+def test_weighted_sample_requires_epsilon_and_delta_like_its_macro(data, tmp_path):
+    pq.write_table(pa.table({"key": ["a"] * 50}), tmp_path / "keys.parquet")
+    ledger = tmp_path / "l.dpsql-ledger"
+    for flags, missing in ((["--delta", "1e-5"], "--epsilon"), (["--epsilon", "1"], "--delta")):
+        r = cli("weighted-sample", str(tmp_path / "keys.parquet"), *flags, "--ledger", str(ledger))
+        assert r.returncode == 2 and missing in r.stderr and r.stderr.startswith("Error: ")
+    assert charges(ledger) == 0
+
+
+# ---------------------------------------------------------------- top-k and hitting-set
+
+@pytest.mark.parametrize("command", ["top-k", "hitting-set"])
+def test_ranked_release_json_output_and_plain(data, tmp_path, command):
+    ledger = tmp_path / "l.dpsql-ledger"
+    base = [command, str(data.dir / "data.parquet"), "--k", "3", "--ledger", str(ledger)]
+    r = cli(*base, "--json", "--seed", "4")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["mechanism"] == {"top-k": "dp_top_k", "hitting-set": "dp_hitting_set"}[command]
+    assert (doc["k"], doc["epsilon"], doc["delta"], doc["max_items"]) == (3, 1.0, 1e-5, 100)
+    assert doc["domain_method"] == "weighted_gaussian" and doc["private"] is False
+    assert doc["n_released"] == len(doc["items"]) == 3 and set(doc["items"]) <= data.items
+    if command == "top-k":  # held by every user, against at most 20 of 400 for any other item
+        assert set(doc["items"]) <= data.common
+    assert charges(ledger) == 2  # the domain step and the selection step
+
+    out = tmp_path / "ranked.parquet"
+    r = cli(*base, "--output", str(out))
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    written = pq.read_table(out)
+    assert written.column_names == ["rank", "item"] and written.column("rank").to_pylist() == [1, 2, 3]
+    assert pq.read_schema(out).metadata[b"dpsql_mechanism"] == doc["mechanism"].encode()
+
+    plain = cli(*base, "--seed", "4")
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.splitlines() == doc["items"]  # rank order, one per line
+    assert charges(ledger) == 6
+
+
+@pytest.mark.parametrize("flags, word", [
+    ([], "--k"),
+    (["--k", "0"], "k"),
+    (["--k", "2", "--epsilon", "-1"], "epsilon"),
+    (["--k", "2", "--domain-method", "nope"], "--domain-method"),
+    (["--k", "2", "--item-col", "nope"], "--item-col"),
+    (["--k", "2", "--delimiter", ";"], "--delimiter"),
+])
+@pytest.mark.parametrize("command", ["top-k", "hitting-set"])
+def test_ranked_release_bad_arguments_charge_nothing(data, tmp_path, command, flags, word):
+    ledger = tmp_path / "l.dpsql-ledger"
+    r = cli(command, str(data.dir / "data.parquet"), *flags, "--ledger", str(ledger))
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and word in lines[0]
+    assert charges(ledger) == 0
+
+
+# ---------------------------------------------------------------- CSV and JSON inputs
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def plain_items(r: SimpleNamespace) -> set[str]:
+    assert r.returncode == 0, r.stderr
+    return set(r.stdout.splitlines())
+
+
+def test_csv_reader_options(tmp_path):
+    pairs = [(f"u{u}", str(100 + u % 3)) for u in range(300)] + [(f"u{u}", "2.50") for u in range(300)]
+    semi = write_lines(tmp_path / "semi.csv", ["user_id;item"] + [f"{u};{i}" for u, i in pairs])
+    ledger = ["--ledger", str(tmp_path / "l.dpsql-ledger")]
+    # Sniffed, the items are numbers: 2.50 becomes 2.5.
+    assert "2.5" in plain_items(cli("set-union", str(semi), "--seed", "1", *ledger))
+    for flags in (["--csv-types", "item=VARCHAR"], ["--all-varchar"], ["--delimiter", ";", "--all-varchar"],
+                  ["--csv-types", "user_id=VARCHAR", "--csv-types", "item=VARCHAR", "--sample-size", "-1"],
+                  ["--csv-types", "user_id=VARCHAR,item=DECIMAL(10,2)"]):
+        items = plain_items(cli("set-union", str(semi), "--seed", "1", *ledger, *flags))
+        assert "2.50" in items and "2.5" not in items, flags
+    tabbed = write_lines(tmp_path / "tabbed.txt", ["user_id\titem"] + [f"{u}\t{i}" for u, i in pairs])
+    assert "2.5" in plain_items(cli("set-union", str(tabbed), "--delimiter", "\\t", *ledger))
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--csv-types", "item=BIGNT"], ["--csv-types", "BIGNT"]),
+    (["--csv-types", "item"], ["--csv-types", "COLUMN=TYPE"]),
+    (["--csv-types", "nope=INT"], ["--csv-types", "nope"]),
+    (["--sample-size", "0"], ["--sample-size"]),
+    (["--delimiter", ""], ["--delimiter"]),
+])
+def test_bad_csv_options_charge_nothing(tmp_path, flags, words):
+    path = write_lines(tmp_path / "d.csv", ["user_id,item"] + [f"u{u},a" for u in range(50)])
+    ledger = tmp_path / "l.dpsql-ledger"
+    r = cli("set-union", str(path), *flags, "--ledger", str(ledger))
+    assert r.returncode == 2, r.stderr
+    for word in words:
+        assert word in r.stderr
+    assert charges(ledger) == 0
+
+
+def test_csv_options_are_refused_for_other_inputs(data):
+    r = cli("set-union", str(data.dir / "data.parquet"), "--all-varchar")
+    assert r.returncode == 2 and "--all-varchar" in r.stderr and "parquet" in r.stderr
+
+
+@pytest.mark.parametrize("name, text", [
+    ("records.json", lambda recs: json.dumps(recs)),
+    ("records.jsonl", lambda recs: "\n".join(json.dumps(r) for r in recs)),
+    ("records.ndjson", lambda recs: "\n".join(json.dumps(r) for r in recs)),
+])
+def test_json_input_is_read_as_json(data, tmp_path, name, text):
+    records = [{"user_id": u, "item": i} for u, i in rows()]
+    (tmp_path / name).write_text(text(records), encoding="utf-8")
+    r = cli("set-union", str(tmp_path / name), "--json", "--ledger", str(tmp_path / "l.dpsql-ledger"))
+    assert r.returncode == 0, r.stderr
+    assert data.common <= set(json.loads(r.stdout)["items"]) <= data.items
+
+
+def test_broken_csv_is_named_as_such(tmp_path):
+    path = write_lines(tmp_path / "broken.csv", ["user_id,item,extra", "u1,a,1", "u2,b,2", "u3,c,3,4", "u4,d"])
+    ledger = tmp_path / "l.dpsql-ledger"
+    r = cli("set-union", str(path), "--ledger", str(ledger))
+    assert r.returncode == 2
+    line = r.stderr.strip()
+    assert "\n" not in line and line.startswith("Error: dpsql: ")
+    assert "not a well-formed CSV" in line and "line 4 has 4 fields, the header 3" in line
+    assert "is not a column" not in line
+    assert charges(ledger) == 0
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", "  \n"])
+def test_empty_csv_says_so(tmp_path, content):
+    (tmp_path / "empty.csv").write_text(content)
+    r = cli("set-union", str(tmp_path / "empty.csv"), "--ledger", str(tmp_path / "l.dpsql-ledger"))
+    assert r.returncode == 2
+    assert "is empty" in r.stderr and "column0" not in r.stderr and r.stderr.startswith("Error: dpsql: ")
+
+
+def test_headerless_csv_says_so(tmp_path):
+    path = write_lines(tmp_path / "nohead.csv", [f"u{u},{u * 3}" for u in range(50)])
+    r = cli("set-union", str(path), "--ledger", str(tmp_path / "l.dpsql-ledger"))
+    assert r.returncode == 2
+    assert "no header line" in r.stderr and "user_id,item" in r.stderr
+
+
+def test_evaluate_reads_csv_with_options(tmp_path):
+    path = write_lines(tmp_path / "d.csv", ["user_id;item"] + [f"u{u};{u % 4}" for u in range(40)])
+    released = write_lines(tmp_path / "released.csv", ["item", "1", "2"])
+    r = cli("evaluate", str(path), "--released", str(released), "--delimiter", ";", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["hits"] == 20
+
+
+# ---------------------------------------------------------------- plain output
+
+ODD_ITEMS = ["two\nlines", "tab\there", "back\\slash", "bell\x07", "cr\rlf", "sep\u2028x", "plain"]
+
+
+def test_plain_output_is_one_line_per_item(tmp_path):
+    users = [u for u in range(300) for _ in ODD_ITEMS]
+    pq.write_table(pa.table({"user_id": users, "item": ODD_ITEMS * 300}), tmp_path / "odd.parquet")
+    r = cli("set-union", str(tmp_path / "odd.parquet"), "--method", "weighted_gaussian",
+            "--ledger", str(tmp_path / "l.dpsql-ledger"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert lines[-1] == "" and len(lines) - 1 == len(ODD_ITEMS)  # every item released (300 users each)
+    assert sorted(lines[:-1]) == sorted(["two\\nlines", "tab\\there", "back\\\\slash", "bell\\x07", "cr\\rlf",
+                                         "sep\\u2028x", "plain"])
+    decoded = {line.encode("ascii").decode("unicode_escape") for line in lines[:-1]}
+    assert decoded == set(ODD_ITEMS)
+
+
+@pytest.mark.parametrize("arrow_type", [pa.float64(), pa.float32(), pa.decimal128(12, 4), pa.bool_(),
+                                        pa.timestamp("us")])
+def test_plain_and_csv_output_write_values_alike(tmp_path, arrow_type):
+    import datetime
+    import decimal
+
+    values = {pa.float64(): [1.5e-7, 0.1, 1e20, 100000000.0, 3.0],
+              pa.float32(): [1.5e-7, 0.1, 1e20, 100000000.0, 3.0],
+              pa.decimal128(12, 4): [decimal.Decimal(x) for x in ("0.1", "2.5", "100", "7.1234", "3")],
+              pa.bool_(): [True, False],
+              pa.timestamp("us"): [datetime.datetime(2024, 1, 1, 12, 30, 0, 5), datetime.datetime(1999, 12, 31)],
+              }[arrow_type]
+    users = [u for u in range(300) for _ in values]
+    pq.write_table(pa.table({"user_id": users, "item": pa.array(values * 300, arrow_type)}), tmp_path / "v.parquet")
+    common = [str(tmp_path / "v.parquet"), "--method", "weighted_gaussian",
+              "--ledger", str(tmp_path / "l.dpsql-ledger")]
+    plain = cli("set-union", *common)
+    to_csv = cli("set-union", *common, "--output", str(tmp_path / "v.csv"))
+    assert plain.returncode == 0 and to_csv.returncode == 0, plain.stderr + to_csv.stderr
+    csv_lines = (tmp_path / "v.csv").read_text(encoding="utf-8").splitlines()
+    assert csv_lines[0] == "item"
+    assert plain.stdout.splitlines() == csv_lines[1:]  # every value released, in one order, written alike
+    assert len(csv_lines) == len(values) + 1
+    if arrow_type == pa.float32():
+        assert "1.5e-07" in csv_lines  # not the float64 widening 1.500000053056283e-07
+
+
+# ---------------------------------------------------------------- Ctrl-C
+
+def test_ctrl_c_during_a_long_release_stops_cleanly(tmp_path):
+    import signal
+    import time
+
+    # A generated table of a billion rows (a view over range(), so the file is tiny): reading it
+    # takes minutes, so Ctrl-C lands while DuckDB is busy with it, before anything is charged.
+    db = tmp_path / "huge.duckdb"
+    con = duckdb.connect(str(db))
+    try:
+        con.execute("CREATE VIEW user_items AS SELECT 'u' || (i % 100000) AS user_id, 'i' || (i % 5000) AS item "
+                    "FROM range(1000000000) r(i)")
+    finally:
+        con.close()
+    ledger = tmp_path / "l.dpsql-ledger"
+    proc = subprocess.Popen([sys.executable, "-m", "dpsql", "set-union", str(db), "--table", "user_items",
+                             "--ledger", str(ledger), "--progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        first = proc.stderr.readline()
+        assert first.startswith("dpsql: reading"), first
+        time.sleep(0.2)
+        started = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+        stopped_in = time.perf_counter() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    assert_clean(result)
+    assert "busy" not in stderr and "terminate" not in stderr and "FATAL" not in stderr
+    assert proc.returncode == 130, stderr
+    assert stdout == ""
+    assert stderr.strip().splitlines()[-1] == "Error: dpsql: interrupted (Ctrl-C); nothing was released or charged"
+    assert stopped_in < 20  # DuckDB stopped reading; it did not finish the billion rows
+    assert not ledger.exists() or charges(ledger) == 0
+
+
+def test_ctrl_c_after_the_charge_delivers_the_release(data, tmp_path, monkeypatch):
+    import signal
+
+    from dpsql.ledger import Ledger
+
+    real = Ledger.charge
+
+    def charge_then_interrupt(self, *args, **kwargs):
+        release = real(self, *args, **kwargs)
+        signal.raise_signal(signal.SIGINT)  # handled by the main thread, which waits for the release
+        return release
+
+    monkeypatch.setattr(Ledger, "charge", charge_then_interrupt)
+    ledger = tmp_path / "l.dpsql-ledger"
+    r = cli("set-union", str(data.dir / "data.parquet"), *PARAMS, "--ledger", str(ledger))
+    assert r.returncode == 130
+    assert "finished and delivered" in r.stderr
+    assert charges(ledger) == 1
+    assert data.common <= set(r.stdout.splitlines()) <= data.items
+
+
+def test_ctrl_c_before_the_charge_records_nothing(data, tmp_path, monkeypatch):
+    import signal
+    import time
+
+    import dpsql.cli as cli_mod
+
+    real = cli_mod._load_input
+
+    def load_then_interrupt(*args, **kwargs):
+        real(*args, **kwargs)
+        signal.raise_signal(signal.SIGINT)
+        time.sleep(0.5)  # the main thread runs the handler meanwhile
+
+    monkeypatch.setattr(cli_mod, "_load_input", load_then_interrupt)
+    ledger = tmp_path / "l.dpsql-ledger"
+    r = cli("set-union", str(data.dir / "data.parquet"), *PARAMS, "--ledger", str(ledger))
+    assert r.returncode == 130
+    assert r.stdout == "" and "nothing was released or charged" in r.stderr
+    assert charges(ledger) == 0
+
+
+def test_duckdb_draws_no_progress_bar_into_the_output():
+    # DuckDB prints its progress bar on stdout once a query takes 2 s: it would land among the items.
+    import dpsql.cli as cli_mod
+
+    con = cli_mod._connect(None)
+    try:
+        assert con.execute("SELECT current_setting('enable_progress_bar_print')").fetchall() == [(False,)]
+    finally:
+        con.close()
