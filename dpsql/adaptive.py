@@ -63,7 +63,8 @@ from duckdb.sqltypes import DOUBLE, VARCHAR
 from dpsql import calibration
 from dpsql.calibration import RoundCalibration, SetUnionCalibration
 from dpsql.udf import Udf, scalar
-from dpsql.validation import DPParameterError, check_delta, check_epsilon, check_max_items
+from dpsql.validation import (DPParameterError, check_delta, check_epsilon, check_max_items, derived_budget,
+                              user_budget, warn_weak_parameters)
 
 __all__ = [
     "MadRound", "Mad2rCalibration", "MAX_SIPS_ROUNDS", "NORM_TOLERANCE", "SMALL_TOLERANCE",
@@ -86,6 +87,11 @@ NORM_TOLERANCE = 1e-12
 SMALL_TOLERANCE = 1e-12
 
 _SPLIT_TOLERANCE = 1e-9
+# Smallest budget fraction of one round. A round with less than a millionth of the budget releases
+# nothing; the bound keeps each round's share of the smallest accepted epsilon and delta
+# (dpsql.validation.EPSILON_MIN, DELTA_MIN) in the range where the calibrations were checked to stay
+# finite (tests/test_python_api.py), so no error ever quotes a round's share instead of the user's value.
+SPLIT_MIN = 1e-6
 
 
 def _is_real(x: object) -> bool:
@@ -148,6 +154,9 @@ def check_split(split: object, *, min_rounds: int = 1, max_rounds: int = MAX_SIP
     for f in fractions:
         if f is None or not _is_real(f) or not math.isfinite(float(f)) or float(f) <= 0:
             raise DPParameterError(f"every fraction of {name} must be a finite number > 0 (got {fractions!r})")
+        if float(f) < SPLIT_MIN:
+            raise DPParameterError(f"every fraction of {name} must be >= {SPLIT_MIN:g} (got {fractions!r}); a round "
+                                   f"with a smaller share of the budget releases nothing, e.g. {name} := [0.1, 0.9]")
     total = math.fsum(float(f) for f in fractions)
     if abs(total - 1.0) > _SPLIT_TOLERANCE:
         raise DPParameterError(f"the fractions of {name} must sum to 1 (got {fractions!r}, sum {total!r})")
@@ -226,6 +235,7 @@ def effective_max_adaptive_degree(max_adaptive_degree: int, max_items: int) -> i
     return max(2, min(int(max_adaptive_degree), int(max_items)))
 
 
+@user_budget  # the round's epsilon and delta are checked as given; delta/2 inside is a share
 def mad_round(epsilon: float, delta: float, max_items: int, max_adaptive_degree: int = 50, beta: float = 2.0,
               b_min: float = 1.0, b_max: float = 1.0) -> MadRound:
     """One MAD round at ``(epsilon, delta)`` with novel-item bound ``h(t) = b_max/sqrt(t)`` ([MAD] Alg. 1, 3, 4)."""
@@ -273,8 +283,12 @@ def mad2r_calibration(epsilon: float, delta: float, max_items: int, split: Seque
     f1, f2 = check_split(split, min_rounds=2, max_rounds=2)
     c_lb, c_ub = _check_nonnegative("c_lb", c_lb), _check_nonnegative("c_ub", c_ub)
     check_bias_bounds(b_min, b_max)
-    r1 = mad_round(f1 * epsilon, f1 * delta, max_items, max_adaptive_degree, beta, 1.0, 1.0)
-    r2 = mad_round(f2 * epsilon, f2 * delta, max_items, max_adaptive_degree, beta, b_min, b_max)
+    check_max_items(max_items)
+    check_beta(beta)
+    check_max_adaptive_degree(max_adaptive_degree)
+    with derived_budget():  # f * epsilon, f * delta are shares of the values checked above
+        r1 = mad_round(f1 * epsilon, f1 * delta, max_items, max_adaptive_degree, beta, 1.0, 1.0)
+        r2 = mad_round(f2 * epsilon, f2 * delta, max_items, max_adaptive_degree, beta, b_min, b_max)
     return Mad2rCalibration(r1, r2, c_lb, c_ub)
 
 
@@ -282,16 +296,20 @@ def sips_calibration(epsilon: float, delta: float, max_items: int,
                      split: Sequence[float] = (0.1, 0.9)) -> tuple[RoundCalibration, ...]:
     """DP-SIPS: one Basic (weighted Gaussian) calibration per round at ``(f_r eps, f_r delta)``."""
     epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
+    fractions = check_split(split)
     rounds = []
-    for f in check_split(split):
-        cal = calibration.weighted_gaussian_calibration(f * epsilon, f * delta, max_items)
-        rounds.append(RoundCalibration(f * epsilon, f * delta, cal.scale, cal.threshold))
+    with derived_budget():  # f * epsilon, f * delta are shares of the values checked above
+        for f in fractions:
+            cal = calibration.weighted_gaussian_calibration(f * epsilon, f * delta, max_items)
+            rounds.append(RoundCalibration(f * epsilon, f * delta, cal.scale, cal.threshold))
     return tuple(rounds)
 
 
 def mad_set_union_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
     """MAD with its defaults, as a :class:`SetUnionCalibration` (for ``union.METHODS``)."""
-    r = mad_calibration(epsilon, delta, max_items)
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    with derived_budget():  # mad_round halves delta
+        r = mad_calibration(epsilon, delta, max_items)
     return SetUnionCalibration("gaussian", r.sigma, r.rho, (r.as_round(),))
 
 
@@ -451,17 +469,24 @@ def udfs(source) -> list[Udf]:
 
     def mad_cal(epsilon, delta, max_items, max_adaptive_degree, beta, user_col, item_col):
         check_column_pair(user_col, item_col)
-        return dict(_mad_row(epsilon, delta, max_items, max_adaptive_degree, beta))
+        check_epsilon(epsilon), check_delta(delta)  # the user's values, before mad_round's shares
+        with derived_budget():
+            row = dict(_mad_row(epsilon, delta, max_items, max_adaptive_degree, beta))
+        warn_weak_parameters(epsilon, delta, what="dp_set_union_mad", stacklevel=1)
+        return row
 
     def mad2r_cal(epsilon, delta, max_items, split, max_adaptive_degree, beta, b_min, b_max, c_lb, c_ub,
                   user_col, item_col):
         check_column_pair(user_col, item_col)
-        return dict(_mad2r_row(epsilon, delta, max_items, _key(split), max_adaptive_degree, beta, b_min, b_max,
-                               c_lb, c_ub))
+        row = dict(_mad2r_row(epsilon, delta, max_items, _key(split), max_adaptive_degree, beta, b_min, b_max,
+                              c_lb, c_ub))
+        warn_weak_parameters(epsilon, delta, what="dp_set_union_mad2r", stacklevel=1)
+        return row
 
     def sips_cal(epsilon, delta, max_items, split, user_col, item_col):
         check_column_pair(user_col, item_col)
         row = _sips_row(epsilon, delta, max_items, _key(split))
+        warn_weak_parameters(epsilon, delta, what="dp_set_union_sips", stacklevel=1)
         return {"sigma": list(row["sigma"]), "rho": list(row["rho"])}
 
     def mad_parameters(tau, max_adaptive_degree, max_items, b_min, b_max):

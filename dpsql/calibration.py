@@ -38,6 +38,7 @@ from dpsql.validation import (
     check_epsilon,
     check_max_items,
     check_positive,
+    user_budget,
 )
 
 NoveltyBound = Callable[[int], float]
@@ -194,6 +195,7 @@ def _checked(epsilon: float, delta: float, max_items: int) -> tuple[float, float
     return check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
 
 
+@user_budget
 def weighted_gaussian_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
     """Weighted Gaussian = WGM [MM Alg. 1] = Basic [MAD App. A] ([DPSU] Thm 5.1).
 
@@ -206,6 +208,7 @@ def weighted_gaussian_calibration(epsilon: float, delta: float, max_items: int) 
     return SetUnionCalibration("gaussian", sigma, gaussian_threshold(sigma, delta / 2.0, max_items, inv_sqrt))
 
 
+@user_budget
 def weighted_laplace_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
     """Weighted Laplace ([DPSU] App. B, Thm 4.1 threshold).
 
@@ -217,6 +220,7 @@ def weighted_laplace_calibration(epsilon: float, delta: float, max_items: int) -
     return SetUnionCalibration("laplace", scale, laplace_threshold(scale, delta, max_items, inv))
 
 
+@user_budget
 def count_gaussian_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
     """Count Gaussian, the baseline of [DPSU] Sec. 1.1 (threshold derived, see spec Sec. 2.2).
 
@@ -230,6 +234,7 @@ def count_gaussian_calibration(epsilon: float, delta: float, max_items: int) -> 
     return SetUnionCalibration("gaussian", sigma_c, gaussian_threshold(sigma_c, delta / 2.0, max_items, one))
 
 
+@user_budget
 def count_laplace_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
     """Count Laplace, the baseline of [DPSU] Sec. 1.1 (threshold derived, see spec Sec. 2.2).
 

@@ -44,7 +44,7 @@ import dpsql
 from dpsql import ledger as ledger_mod
 from dpsql.ledger import Ledger
 from dpsql.release import sorted_release
-from dpsql.shell import error_line, run_shell
+from dpsql.shell import error_line
 from dpsql.validation import DPParameterError, check_identifier, sql_string
 
 __all__ = ["main", "UsageError"]

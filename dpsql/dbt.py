@@ -18,6 +18,19 @@ total budget when dbt connects, so a run that would exceed it fails::
         config:
           budget: {epsilon: 3.0, delta: 1.0e-5}
 
+Scopes. A release is charged to the ``'database'`` scope and to the scope of the
+relation the model passes as ``tbl``: its catalog identity
+``database.schema.table`` in lower case (:func:`dpsql.ledger.resolve_scope`),
+where a DuckDB file's database is named after the file (``events`` for
+``events.duckdb``). ``'{{ ref("user_items") }}'`` renders as
+``"events"."main"."user_items"`` and charges ``events.main.user_items``, as does
+a ``source()`` over the same table, and that is the scope that
+``dpsql budget set events.duckdb --scope user_items`` and the plugin's
+``budget: {scope: user_items}`` limit. The scope is the relation named in the
+call, not its lineage: a model that releases from another model (a staging
+table over ``user_items``) charges that model's scope, so bound an analyst with
+the ``'database'`` scope.
+
 Materializations. A model that calls a dpsql release must store the released
 rows, so that reading it does not release again. Supported: ``table``,
 ``incremental`` (each run is one release of that run's input) and ``external``

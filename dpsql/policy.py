@@ -90,7 +90,8 @@ from dpsql import calibration
 from dpsql.calibration import SetUnionCalibration
 from dpsql.noise import NoiseSource
 from dpsql.udf import Udf, scalar
-from dpsql.validation import DPParameterError, check_delta, check_epsilon, check_max_items
+from dpsql.validation import (DPParameterError, check_delta, check_epsilon, check_max_items, user_budget,
+                              warn_weak_parameters)
 
 __all__ = [
     "POLICIES", "MAX_PASSES", "check_alpha", "check_passes",
@@ -150,6 +151,7 @@ def check_passes(passes: object) -> int:
     return int(value)
 
 
+@user_budget
 def policy_laplace_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
     """Policy Laplace ([DPSU] Alg. 4, Thm 4.1): ``Lap(1/eps)``, ``rho_Lap`` with ``h(t) = 1/t``.
 
@@ -159,6 +161,7 @@ def policy_laplace_calibration(epsilon: float, delta: float, max_items: int) -> 
     return calibration.weighted_laplace_calibration(epsilon, delta, max_items)
 
 
+@user_budget
 def policy_gaussian_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
     """Policy Gaussian ([DPSU] Alg. 6, Thm 5.1): ``sigma(eps, delta/2)``, ``rho_Gauss`` with ``h(t) = 1/sqrt(t)``."""
     return calibration.weighted_gaussian_calibration(epsilon, delta, max_items)
@@ -177,6 +180,7 @@ def greedy_update_threshold(epsilon: float, delta: float) -> float:
     return 1.0 + max(0.0, math.log(-math.expm1(-epsilon) / (2.0 * delta))) / epsilon
 
 
+@user_budget
 def greedy_update_calibration(epsilon: float, delta: float, max_items: Optional[int] = None) -> SetUnionCalibration:
     """GreedyUpdate: ``Lap(1/eps)`` and :func:`greedy_update_threshold`, for the windowed release.
 
@@ -565,6 +569,7 @@ def _calibration_row(method, epsilon, delta, max_items, alpha, passes, user_col,
     method = check_policy(method)
     cal = calibrate(method, epsilon, delta, 1 if method == "greedy_update" else max_items)
     gamma = policy_cutoff(method, epsilon, delta, max_items, alpha)
+    warn_weak_parameters(epsilon, delta, what=f"dp_set_union_{method}", stacklevel=1)
     return {"noise": cal.noise, "scale": cal.scale, "threshold": cal.threshold, "gamma": gamma,
             "n_passes": check_passes(passes)}
 

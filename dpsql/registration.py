@@ -3,20 +3,33 @@
 Python cannot define DuckDB table functions, so every mechanism is a
 ``CREATE TEMP MACRO ... AS TABLE`` (text in the package's ``sql/*.sql``) that
 calls the scalar UDFs registered here. Macros are TEMP so that a database file
-never depends on dpsql to open; TEMP objects belong to one connection, so a
-cursor needs :func:`register_macros` again (UDFs are shared with cursors).
+never depends on dpsql to open.
+
+DuckDB facts this module works with (DuckDB 2.0): Python UDFs belong to the
+database instance, so every cursor (and every other connection to the same
+file in this process) sees them, but only the connection object that created
+a UDF can remove or replace it, and closing that connection drops its
+reference to the Python function while the catalog entry stays (calling it
+then crashed the process). TEMP macros belong to one connection or cursor.
+Hence :func:`register` creates the UDFs once per database instance, on the
+first connection registered, keeps its own references to them while any
+registered connection or cursor of the instance lives, and creates only the
+macros on every further connection or cursor, which share the first one's
+noise source and ledger.
 """
 from __future__ import annotations
 
 import os
+import secrets
 import weakref
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Callable, Optional, Union
 
 import duckdb
 import duckdb.func
-from duckdb.sqltypes import BOOLEAN, DOUBLE
+from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql import adaptive, calibration, ledger as ledger_mod, noise, union
 from dpsql import topk
@@ -25,11 +38,45 @@ from dpsql import policy
 from dpsql import optimize, subsampling
 from dpsql import release
 from dpsql.udf import Udf, scalar
+from dpsql.validation import DPParameterError
 
 __all__ = ["connect", "register", "register_macros", "sql_dir", "sql_files", "source_of"]
 
 # Connection -> noise source, so tests and audits can inspect what a connection draws.
 _SOURCES: "weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, noise.NoiseSource]" = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class _Registration:
+    """dpsql's UDFs on one database instance: the connection that owns them, their source and ledger."""
+
+    owner: "weakref.ref[duckdb.DuckDBPyConnection]"
+    source: noise.NoiseSource
+    ledger: ledger_mod.Ledger
+    members: "weakref.WeakSet[duckdb.DuckDBPyConnection]" = field(default_factory=weakref.WeakSet)
+    # The Python functions behind the catalog's UDFs: held here so that closing the owner (e.g. a
+    # cursor registered first) cannot free a function that other connections still call.
+    functions: list = field(default_factory=list)
+
+
+# Token -> registration. The token is part of a UDF's name (dp__registration_<token>), so any
+# connection finds its instance's registration in the catalog without calling a UDF (which would
+# crash if its owner was closed).
+_REGISTRATIONS: dict[str, _Registration] = {}
+_TOKEN_PREFIX = "dp__registration_"
+
+
+def _instance_registration(con: duckdb.DuckDBPyConnection) -> Optional[tuple[str, _Registration]]:
+    # A registration none of whose connections is alive any more belongs to a closed database.
+    for token in [t for t, r in _REGISTRATIONS.items() if not len(r.members)]:
+        del _REGISTRATIONS[token]
+    rows = con.execute("SELECT function_name FROM duckdb_functions() WHERE starts_with(function_name, $1)",
+                       [_TOKEN_PREFIX]).fetchall()
+    for (name,) in rows:
+        token = name[len(_TOKEN_PREFIX):]
+        if token in _REGISTRATIONS:
+            return token, _REGISTRATIONS[token]
+    return None
 
 
 def sql_dir() -> Path:
@@ -119,8 +166,25 @@ def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource
         # SPECIAL null handling: the UDF sees NULL parameters and rejects them by name.
         con.create_function(udf.name, udf.fn, list(udf.params), udf.returns, type=duckdb.func.ARROW,
                             null_handling=duckdb.func.SPECIAL, side_effects=udf.side_effects)
-    _SOURCES[con] = source
-    ledger_mod.attach(con, ledger)
+    found = _instance_registration(con)
+    if found is None:
+        token = secrets.token_hex(8)
+
+        def token_fn():
+            return token
+
+        con.create_function(_TOKEN_PREFIX + token, token_fn, [], VARCHAR)
+        registration = _REGISTRATIONS[token] = _Registration(weakref.ref(con), source, ledger)
+        registration.functions.append(token_fn)
+    else:
+        registration = found[1]
+        registration.source, registration.ledger = source, ledger
+        del registration.functions[1:]  # the owner just replaced them in the catalog
+    registration.functions.extend(udf.fn for udf in declared)
+    registration.members.add(con)
+    for member in list(registration.members):  # cursors see the replaced UDFs: keep their view in step
+        _SOURCES[member] = source
+        ledger_mod.attach(member, ledger)
 
 
 def register_macros(con: duckdb.DuckDBPyConnection) -> None:
@@ -131,7 +195,19 @@ def register_macros(con: duckdb.DuckDBPyConnection) -> None:
 
 def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None,
              ledger: Union[None, str, os.PathLike, ledger_mod.Ledger] = None) -> duckdb.DuckDBPyConnection:
-    """Register every dpsql UDF and TEMP macro on an existing connection.
+    """Register every dpsql UDF and TEMP macro on an existing connection or cursor.
+
+    Connections, cursors and threads: register the connection you opened
+    first (``dpsql.connect`` does). Its cursors share its UDFs, noise source
+    and ledger, but DuckDB's TEMP macros belong to one cursor, so call
+    ``dpsql.register(cursor)`` on each cursor before using dpsql there (it
+    only creates the cursor's macros). A DuckDB connection must not be used by
+    two threads at once: give each thread its own ``con.cursor()`` and
+    register it; the threads then charge the one ledger (atomically) and draw
+    from the one noise source. ``seed`` and ``ledger`` apply to the whole
+    database instance (every cursor, and every connection of this process to
+    the same file); only the connection or cursor registered first may change
+    them, and a cursor given another seed or ledger is refused.
 
     ``ledger``: where releases are charged; default the sidecar file
     ``<database file>.dpsql-ledger``, or an in-memory ledger for an in-memory
@@ -144,6 +220,9 @@ def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None,
     thread, since the order in which DuckDB hands rows to the noise UDF
     otherwise varies between runs.
     """
+    found = _instance_registration(con)
+    if found is not None and found[1].owner() is not con:
+        return _register_member(con, found[1], seed=seed, ledger=ledger)
     # The ledger first: a refused ledger leaves the connection (source, threads) as it was.
     ledger = ledger_mod.ledger_for(con, ledger)
     if seed is None:
@@ -152,6 +231,30 @@ def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None,
         source = noise.seeded_source(seed)
         con.execute("SET threads = 1")
     register_functions(con, source, ledger)
+    register_macros(con)
+    return con
+
+
+def _register_member(con: duckdb.DuckDBPyConnection, registration: _Registration, *, seed: Optional[int],
+                     ledger: Union[None, str, os.PathLike, ledger_mod.Ledger]) -> duckdb.DuckDBPyConnection:
+    """Register a cursor (or another connection to the same instance): its macros, the owner's UDFs."""
+    if seed is not None:
+        raise DPParameterError(
+            "dpsql: seed applies to the whole database: this connection shares the functions of the connection "
+            "registered first (cursors share their connection's noise source); call dpsql.register(that "
+            "connection, seed=...) instead, or open a separate database for a seeded run")
+    if ledger is not None:
+        current = registration.ledger
+        same = ledger is current if isinstance(ledger, ledger_mod.Ledger) else (
+            current.path is not None and os.path.realpath(current.path) == os.path.realpath(os.fspath(ledger)))
+        if not same:
+            raise DPParameterError(
+                f"dpsql: ledger applies to the whole database: this connection shares the ledger of the "
+                f"connection registered first ({current!r}); register without ledger=, or register that "
+                f"connection with the new ledger")
+    registration.members.add(con)
+    _SOURCES[con] = registration.source
+    ledger_mod.attach(con, registration.ledger)
     register_macros(con)
     return con
 

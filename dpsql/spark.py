@@ -31,19 +31,41 @@ Privacy argument: the same as the DuckDB macros (``dpsql.union``,
 The noisy weights never leave the function; only released items are returned.
 A ``seed`` makes runs reproducible for tests (up to Spark's row order) and the
 release **NOT private**, as ``dpsql.connect(seed=N)``.
+
+Input. A NULL user or item is refused before anything is drawn, with the
+:class:`~dpsql.validation.DPParameterError` (and the text) DuckDB's macros give,
+``dpsql: column user_id (user_col) contains NULL; ...``. The check is one extra
+scan of the input's two columns.
+
+Executors. The functions dpsql runs in Spark tasks (the noise of each stage and
+MAD2R's UserWeights) are shipped by value: a task imports numpy, pyarrow,
+randomgen and pandas, never ``dpsql`` or ``duckdb``, so executors need neither
+(the driver's dpsql code runs there, whatever version they have installed). On a
+local master (``local``, ``local[N]``, ``local-cluster``), whose Python workers
+run on this machine, dpsql's own tasks run with the driver's interpreter
+(``sys.executable``) unless ``PYSPARK_PYTHON`` named one when the session was
+created: PySpark's default is ``python3`` from ``PATH``, which in a virtualenv
+that is not activated lacks the packages. The session is not changed: your own
+UDFs still run with ``PYSPARK_PYTHON`` (set it to ``sys.executable`` before
+creating the session for them). On a cluster, set ``PYSPARK_PYTHON`` to an
+interpreter the executors have.
 """
 from __future__ import annotations
 
 import itertools
+import sys
+import threading
 import uuid
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from dpsql import adaptive, calibration, topk, union
+from dpsql.adaptive import user_weights_batch
 from dpsql.noise import NOT_PRIVATE_WARNING, NoiseSource, secure_source
 from dpsql.portable import stage_sql
 from dpsql.validation import DPParameterError, check_identifier, check_max_items
@@ -83,8 +105,8 @@ def _one_row(session, row: Mapping[str, float]):
     """A one-row relation of parameters, marked for broadcast (the stages CROSS JOIN it with the rows)."""
     from pyspark.sql import functions as F
 
-    return F.broadcast(session.createDataFrame([tuple(float(v) for v in row.values())],
-                                               ", ".join(f"{k} double" for k in row)))
+    # Literals, not createDataFrame of a Python list: that would run a Python task (another interpreter).
+    return F.broadcast(session.range(1).select(*(F.lit(float(v)).cast("double").alias(k) for k, v in row.items())))
 
 
 def _materialise(frame):
@@ -95,6 +117,57 @@ def _materialise(frame):
     a persisted input recomputed from the source), while a checkpoint cuts the lineage.
     """
     return frame.localCheckpoint(eager=True)
+
+
+# PySpark's worker interpreter when PYSPARK_PYTHON is not set (SparkContext.pythonExec).
+_SPARK_DEFAULT_PYTHON = "python3"
+_shipping_lock = threading.RLock()
+
+
+def _local_context(session):
+    """The SparkContext of ``session`` if its Python workers run here with PySpark's default interpreter."""
+    try:
+        sc = session.sparkContext
+    except Exception:  # Spark Connect: no driver-side context, the server picks the interpreter
+        return None
+    if not str(sc.master).startswith("local") or sc.pythonExec != _SPARK_DEFAULT_PYTHON:
+        return None
+    return sc
+
+
+@contextmanager
+def _by_value():
+    """While held, PySpark pickles dpsql's functions and classes by value (tasks never import dpsql)."""
+    from pyspark import cloudpickle
+
+    with _shipping_lock:
+        registered = "dpsql" in cloudpickle.list_registry_pickle_by_value()
+        if not registered:
+            cloudpickle.register_pickle_by_value(sys.modules["dpsql"])
+        try:
+            yield
+        finally:
+            if not registered:
+                cloudpickle.unregister_pickle_by_value(sys.modules["dpsql"])
+
+
+@contextmanager
+def _shipping(session):
+    """Around the creation of a Python UDF of dpsql (PySpark pickles it then and records the interpreter).
+
+    The function goes by value (:func:`_by_value`) and, on a local master with PySpark's default
+    interpreter, is run by ``sys.executable``; the session's setting is restored on exit.
+    """
+    with _by_value():
+        sc = _local_context(session)
+        if sc is None:
+            yield
+            return
+        previous, sc.pythonExec = sc.pythonExec, sys.executable
+        try:
+            yield
+        finally:
+            sc.pythonExec = previous
 
 
 def _task_source(seed: Optional[int], stage: int) -> NoiseSource:
@@ -116,6 +189,29 @@ class _Noise:
     strict: bool
 
 
+def _noise_task(noise: _Noise, seed: Optional[int], stage: int,
+                keep_all: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow function of :func:`_noisy`: numpy, pyarrow and (by value) :class:`NoiseSource` only."""
+    kind, scale, threshold, strict = noise.kind, float(noise.scale), float(noise.threshold), noise.strict
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        source = _task_source(seed, stage)
+        draw = getattr(source, kind)
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            w = batch.column(batch.schema.get_field_index("w")).to_numpy(zero_copy_only=False)
+            noisy = w + draw(np.full(len(w), scale))
+            items = batch.column(batch.schema.get_field_index("item"))
+            if keep_all:
+                yield pa.RecordBatch.from_arrays([items, pa.array(noisy, pa.float64())], ["item", "noisy"])
+            else:
+                passed = noisy > threshold if strict else noisy >= threshold
+                yield pa.RecordBatch.from_arrays([items.filter(pa.array(passed))], ["item"])
+
+    return run
+
+
 def _noisy(weights, noise: _Noise, seed: Optional[int], keep_all: bool = False):
     """``(item[, noisy])`` of the rows of ``weights`` (item, w) whose ``w + noise`` passes the threshold.
 
@@ -127,32 +223,23 @@ def _noisy(weights, noise: _Noise, seed: Optional[int], keep_all: bool = False):
     fields = [StructField("item", item_field.dataType, item_field.nullable)]
     if keep_all:
         fields.append(StructField("noisy", DoubleType(), False))
-    stage = next(_noise_stage)
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        source = _task_source(seed, stage)
-        draw = getattr(source, noise.kind)
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            w = batch.column(batch.schema.get_field_index("w")).to_numpy(zero_copy_only=False)
-            noisy = w + draw(np.full(len(w), noise.scale))
-            items = batch.column(batch.schema.get_field_index("item"))
-            if keep_all:
-                yield pa.RecordBatch.from_arrays([items, pa.array(noisy, pa.float64())], ["item", "noisy"])
-            else:
-                passed = noisy > noise.threshold if noise.strict else noisy >= noise.threshold
-                yield pa.RecordBatch.from_arrays([items.filter(pa.array(passed))], ["item"])
-
-    return weights.select("item", "w").mapInArrow(run, StructType(fields))
+    run = _noise_task(noise, seed, next(_noise_stage), keep_all)
+    with _shipping(weights.sparkSession):
+        return weights.select("item", "w").mapInArrow(run, StructType(fields))
 
 
 # --------------------------------------------------------------------------
 # Input and contribution bounding
 # --------------------------------------------------------------------------
 
+def _null_message(col: str, param: str) -> str:
+    # The text of dp__user_items (sql/20_contribution_bounding.sql).
+    what = "users" if param == "user_col" else "items"
+    return f"dpsql: column {col} ({param}) contains NULL; filter NULL {what} out first, e.g. with a view"
+
+
 def _user_items(df, user_col: str, item_col: str):
-    """Distinct (user_id, item) pairs; NULL users or items fail the job with DuckDB's message."""
+    """Distinct (user_id, item) pairs; a NULL user or item raises DuckDB's error before anything is drawn."""
     from pyspark.sql import functions as F
 
     user_col = check_identifier("user_col", user_col)
@@ -163,14 +250,21 @@ def _user_items(df, user_col: str, item_col: str):
         if col.lower() not in columns:
             raise DPParameterError(f"{param} := {col!r} is not a column of the DataFrame; its columns are "
                                    f"{', '.join(df.columns)}")
+    checked = (("user_col", user_col), ("item_col", item_col))
+    # Checked here, in Python, because a raise_error inside the job reaches the driver as a Java stack
+    # trace whose exception type depends on the plan (and whose text may lack the message).
+    nulls = df.select(*(F.max(F.col(f"`{columns[col.lower()]}`").isNull().cast("int")).alias(param)
+                        for param, col in checked)).first()
+    for param, col in checked:
+        if nulls is not None and nulls[param]:
+            raise DPParameterError(_null_message(col, param))
 
-    def not_null(col: str, param: str, what: str):
-        message = (f"dpsql: column {col} ({param}) contains NULL; filter NULL {what} out first, "
-                   f"e.g. with a view")
-        return F.coalesce(F.col(f"`{columns[col.lower()]}`"), F.raise_error(F.lit(message)))
+    def not_null(col: str, param: str):
+        # A guard for input that changes between the check and the release (e.g. a non-deterministic source).
+        return F.coalesce(F.col(f"`{columns[col.lower()]}`"), F.raise_error(F.lit(_null_message(col, param))))
 
-    return df.select(not_null(user_col, "user_col", "users").alias("user_id"),
-                     not_null(item_col, "item_col", "items").alias("item")).distinct()
+    return df.select(not_null(user_col, "user_col").alias("user_id"),
+                     not_null(item_col, "item_col").alias("item")).distinct()
 
 
 def capped_user_items(pairs, max_items: int, salt: int):
@@ -221,14 +315,22 @@ def _user_weight_rows(biased, b_min: float, b_max: float):
     if b_min * b_max >= 1.0:
         return _run_stage("dp__user_weight_rows", {"rows_rel": biased}, {"b_min": b_min, "b_max": b_max})
 
-    def per_user(frame):
-        b = frame["b"].to_numpy(dtype=np.float64)
-        uw = adaptive.user_weights_batch(b, np.array([0, len(b)]), b_min, b_max)
-        return frame.assign(d=len(b), uw=uw)[["user_id", "item", "d", "uw"]]
-
     schema = (f"user_id {biased.schema['user_id'].dataType.simpleString()}, "
               f"item {biased.schema['item'].dataType.simpleString()}, d long, uw double")
-    return biased.groupBy("user_id").applyInPandas(per_user, schema)
+    with _shipping(biased.sparkSession):
+        return biased.groupBy("user_id").applyInPandas(_user_weights_task(b_min, b_max), schema)
+
+
+def _user_weights_task(b_min: float, b_max: float):
+    """The applyInPandas function of :func:`_user_weight_rows` (one user's rows): numpy and pandas only."""
+    b_min, b_max = float(b_min), float(b_max)
+
+    def per_user(frame):
+        b = frame["b"].to_numpy(dtype=np.float64)
+        uw = user_weights_batch(b, np.array([0, len(b)]), b_min, b_max)
+        return frame.assign(d=len(b), uw=uw)[["user_id", "item", "d", "uw"]]
+
+    return per_user
 
 
 def _mad_params(tau: float, max_adaptive_degree: object, max_items: object, b_min: float, b_max: float) -> dict:

@@ -57,13 +57,18 @@ from duckdb.sqltypes import BIGINT, DOUBLE, VARCHAR
 from dpsql import union
 from dpsql.udf import Udf, scalar
 from dpsql.validation import (
+    DELTA_MIN,
+    EPSILON_MIN,
     DPParameterError,
     check_delta,
     check_epsilon,
     check_identifier,
     check_max_items,
     check_table_name,
+    derived_budget,
     sql_string,
+    user_budget,
+    warn_weak_parameters,
 )
 
 __all__ = ["K_LIMIT", "check_k", "peeling_epsilon", "TopKCalibration", "top_k_calibration",
@@ -96,6 +101,7 @@ def check_k(k: object, name: str = "k") -> int:
 # Calibration (pure)
 # --------------------------------------------------------------------------
 
+@user_budget
 def peeling_epsilon(epsilon: float, delta: float, k: int) -> float:
     """Per-step epsilon of k-fold peeling EM that is (epsilon, delta)-DP ([MM] Lemma B.1 = [GJK+22] Lemma 4.2).
 
@@ -127,8 +133,9 @@ class TopKCalibration:
 @lru_cache(maxsize=256)
 def _top_k_calibration(k: int, epsilon: float, delta: float, max_items: int, method: str) -> TopKCalibration:
     half_eps, half_delta = epsilon / 2.0, delta / 2.0
-    union.calibrate(method, half_eps, half_delta, max_items)  # validates the domain step too
-    eps0 = peeling_epsilon(half_eps, half_delta, k)
+    with derived_budget():  # the halves are shares of the checked epsilon and delta
+        union.calibrate(method, half_eps, half_delta, max_items)  # validates the domain step too
+        eps0 = peeling_epsilon(half_eps, half_delta, k)
     return TopKCalibration(k, method, half_eps, half_delta, half_eps, half_delta, eps0, 1.0 / eps0)
 
 
@@ -138,10 +145,19 @@ def top_k_calibration(k: object, epsilon: object, delta: object, max_items: obje
     if not isinstance(domain_method, str) or domain_method not in union.METHODS:
         raise DPParameterError(f"domain_method must be one of {', '.join(sorted(union.METHODS))} "
                                f"(got {domain_method!r})")
-    return _top_k_calibration(check_k(k), check_epsilon(epsilon), check_delta(delta), check_max_items(max_items),
-                              domain_method)
+    k, epsilon, delta, max_items = check_k(k), check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
+    # dp_top_k runs its domain step as the macro dp_set_union(epsilon/2, delta/2), which checks its own
+    # parameters against the documented minima; refuse here, naming the user's values, instead.
+    if epsilon / 2.0 < EPSILON_MIN:
+        raise DPParameterError(f"epsilon must be >= {2 * EPSILON_MIN:g} for top-k and hitting set (got {epsilon!r}): "
+                               f"half of it goes to the domain step, whose epsilon must be >= {EPSILON_MIN:g}")
+    if delta / 2.0 < DELTA_MIN:
+        raise DPParameterError(f"delta must be >= {2 * DELTA_MIN:g} for top-k and hitting set (got {delta!r}): "
+                               f"half of it goes to the domain step, whose delta must be >= {DELTA_MIN:g}")
+    return _top_k_calibration(k, epsilon, delta, max_items, domain_method)
 
 
+@user_budget
 def limited_domain_composed_epsilon(step_epsilon: float, delta_prime: float, k: int) -> float:
     """Total epsilon of k limited-domain steps of per-step ``step_epsilon`` ([DR19] Thm 1).
 
@@ -157,6 +173,7 @@ def limited_domain_composed_epsilon(step_epsilon: float, delta_prime: float, k: 
                k * e * e / 2.0 + e * math.sqrt(0.5 * k * log_term))
 
 
+@user_budget
 def limited_domain_epsilon(epsilon: float, delta_prime: float, k: int) -> float:
     """Largest per-step epsilon whose k-fold [DR19] Thm 1 composition is <= epsilon (bisection, 200 steps).
 
@@ -246,7 +263,8 @@ def limited_domain_calibration(k: object, k_bar: object, epsilon: object, delta:
     if math.isinf(k_bar_value) and math.isinf(cap):
         raise DPParameterError("k_bar = infinity needs a finite max_items (the per-user cap), e.g. max_items := 100; "
                                "otherwise the threshold is infinite and nothing can be released")
-    return _limited_domain_calibration(k, k_bar_value, epsilon, delta, cap)
+    with derived_budget():  # delta' = delta_step = delta/2 are shares of the checked delta
+        return _limited_domain_calibration(k, k_bar_value, epsilon, delta, cap)
 
 
 # --------------------------------------------------------------------------
@@ -319,13 +337,29 @@ def udfs(source) -> list[Udf]:
     def top_k_cal(k, epsilon, delta, max_items, domain_method, user_col, item_col):
         union.check_column_pair(user_col, item_col)
         cal = top_k_calibration(k, epsilon, delta, max_items, domain_method)
+        warn_weak_parameters(epsilon, delta, what="dp_top_k / dp_hitting_set", stacklevel=1)
         return {"k": cal.k, "gumbel_scale": cal.gumbel_scale}
 
     def limited_cal(k, k_bar, epsilon, delta, max_items, user_col, item_col):
         union.check_column_pair(user_col, item_col)
         cal = limited_domain_calibration(k, k_bar, epsilon, delta, max_items)
+        warn_weak_parameters(epsilon, delta, what="dp_top_k_limited_domain", stacklevel=1)
         return {"k": cal.k, "k_bar": cal.k_bar, "max_items": cal.max_items,
                 "gumbel_scale": cal.gumbel_scale, "offset": cal.offset}
+
+    def domain_share(name, value):
+        # dp_top_k / dp_hitting_set pass dp__top_k_share('delta', delta) to their domain step, so the
+        # user's value is checked (against top-k's own minimum) before the step sees its half.
+        if name == "epsilon":
+            value = check_epsilon(value)
+            minimum = EPSILON_MIN
+        else:
+            value = check_delta(value)
+            minimum = DELTA_MIN
+        if value / 2.0 < minimum:
+            raise DPParameterError(f"{name} must be >= {2 * minimum:g} for top-k and hitting set (got {value!r}): "
+                                   f"half of it goes to the domain step, whose {name} must be >= {minimum:g}")
+        return value / 2.0
 
     def peeling_eps(epsilon, delta, k):
         return peeling_epsilon(epsilon, delta, k)
@@ -352,6 +386,7 @@ def udfs(source) -> list[Udf]:
         Udf("dp__top_k_calibration", scalar(top_k_cal), (d, d, d, d, VARCHAR, VARCHAR, VARCHAR), top_k_type),
         Udf("dp__limited_domain_calibration", scalar(limited_cal), (d, d, d, d, d, VARCHAR, VARCHAR), limited_type),
         Udf("dp__peeling_epsilon", scalar(peeling_eps), (d, d, d), d),
+        Udf("dp__top_k_share", scalar(domain_share), (VARCHAR, d), d),
         Udf("dp__limited_domain_epsilon", scalar(limited_eps), (d, d, d), d),
         Udf("dp__user_peeling", peel, (duckdb.list_type(duckdb.list_type(BIGINT)), BIGINT, BIGINT, DOUBLE),
             duckdb.list_type(BIGINT), side_effects=True),
@@ -370,6 +405,7 @@ def _columns(user_col: str, item_col: str) -> str:
 def _unknown_domain(macro: str, con: duckdb.DuckDBPyConnection, table: str, k: int, epsilon: float,
                     delta: float, max_items: int, domain_method: str, user_col: str, item_col: str) -> pa.Table:
     """Validate, then run ``macro`` (dp_top_k or dp_hitting_set: same parameters) once."""
+    union._check_registered(con, macro)
     table = check_table_name(table)
     user_col, item_col = check_identifier("user_col", user_col), check_identifier("item_col", item_col)
     cal = top_k_calibration(k, epsilon, delta, max_items, domain_method)
@@ -383,7 +419,10 @@ def _unknown_domain(macro: str, con: duckdb.DuckDBPyConnection, table: str, k: i
 def top_k(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float = 1.0, delta: float = 1e-5,
           max_items: int = 100, domain_method: str = DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
           item_col: str = "item") -> pa.Table:
-    """Unknown-domain top-k (``dp_top_k``): an Arrow table ``(rank, item)`` of at most k rows."""
+    """Unknown-domain top-k (``dp_top_k``): an Arrow table ``(rank, item)`` of at most k rows.
+
+    ``table``: a table or view name or a file path DuckDB can read, as for the SQL macros.
+    """
     return _unknown_domain("dp_top_k", con, table, k, epsilon, delta, max_items, domain_method, user_col, item_col)
 
 
@@ -399,6 +438,7 @@ def top_k_limited_domain(con: duckdb.DuckDBPyConnection, table: str, k: int, k_b
                          epsilon: float = 1.0, delta: float = 1e-5, max_items: Optional[int] = None,
                          user_col: str = "user_id", item_col: str = "item") -> pa.Table:
     """Durfee-Rogers limited-domain top-k (``dp_top_k_limited_domain``): ``(rank, item)``, at most k rows."""
+    union._check_registered(con, "dp_top_k_limited_domain")
     table = check_table_name(table)
     user_col, item_col = check_identifier("user_col", user_col), check_identifier("item_col", item_col)
     cal = limited_domain_calibration(k, k_bar, epsilon, delta, max_items)

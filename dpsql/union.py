@@ -44,7 +44,9 @@ from dpsql.validation import (
     check_identifier,
     check_max_items,
     check_table_name,
+    derived_budget,
     sql_string,
+    warn_weak_parameters,
 )
 
 __all__ = ["METHODS", "DEFAULT_METHOD", "SetUnionMethod", "calibrate", "set_union", "udfs"]
@@ -117,7 +119,9 @@ def check_method(method: object) -> str:
 
 @lru_cache(maxsize=256)
 def _calibrate(method: str, epsilon: float, delta: float, max_items: int) -> calibration.SetUnionCalibration:
-    return METHODS[method].calibrate(epsilon, delta, max_items)
+    # The user's values are checked (calibrate); the method's rounds and halves are shares of them.
+    with derived_budget():
+        return METHODS[method].calibrate(epsilon, delta, max_items)
 
 
 def calibrate(method: str, epsilon: float, delta: float, max_items: int) -> calibration.SetUnionCalibration:
@@ -144,6 +148,7 @@ def udfs(source) -> list[Udf]:
     def set_union_calibration(method, epsilon, delta, max_items, user_col, item_col):
         check_column_pair(user_col, item_col)
         cal = calibrate(method, epsilon, delta, max_items)
+        warn_weak_parameters(epsilon, delta, what=METHODS[method].macro, stacklevel=1)
         return {"scale": cal.scale, "threshold": cal.threshold}
 
     def set_union_scale(method, epsilon, delta, max_items):
@@ -173,18 +178,44 @@ def udfs(source) -> list[Udf]:
 
 
 
-def _check_columns(con: duckdb.DuckDBPyConnection, table: str, user_col: str, item_col: str) -> None:
+def _table_columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
+    """Column names of ``table`` as the macros read it (``query_table``): a table or view name, or a
+    file path DuckDB can read (Parquet, CSV, JSON, ...). Reads the schema only, no rows."""
     try:
-        columns = con.execute(f"SELECT name FROM pragma_table_info({sql_string(table)})").fetchall()
+        rows = con.execute("SELECT column_name FROM (DESCRIBE SELECT * FROM query_table($1))", [table]).fetchall()
     except duckdb.CatalogException:
-        raise DPParameterError(f"table {table!r} does not exist (create it or a view of your data first)") from None
+        raise DPParameterError(
+            f"table {table!r} does not exist: it is neither a table or view of this connection nor a file DuckDB "
+            f"can read; pass "
+            f"the name of a table or view (as a string, e.g. 'user_items' or 'main.user_items') or a file path "
+            f"such as 'events.parquet'") from None
+    except duckdb.IOException as exc:
+        raise DPParameterError(f"table {table!r}: DuckDB cannot read this file ({str(exc).splitlines()[0]}); "
+                               f"pass an existing Parquet/CSV/JSON file or a table name") from None
+    return [str(r[0]) for r in rows]
+
+
+def _check_registered(con: object, macro: str) -> None:
+    """Refuse, naming the fix, a connection or cursor on which dpsql's macros were not created."""
+    if not isinstance(con, duckdb.DuckDBPyConnection):
+        raise DPParameterError(f"con must be a DuckDB connection or cursor (got {type(con).__name__}); "
+                               f"open one with dpsql.connect()")
+    found = con.execute("SELECT count(*) FROM duckdb_functions() WHERE function_name = $1", [macro]).fetchall()
+    if not found[0][0]:
+        raise DPParameterError(
+            f"this connection has no dpsql macros ({macro} is missing); call dpsql.register(con) first. TEMP "
+            f"macros belong to one connection: each cursor needs its own dpsql.register(cursor)")
+
+
+def _check_columns(con: duckdb.DuckDBPyConnection, table: str, user_col: str, item_col: str) -> None:
+    columns = _table_columns(con, table)
     check_column_pair(user_col, item_col)
-    names = {str(c[0]).lower() for c in columns}
+    names = {c.lower() for c in columns}
     for param, col in (("user_col", user_col), ("item_col", item_col)):
         if col.lower() not in names:
             raise DPParameterError(
-                f"{param} := {col!r} is not a column of {table!r}; its columns are "
-                f"{', '.join(str(c[0]) for c in columns)}")
+                f"{param} := {col!r} is not a column of {table!r}; its columns are {', '.join(columns)}. "
+                f"Pass {param} := '<column name>'")
 
 
 def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_METHOD, *,
@@ -193,6 +224,10 @@ def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_
               progress: Optional[Callable[[float], None]] = None,
               alpha: Optional[float] = None, passes: Optional[int] = None) -> pa.Table:
     """Release items of ``table`` under user-level (epsilon, delta)-DP.
+
+    ``table`` is what the SQL macros accept as ``tbl``: a table or view name
+    (``'user_items'``, ``'main.user_items'``) or a file path DuckDB can read
+    (``'events.parquet'``, ``'events.csv'``).
 
     Runs the SQL macro of ``method`` once on a connection prepared by
     :func:`dpsql.register` and returns the released items as a one-column
@@ -203,6 +238,7 @@ def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_
     None keeps the macro's default.
     """
     method = check_method(method)
+    _check_registered(con, METHODS[method].macro)
     if progress is not None and not callable(progress):
         raise DPParameterError(f"progress must be a function of one number (0-100) or None (got {progress!r})")
     table = check_table_name(table)

@@ -6,9 +6,14 @@ parameter, the value received and how to fix it. Failures raise
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
+import inspect
 import math
 import numbers
 import re
+import warnings
 
 __all__ = [
     "DPParameterError",
@@ -19,6 +24,12 @@ __all__ = [
     "check_identifier",
     "check_table_name",
     "sql_string",
+    "derived_budget",
+    "user_budget",
+    "warn_weak_parameters",
+    "WEAK_EPSILON",
+    "WEAK_DELTA",
+    "WeakPrivacyWarning",
 ]
 
 
@@ -38,6 +49,10 @@ def _is_real(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
+def _not_a_string(value: object) -> str:
+    return ", a string: write the number without quotes" if isinstance(value, (str, bytes)) else ""
+
+
 def check_positive(name: str, value: object) -> float:
     """A finite real number > 0."""
     if value is None:
@@ -47,25 +62,73 @@ def check_positive(name: str, value: object) -> float:
     return float(value)
 
 
-# Smallest epsilon and delta accepted. Below them the calibrations overflow: 1/epsilon, ln(1/delta)/epsilon
-# and 1/(2 delta) must stay finite even after the budget is split k <= 10^6 ways (e.g. epsilon = 1e-320 gave
-# an infinite Laplace scale, delta = 1e-320 an infinite GreedyUpdate threshold). Such budgets release nothing
-# anyway; a value this small is a mistake, not a setting.
+# Smallest epsilon and delta a user may pass (README, "Bad input and edge cases"). Below them the
+# calibrations overflow (epsilon = 1e-320 gave an infinite Laplace scale, delta = 1e-320 an infinite
+# GreedyUpdate threshold); such budgets release nothing anyway, so a value this small is a mistake.
+# The bounds apply to the parameters the user passed. The shares a mechanism derives from them (a
+# round's fraction of split, top-k's halves, a Gaussian threshold's delta/2) are checked only to be
+# > 0 (see derived_budget): tests/test_python_api.py checks that every calibration stays finite at
+# the smallest user values with the smallest split fraction (SPLIT_MIN in dpsql.adaptive).
 EPSILON_MIN = 1e-200
 DELTA_MIN = 1e-305
 # Largest epsilon accepted: beyond it the calibrations lose all precision or overflow (8 epsilon in
 # dp_peeling_epsilon reached inf at 2.2e307), and e^1e6 is no privacy guarantee at all.
 EPSILON_MAX = 1e6
 
+# True while a calibration works on shares of a budget it has already validated.
+_DERIVED: contextvars.ContextVar[bool] = contextvars.ContextVar("dpsql_derived_budget", default=False)
+
+
+@contextlib.contextmanager
+def derived_budget():
+    """Within this block check_epsilon/check_delta see shares of a validated budget.
+
+    The user's own epsilon and delta are checked against EPSILON_MIN/DELTA_MIN
+    first; a share of them (``f * epsilon``, ``delta / 2``) may be smaller, and a
+    message quoting it would show a value the user never passed. Shares are
+    still refused when not > 0 (an underflow).
+    """
+    token = _DERIVED.set(True)
+    try:
+        yield
+    finally:
+        _DERIVED.reset(token)
+
+
+def user_budget(fn):
+    """Decorator: check ``fn``'s own ``epsilon``/``delta`` arguments, then run its body in :func:`derived_budget`.
+
+    Called from inside another calibration (already derived), the arguments are
+    shares and only the derived checks apply.
+    """
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if not _DERIVED.get():
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            if "epsilon" in bound.arguments:
+                check_epsilon(bound.arguments["epsilon"])
+            if "delta" in bound.arguments:
+                check_delta(bound.arguments["delta"])
+        with derived_budget():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
 
 def check_epsilon(epsilon: object, maximum: float = EPSILON_MAX) -> float:
-    """epsilon: finite, EPSILON_MIN <= epsilon <= maximum (a mechanism whose formulas use e^epsilon passes one)."""
+    """epsilon: finite, EPSILON_MIN <= epsilon <= maximum (a mechanism whose formulas use e^epsilon passes one).
+
+    Within :func:`derived_budget` the lower bound is only epsilon > 0.
+    """
     if epsilon is None:
         raise DPParameterError("epsilon must not be NULL; pass e.g. epsilon := 1.0")
     if not _is_real(epsilon) or not math.isfinite(float(epsilon)) or float(epsilon) <= 0:
         raise DPParameterError(
-            f"epsilon must be a finite number > 0 (got {epsilon!r}); pass e.g. epsilon := 1.0")
-    if float(epsilon) < EPSILON_MIN:
+            f"epsilon must be a finite number > 0 (got {epsilon!r}{_not_a_string(epsilon)}); pass e.g. epsilon := 1.0")
+    if float(epsilon) < EPSILON_MIN and not _DERIVED.get():
         raise DPParameterError(
             f"epsilon must be >= {EPSILON_MIN:g} (got {epsilon!r}); smaller budgets overflow the calibration")
     if float(epsilon) > maximum:
@@ -76,17 +139,53 @@ def check_epsilon(epsilon: object, maximum: float = EPSILON_MAX) -> float:
 
 
 def check_delta(delta: object, name: str = "delta") -> float:
-    """delta: DELTA_MIN <= delta < 1."""
+    """delta: DELTA_MIN <= delta < 1 (within :func:`derived_budget`: 0 < delta < 1)."""
     if delta is None:
         raise DPParameterError(f"{name} must not be NULL; pass e.g. {name} := 1e-5")
     if not _is_real(delta) or not (0.0 < float(delta) < 1.0):
         raise DPParameterError(
-            f"{name} must be a number with 0 < {name} < 1 (got {delta!r}); "
+            f"{name} must be a number with 0 < {name} < 1 (got {delta!r}{_not_a_string(delta)}); "
             f"a typical choice is {name} := 1e-5, well below 1/number_of_users")
-    if float(delta) < DELTA_MIN:
+    if float(delta) < DELTA_MIN and not _DERIVED.get():
         raise DPParameterError(
             f"{name} must be >= {DELTA_MIN:g} (got {delta!r}); smaller values overflow the calibration")
     return float(delta)
+
+
+# Weak-parameter warnings: see warn_weak_parameters for the choice.
+WEAK_EPSILON = 10.0
+WEAK_DELTA = 1e-3
+
+
+class WeakPrivacyWarning(UserWarning):
+    """Parameters that are valid but give a guarantee a careful user would not rely on."""
+
+
+def warn_weak_parameters(epsilon: object, delta: object = None, *, what: str = "", stacklevel: int = 2) -> None:
+    """Warn (:class:`WeakPrivacyWarning`) when ``epsilon > WEAK_EPSILON`` or ``delta > WEAK_DELTA``.
+
+    Never refuses: such a release is still differentially private, but its
+    guarantee is too weak to rely on. The thresholds are fixed and public,
+    because the usual rule ``delta << 1/n`` needs the number of users, which
+    is private (a check against it would itself leak). ``delta > 1e-3``
+    permits mechanisms that publish one person in a thousand outright
+    (``delta = 1/n`` at ``n = 1000``); ``epsilon > 10`` lets the odds of any
+    outcome change by ``e^10 > 22,000``, beyond the per-release budgets of
+    published deployments.
+
+    ``what`` names the release (a macro that runs another, as dp_top_k runs dp_set_union with
+    half its budget, warns for each with its own values). Non-numeric values are left to the checks.
+    """
+    weak = []
+    if _is_real(epsilon) and float(epsilon) > WEAK_EPSILON:
+        weak.append(f"epsilon = {float(epsilon):g} > {WEAK_EPSILON:g} (the odds of any outcome may change by "
+                    f"a factor up to e^epsilon)")
+    if _is_real(delta) and float(delta) > WEAK_DELTA:
+        weak.append(f"delta = {float(delta):g} > {WEAK_DELTA:g} (delta should be well below 1/number of users)")
+    if weak:
+        where = f" of {what}" if what else ""
+        warnings.warn(f"dpsql: weak privacy parameters{where}: " + "; ".join(weak) + ". The release runs; choose smaller "
+                      "values for a meaningful guarantee", WeakPrivacyWarning, stacklevel=stacklevel + 1)
 
 
 # max_items bounds the per-user cap; thresholds loop over t = 1..max_items, so

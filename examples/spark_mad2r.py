@@ -6,13 +6,16 @@
     python examples/spark_mad2r.py events.parquet --master spark://host:7077
 
 The release is a Spark DataFrame with one column ``item``; it is materialised once (reading it
-again does not redraw the noise). Every parameter is checked before Spark reads a row.
+again does not redraw the noise). Every parameter is checked before Spark reads a row, and a
+NULL user or item stops it with a ``dpsql:`` error before anything is drawn.
+
+No PYSPARK_PYTHON is needed on a local master: dpsql runs its own tasks with this interpreter
+(even from a virtualenv that is not activated), and they need numpy, pyarrow, randomgen and
+pandas, not duckdb. On a cluster, point PYSPARK_PYTHON at an interpreter the executors have.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from importlib import resources
 
 
@@ -28,7 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", help="write the released items to this Parquet folder")
     args = parser.parse_args(argv)
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors run dpsql's noise code
     from pyspark.sql import SparkSession
 
     from dpsql import spark as dpspark

@@ -1,16 +1,22 @@
 -- Contribution bounding shared by every user-level mechanism.
 
--- Distinct (user_id, item) pairs of one table or view. `tbl` is typed VARCHAR so that a
+-- The (user_id, item) rows of one table or view, one per input row. `tbl` is typed VARCHAR so that a
 -- list of tables is refused by the binder: one release reads one table.
 -- A NULL user or item is an error (a NULL is not a user, and merging all NULL-user rows into
 -- one "user" would under-count people); filter them out first if that is what you mean.
-CREATE OR REPLACE TEMP MACRO dp__user_items(tbl VARCHAR, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
-SELECT DISTINCT
-    coalesce(COLUMNS(lambda c: lower(c) = lower(user_col)),
+-- The constant column dp__absent keeps COLUMNS(...) from matching nothing (a binder error naming
+-- dpsql's internals): a missing column becomes dp__check_columns' error, which names the parameter.
+CREATE OR REPLACE TEMP MACRO dp__user_item_rows(tbl VARCHAR, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+SELECT
+    coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(user_col) OR c = 'dp__absent')),
              error('dpsql: column ' || user_col || ' (user_col) contains NULL; filter NULL users out first, e.g. with a view')) AS user_id,
-    coalesce(COLUMNS(lambda c: lower(c) = lower(item_col)),
+    coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent')),
              error('dpsql: column ' || item_col || ' (item_col) contains NULL; filter NULL items out first, e.g. with a view')) AS item
-FROM query_table(tbl);
+FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl) WHERE dp__check_columns(tbl, user_col, item_col));
+
+-- Distinct (user_id, item) pairs of one table or view.
+CREATE OR REPLACE TEMP MACRO dp__user_items(tbl VARCHAR, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+SELECT DISTINCT user_id, item FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col);
 
 -- Each user's distinct items capped to max_items by a uniform sample without replacement
 -- that depends only on that user's own rows: order the user's items by a hash keyed with a

@@ -8,12 +8,7 @@
 CREATE OR REPLACE TEMP MACRO dp__user_item_multiplicities(tbl VARCHAR, user_col VARCHAR := 'user_id',
                                                           item_col VARCHAR := 'item') AS TABLE
 SELECT user_id, item, count(*) AS m
-FROM (SELECT
-        coalesce(COLUMNS(lambda c: lower(c) = lower(user_col)),
-                 error('dpsql: column ' || user_col || ' (user_col) contains NULL; filter NULL users out first, e.g. with a view')) AS user_id,
-        coalesce(COLUMNS(lambda c: lower(c) = lower(item_col)),
-                 error('dpsql: column ' || item_col || ' (item_col) contains NULL; filter NULL items out first, e.g. with a view')) AS item
-      FROM query_table(tbl))
+FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col)
 GROUP BY user_id, item;
 
 -- The entries a policy sees: the capped distinct pairs (m = 1), or for GreedyUpdate every distinct
@@ -50,12 +45,12 @@ dp__items AS MATERIALIZED (
     SELECT item, CASE WHEN n < 4294967296 THEN n
                       ELSE error('dpsql: more than 2^32 distinct items; the policy methods cannot number them') END AS iid
     FROM (SELECT item, row_number() OVER () - 1 AS n
-          FROM (SELECT DISTINCT COLUMNS(lambda c: lower(c) = lower(item_col)) AS item FROM query_table(tbl)))),
+          FROM (SELECT DISTINCT item FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col)))),
 dp__users AS (
     SELECT user_id, CASE WHEN n < 2147483648 THEN n
                          ELSE error('dpsql: more than 2^31 users; the policy methods cannot number them') END AS ord
     FROM (SELECT user_id, row_number() OVER (ORDER BY hash(xor(hash(user_id), s)), user_id) - 1 AS n
-          FROM (SELECT DISTINCT COLUMNS(lambda c: lower(c) = lower(user_col)) AS user_id FROM query_table(tbl))
+          FROM (SELECT DISTINCT user_id FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col))
           CROSS JOIN dp__order_salt)),
 dp__entries AS NOT MATERIALIZED (
     SELECT (ord << 32) | iid AS k, m, hash(xor(hash(user_id, item), s)) AS tie

@@ -27,7 +27,7 @@ WITH dp__cal AS (
       AND dp__constant('item_col', item_col)),
 -- The domain step charges its own (epsilon/2, delta/2) inside dp_set_union; this is the selection step's half.
 dp__domain AS MATERIALIZED (
-    SELECT item FROM dp_set_union(tbl, method := domain_method, epsilon := epsilon / 2, delta := delta / 2,
+    SELECT item FROM dp_set_union(tbl, method := domain_method, epsilon := dp__top_k_share('epsilon', epsilon), delta := dp__top_k_share('delta', delta),
                                   max_items := max_items, user_col := user_col, item_col := item_col)),
 dp__counts AS (
     SELECT p.item, count(*) AS n
@@ -61,7 +61,7 @@ WITH dp__cal AS (
 -- MATERIALIZED: the release is used twice and must be drawn (and paid for) once.
 dp__domain AS MATERIALIZED (
     SELECT item, row_number() OVER (ORDER BY item) - 1 AS iid
-    FROM dp_set_union(tbl, method := domain_method, epsilon := epsilon / 2, delta := delta / 2,
+    FROM dp_set_union(tbl, method := domain_method, epsilon := dp__top_k_share('epsilon', epsilon), delta := dp__top_k_share('delta', delta),
                       max_items := max_items, user_col := user_col, item_col := item_col)),
 dp__per_user AS (
     SELECT list(d.iid) AS iids

@@ -70,6 +70,24 @@ def test_plugin_budget_config_limits_releases(tmp_path):
         base.create("dpsql.dbt", config={"budget": {"epsilon": 1.0}})
 
 
+def test_plugin_budget_scope_is_the_table_identity(tmp_path):
+    """``budget: {scope: user_items}`` limits the table dbt's models name as "events"."main"."user_items"."""
+    base = _plugin_base()
+    plugin = base.create("dpsql.dbt", config={"budget": {"epsilon": 1.0, "delta": 1e-4, "scope": "user_items"}})
+    con = duckdb.connect(str(tmp_path / "events.duckdb"))
+    try:
+        plugin.configure_connection(con)
+        for table in ("user_items", "other_items"):
+            con.execute(f"CREATE TABLE {table} AS SELECT i AS user_id, 'common' AS item FROM range(200) t(i)")
+        release = "SELECT * FROM dp_set_union_weighted_gaussian('{}', epsilon := 1.0)"
+        con.execute(release.format('"events"."main"."user_items"')).fetchall()  # as ref('user_items') renders
+        with pytest.raises(duckdb.Error, match="scope 'events.main.user_items' exceeded"):
+            con.execute(release.format("user_items")).fetchall()
+        con.execute(release.format("other_items")).fetchall()  # another scope
+    finally:
+        con.close()
+
+
 # Models added to a copy of the example project: each stores a release as a query (refused), or
 # reads released rows (allowed). ``name: (materialization, sql)``.
 EXTRA_MODELS = {
@@ -86,7 +104,17 @@ EXTRA_MODELS = {
     "release_external": ("external",
                          "select * from dp_set_union_count_laplace('{{ ref(\"user_items\") }}', epsilon := 0.25, "
                          "max_items := 3)"),
+    # a dbt source over the seed's table: the same relation, hence the same scope as ref('user_items')
+    "release_from_source": ("table", "select * from dp_set_union_count_gaussian("
+                                     "'{{ source(\"raw\", \"user_items\") }}', epsilon := 0.125)"),
 }
+SOURCES = "version: 2\nsources:\n  - name: raw\n    schema: main\n    tables:\n      - name: user_items\n"
+# `dpsql budget set dpsql_example.duckdb --scope user_items` before `dbt run`: the models that read
+# ref('user_items') or the source charge that scope, dpsql_example.main.user_items.
+SCOPE, SCOPE_EPSILON = "dpsql_example.main.user_items", 1.9
+CHARGED = [("dp_set_union_count_gaussian", 0.125), ("dp_set_union_count_laplace", 0.25),
+           ("dp_set_union_weighted_gaussian", 1.0), ("dp_set_union_weighted_laplace", 0.5)]
+
 REFUSED = {"release_view": "view", "release_function": "table_function", "from_ephemeral": "release_ephemeral"}
 
 
@@ -100,15 +128,21 @@ def dbt_run(tmp_path_factory) -> SimpleNamespace:
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("target", "logs", "*.duckdb*", ".user.yml"))
     for name, (materialized, sql) in EXTRA_MODELS.items():
         (project / "models" / f"{name}.sql").write_text(f"{{{{ config(materialized='{materialized}') }}}}\n{sql}\n")
+    (project / "models" / "sources.yml").write_text(SOURCES)
     env = dict(os.environ, DBT_SEND_ANONYMOUS_USAGE_STATS="false")
     done = {}
-    for command in ("seed", "run"):
-        done[command] = subprocess.run([dbt, command, "--profiles-dir", str(project), "--project-dir", str(project)],
-                                       cwd=project, env=env, capture_output=True, text=True, timeout=600)
-    assert done["seed"].returncode == 0, f"dbt seed failed:\n{done['seed'].stdout}\n{done['seed'].stderr}"
+    for command in ("seed", "budget", "run"):
+        if command == "budget":  # as a user would, between loading the data and running the models
+            args = [sys.executable, "-m", "dpsql", "budget", "set", "dpsql_example.duckdb", "--scope", "user_items",
+                    "--epsilon", str(SCOPE_EPSILON), "--delta", "1e-4", "--json"]
+        else:
+            args = [dbt, command, "--profiles-dir", str(project), "--project-dir", str(project)]
+        done[command] = subprocess.run(args, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+        assert command == "run" or done[command].returncode == 0, \
+            f"{command} failed:\n{done[command].stdout}\n{done[command].stderr}"
     results = json.loads((project / "target" / "run_results.json").read_text())
     status = {r["unique_id"].split(".")[-1]: (r["status"], r["message"] or "") for r in results["results"]}
-    return SimpleNamespace(project=project, run=done["run"], status=status)
+    return SimpleNamespace(project=project, run=done["run"], budget=done["budget"], status=status)
 
 
 def test_example_project_seeds_and_runs(dbt_run):
@@ -151,9 +185,34 @@ def test_view_ephemeral_and_table_function_releases_are_refused(dbt_run):
     # only the table, incremental and external models were charged, once each, to the sidecar ledger
     from dpsql.ledger import Ledger, sidecar_path
     charged = Ledger(sidecar_path(dbt_run.project / "dpsql_example.duckdb")).releases()
-    assert sorted((r.mechanism, r.epsilon) for r in charged) == [
-        ("dp_set_union_count_laplace", 0.25), ("dp_set_union_weighted_gaussian", 1.0),
-        ("dp_set_union_weighted_laplace", 0.5)]
+    assert sorted((r.mechanism, r.epsilon) for r in charged) == CHARGED
+
+
+def test_models_charge_the_scope_budget_set_names(dbt_run):
+    """ref('user_items') and source('raw', 'user_items') charge the scope that
+    `dpsql budget set DB --scope user_items` sets."""
+    budget_set = {s["scope"]: s for s in json.loads(dbt_run.budget.stdout)["scopes"]}
+    assert budget_set[SCOPE]["epsilon_budget"] == SCOPE_EPSILON  # the name the CLI resolved user_items to
+    from dpsql.ledger import Ledger, sidecar_path
+    database = dbt_run.project / "dpsql_example.duckdb"
+    charged = Ledger(sidecar_path(database)).releases()
+    assert {r.table for r in charged} == {SCOPE} and len(charged) == len(CHARGED)
+    assert dbt_run.status["release_from_source"][0] == "success", dbt_run.status["release_from_source"]
+    show = subprocess.run([sys.executable, "-m", "dpsql", "budget", "show", str(database), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert show.returncode == 0, show.stderr
+    scopes = {s["scope"]: s for s in json.loads(show.stdout)["scopes"]}
+    assert scopes[SCOPE]["epsilon_spent"] == sum(e for _, e in CHARGED) and scopes[SCOPE]["releases"] == len(CHARGED)
+    # the same scope refuses the next release however the table is named: 1.875 + 0.1 > 1.9
+    import dpsql
+    con = dpsql.connect(str(database))
+    try:
+        for name in ("user_items", '"dpsql_example"."main"."user_items"'):
+            with pytest.raises(duckdb.Error, match=f"scope '{SCOPE}' exceeded"):
+                dpsql.set_union(con, name, "weighted_gaussian", epsilon=0.1)
+    finally:
+        con.close()
+    assert len(Ledger(sidecar_path(database)).releases()) == len(CHARGED)
 
 
 def test_table_incremental_and_external_materializations_release_once(dbt_run):

@@ -181,3 +181,116 @@ def test_a_ledger_that_was_never_written_may_be_replaced(tmp_path):
         assert not (tmp_path / "missing").exists()
     finally:
         con.close()
+
+
+# -- cursors and threads (issue: register(con.cursor()) raised "No function by the name ...") --------------
+
+def _table(c):
+    c.execute("CREATE TABLE IF NOT EXISTS t AS SELECT i % 100 AS user_id, 'x' AS item FROM range(1000) r(i)")
+
+
+def test_register_works_on_a_cursor_of_a_registered_connection(con):
+    _table(con)
+    cur = con.cursor()
+    try:
+        assert dpsql.register(cur) is cur  # only its macros: the UDFs are the connection's
+        assert cur.execute("SELECT * FROM dp_set_union_weighted_gaussian('t')").fetchall() == [("x",)]
+        assert dpsql.ledger.ledger_of(cur) is dpsql.ledger.ledger_of(con)
+        assert source_of(cur) is source_of(con)
+        dpsql.register(con)  # the parent again, afterwards
+        dpsql.register(cur)
+        assert cur.execute("SELECT * FROM dp_set_union('t')").fetchall() == [("x",)]
+        assert con.execute("SELECT * FROM dp_set_union('t')").fetchall() == [("x",)]
+        assert [r.mechanism for r in dpsql.releases(con)].count("dp_set_union_mad2r") == 2
+    finally:
+        cur.close()
+    assert con.execute("SELECT * FROM dp_set_union('t')").fetchall() == [("x",)]  # a closed cursor harms nothing
+
+
+def test_a_cursor_registered_first_then_its_connection():
+    con = duckdb.connect()
+    try:
+        _table(con)
+        cur = con.cursor()
+        dpsql.register(cur)
+        dpsql.register(con)  # used to raise "No function by the name of 'dp__check_constant'"
+        assert con.execute("SELECT * FROM dp_set_union('t')").fetchall() == [("x",)]
+        assert dpsql.ledger.ledger_of(con) is dpsql.ledger.ledger_of(cur)
+        assert len(dpsql.releases(cur)) == 1
+        cur.close()
+        # DuckDB dropped the closed cursor's references to the UDFs; dpsql keeps its own (this crashed)
+        assert con.execute("SELECT * FROM dp_set_union('t')").fetchall() == [("x",)]
+        dpsql.register(con)
+        assert len(dpsql.releases(con)) == 2
+        with pytest.raises(dpsql.DPParameterError, match="seed applies to the whole database"):
+            dpsql.register(con, seed=1)  # only the owner could replace the UDFs, and it is closed
+    finally:
+        con.close()
+
+
+def test_two_connections_to_one_file_share_the_functions_and_the_ledger(tmp_path):
+    path = tmp_path / "two.duckdb"
+    a = dpsql.connect(path)
+    a.execute("CREATE TABLE t AS SELECT i % 100 AS user_id, 'x' AS item FROM range(1000) r(i)")
+    b = dpsql.connect(path)  # the same instance in this process: used to fail with "No function by the name"
+    try:
+        assert dpsql.ledger.ledger_of(a) is dpsql.ledger.ledger_of(b)
+        a.close()  # the owner of the UDFs; b calls them afterwards (this crashed the process)
+        assert b.execute("SELECT * FROM dp_set_union_weighted_gaussian('t')").fetchall() == [("x",)]
+        assert [r.epsilon for r in dpsql.releases(b)] == [1.0]
+    finally:
+        b.close()
+
+
+def test_a_seed_or_ledger_on_a_cursor_is_refused(con, tmp_path):
+    cur = con.cursor()
+    try:
+        with pytest.raises(dpsql.DPParameterError, match="seed applies to the whole database"):
+            dpsql.register(cur, seed=1)
+        with pytest.raises(dpsql.DPParameterError, match="ledger applies to the whole database"):
+            dpsql.register(cur, ledger=tmp_path / "other.dpsql-ledger")
+        dpsql.register(cur, ledger=dpsql.ledger.ledger_of(con))  # the same ledger is fine
+        assert not source_of(con).seeded and not (tmp_path / "other.dpsql-ledger").exists()
+    finally:
+        cur.close()
+
+
+def test_reregistering_the_owner_with_a_seed_reaches_its_cursors():
+    con = dpsql.connect()
+    cur = con.cursor()
+    try:
+        dpsql.register(cur)
+        with pytest.warns(UserWarning):
+            dpsql.register(con, seed=3)
+        assert source_of(cur) is source_of(con) and source_of(cur).seeded
+    finally:
+        cur.close()
+        con.close()
+
+
+def test_a_cursor_per_thread_charges_the_one_ledger(con):
+    import threading
+
+    _table(con)
+    dpsql.set_budget(con, epsilon=3.0, delta=1e-3)
+    results, errors = [], []
+
+    def work():
+        cur = con.cursor()
+        try:
+            dpsql.register(cur)
+            results.append(cur.execute("SELECT * FROM dp_set_union_weighted_gaussian('t')").fetchall())
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            cur.close()
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    # budget 3: three releases of epsilon 1 pass, the fourth is refused by the shared ledger
+    assert len(results) == 3 and all(r == [("x",)] for r in results)
+    assert len(errors) == 1 and "exceeded" in str(errors[0])
+    assert dpsql.budget(con)[0].epsilon_spent == pytest.approx(3.0)

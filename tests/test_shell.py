@@ -1,21 +1,30 @@
-"""`dpsql shell`: statement splitting, -c, piped stdin, errors and dot commands.
+"""`dpsql shell`: statement splitting, -c, piped stdin, errors, dot commands, flags and the ledger rule.
 
 The end-to-end runs go through `python -m dpsql shell` in subprocesses started
-together; the rest calls ``dpsql.shell.run_shell`` in this process.
+together; one runs it in a real terminal (tmux); the rest calls
+``dpsql.shell.run_shell`` or ``dpsql.cli.main`` in this process.
 """
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+import dpsql
+import dpsql.shell as shell_mod
+from dpsql.cli import main as cli_main
+from dpsql.ledger import Ledger
 from dpsql.shell import is_complete, run_shell, split_statements
 
 # Every user holds all 7 items: weight 300/sqrt(7) ~ 113 against a threshold near 19.
@@ -30,10 +39,10 @@ def dpsql_cmd(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.Com
                           text=True, encoding="utf-8", cwd=cwd, env=env, timeout=300)
 
 
-def shell(sql: str | None = None, *, stdin: str = "", database: str | None = None) -> SimpleNamespace:
+def shell(sql: str | None = None, *, stdin: str = "", database: str | None = None, **options) -> SimpleNamespace:
     """``dpsql shell`` in this process, with ``-c sql`` or with ``stdin`` piped in."""
     out, err = io.StringIO(), io.StringIO()
-    code = run_shell(database, sql, stdin=io.StringIO(stdin), out=out, err=err)
+    code = run_shell(database, sql, stdin=io.StringIO(stdin), out=out, err=err, **options)
     return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
@@ -45,7 +54,10 @@ def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
         "stdin": (["shell", "db.duckdb"], f"{SETUP}\nSELECT count(*)\n  AS n_rows\nFROM t;\n.tables\n"),
         "error": (["shell", "-c", "SELECT 1 AS first_one; SELECT * FROM no_such_table; SELECT 3 AS never_run;"],
                   None),
-        "stdin_error": (["shell"], "SELEC 1;\nSELECT 2 AS never_run;\n"),
+        "stdin_error": (["shell"], "SELEC 1;\nSELECT 2 AS after_error;\nSELEC 3;\n"),
+        "stdin_bail": (["shell", "-bail"], "SELEC 1;\nSELECT 2 AS never_run;\n"),
+        "csv_flag": (["shell", "-csv", "-c", "SELECT 1 AS a, 'x,y' AS b;"], None),
+        "json_flag": (["shell", "-json", "-c", "SELECT 1 AS a, 'x' AS b;"], None),
     }
     with ThreadPoolExecutor(max_workers=len(commands)) as pool:
         futures = {name: pool.submit(dpsql_cmd, *argv, cwd=folder, stdin=stdin)
@@ -78,7 +90,7 @@ def test_piped_stdin(runs):
     assert r.stdout.rstrip().splitlines()[-1] == "t"  # .tables
 
 
-@pytest.mark.parametrize("name", ["error", "stdin_error"])
+@pytest.mark.parametrize("name", ["error", "stdin_bail"])
 def test_error_is_one_line_and_stops(runs, name):
     r = runs[name]
     assert_clean(r)
@@ -86,6 +98,21 @@ def test_error_is_one_line_and_stops(runs, name):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ")
     assert "never_run" not in r.stdout
+
+
+def test_piped_script_goes_on_after_an_error_unless_bail(runs):
+    r = runs["stdin_error"]
+    assert_clean(r)
+    assert r.returncode == 1  # the script had errors
+    assert "after_error" in r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("Error: ") for line in lines)
+
+
+def test_csv_and_json_flags(runs):
+    assert (runs["csv_flag"].returncode, runs["csv_flag"].stdout) == (0, 'a,b\n1,"x,y"\n')
+    assert runs["json_flag"].returncode == 0
+    assert json.loads(runs["json_flag"].stdout) == [{"a": 1, "b": "x"}]
 
 
 def test_error_names_the_problem(runs):
@@ -126,7 +153,7 @@ def test_quit_and_unknown_dot_command():
     r = shell(stdin="SELECT 1 AS one;\n.quit\nSELECT 2 AS two;\n")
     assert r.returncode == 0 and "one" in r.stdout and "two" not in r.stdout
     r = shell(stdin=".nope\n")
-    assert r.returncode == 1 and "Error: unknown command '.nope'" in r.stderr
+    assert r.returncode == 1 and "Error: dpsql: unknown command '.nope'" in r.stderr
 
 
 def test_help_mentions_the_macros():
@@ -179,3 +206,325 @@ def test_bare_table_identifier_gets_a_hint_and_ledger_is_readable(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "database" in r.stdout and "1.0" in r.stdout
     assert (tmp_path / "b.duckdb.dpsql-ledger").is_file()
+
+
+# ---------------------------------------------------------------- output modes
+
+MODE_QUERY = "SELECT 1 AS a, 'x|y,z' AS b, NULL AS c UNION ALL SELECT 2, '', 3 ORDER BY a;"
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("csv", 'a,b,c\n1,"x|y,z",\n2,"",3\n'),
+    ("json", '[{"a":1,"b":"x|y,z","c":null},\n{"a":2,"b":"","c":3}]\n'),
+    ("jsonlines", '{"a":1,"b":"x|y,z","c":null}\n{"a":2,"b":"","c":3}\n'),
+    ("markdown", "|  a  |   b    |  c   |\n|-----|--------|------|\n| 1   | x\\|y,z | NULL |\n"
+                 "| 2   |        | 3    |\n"),
+    ("line", "    a = 1\n    b = x|y,z\n    c = NULL\n\n    a = 2\n    b = \n    c = 3\n"),
+])
+def test_mode(mode, expected):
+    r = shell(stdin=f".mode {mode}\n{MODE_QUERY}\n.mode\n")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == expected + f"current output mode: {mode}\n"
+
+
+def test_default_mode_is_duckbox_and_json_is_valid_for_nested_and_empty_results():
+    r = shell(MODE_QUERY)
+    assert r.stdout.startswith("┌") and "│ x|y,z" in r.stdout
+    r = shell("SELECT [1, 2] AS l, {'k': 'v'} AS s, 'nan'::DOUBLE AS d; SELECT 1 AS a WHERE false;", mode="json")
+    first, second = r.stdout.splitlines()
+    assert json.loads(first) == [{"l": [1, 2], "s": {"k": "v"}, "d": "NaN"}]
+    assert json.loads(second) == []
+
+
+def test_mode_flags_and_unknown_mode():
+    out, err = io.StringIO(), io.StringIO()
+    assert cli_main(["shell", "-markdown", "-c", "SELECT 7 AS seven;"], out=out, err=err) == 0
+    assert out.getvalue() == "| seven |\n|-------|\n| 7     |\n"
+    out = io.StringIO()
+    assert cli_main(["shell", "-line", "-c", "SELECT 7 AS seven;"], out=out, err=err) == 0
+    assert out.getvalue() == "seven = 7\n"
+    r = shell(stdin=".mode box\nSELECT 1 AS one;\n")
+    assert r.returncode == 1 and "Error: dpsql: .mode 'box' is not supported; use one of duckbox, csv" in r.stderr
+    assert "one" in r.stdout  # the mode stayed duckbox and the script went on
+
+
+def test_maxrows_limits_duckbox_but_a_release_is_shown_whole():
+    r = shell(stdin=f"{SETUP}\n.maxrows 3\nSELECT * FROM range(50) ORDER BY 1;\n.maxrows\n"
+                    "SELECT item FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5, max_items := 10);\n")
+    assert r.returncode == 0, r.stderr
+    numbers = re.findall(r"│\s+(\d+) │", r.stdout)
+    assert len(numbers) < 50 and "49" in numbers and "50 rows" in r.stdout
+    assert "current max rows: 3" in r.stdout
+    assert re.findall(r"│ (w\d)\s+│", r.stdout) == [f"w{i}" for i in range(7)]  # all 7 released items
+    r = shell(stdin=".maxrows 0\n.maxrows many\n")
+    assert r.returncode == 1 and r.stderr.count("Error: dpsql: .maxrows needs a whole number") == 2
+
+
+def test_a_release_too_long_for_a_box_is_printed_as_csv(monkeypatch):
+    monkeypatch.setattr(shell_mod, "_BOX_ROWS", 5)
+    r = shell(f"{SETUP} SELECT item FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5, max_items := 10);")
+    assert r.returncode == 0
+    assert r.stdout == "item\n" + "".join(f"w{i}\n" for i in range(7))
+    assert "this release has 7 rows, more than a box can show: printed as CSV" in r.stderr
+
+
+# ---------------------------------------------------------------- dot commands
+
+def test_output_to_a_file_and_back(tmp_path):
+    target = tmp_path / "out.csv"
+    r = shell(stdin=f".mode csv\n.output '{target}'\nSELECT 1 AS a;\nSELECT 2 AS b;\n.output\nSELECT 3 AS c;\n")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert target.read_text() == "a\n1\nb\n2\n"
+    assert r.stdout == "c\n3\n"
+    r = shell(stdin=f".output {tmp_path / 'no' / 'dir.csv'}\nSELECT 4 AS d;\n")
+    assert r.returncode == 1 and "Error: dpsql: .output: cannot write" in r.stderr and "d" in r.stdout
+
+
+def test_output_that_fails_prints_a_release_on_stdout():
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+    sh = shell_mod.Shell(dpsql.connect(), interactive=False, out=io.StringIO(), err=io.StringIO())
+    sh.feed(SETUP)
+    sh.out, sh.output_name = Full(), "full.csv"
+    sh.feed("SELECT item FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5, max_items := 10);")
+    assert "w6" in sh.stdout.getvalue()
+    assert "could not write to .output 'full.csv' (No space left on device)" in sh.err.getvalue()
+    assert "the release is printed there" in sh.err.getvalue() and sh.out is sh.stdout
+
+
+def test_timer():
+    r = shell(stdin=".timer on\nSELECT 1 AS one;\nCREATE TABLE x (i INTEGER);\n.timer off\nSELECT 2 AS two;\n")
+    assert r.returncode == 0
+    assert len(re.findall(r"^Run Time \(s\): real \d+\.\d{3} user \d+\.\d+ sys \d+\.\d+$", r.stdout, re.M)) == 2
+    r = shell(stdin=".timer maybe\n")
+    assert r.returncode == 1 and "Error: dpsql: .timer needs on or off" in r.stderr
+
+
+def test_schema():
+    r = shell(stdin="CREATE TABLE b (x INTEGER);\nCREATE TABLE a (y VARCHAR);\nCREATE VIEW v AS SELECT x FROM b;\n"
+                    "CREATE INDEX bx ON b (x);\n.schema\n.schema b\n.schema nothing\n")
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    assert lines[:4] == ["CREATE TABLE a(y VARCHAR);", "CREATE TABLE b(x INTEGER);", "CREATE INDEX bx ON b(x);",
+                         "CREATE VIEW v AS SELECT x FROM b;"]
+    assert lines[4:] == ["CREATE TABLE b(x INTEGER);", "CREATE INDEX bx ON b(x);"]
+    assert "Error: dpsql: .schema: no table, view or index matches 'nothing'" in r.stderr
+
+
+def test_read(tmp_path):
+    inner = tmp_path / "inner.sql"
+    inner.write_text("CREATE TABLE r AS SELECT 5 AS five;\nSELEC oops;\nSELECT five + 1 AS six FROM r\n")
+    outer = tmp_path / "outer.sql"
+    outer.write_text(f".read {inner}\nSELECT 'outer' AS o;\n")
+    r = shell(stdin=f".read {outer}\nSELECT five FROM r;\n")
+    assert r.returncode == 1  # the error in inner.sql
+    assert "six" in r.stdout and "outer" in r.stdout and "five" in r.stdout
+    r = shell(stdin=f".read {outer}\nSELECT 'never' AS never_run;\n", bail=True)
+    assert r.returncode == 1 and "six" not in r.stdout and "never_run" not in r.stdout
+    loop = tmp_path / "loop.sql"
+    loop.write_text(f".read {loop}\n")
+    r = shell(stdin=f".read {loop}\n.read {tmp_path / 'missing.sql'}\n")
+    assert "files read each other more than" in r.stderr
+    assert "Error: dpsql: .read: cannot read" in r.stderr and "missing.sql" in r.stderr
+
+
+def test_bail_dot_command():
+    r = shell(stdin=".bail on\nSELEC 1;\nSELECT 'never' AS never_run;\n")
+    assert r.returncode == 1 and "never_run" not in r.stdout
+
+
+def test_help_states_the_ledger_rule(tmp_path):
+    r = shell(".help")
+    assert "Ledger of this session: in memory, forgotten at exit" in r.stdout
+    assert "--ledger data.parquet.dpsql-ledger" in r.stdout and ".maxrows" in r.stdout
+    db = tmp_path / "h.duckdb"
+    assert f"Ledger of this session: {db}.dpsql-ledger." in shell(".help", database=str(db)).stdout
+
+
+# ---------------------------------------------------------------- flags and the ledger rule
+
+def test_readonly(tmp_path):
+    db = str(tmp_path / "ro.duckdb")
+    assert shell(SETUP, database=db).returncode == 0
+    out, err = io.StringIO(), io.StringIO()
+    assert cli_main(["shell", db, "-readonly", "-c", "CREATE TABLE z (i INTEGER);"], out=out, err=err) == 1
+    assert "read-only" in err.getvalue()
+    r = shell("SELECT count(*) AS n FROM dp_set_union('t', epsilon := 0.5);", database=db, readonly=True)
+    assert r.returncode == 0, r.stderr
+    assert Ledger(db + ".dpsql-ledger").status()[0].epsilon_spent == 0.5  # a read-only database is charged
+    r = shell("SELECT 1;", readonly=True)
+    assert r.returncode == 2 and r.stderr.startswith("Error: dpsql: -readonly needs a DATABASE file")
+
+
+def test_in_memory_shell_reading_a_file_uses_an_in_memory_ledger_and_says_so(tmp_path):
+    data = tmp_path / "f.parquet"
+    assert shell(f"{SETUP} COPY t TO '{data}';").returncode == 0
+    release = f"SELECT count(*) AS n FROM dp_set_union('{data}', epsilon := 0.5);"
+    r = shell(release + release)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("dpsql: note: this release read") == 1  # once per file
+    assert f"--ledger {data.resolve()}.dpsql-ledger" in r.stderr
+    assert not list(tmp_path.glob("*.dpsql-ledger"))
+
+
+def test_ledger_flag_charges_the_file_the_cli_charges(tmp_path):
+    data = tmp_path / "f.parquet"
+    assert shell(f"{SETUP} COPY t TO '{data}';").returncode == 0
+    sidecar = f"{data}.dpsql-ledger"
+    out, err = io.StringIO(), io.StringIO()
+    code = cli_main(["shell", "--ledger", sidecar, "-c",
+                     f"SELECT count(*) AS n FROM dp_set_union('{data}', epsilon := 0.5);"], out=out, err=err)
+    assert (code, err.getvalue()) == (0, "")
+    releases = Ledger(sidecar).releases()
+    # The scope the CLI records for a file input: its absolute path.
+    assert [(r.table, r.epsilon) for r in releases] == [(str(data.resolve()), 0.5)]
+
+
+def test_ledger_flag_is_checked_before_anything_runs(tmp_path):
+    data = tmp_path / "d.duckdb"
+    assert shell("CREATE TABLE k AS SELECT 1 AS i;", database=str(data)).returncode == 0
+    size = data.stat().st_size
+    r = shell("SELECT 1;", ledger=str(data))
+    assert r.returncode == 2 and "is not a dpsql ledger (a data file?)" in r.stderr
+    assert data.stat().st_size == size
+    r = shell("SELECT 1;", ledger=str(tmp_path / "nope" / "x.dpsql-ledger"))
+    assert r.returncode == 2 and "Error: dpsql: --ledger" in r.stderr and "does not exist" in r.stderr
+
+
+def test_banner_names_the_ledger():
+    con = dpsql.connect()
+    try:
+        text = shell_mod.banner(shell_mod.Shell(con, interactive=True), ":memory:")
+    finally:
+        con.close()
+    assert "in-memory ledger, forgotten at exit" in text
+
+
+# ---------------------------------------------------------------- a real terminal
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_in_a_real_terminal(tmp_path):
+    """What a person sees: the banner, a dot command, a release, Ctrl-C on a long query, .quit."""
+    server = ["tmux", "-L", f"dpsql-test-{os.getpid()}"]  # a private tmux server, killed at the end
+    env = dict(os.environ, PYTHONIOENCODING="utf-8", TERM="xterm", HOME=str(tmp_path))
+    exit_file = tmp_path / "exit-status"
+    # tmux runs the command with sh: the shell's exit status is written to a file when it ends.
+    command = f"{shlex.quote(sys.executable)} -m dpsql shell; echo $? > {shlex.quote(str(exit_file))}"
+
+    def tmux(*args: str) -> str:
+        return subprocess.run([*server, *args], capture_output=True, text=True, check=True, env=env,
+                              timeout=10).stdout
+
+    def screen() -> str:
+        return tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", "s")
+
+    def wait_for(pattern: str, timeout: float = 8.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            text = screen()
+            if re.search(pattern, text, re.M):
+                return text
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pattern!r} did not appear; the screen shows:\n{text}")
+            time.sleep(0.1)
+
+    def type_line(text: str) -> None:
+        # A tmux argument ending in ';' separates tmux commands: a trailing space keeps it literal.
+        tmux("send-keys", "-t", "s", "-l", text + " ")
+        tmux("send-keys", "-t", "s", "Enter")
+
+    tmux("new-session", "-d", "-s", "s", "-x", "120", "-y", "50", "-c", str(tmp_path), command)
+    try:
+        tmux("set-option", "-t", "s", "remain-on-exit", "on")  # the last screen stays readable
+        wait_for(r"^dpsql> $")
+        assert "in-memory ledger, forgotten at exit" in screen()
+        type_line(".mode markdown")
+        type_line("SELECT 41 + 1 AS answer;")
+        wait_for(r"^\| 42 +\|$")
+        type_line(".mode duckbox")
+        type_line(SETUP)
+        type_line("SELECT item FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5,")
+        wait_for(r"^   \.\.\.> $")  # a statement continues on the next line
+        type_line("max_items := 10);")
+        text = wait_for(r"│ w6 +│")
+        assert re.findall(r"│ (w\d) +│", text) == [f"w{i}" for i in range(7)]
+        type_line("SELECT count(*) FROM range(30000000000) a WHERE hash(a.range) % 7 = 3;")
+        time.sleep(1.0)
+        started = time.monotonic()
+        tmux("send-keys", "-t", "s", "C-c")
+        wait_for(r"^(\^C)?Error: interrupted$")
+        assert time.monotonic() - started < 5
+        type_line("SELECT 'still here' AS s;")
+        wait_for(r"│ still here │")
+        type_line(".quit")
+        deadline = time.monotonic() + 8
+        while not exit_file.exists() or not exit_file.read_text().strip():
+            assert time.monotonic() < deadline, screen()
+            time.sleep(0.1)
+        assert exit_file.read_text().strip() == "0", screen()
+        assert "Traceback" not in screen()
+    finally:
+        subprocess.run([*server, "kill-server"], capture_output=True, env=env, timeout=10)
+
+
+# ---------------------------------------------------------------- Ctrl-C and the charge
+
+def _ctrl_c_while(work_before, work_after, charge: bool):
+    """Run a statement body in the shell's worker; it sends Ctrl-C to this process between two steps."""
+    import signal
+
+    sh = shell_mod.Shell(dpsql.connect(ledger=shell_mod.session_ledger(":memory:", None)), interactive=True,
+                         out=io.StringIO(), err=io.StringIO())
+
+    def work():
+        time.sleep(0.3)  # the main thread is waiting by now
+        work_before(sh)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+        if charge:
+            sh.ledger.charge("test_release", "user", "t", 0.5, 1e-6)
+        return work_after(sh)
+
+    try:
+        with shell_mod._ctrl_c_requests() as requests:
+            return sh, sh._in_worker(work, requests)
+    except KeyboardInterrupt:
+        return sh, "interrupted"
+
+
+def test_ctrl_c_before_the_charge_stops_and_charges_nothing():
+    sh, result = _ctrl_c_while(lambda sh: None, lambda sh: "rows", charge=True)
+    assert result == "interrupted"  # the charge after Ctrl-C was refused
+    assert sh.ledger.releases() == []
+
+
+def test_ctrl_c_after_the_charge_finishes_the_release():
+    sh, result = _ctrl_c_while(lambda sh: sh.ledger.charge("test_release", "user", "t", 0.5, 1e-6),
+                               lambda sh: "rows", charge=False)
+    assert result == "rows"
+    assert len(sh.ledger.releases()) == 1
+    assert "interrupted after the release was charged; finishing it" in sh.err.getvalue()
+
+
+def test_ctrl_c_stops_a_piped_script(tmp_path):
+    import signal
+
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    script = tmp_path / "script.sql"
+    script.write_text(".mode csv\nSELECT 'started' AS s;\n"
+                      "SELECT count(*) FROM range(30000000000) a WHERE hash(a.range) % 7 = 3;\n"
+                      "SELECT 'never' AS never_run;\n")
+    with open(script) as stdin:
+        proc = subprocess.Popen([sys.executable, "-m", "dpsql", "shell"], stdin=stdin, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    try:
+        assert proc.stdout.readline() == "s\n" and proc.stdout.readline() == "started\n"
+        time.sleep(0.5)  # inside the long query
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip() == "Error: interrupted" and "never_run" not in out

@@ -1,13 +1,17 @@
 """The Spark backend (dpsql.spark) against the DuckDB macros: the translated stages give the same
 pre-noise weights on the same capped data, the cap is uniform and per-user, releases have the
 distribution the calibration predicts on both engines, and bad input fails with the same errors.
+The session's Python workers cannot import duckdb or dpsql (dpsql's tasks are shipped by value), and
+a plain local session runs dpsql's tasks with the driver's interpreter whatever python3 PATH finds.
 Skips when pyspark or Java is missing (the translation tests only need sqlglot)."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
 import shutil
+import subprocess
 import sys
 import warnings
 
@@ -31,6 +35,16 @@ def _need(module: str):
     if REQUIRED:
         return __import__(module)
     return pytest.importorskip(module)
+
+
+def test_spark_extra_installs_a_pandas_pyspark_supports():
+    # The spark extra once installed pandas 3, for which PySpark 4 warns "does not yet fully support".
+    _need("pyspark")
+    from pyspark.sql.pandas.utils import require_minimum_pandas_version
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        require_minimum_pandas_version()
 
 
 # ---------------------------------------------------------------------------
@@ -70,25 +84,58 @@ def _java_available() -> bool:
     return bool(shutil.which("java") or (home and os.path.exists(os.path.join(home, "bin", "java"))))
 
 
-@pytest.fixture(scope="module")
-def spark():
-    _need("pyspark")
-    _need("sqlglot")
+def _java_or_skip():
     if not _java_available():
         if REQUIRED:
             pytest.fail("Java is not available (pyspark needs a JVM; set JAVA_HOME)")
         pytest.skip("Java is not available (pyspark needs a JVM; set JAVA_HOME)")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+# Starts this interpreter with duckdb and dpsql unimportable (None in sys.modules), as on an
+# executor that has neither installed.
+_BLOCK = "import sys\nsys.modules['duckdb'] = None\nsys.modules['dpsql'] = None\n"
+
+
+def _python_without_dpsql(folder) -> str:
+    """A command that runs this Python with ``duckdb`` and ``dpsql`` blocked (a POSIX shell script)."""
+    block = folder / "block"
+    block.mkdir()
+    (block / "sitecustomize.py").write_text(_BLOCK)
+    shim = folder / "python-without-dpsql"
+    shim.write_text(f'#!/bin/sh\nPYTHONPATH="{block}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n')
+    shim.chmod(0o755)
+    return str(shim)
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    """A local session whose Python workers cannot import duckdb or dpsql: every Spark test below
+    also checks that dpsql's tasks need neither (they are shipped by value)."""
+    _need("pyspark")
+    _need("sqlglot")
+    _java_or_skip()
+    if os.name != "posix":
+        pytest.skip("the worker interpreter shim is a POSIX shell script")
+    worker_python = _python_without_dpsql(tmp_path_factory.mktemp("worker"))
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        session = (SparkSession.builder.master("local[2]").appName("dpsql-tests")
-                   .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                   .config("spark.sql.shuffle.partitions", "2")
-                   .config("spark.default.parallelism", "2").getOrCreate())
+    previous = os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = worker_python  # read once, when the SparkContext is created
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            session = (SparkSession.builder.master("local[2]").appName("dpsql-tests")
+                       .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+                       .config("spark.sql.shuffle.partitions", "2")
+                       .config("spark.default.parallelism", "2").getOrCreate())
+    finally:
+        if previous is None:
+            del os.environ["PYSPARK_PYTHON"]
+        else:
+            os.environ["PYSPARK_PYTHON"] = previous
     session.sparkContext.setLogLevel("ERROR")
+    assert session.sparkContext.pythonExec == worker_python  # a session made before this fixture would not be
     yield session
     session.stop()
 
@@ -382,7 +429,7 @@ def test_bad_columns_and_methods(spark):
 
 
 @pytest.mark.parametrize("column", ["user_id", "item"])
-def test_null_users_and_items_fail_like_duckdb(spark, column):
+def test_null_users_and_items_fail_like_duckdb(spark, column, monkeypatch):
     from dpsql import spark as dspark
 
     rows = pa.table({"user_id": pa.array([1, 2], pa.int64()), "item": pa.array(["a", "b"], pa.string())})
@@ -395,8 +442,116 @@ def test_null_users_and_items_fail_like_duckdb(spark, column):
             dpsql.set_union(con, "t", "weighted_gaussian")
     finally:
         con.close()
-    message = str(duck_err.value).split("dpsql: ", 1)[1].splitlines()[0]
-    assert "contains NULL" in message
-    with pytest.raises(Exception) as spark_err:
-        dspark.set_union(spark.createDataFrame(rows), "weighted_gaussian").collect()
-    assert message in str(spark_err.value)
+    message = "dpsql: " + str(duck_err.value).split("dpsql: ", 1)[1].splitlines()[0]
+    param = "user_col" if column == "user_id" else "item_col"
+    assert message.startswith(f"dpsql: column {column} ({param}) contains NULL; filter NULL ")
+    drawn = []  # nothing is drawn: no salt, no noise task is built
+    monkeypatch.setattr(dspark, "secure_source", lambda: drawn.append("salt"))
+    monkeypatch.setattr(dspark, "_noise_task", lambda *a: drawn.append("noise"))
+    frame = spark.createDataFrame(rows)
+    for method in ("weighted_gaussian", "mad2r"):
+        with pytest.raises(DPParameterError) as spark_err:  # a Python exception, not a Java stack trace
+            dspark.set_union(frame, method)
+        assert str(spark_err.value) == message
+    assert drawn == []
+    # both columns NULL: the user column is named, as DuckDB names it first
+    both = spark.createDataFrame([(None, None), (1, "a")], "uid long, query string")
+    with pytest.raises(DPParameterError, match=r"^dpsql: column uid \(user_col\) contains NULL"):
+        dspark.set_union(both, user_col="uid", item_col="query")
+
+
+# ---------------------------------------------------------------------------
+# Executors: dpsql's tasks import neither duckdb nor dpsql and run with the driver's interpreter
+# ---------------------------------------------------------------------------
+
+_TASKS = """
+import json, pickle, sys
+import pandas as pd
+import pyarrow as pa
+noise, user_weights = pickle.loads(sys.stdin.buffer.read())
+batch = pa.RecordBatch.from_arrays([pa.array(["a", "b", "c"]), pa.array([50.0, -50.0, 50.0])], ["item", "w"])
+items = [i for out in noise(iter([batch])) for i in out.column(0).to_pylist()]
+frame = user_weights(pd.DataFrame({"user_id": [1, 1, 1], "item": ["a", "b", "c"], "b": [0.25, 1.0, 3.0]}))
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("dpsql", "duckdb") and sys.modules[m] is not None)
+print(json.dumps({"items": items, "uw": frame["uw"].tolist(), "d": frame["d"].tolist(), "loaded": loaded}))
+"""
+
+
+def test_task_functions_import_neither_duckdb_nor_dpsql(tmp_path):
+    """The functions dpsql ships to Spark tasks, unpickled and run where duckdb and dpsql cannot be imported."""
+    _need("pyspark")
+    from pyspark import cloudpickle
+    from dpsql import spark as dspark
+
+    noise = dspark._noise_task(dspark._Noise("gaussian", 1.0, 0.0, strict=True), seed=7, stage=1, keep_all=False)
+    with dspark._by_value():
+        blob = cloudpickle.dumps((noise, dspark._user_weights_task(0.5, 1.5)))
+    assert "dpsql" not in cloudpickle.list_registry_pickle_by_value()  # registered only while shipping
+    by_reference = cloudpickle.dumps(dspark._user_weights_task(0.5, 1.5))  # outside: dpsql is imported
+    code = _BLOCK + _TASKS
+    done = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    got = json.loads(done.stdout)
+    assert got["loaded"] == [] and got["items"] == ["a", "c"] and got["d"] == [3, 3, 3]
+    expected = adaptive.user_weights_batch(np.array([0.25, 1.0, 3.0]), np.array([0, 3]), 0.5, 1.5)
+    np.testing.assert_allclose(got["uw"], expected, rtol=0, atol=0)
+    # the control: pickled the default way, the same function needs dpsql on the worker
+    load = _BLOCK + "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"
+    refused = subprocess.run([sys.executable, "-c", load], input=by_reference, capture_output=True, cwd=tmp_path,
+                             timeout=120)
+    assert refused.returncode != 0 and b"dpsql" in refused.stderr
+
+
+def test_spark_workers_cannot_import_duckdb_here(spark):
+    """The module's session really blocks duckdb on its workers (so the releases above prove they need none)."""
+    def probe(batches):
+        for batch in batches:
+            try:
+                import duckdb  # noqa: F401
+                found = True
+            except ImportError:
+                found = False
+            yield pa.RecordBatch.from_arrays([pa.array([found] * batch.num_rows)], ["found"])
+
+    assert {r.found for r in spark.range(2).mapInArrow(probe, "found boolean").collect()} == {False}
+
+
+_PATH_RELEASE = """
+import json, sys, warnings
+warnings.simplefilter("ignore")
+from pyspark.sql import SparkSession
+from dpsql import spark as dspark
+session = (SparkSession.builder.master("local[1]").appName("dpsql-path-python")
+           .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+           .config("spark.sql.shuffle.partitions", "1").getOrCreate())
+session.sparkContext.setLogLevel("ERROR")
+# SQL rows, as a read of Parquet gives (createDataFrame of a list would run the user's own Python tasks)
+rows = session.sql("SELECT id AS user_id, 'common' AS item FROM range(400) UNION ALL SELECT 1, 'rare'")
+released = dspark.set_union(rows, "weighted_gaussian", epsilon=1.0, delta=1e-5, max_items=4)
+print(json.dumps({"items": [r.item for r in released.collect()], "python": session.sparkContext.pythonExec}))
+session.stop()
+"""
+
+
+def test_local_session_runs_tasks_with_the_driver_interpreter(tmp_path):
+    """A plain local session, PYSPARK_PYTHON unset, and a ``python3`` on PATH without the packages
+    (a virtualenv that is not activated): dpsql's tasks run with the driver's interpreter instead."""
+    _need("pyspark")
+    _need("sqlglot")
+    _java_or_skip()
+    if os.name != "posix":
+        pytest.skip("the python3 shim is a POSIX shell script")
+    bin_dir, marker = tmp_path / "bin", tmp_path / "python3-was-run"
+    bin_dir.mkdir()
+    shim = bin_dir / "python3"
+    shim.write_text(f'#!/bin/sh\necho "$*" >> "{marker}"\necho "No module named \'duckdb\'" >&2\nexit 1\n')
+    shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", SPARK_LOCAL_IP="127.0.0.1")
+    done = subprocess.run([sys.executable, "-c", _PATH_RELEASE], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["items"] == ["common"]
+    assert got["python"] == "python3"  # the user's session is unchanged
+    assert not marker.exists(), marker.read_text()

@@ -395,7 +395,7 @@ BAD_SQL = [
     ("dp_set_union_weighted_gaussian('t', max_items := 2.5)", "max_items"),
     ("dp_set_union_weighted_gaussian('t', max_items := NULL)", "max_items"),
     ("dp_set_union_weighted_gaussian('t', user_col := 'item')", "different columns"),
-    ("dp_set_union_weighted_gaussian('t', user_col := 'nope')", "empty set of columns"),
+    ("dp_set_union_weighted_gaussian('t', user_col := 'nope')", "dpsql: user_col := 'nope' is not a column of 't'"),
     ("dp_set_union_weighted_gaussian('t', epsilon := 'abc')", "does not support the supplied arguments"),
     ("dp_set_union_weighted_gaussian(['t', 't'])", "does not support the supplied arguments"),
     ("dp_set_union_weighted_gaussian('missing_table')", "does not exist"),

@@ -1,0 +1,193 @@
+"""The Python API: what it accepts as a table, its checks before running, bounds, weak-parameter warnings."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+import dpsql
+from dpsql import adaptive, topk, union
+from dpsql.validation import (DELTA_MIN, EPSILON_MIN, WEAK_DELTA, WEAK_EPSILON, DPParameterError,
+                              WeakPrivacyWarning, check_delta, check_epsilon, warn_weak_parameters)
+
+
+@pytest.fixture
+def con():
+    c = dpsql.connect()
+    rows = [(u, f"w{u % 3}") for u in range(300)] + [(u, "common") for u in range(300)]
+    c.register("src", pa.table({"user_id": [r[0] for r in rows], "item": [r[1] for r in rows]}))
+    c.execute("CREATE TABLE t AS FROM src")
+    c.unregister("src")
+    yield c
+    c.close()
+
+
+def _charged(con) -> int:
+    return len(dpsql.releases(con))
+
+
+# -- item 2: a file path is a table, in Python as in SQL ------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_file_path_is_accepted_as_the_table(con, tmp_path, fmt):
+    path = str(tmp_path / f"events.{fmt}")
+    con.execute(f"COPY t TO '{path}' (FORMAT {fmt})")
+    out = dpsql.set_union(con, path, "weighted_gaussian", epsilon=2.0)
+    assert "common" in out.column("item").to_pylist()
+    ranked = dpsql.top_k(con, path, 1, epsilon=2.0)
+    assert ranked.column("item").to_pylist() == ["common"]
+    assert dpsql.hitting_set(con, path, 1, epsilon=2.0).num_rows == 1
+    assert dpsql.top_k_limited_domain(con, path, 1, 2, epsilon=2.0).column("item").to_pylist() == ["common"]
+    # the SQL macro accepts the same string
+    assert con.sql(f"FROM dp_set_union_weighted_gaussian('{path}', epsilon := 2.0)").fetchall()
+
+
+def test_a_missing_file_or_table_is_refused_before_any_charge(con, tmp_path):
+    with pytest.raises(DPParameterError, match=r"table '.*nope.parquet': DuckDB cannot read this file"):
+        dpsql.set_union(con, str(tmp_path / "nope.parquet"))
+    with pytest.raises(DPParameterError, match=r"table 'nope' does not exist.*file path"):
+        dpsql.top_k(con, "nope", 3)
+    assert _charged(con) == 0
+
+
+def test_a_wrong_column_names_the_parameter_and_the_columns(con, tmp_path):
+    path = str(tmp_path / "events.parquet")
+    con.execute(f"COPY t TO '{path}' (FORMAT parquet)")
+    for table in ("t", path):
+        with pytest.raises(DPParameterError, match=r"user_col := 'uid' is not a column of .*its columns are "
+                                                   r"user_id, item\. Pass user_col"):
+            dpsql.set_union(con, table, user_col="uid")
+        with pytest.raises(DPParameterError, match=r"item_col := 'itm' is not a column"):
+            dpsql.top_k(con, table, 2, item_col="itm")
+    assert _charged(con) == 0
+
+
+def test_a_string_epsilon_is_named_as_a_string(con):
+    with pytest.raises(DPParameterError, match=r"epsilon must be a finite number > 0 \(got '1', a string"):
+        dpsql.set_union(con, "t", epsilon="1")
+    with pytest.raises(DPParameterError, match=r"delta must be .*got '1e-5', a string"):
+        dpsql.top_k(con, "t", 2, delta="1e-5")
+
+
+def test_sql_column_check_macro(con):
+    assert con.sql("SELECT dp__check_columns('t', 'USER_ID', 'item'), dp__check_column('t', 'key_col', 'Item')"
+                   ).fetchall() == [(True, True)]
+    with pytest.raises(duckdb.Error, match=r"dpsql: item_col := 'x' is not a column of 't'; its columns are "
+                                           r"user_id, item"):
+        con.sql("SELECT dp__check_columns('t', 'user_id', 'x')").fetchall()
+    with pytest.raises(duckdb.Error, match=r"dpsql: user_col := 'uid' is not a column"):
+        con.sql("SELECT dp__check_columns('t', 'uid', 'item')").fetchall()
+    # a bind-safe column selection (the change proposed for dp__user_items) with this check: a missing
+    # column fails with the dpsql message, even on an empty table, instead of a binder error
+    con.execute("CREATE TABLE empty_t (user_id INT, item VARCHAR)")
+    safe = ("SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower('{col}') OR c = 'dp__absent')) AS u "
+            "FROM (SELECT *, NULL AS dp__absent FROM query_table('{tbl}') "
+            "WHERE dp__check_column('{tbl}', 'user_col', '{col}'))")
+    assert {r[0] for r in con.sql(safe.format(col="USER_ID", tbl="t")).fetchall()} == set(range(300))
+    for tbl in ("t", "empty_t"):
+        with pytest.raises(duckdb.Error, match=r"dpsql: user_col := 'uid' is not a column"):
+            con.sql(safe.format(col="uid", tbl=tbl)).fetchall()
+
+
+def test_a_connection_without_macros_gets_a_dpsql_message():
+    plain = duckdb.connect()
+    try:
+        plain.execute("CREATE TABLE t AS SELECT 1 AS user_id, 'a' AS item")
+        with pytest.raises(DPParameterError, match=r"no dpsql macros.*dpsql.register\(con\).*cursor"):
+            dpsql.set_union(plain, "t")
+        with pytest.raises(DPParameterError, match=r"no dpsql macros \(dp_top_k is missing\)"):
+            dpsql.top_k(plain, "t", 1)
+    finally:
+        plain.close()
+
+
+# -- item 4: the user's own values against the documented bounds ------------------------------------------
+
+def test_the_documented_minima_are_accepted_everywhere(con):
+    # README "Bad input and edge cases": 1e-200 <= epsilon, 1e-305 <= delta; shares below them are internal.
+    for method in union.METHODS:
+        cal = union.calibrate(method, EPSILON_MIN, DELTA_MIN, 100)
+        assert math.isfinite(cal.scale) and math.isfinite(cal.threshold), method
+    assert con.sql(f"FROM dp_set_union('t', epsilon := {EPSILON_MIN!r}, delta := {DELTA_MIN!r})").fetchall() == []
+    assert dpsql.set_union(con, "t", "weighted_gaussian", delta=DELTA_MIN).num_rows >= 0
+    # top-k gives half to its domain step: its documented minima are twice as large
+    assert dpsql.top_k(con, "t", 1, epsilon=2 * EPSILON_MIN, delta=2 * DELTA_MIN).num_rows == 0
+
+
+def test_the_smallest_split_keeps_every_calibration_finite():
+    lo = adaptive.SPLIT_MIN
+    c = adaptive.mad2r_calibration(EPSILON_MIN, DELTA_MIN, 100, [lo, 1 - lo])
+    for value in (c.round1.sigma, c.round1.rho, c.round2.sigma, c.round2.rho, c.lower_offset, c.upper_offset):
+        assert math.isfinite(value) and value > 0
+    for r in adaptive.sips_calibration(EPSILON_MIN, DELTA_MIN, 100, [lo, lo, 1 - 2 * lo]):
+        assert math.isfinite(r.scale) and math.isfinite(r.threshold)
+    for method in union.METHODS:
+        cal = topk.top_k_calibration(10, 2 * EPSILON_MIN, 2 * DELTA_MIN, 100, method)
+        assert math.isfinite(cal.gumbel_scale), method
+    lim = topk.limited_domain_calibration(10, math.inf, EPSILON_MIN, DELTA_MIN, 100)
+    assert math.isfinite(lim.offset) and math.isfinite(lim.gumbel_scale)
+
+
+def test_messages_quote_the_value_the_user_passed(con):
+    # delta below the minimum: the user's delta, not a share of it (was "got 5e-306")
+    with pytest.raises(duckdb.Error, match=r"delta must be >= 1e-305 \(got 1e-306\)"):
+        con.sql("FROM dp_set_union_weighted_gaussian('t', delta := 1e-306)").fetchall()
+    with pytest.raises(DPParameterError, match=r"delta must be >= 1e-305 \(got 1e-306\)"):
+        dpsql.set_union(con, "t", delta=1e-306)
+    # a tiny split fraction blames split (was: epsilon)
+    with pytest.raises(duckdb.Error, match=r"every fraction of split must be >= 1e-06 \(got \[1e-300, 1.0\]\)"):
+        con.sql("FROM dp_set_union_mad2r('t', split := [1e-300, 1])").fetchall()
+    with pytest.raises(DPParameterError, match=r"every fraction of split must be >= 1e-06"):
+        adaptive.sips_calibration(1.0, 1e-5, 10, [1e-9, 1 - 1e-9])
+    # top-k names its own doubled minimum and the user's value
+    with pytest.raises(DPParameterError, match=r"epsilon must be >= 2e-200 for top-k .*got 1e-200"):
+        dpsql.top_k(con, "t", 2, epsilon=1e-200)
+    with pytest.raises(DPParameterError, match=r"delta must be >= 2e-305 for top-k .*got 1e-305"):
+        dpsql.hitting_set(con, "t", 2, delta=1e-305)
+    # the SQL helper through which dp_top_k / dp_hitting_set hand each half to their domain step
+    with pytest.raises(duckdb.Error, match=r"delta must be >= 2e-305 for top-k .*got 1e-305"):
+        con.sql("SELECT dp__top_k_share('delta', 1e-305)").fetchall()
+    assert con.sql("SELECT dp__top_k_share('epsilon', 3.0)").fetchall() == [(1.5,)]
+    assert _charged(con) == 0
+
+
+def test_direct_calibration_functions_check_the_given_values():
+    with pytest.raises(DPParameterError, match=r"epsilon must be >= 1e-200 \(got 1e-201\)"):
+        check_epsilon(1e-201)
+    with pytest.raises(DPParameterError, match=r"delta must be >= 1e-305"):
+        adaptive.mad_round(1.0, 1e-306, 10)
+    assert math.isfinite(adaptive.mad_round(1.0, DELTA_MIN, 10).rho)  # its delta/2 is a share, not refused
+    assert check_delta(DELTA_MIN) == DELTA_MIN
+
+
+# -- item 5: weak parameters warn, never refuse -------------------------------------------------------------
+
+def test_weak_parameters_warn_and_still_release(con):
+    with pytest.warns(WeakPrivacyWarning, match=r"epsilon = 1e\+06 > 10.*delta = 0.5 > 0.001"):
+        out = dpsql.set_union(con, "t", "weighted_gaussian", epsilon=1e6, delta=0.5)
+    assert "common" in out.column("item").to_pylist()
+    with pytest.warns(WeakPrivacyWarning, match=r"epsilon = 50 > 10"):
+        con.sql("FROM dp_set_union_mad2r('t', epsilon := 50)").fetchall()
+    with pytest.warns(WeakPrivacyWarning) as record:
+        dpsql.top_k(con, "t", 1, delta=0.01)
+    # the user's delta, and the domain step's half of it, each named with its release
+    messages = {str(w.message).split(":")[1] for w in record}
+    assert " weak privacy parameters of dp_top_k / dp_hitting_set" in messages
+    assert any("of dp_set_union_weighted_gaussian: delta = 0.005" in str(w.message) for w in record)
+
+
+def test_ordinary_parameters_do_not_warn(con):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WeakPrivacyWarning)
+        dpsql.set_union(con, "t", epsilon=WEAK_EPSILON, delta=WEAK_DELTA)
+        con.sql("FROM dp_set_union_sips('t', epsilon := 1.0, delta := 1e-6)").fetchall()
+        warn_weak_parameters("1", None)  # non-numbers are left to the checks
+
+
+def test_warning_is_a_user_warning():
+    assert issubclass(WeakPrivacyWarning, UserWarning)
+    with pytest.warns(UserWarning):
+        warn_weak_parameters(11.0, 1e-5)
