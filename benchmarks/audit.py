@@ -1,12 +1,15 @@
 """Empirical privacy audit of every mechanism (``dpsql.audit``): the full table.
 
-For each mechanism of ``dpsql.audit.MECHANISMS`` (the shipped releases and two deliberately
-broken variants), pilot runs choose a neighbouring pair and an event, then ``--runs`` fresh
-copies of that pair released in one SQL call per dataset give a Clopper-Pearson lower bound on
-the realised epsilon at ``--confidence``. Prints a markdown table (and ``--json`` rows) with the
-date, machine and load; seeded connections, so the numbers reproduce (and are NOT private).
+For each mechanism of ``dpsql.audit.MECHANISMS`` (the shipped releases and deliberately broken
+variants), pilot runs choose a neighbouring pair and an event, then fresh trials of that pair give
+a Clopper-Pearson lower bound on the realised epsilon at ``--confidence``. A trial is one copy of
+a replicated pair (``--runs`` copies released in one SQL call per dataset) or, for the
+whole-output cases (row order, number of rows, exact output), one whole release (``--output-runs``
+queries per dataset). Then every case is run once more with a non-constant epsilon, which must be
+refused before the charge. Prints markdown tables (and ``--json`` rows) with the date, machine and
+load; seeded connections, so the numbers reproduce (and are NOT private).
 
-    python benchmarks/audit.py --runs 100000 --epsilon 1 --delta 1e-5 --confidence 0.95
+    python benchmarks/audit.py --runs 100000 --output-runs 2000 --epsilon 1 --delta 1e-5 --confidence 0.95
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ from dpsql import audit
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100_000)
+    parser.add_argument("--output-runs", type=int, default=2_000,
+                        help="trials per dataset of the whole-output cases (one query each)")
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument("--confidence", type=float, default=0.95)
@@ -37,20 +42,29 @@ def main() -> None:
     started = time.perf_counter()
     results = []
     for j, name in enumerate(names):
-        r = audit.audit(name, args.epsilon, args.delta, args.runs, args.confidence, args.seed + j)
+        whole = isinstance(audit.MECHANISMS[name], audit.OutputCase)
+        runs = args.output_runs if whole else args.runs
+        r = audit.audit(name, args.epsilon, args.delta, runs, args.confidence, args.seed + j)
         results.append(r)
         print(f"# {name}: lower bound {r.epsilon_lower_bound:.3f} (claim {r.claimed_epsilon:g}), "
               f"{r.seconds:.1f} s", flush=True)
         if args.json:
             print(json.dumps(dataclasses.asdict(r)), flush=True)
+    refusals = [audit.check_refusal(name) for name in names]
     total = time.perf_counter() - started
     print()
-    print(f"{datetime.date.today().isoformat()}, {platform.machine()} {platform.system()}, "
-          f"{os.cpu_count()} cores; (epsilon, delta) = ({args.epsilon:g}, {args.delta:g}), "
-          f"runs {args.runs:,} per dataset, confidence {args.confidence:g}, seed {args.seed}; "
-          f"total {total:.0f} s; load average before / after {load_before:.2f} / {os.getloadavg()[0]:.2f}")
+    print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()} "
+          f"{platform.system()}, {os.cpu_count()} cores; (epsilon, delta) = ({args.epsilon:g}, {args.delta:g}), "
+          f"runs {args.runs:,} copies / {args.output_runs:,} whole releases per dataset, "
+          f"confidence {args.confidence:g}, seed {args.seed}; total {total:.0f} s; "
+          f"load average before / after {load_before:.2f} / {os.getloadavg()[0]:.2f}")
     print()
     print(audit.to_markdown(results))
+    print()
+    print("| mechanism | epsilon := (non-constant) | refused before the charge | charges |")
+    print("|---|---|---|---|")
+    for r in refusals:
+        print(f"| `{r.mechanism}` | `{r.expression}` | {'yes' if r.refused else '**NO**'} | {r.charges} |")
 
 
 if __name__ == "__main__":

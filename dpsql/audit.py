@@ -31,20 +31,37 @@ every event on one copy's audited items. Per method:
 * ``dp_weighted_sample`` and ``dp_sbh_histogram`` are ELEMENT level: one draw per key, so each
   key is a copy; D has a key of frequency i, D' of frequency i + 1.
 
-Broken variants (``broken_sigma``, ``broken_mad_min``) are built on the audit's own connection
-from the shipped SQL text with one substitution each (the shipped macros are not changed); the
-audit must report a lower bound above their claimed epsilon.
+**Whole outputs (:class:`OutputCase`).** A release is everything a user observes, not only which
+items it holds. Replicas see one copy's items inside a larger output, so they cannot see the
+row order or the number of rows of a release. A whole-output case therefore runs the real
+macro once per trial over one whole table D or D' (fresh salt and noise per query, so the
+trials are independent) and its events are on the complete ordered output: the first row is
+x, the rows are in sorted order, >= k / <= k rows, the output is exactly s, row r is in it, and
+their complements; the pilot picks among them. Cases: the row-order attack (2000 users hold
+A..E, the added user holds only E and is stored first) on every set-union method
+(``policy_laplace`` with 2 threads, as in the attack), ``dp_top_k`` (rows in its DP rank order)
+and the ``dp_set_union`` dispatcher; the number of rows
+(``rows_weighted_gaussian``, a function of the released set, audited anyway); candidate sets of
+``dp_max_coverage`` / ``dp_set_cover`` (an element that is a set's only element, removed).
+:func:`check_refusal` checks that a non-constant epsilon is refused before the charge.
+
+Broken variants (``broken_sigma``, ``broken_mad_min``, ``broken_order``: weighted_gaussian
+without its ORDER BY, ``broken_coverage``: candidate sets taken from the private rows) are built
+on the audit's own connection from the shipped SQL text with one substitution each (the shipped
+macros are not changed); the audit must report a lower bound above their claimed epsilon.
 
 Seeded connections are NOT private: this module is for testing the implementation only.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 from scipy.special import betaincinv
@@ -53,8 +70,8 @@ import dpsql
 from dpsql import adaptive, pws, registration
 from dpsql.validation import DPParameterError, check_delta, check_epsilon
 
-__all__ = ["AuditResult", "MECHANISMS", "audit", "audit_all", "clopper_pearson", "epsilon_lower_bound",
-           "to_markdown"]
+__all__ = ["AuditResult", "MECHANISMS", "OutputCase", "RefusalResult", "audit", "audit_all", "check_refusal",
+           "clopper_pearson", "epsilon_lower_bound", "to_markdown"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,11 +119,24 @@ def _check_confidence(confidence: object) -> float:
     return float(confidence)
 
 
-def _check_runs(runs: object) -> int:
-    if isinstance(runs, bool) or not isinstance(runs, (int, np.integer)) or runs < 100:
-        raise DPParameterError(f"runs must be a whole number >= 100 (got {runs!r}); "
+def _check_runs(runs: object, name: str = "runs", least: int = 20) -> int:
+    if isinstance(runs, bool) or not isinstance(runs, (int, np.integer)) or runs < least:
+        raise DPParameterError(f"{name} must be a whole number >= {least} (got {runs!r}); "
                                f"the bounds of fewer trials are vacuous")
     return int(runs)
+
+
+def _check_power(runs: int, epsilon: float, delta: float, confidence: float) -> None:
+    """Refuse ``runs`` too few to ever refute ``epsilon``: even a certain event on one dataset that
+    never occurs on the other (``runs`` vs 0 hits) would give a bound <= epsilon."""
+    if epsilon_lower_bound(runs, 0, runs, delta, confidence) > epsilon:
+        return
+    need = runs
+    while epsilon_lower_bound(need, 0, need, delta, confidence) <= epsilon:
+        need *= 2
+    raise DPParameterError(f"runs = {runs} is too few to refute epsilon = {epsilon:g} at confidence {confidence:g} "
+                           f"(the largest possible bound is {epsilon_lower_bound(runs, 0, runs, delta, confidence):.2f});"
+                           f" use runs >= {need}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,7 +390,7 @@ def _top_k_pairs(epsilon: float, delta: float) -> list[Pair]:
 # count methods at max_items = 4: the added user's 4 items carry the whole l1 (l2) sensitivity 4 (2)
 _COUNT_CAP = 4
 
-MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
+_REPLICA_MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
     Mechanism("count_laplace", _set_union_sql("dp_set_union_count_laplace", _COUNT_CAP), _same,
               _threshold_pairs("count_laplace", _COUNT_CAP, _COUNT_CAP, 1.0), note=f"max_items {_COUNT_CAP}"),
     Mechanism("count_gaussian", _set_union_sql("dp_set_union_count_gaussian", _COUNT_CAP), _same,
@@ -402,6 +432,144 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
 
 
 # --------------------------------------------------------------------------------------------
+# Whole-output cases: one release of the real macro per trial
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OutputPair:
+    """Neighbouring tables D (``d0``) and D' (``d1``), rows stored in the given order (the order
+    is part of the attack: an added row stored first must not move the release's first row)."""
+
+    d0: pa.Table
+    d1: pa.Table
+    label: str
+
+
+@dataclass(frozen=True)
+class OutputCase:
+    """An audited release whose trials are whole runs of ``sql`` over one table: the events are on
+    the complete ordered output (its first row, whether it is sorted, its number of rows, the exact
+    output, a row being in it). ``threads``: DuckDB threads of the audit connection."""
+
+    name: str
+    sql: Callable[[float, float], str]
+    claim: Callable[[float, float], tuple[float, float]]
+    pairs: Callable[[float, float], list[OutputPair]]
+    setup: Optional[Callable[[object], None]] = None
+    broken: bool = False
+    note: str = ""
+    threads: int = 1
+
+
+_ORDER_ITEMS = ("A", "B", "C", "D", "E")
+_ORDER_USERS = 2000
+
+
+def _order_pairs(epsilon: float, delta: float) -> list[OutputPair]:
+    """D: 2000 users each holding A..E (every item far above any threshold); D' adds, as the FIRST
+    stored row, one user holding only E. Which items are released hardly depends on that user
+    (weights capped at Gamma by the policies can miss an item, equally often on D and D'), so the
+    difference to look for is in the order of the rows."""
+    d0 = pa.table({"user_id": np.repeat(np.arange(_ORDER_USERS, dtype=np.int64), len(_ORDER_ITEMS)),
+                   "item": list(_ORDER_ITEMS) * _ORDER_USERS})
+    d1 = pa.concat_tables([pa.table({"user_id": np.array([-1], dtype=np.int64), "item": ["E"]}), d0])
+    return [OutputPair(d0, d1, f"{_ORDER_USERS} users hold A..E; the added user holds E, stored first")]
+
+
+_ROWS_T = 4
+
+
+def _row_count_pairs(epsilon: float, delta: float) -> list[OutputPair]:
+    """n users each holding items 0..3, D' adds (stored first) a user holding the same 4 items; n
+    puts each item's weight n/2 (weighted Gaussian, 1/sqrt(4) per user) near rho - 1/2 + z sigma."""
+    cal = dpsql.calibrate("weighted_gaussian", epsilon, delta, 100)
+    out = []
+    for n in _grid(cal.threshold, cal.scale, 1.0 / math.sqrt(_ROWS_T), (-1.0, 0.0, 1.0)):
+        d0 = pa.table({"user_id": np.repeat(np.arange(n, dtype=np.int64), _ROWS_T),
+                       "item": np.tile(np.arange(_ROWS_T, dtype=np.int64), n)})
+        d1 = pa.concat_tables([pa.table({"user_id": np.full(_ROWS_T, -1, dtype=np.int64),
+                                         "item": np.arange(_ROWS_T, dtype=np.int64)}), d0])
+        out.append(OutputPair(d0, d1, f"{n} users hold the {_ROWS_T} items the added user holds"))
+    return out
+
+
+def _coverage_pairs(epsilon: float, delta: float) -> list[OutputPair]:
+    """The record (element) 3 is the only element of set B: D holds it, D' does not."""
+    d0 = pa.table({"set_id": ["A", "A", "B"], "element": np.array([1, 2, 3], dtype=np.int64)})
+    d1 = d0.slice(0, 2)
+    return [OutputPair(d0, d1, "sets A = {1, 2}, B = {3}; D' removes element 3")]
+
+
+def _register_unsorted(con) -> None:
+    """Weighted Gaussian whose output keeps the engine's hash order (no ORDER BY): a row-order leak."""
+    stmt = _macro_statement(_sql_text("30_set_union.sql"), "dp_set_union_weighted_gaussian")
+    stmt = _substitute(stmt, "MACRO dp_set_union_weighted_gaussian(", "MACRO dp__audit_unsorted(")
+    stmt = _substitute(stmt, "\nORDER BY item;", ";")
+    con.execute(stmt)
+
+
+_CANDIDATES = "dp__audit_candidates"
+
+
+def _create_candidates(con) -> None:
+    """The public candidate sets A and B of :func:`_coverage_pairs` (the same table for D and D')."""
+    con.execute(f"CREATE OR REPLACE TABLE {_CANDIDATES} AS SELECT unnest(['A', 'B']) AS set_id")
+
+
+def _register_private_candidates(con) -> None:
+    """Max coverage whose candidate sets are the set ids of the PRIVATE rows (the attack): a set whose
+    only element is removed leaves the output's support."""
+    _create_candidates(con)
+    stmt = _macro_statement(_sql_text("80_optimize.sql"), "dp_max_coverage")
+    stmt = _substitute(stmt, "MACRO dp_max_coverage(", "MACRO dp__audit_private_candidates(")
+    stmt = _substitute(stmt, "FROM dp__candidate_sets(candidates_tbl,", "FROM dp__candidate_sets(sets_tbl,")
+    con.execute(stmt)
+
+
+def _coverage_sql(macro: str, k: Optional[int]) -> Callable[[float, float], str]:
+    k_arg = "" if k is None else f", {k}"
+    columns = "rank" if k is not None else "position"
+    return lambda e, d: (f"SELECT {columns}, set_id FROM {macro}('{{tbl}}', '{_CANDIDATES}'{k_arg}, "
+                         f"epsilon := {e!r})")
+
+
+def _pure(e: float, d: float) -> tuple[float, float]:
+    return e, 0.0
+
+
+_OUTPUT_CASES: list[OutputCase] = [
+    OutputCase("order_weighted_gaussian", _set_union_sql("dp_set_union_weighted_gaussian", 100), _same,
+               _order_pairs, note="row order, added row stored first"),
+    OutputCase("order_policy_laplace", _set_union_sql("dp_set_union_policy_laplace", 100), _same,
+               _order_pairs, note="row order, added row stored first, 2 threads", threads=2),
+    *[OutputCase(f"order_{m}", _set_union_sql(f"dp_set_union_{m}", None), _same, _order_pairs,
+                 note="row order, added row stored first")
+      for m in ("count_laplace", "count_gaussian", "weighted_laplace", "mad", "mad2r", "sips", "policy_gaussian",
+                "greedy_update")],
+    # the rows are in the DP (Gumbel) rank order: the first row may depend on the data up to epsilon
+    OutputCase("order_top_k", lambda e, d: f"SELECT rank, item FROM dp_top_k('{{tbl}}', 5, epsilon := {e!r}, "
+                                           f"delta := {d!r})",
+               _same, _order_pairs, note="k = 5: rank order"),
+    OutputCase("order_set_union", lambda e, d: f"SELECT item FROM dp_set_union('{{tbl}}', epsilon := {e!r}, "
+                                               f"delta := {d!r})",
+               _same, _order_pairs, note="row order through the dispatcher (default method)"),
+    OutputCase("rows_weighted_gaussian", _set_union_sql("dp_set_union_weighted_gaussian", 100), _same,
+               _row_count_pairs, note="whole output: number of rows, order, exact output"),
+    OutputCase("coverage_max_coverage", _coverage_sql("dp_max_coverage", 5), _pure, _coverage_pairs,
+               setup=_create_candidates, note="record level, public candidate sets, k = 5"),
+    OutputCase("coverage_set_cover", _coverage_sql("dp_set_cover", None), _pure, _coverage_pairs,
+               setup=_create_candidates, note="record level, public candidate sets"),
+    OutputCase("broken_order", _set_union_sql("dp__audit_unsorted", 100), _same, _order_pairs,
+               setup=_register_unsorted, broken=True, note="BROKEN: weighted_gaussian without ORDER BY"),
+    OutputCase("broken_coverage", _coverage_sql("dp__audit_private_candidates", 5), _pure, _coverage_pairs,
+               setup=_register_private_candidates, broken=True,
+               note="BROKEN: max coverage with candidate sets from the private rows"),
+]
+
+MECHANISMS: dict[str, Mechanism | OutputCase] = {**_REPLICA_MECHANISMS, **{c.name: c for c in _OUTPUT_CASES}}
+
+
+# --------------------------------------------------------------------------------------------
 # The audit
 # --------------------------------------------------------------------------------------------
 
@@ -438,6 +606,14 @@ def _events(t: int) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]]:
     return out
 
 
+def _load(con, data: pa.Table) -> None:
+    """``data`` as the table dp__audit_data, rows stored in their order (DuckDB's preserve_insertion_order)."""
+    con.execute("DROP TABLE IF EXISTS dp__audit_data")
+    con.register("dp__audit_arrow", data)
+    con.execute("CREATE TABLE dp__audit_data AS SELECT * FROM dp__audit_arrow")
+    con.unregister("dp__audit_arrow")
+
+
 def _run(con, mechanism: Mechanism, epsilon: float, delta: float, pairs: Sequence[Pair], copies: int
          ) -> list[tuple[np.ndarray, np.ndarray]]:
     """For each pair, the per-copy released counts on D and on D' (one SQL call per dataset)."""
@@ -445,10 +621,7 @@ def _run(con, mechanism: Mechanism, epsilon: float, delta: float, pairs: Sequenc
     d0, d1, n_items = _stack(merged, copies, mechanism.user_level)
     counts = []
     for data in (d0, d1):
-        con.execute("DROP TABLE IF EXISTS dp__audit_data")
-        con.register("dp__audit_arrow", data)
-        con.execute("CREATE TABLE dp__audit_data AS SELECT * FROM dp__audit_arrow")
-        con.unregister("dp__audit_arrow")
+        _load(con, data)
         sql = mechanism.sql(epsilon, delta).replace("{tbl}", "dp__audit_data")
         sql = sql.replace("{n_items}", str(n_items * copies))
         items = con.sql(sql).to_arrow_table().column("item").to_numpy()
@@ -458,33 +631,135 @@ def _run(con, mechanism: Mechanism, epsilon: float, delta: float, pairs: Sequenc
 
 def _best(c0: np.ndarray, c1: np.ndarray, t: int, runs: int, delta: float, confidence: float
           ) -> tuple[float, str, Callable, bool]:
-    """The event and direction with the largest predicted bound at ``runs`` trials.
+    """The event of :func:`_events` and direction with the largest predicted bound at ``runs`` trials."""
+    return _best_of([(name, ev, int(np.sum(ev(c0))), int(np.sum(ev(c1)))) for name, ev in _events(t)],
+                    len(c0), runs, delta, confidence)
+
+
+def _best_of(hits: Sequence[tuple[str, Callable, int, int]], n: int, runs: int, delta: float, confidence: float
+             ) -> tuple[float, str, Callable, bool]:
+    """Of events ``(name, predicate, hits on D, hits on D')`` seen in ``n`` pilot trials, the one and
+    the direction with the largest predicted bound at ``runs`` trials.
 
     The prediction plugs pessimistic pilot estimates (one-sided Clopper-Pearson at ~1 standard
     deviation, alpha = 0.16) into :func:`epsilon_lower_bound`: events seen only a few times in
-    the pilot are not favoured by their noise.
+    the pilot are not favoured by their noise. Ties (typically all 0) go to the largest difference
+    of pilot hits, so the report names the event that differed most.
     """
-    best = (-1.0, "", None, True)
-    n = len(c0)
-    for name, ev in _events(t):
-        k0, k1 = int(np.sum(ev(c0))), int(np.sum(ev(c1)))
+    best, key = (-1.0, "", None, True), (-1.0, -1)
+    for name, ev, k0, k1 in hits:
         for forward, (hi, lo) in ((True, (k1, k0)), (False, (k0, k1))):
             p_hi = clopper_pearson(hi, n, 0.16)[0]
             p_lo = clopper_pearson(lo, n, 0.16)[1]
             b = epsilon_lower_bound(int(round(p_hi * runs)), min(runs, int(round(p_lo * runs))), runs, delta,
                                     confidence)
-            if b > best[0]:
-                best = (b, name, ev, forward)
+            if (b, hi - lo) > key:
+                best, key = (b, name, ev, forward), (b, hi - lo)
     return best
+
+
+def _audit_replicas(con, mech: Mechanism, epsilon: float, delta: float, runs: int, pilot_runs: int,
+                    confidence: float) -> tuple[Pair, str, int, int, bool]:
+    """Pilot over every candidate pair's copies, then ``runs`` fresh copies of the chosen pair:
+    (pair, event name, hits on D, hits on D', forward)."""
+    _, claimed_delta = mech.claim(epsilon, delta)
+    choice = (-1.0, None, "", None, True)
+    candidates = mech.pairs(epsilon, delta)
+    for pair, (c0, c1) in zip(candidates, _run(con, mech, epsilon, delta, candidates, pilot_runs)):
+        b, name, ev, forward = _best(c0, c1, len(pair.audited), runs, claimed_delta, confidence)
+        if b > choice[0]:
+            choice = (b, pair, name, ev, forward)
+    _, pair, name, ev, forward = choice
+    ((c0, c1),) = _run(con, mech, epsilon, delta, [pair], runs)
+    return pair, name, int(np.sum(ev(c0))), int(np.sum(ev(c1))), forward
+
+
+def _row_key(row: tuple) -> tuple:
+    """Sort key of an output row as DuckDB's ORDER BY ... ASC orders it (NULLs last)."""
+    return tuple((v is None, v) for v in row)
+
+
+def _show(value: object, width: int = 48) -> str:
+    """Short printable form of a row or an output; long ones end with a digest so they stay distinct."""
+    text = repr(value[0]) if isinstance(value, tuple) and len(value) == 1 else repr(value)
+    if len(text) <= width:
+        return text
+    return f"{text[:width - 12]}...#{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+def _output_events(outputs: Sequence[tuple], most_common: int = 20
+                   ) -> list[tuple[str, Callable[[tuple], bool]]]:
+    """Events on one whole ordered output (a tuple of row tuples), from the outputs of a pilot.
+
+    The first row is x (or there are no rows); the rows are in sorted order; >= k / <= k rows; the
+    output is exactly s (the ``most_common`` outputs of the pilot); row r is in the output (the
+    ``most_common`` rows). Each but the counts also as its complement.
+    """
+    firsts: dict[tuple, int] = {}
+    exact: dict[tuple, int] = {}
+    rows: dict[tuple, int] = {}
+    sizes = set()
+    for o in outputs:
+        firsts[o[:1]] = firsts.get(o[:1], 0) + 1
+        exact[o] = exact.get(o, 0) + 1
+        for r in set(o):
+            rows[r] = rows.get(r, 0) + 1
+        sizes.add(len(o))
+    base: list[tuple[str, Callable[[tuple], bool]]] = [
+        ("rows in sorted order", lambda o: list(o) == sorted(o, key=_row_key))]
+    for f in sorted(firsts, key=firsts.get, reverse=True):
+        base.append((f"first row {_show(f[0])}" if f else "no rows", lambda o, f=f: o[:1] == f))
+    for s in sorted(exact, key=exact.get, reverse=True)[:most_common]:
+        base.append((f"output = {_show(s)}", lambda o, s=s: o == s))
+    for r in sorted(rows, key=rows.get, reverse=True)[:most_common]:
+        base.append((f"row {_show(r)} in the output", lambda o, r=r: r in o))
+    events = base + [(f"NOT ({name})", lambda o, p=p: not p(o)) for name, p in base]
+    top = max(sizes)
+    events += [(f">= {k} rows", lambda o, k=k: len(o) >= k) for k in range(1, top + 1)]
+    events += [(f"<= {k} rows", lambda o, k=k: len(o) <= k) for k in range(0, top)]
+    return events
+
+
+def _run_outputs(con, case: OutputCase, epsilon: float, delta: float, pair: OutputPair, trials: int
+                 ) -> tuple[list[tuple], list[tuple]]:
+    """``trials`` whole releases on D and on D': each output as the tuple of its rows, in order.
+
+    Every release is a fresh query on the same connection, so it draws a fresh salt and fresh
+    noise: the trials are independent.
+    """
+    sql = case.sql(epsilon, delta).replace("{tbl}", "dp__audit_data")
+    out = []
+    for data in (pair.d0, pair.d1):
+        _load(con, data)
+        out.append([tuple(con.sql(sql).fetchall()) for _ in range(trials)])
+    return out[0], out[1]
+
+
+def _audit_outputs(con, case: OutputCase, epsilon: float, delta: float, runs: int, pilot_runs: int,
+                   confidence: float) -> tuple[OutputPair, str, int, int, bool]:
+    """Pilot (choose pair, event, direction), then ``runs`` fresh releases per dataset of the chosen
+    pair: (pair, event name, hits on D, hits on D', forward)."""
+    _, claimed_delta = case.claim(epsilon, delta)
+    choice = (-1.0, None, "", None, True)
+    for pair in case.pairs(epsilon, delta):
+        o0, o1 = _run_outputs(con, case, epsilon, delta, pair, pilot_runs)
+        hits = [(name, ev, sum(map(ev, o0)), sum(map(ev, o1))) for name, ev in _output_events(o0 + o1)]
+        b, name, ev, forward = _best_of(hits, pilot_runs, runs, claimed_delta, confidence)
+        if b > choice[0]:
+            choice = (b, pair, name, ev, forward)
+    _, pair, name, ev, forward = choice
+    o0, o1 = _run_outputs(con, case, epsilon, delta, pair, runs)
+    return pair, name, sum(map(ev, o0)), sum(map(ev, o1)), forward
 
 
 def audit(mechanism: str, epsilon: float = 1.0, delta: float = 1e-5, runs: int = 20_000,
           confidence: float = 0.95, seed: int = 0, pilot_runs: Optional[int] = None) -> AuditResult:
     """Audit one mechanism of :data:`MECHANISMS` at (epsilon, delta).
 
-    Pilot: ``pilot_runs`` copies (default runs/10, at least 250) of every candidate pair choose the
-    pair, the event and the direction; then ``runs`` fresh copies of the chosen pair give the
-    Clopper-Pearson bound. Uses a seeded (NOT private) connection.
+    Pilot: ``pilot_runs`` trials (default runs/10, at least 250) of every candidate pair choose the
+    pair, the event and the direction; then ``runs`` fresh trials of the chosen pair give the
+    Clopper-Pearson bound. A trial is one copy of a replicated pair (:class:`Mechanism`) or one
+    whole release (:class:`OutputCase`). Uses a seeded (NOT private) connection.
     """
     if not isinstance(mechanism, str) or mechanism not in MECHANISMS:
         raise DPParameterError(f"mechanism must be one of {', '.join(MECHANISMS)} (got {mechanism!r})")
@@ -494,37 +769,93 @@ def audit(mechanism: str, epsilon: float = 1.0, delta: float = 1e-5, runs: int =
     confidence = _check_confidence(confidence)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise DPParameterError(f"seed must be an integer (got {seed!r})")
-    pilot_runs = max(250, runs // 10) if pilot_runs is None else _check_runs(pilot_runs)
+    pilot_runs = max(250, runs // 10) if pilot_runs is None else _check_runs(pilot_runs, "pilot_runs")
     mech = MECHANISMS[mechanism]
     claimed_eps, claimed_delta = mech.claim(epsilon, delta)
+    _check_power(runs, claimed_eps, claimed_delta, confidence)
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the seeded connection's NOT-private warning
         con = dpsql.connect(seed=int(seed))
     try:
         con.execute("SET enable_progress_bar = false")
+        if isinstance(mech, OutputCase) and mech.threads != 1:
+            con.execute(f"SET threads = {int(mech.threads)}")
         if mech.setup is not None:
             mech.setup(con)
-        choice = (-1.0, None, "", None, True)
-        candidates = mech.pairs(epsilon, delta)
-        for pair, (c0, c1) in zip(candidates, _run(con, mech, epsilon, delta, candidates, pilot_runs)):
-            b, name, ev, forward = _best(c0, c1, len(pair.audited), runs, claimed_delta, confidence)
-            if b > choice[0]:
-                choice = (b, pair, name, ev, forward)
-        _, pair, name, ev, forward = choice
-        ((c0, c1),) = _run(con, mech, epsilon, delta, [pair], runs)
+        if isinstance(mech, OutputCase):
+            pair, name, k0, k1, forward = _audit_outputs(con, mech, epsilon, delta, runs, pilot_runs, confidence)
+        else:
+            pair, name, k0, k1, forward = _audit_replicas(con, mech, epsilon, delta, runs, pilot_runs, confidence)
     finally:
         con.close()
-    k0, k1 = int(np.sum(ev(c0))), int(np.sum(ev(c1)))
     hi, lo = (k1, k0) if forward else (k0, k1)
     alpha = (1.0 - confidence) / 2.0
     bound = epsilon_lower_bound(hi, lo, runs, claimed_delta, confidence)
-    direction = "P[D' (added)] vs P[D]" if forward else "P[D] vs P[D' (added)]"
+    direction = "P[D'] vs P[D]" if forward else "P[D] vs P[D']"
     return AuditResult(
         mechanism=mechanism, claimed_epsilon=claimed_eps, delta=claimed_delta, epsilon_lower_bound=bound,
         runs=runs, event=f"{name}, {direction}", p_hat=(hi / runs, lo / runs),
         p_bounds=(clopper_pearson(hi, runs, alpha)[0], clopper_pearson(lo, runs, alpha)[1]),
         confidence=confidence, dataset=pair.label, seconds=time.perf_counter() - started)
+
+
+_VOLATILE = "CASE WHEN random() < 0.5 THEN 0.01 ELSE 1000 END"
+# an epsilon whose literal occurs once in each case's SQL, so the refusal check can replace it
+_PROBE_EPSILON = 0.8125
+
+
+@dataclass(frozen=True)
+class RefusalResult:
+    """Whether a release refused a non-constant epsilon: ``refused`` iff it raised a ``dpsql:`` error
+    naming ``epsilon`` and charged nothing (``charges``: ledger rows the attempt added)."""
+
+    mechanism: str
+    expression: str
+    refused: bool
+    charges: int
+    message: str
+
+
+def check_refusal(mechanism: str, expression: str = _VOLATILE, seed: int = 0) -> RefusalResult:
+    """Run ``mechanism``'s release on its first dataset D with ``epsilon := expression``.
+
+    A table macro substitutes the expression at every use of the parameter, so a non-constant one
+    could take one value in the charge and another in the threshold; the release must refuse it
+    before reading data or charging (sql/00_release.sql). Nothing to audit statistically: this
+    checks the refusal.
+    """
+    if not isinstance(mechanism, str) or mechanism not in MECHANISMS:
+        raise DPParameterError(f"mechanism must be one of {', '.join(MECHANISMS)} (got {mechanism!r})")
+    if not isinstance(expression, str) or not expression.strip():
+        raise DPParameterError(f"expression must be a non-empty SQL expression (got {expression!r})")
+    mech = MECHANISMS[mechanism]
+    delta = 1e-5
+    sql = _substitute(mech.sql(_PROBE_EPSILON, delta), repr(_PROBE_EPSILON), f"({expression})")
+    if isinstance(mech, OutputCase):
+        data, n_items = mech.pairs(_PROBE_EPSILON, delta)[0].d0, 1
+    else:
+        data, _, n_items = _stack(mech.pairs(_PROBE_EPSILON, delta)[0], 1, mech.user_level)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the seeded connection's NOT-private warning
+        con = dpsql.connect(seed=int(seed))
+    try:
+        if mech.setup is not None:
+            mech.setup(con)
+        _load(con, data)
+        sql = sql.replace("{tbl}", "dp__audit_data").replace("{n_items}", str(n_items))
+        count = "SELECT count(*) FROM dp_releases()"
+        before = con.sql(count).fetchall()[0][0]
+        try:
+            con.sql(sql).fetchall()
+            message = ""
+        except duckdb.Error as exc:
+            message = str(exc)
+        charges = con.sql(count).fetchall()[0][0] - before
+    finally:
+        con.close()
+    refused = "dpsql:" in message and "epsilon" in message and charges == 0
+    return RefusalResult(mechanism, expression, refused, int(charges), message)
 
 
 def audit_all(epsilon: float = 1.0, delta: float = 1e-5, runs: int = 20_000, confidence: float = 0.95,

@@ -106,6 +106,8 @@ def test_broken_variants_leave_the_shipped_macros_alone():
         before = con.sql(listing).fetchall()
         audit._register_broken_mad(con)
         audit._register_broken_sigma(con)
+        audit._register_unsorted(con)
+        audit._register_private_candidates(con)
         con.execute("CREATE TABLE t AS SELECT (i // 3)::BIGINT AS user_id, (i % 5)::BIGINT AS item FROM range(60) r(i)")
         shipped = con.sql("SELECT * FROM dp__mad_weights('t', 28.0, max_adaptive_degree := 4) ORDER BY item").fetchall()
         after = con.sql(listing).fetchall()
@@ -113,7 +115,9 @@ def test_broken_variants_leave_the_shipped_macros_alone():
     finally:
         con.close()
     assert len(before) > 10 and before == after
-    assert added[0][0] == 4  # dp__audit_broken_sigma, dp__audit_min_mad_stage, dp__audit_min_mad(_weights)
+    # dp__audit_broken_sigma, dp__audit_min_mad_stage, dp__audit_min_mad(_weights), dp__audit_unsorted,
+    # dp__audit_private_candidates
+    assert added[0][0] == 6
     # the shipped stage still truncates with r = max{0, .}: no item weight below its initial user weights
     # minus the truncation (w_reroute >= 0)
     assert all(row[4] >= 0 for row in shipped)
@@ -158,7 +162,9 @@ def test_variant_builder_refuses_changed_sql():
                                          ({"mechanism": "mad", "confidence": 0}, "confidence"),
                                          ({"mechanism": "mad", "epsilon": -1.0}, "epsilon"),
                                          ({"mechanism": "mad", "delta": 1.5}, "delta"),
-                                         ({"mechanism": "mad", "seed": "x"}, "seed")])
+                                         ({"mechanism": "mad", "seed": "x"}, "seed"),
+                                         ({"mechanism": "broken_order", "pilot_runs": 10}, "pilot_runs"),
+                                         ({"mechanism": "mad", "runs": 30, "epsilon": 2.5}, "runs")])
 def test_bad_parameters_name_the_parameter(kwargs, name):
     with pytest.raises(DPParameterError, match=name):
         audit.audit(**kwargs)
@@ -177,3 +183,99 @@ def test_markdown_table_lists_every_result():
     table = audit.to_markdown([r, bad])
     assert table.count("\n") == 3 and "`mad`" in table and "0.250" in table
     assert "REFUTED" in table.splitlines()[3] and "REFUTED" not in table.splitlines()[2]
+
+
+# --------------------------------------------------------------------------------------------
+# Whole-output events: row order, number of rows, the exact output
+# --------------------------------------------------------------------------------------------
+
+def test_output_events_are_the_events_they_name():
+    outputs = [(("A",), ("B",)), (("B",), ("A",)), (), (("A",),), (("A",), (None,)), ((None,), ("A",))]
+    events = dict(audit._output_events(outputs))
+    hits = {name: [bool(ev(o)) for o in outputs] for name, ev in events.items()}
+    # NULLs sort last, as in DuckDB's ORDER BY ... ASC
+    assert hits["rows in sorted order"] == [True, False, True, True, True, False]
+    assert hits["first row 'A'"] == [True, False, False, True, True, False]
+    assert hits["first row 'B'"] == [False, True, False, False, False, False]
+    assert hits["no rows"] == [False, False, True, False, False, False]
+    assert hits[">= 2 rows"] == [True, True, False, False, True, True]
+    assert hits["<= 1 rows"] == [False, False, True, True, False, False]
+    assert hits["row 'B' in the output"] == [True, True, False, False, False, False]
+    exact = [name for name in events if name.startswith("output = ")]
+    assert len(exact) == len(set(outputs)) and all(sum(h) == 1 for n, h in hits.items() if n in exact)
+    for name, h in hits.items():
+        if not name.startswith("NOT (") and not name.endswith(" rows"):
+            assert hits[f"NOT ({name})"] == [not x for x in h]
+    assert ">= 3 rows" not in hits and "<= 2 rows" not in hits  # no pilot output had 3 rows
+
+
+def test_whole_output_runs_see_the_stored_row_order_of_an_unsorted_macro():
+    """On the attack's pair the unsorted copy of weighted_gaussian releases A..E in both datasets,
+    E first iff the added row is stored first; the shipped macro releases them sorted."""
+    pair = audit._order_pairs(1.0, 1e-5)[0]
+    con = _seeded(8)
+    try:
+        audit._register_unsorted(con)
+        out = {name: audit._run_outputs(con, audit.MECHANISMS[name], 1.0, 1e-5, pair, 10)
+               for name in ("broken_order", "order_weighted_gaussian")}
+    finally:
+        con.close()
+    every = [("A",), ("B",), ("C",), ("D",), ("E",)]
+    for name, (o0, o1) in out.items():
+        assert all(sorted(o) == every for o in o0 + o1)
+    assert all(list(o) == every for o in out["order_weighted_gaussian"][0] + out["order_weighted_gaussian"][1])
+    assert all(o[0] == ("E",) for o in out["broken_order"][1])
+    assert not any(o[0] == ("E",) for o in out["broken_order"][0])
+
+
+def test_runs_too_few_to_refute_the_claim_are_refused():
+    # 30 vs 0 hits give at most ln(0.8841 / 0.1159) = 2.03 at confidence 0.95: enough for epsilon 1, not 2.5
+    assert audit.epsilon_lower_bound(30, 0, 30, 1e-5, 0.95) == pytest.approx(2.03, abs=0.01)
+    with pytest.raises(DPParameterError, match=r"runs = 30 is too few .* use runs >= 60"):
+        audit.audit("mad", epsilon=2.5, runs=30)
+
+
+def test_unsorted_release_is_refuted_by_the_order_event():
+    # the broken order is deterministic (E first on D' only): 40 vs 0 hits in 40 runs give
+    # ln(0.9119 / 0.0881) = 2.34 at confidence 0.95, whatever the pilot picks among the order events
+    r = audit.audit("broken_order", epsilon=1.0, delta=1e-5, runs=40, confidence=0.95, seed=5, pilot_runs=20)
+    assert r.refuted and r.epsilon_lower_bound > 1.0
+    assert "row" in r.event or "output" in r.event
+
+
+@pytest.mark.slow
+def test_candidate_sets_from_private_rows_are_refuted():
+    # set B exists only while its element does: "B in the output" is certain on D and impossible on D'
+    r = audit.audit("broken_coverage", epsilon=1.0, delta=1e-5, runs=40, confidence=0.95, seed=5, pilot_runs=20)
+    assert r.refuted and r.epsilon_lower_bound > 1.0 and r.delta == 0.0
+
+
+@pytest.mark.parametrize("mechanism", [
+    "order_weighted_gaussian",
+    pytest.param("order_policy_laplace", marks=pytest.mark.slow),
+    pytest.param("rows_weighted_gaussian", marks=pytest.mark.slow),
+    pytest.param("coverage_max_coverage", marks=pytest.mark.slow)])
+def test_whole_output_events_do_not_refute_the_shipped_releases(mechanism):
+    # an order leak as large as the attack's (p 1 vs 0) would give a bound of 1.95 at 40 runs and
+    # confidence 0.99; a correct release is refuted with probability <= 1 %
+    r = audit.audit(mechanism, epsilon=1.0, delta=1e-5, runs=40, confidence=0.99, seed=5, pilot_runs=20)
+    assert r.runs == 40 and r.claimed_epsilon == 1.0
+    assert 0.0 <= r.epsilon_lower_bound <= r.claimed_epsilon, (r.event, r.p_hat)
+    assert not r.refuted
+
+
+@pytest.mark.parametrize("mechanism", ["order_weighted_gaussian", "coverage_max_coverage", "pws_weighted_sample",
+                                       "mad_adaptive"])
+def test_non_constant_epsilon_is_refused_before_the_charge(mechanism):
+    r = audit.check_refusal(mechanism)
+    assert r.refused and r.charges == 0 and "dpsql:" in r.message and "epsilon" in r.message
+    # the check has power: a constant expression of the same value runs and charges once
+    ok = audit.check_refusal(mechanism, expression="0.5 + 0.3125")
+    assert not ok.refused and ok.charges == 1 and ok.message == ""
+
+
+def test_check_refusal_bad_parameters():
+    with pytest.raises(DPParameterError, match="mechanism"):
+        audit.check_refusal("nope")
+    with pytest.raises(DPParameterError, match="expression"):
+        audit.check_refusal("mad", expression=" ")
