@@ -15,6 +15,7 @@ import dpsql
 # the extra forgot to declare). The words identify the skip reasons of each extra's tests.
 _EXTRA_SKIP_WORDS = {"dbt": ("dbt",), "fast": ("numba",), "plot": ("matplotlib",),
                      "spark": ("pyspark", "sqlglot", "java", "spark")}
+_MISSING = ("not installed", "could not import", "no module", "not available", "no java", "not found")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -25,6 +26,8 @@ def pytest_runtest_makereport(item, call):
     if not (report.skipped and required):
         return
     reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr).lower()
+    if not any(phrase in reason for phrase in _MISSING):
+        return  # skipped for another reason (e.g. no shared data), not for a missing extra
     for extra in required:
         if any(word in reason for word in _EXTRA_SKIP_WORDS.get(extra, (extra,))):
             report.outcome = "failed"
