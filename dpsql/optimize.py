@@ -57,7 +57,7 @@ from dpsql.subsampling import (
 )
 from dpsql.udf import Udf, scalar
 from dpsql.validation import (DELTA_MIN, DPParameterError, check_epsilon, check_identifier, check_table_name,
-                              sql_string)
+                              sql_string, warn_weak_parameters)
 
 __all__ = [
     "check_k", "check_beta", "check_eta", "check_key_types",
@@ -906,11 +906,15 @@ def udfs(source: NoiseSource) -> list[Udf]:
 
     def coverage_check(k, epsilon, set_col, element_col):
         check_k(k), check_identifier("set_col", set_col), check_identifier("element_col", element_col)
-        return subsampling_probability(epsilon)
+        p = subsampling_probability(epsilon)
+        warn_weak_parameters(epsilon, what="dp_max_coverage", stacklevel=1)
+        return p
 
     def set_cover_check(epsilon, tau_constant, set_col, element_col):
         check_epsilon(epsilon), check_identifier("set_col", set_col), check_identifier("element_col", element_col)
-        return _check_positive_param("tau_constant", tau_constant, "the printed value is 1000")
+        tau = _check_positive_param("tau_constant", tau_constant, "the printed value is 1000")
+        warn_weak_parameters(epsilon, what="dp_set_cover", stacklevel=1)
+        return tau
 
     def hh_cal(epsilon, k, beta, horizon, user_col, time_col, bucket_col):
         if horizon is None:
@@ -918,6 +922,7 @@ def udfs(source: NoiseSource) -> list[Udf]:
         for name, col in (("user_col", user_col), ("time_col", time_col), ("bucket_col", bucket_col)):
             check_identifier(name, col)
         cal = heavy_hitters_calibration(epsilon, k, horizon, 1, beta)
+        warn_weak_parameters(epsilon, what="dp_shifting_heavy_hitters", stacklevel=1)
         return {"p": cal["p"], "k_max": check_k(k), "t_steps": check_k(horizon, "horizon")}
 
     def hh_tau(epsilon, k, beta, horizon, n_buckets):
@@ -929,6 +934,7 @@ def udfs(source: NoiseSource) -> list[Udf]:
             check_identifier(name, col)
         check_epsilon(epsilon), check_beta(beta)
         eta = check_eta(eta)
+        warn_weak_parameters(epsilon, what="dp_matroid_coverage", stacklevel=1)
         # resolved here so that the kernel gets the same s as _matroid_coverage_arrays' default
         return 8 * int(math.ceil(4.0 / eta)) if samples is None else check_k(samples, "samples")
 
@@ -937,6 +943,7 @@ def udfs(source: NoiseSource) -> list[Udf]:
         check_epsilon(epsilon)
         if q not in (1, 2):
             raise DPParameterError(f"q must be 1 (k-median) or 2 (k-means) (got {q!r})")
+        warn_weak_parameters(epsilon, what="dp_k_median", stacklevel=1)
         return {"k_max": check_k(k), "q_exp": int(q), "n_max": _check_n_bound(n_bound)}
 
     def coverage_select(sets, elems, n_sets, n_elems, k):

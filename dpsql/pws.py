@@ -65,7 +65,8 @@ from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR
 from dpsql.calibration import check_granularity, choose_granularity
 from dpsql.noise import MAX_SCALE_STEPS
 from dpsql.udf import Udf, scalar
-from dpsql.validation import DPParameterError, check_delta, check_epsilon, check_positive, sql_string
+from dpsql.validation import (DPParameterError, check_delta, check_epsilon, check_positive, sql_string,
+                              warn_weak_parameters)
 
 __all__ = [
     "SCHEMES", "GS", "ESTIMATORS", "check_pws_parameters", "L_value", "sampling_probabilities",
@@ -1101,7 +1102,14 @@ def udfs(source) -> list[Udf]:
                         type=pa.float64())
 
     def spec_udf(epsilon, delta, tau, scheme, power, with_frequencies):
-        return sanitizer_spec(epsilon, delta, tau, scheme, power, with_frequencies)
+        spec = sanitizer_spec(epsilon, delta, tau, scheme, power, with_frequencies)
+        warn_weak_parameters(epsilon, delta, what="dp_weighted_sample", stacklevel=1)
+        return spec
+
+    def sbh_granularity_udf(epsilon, delta, tau, scheme, power, noise, granularity):
+        g = sbh_granularity(epsilon, delta, tau, scheme, power, noise, granularity)
+        warn_weak_parameters(epsilon, delta, what="dp_sbh_histogram", stacklevel=1)
+        return g
 
     def sanitize_udf(freq, spec):
         """One uniform per key. Keys only: 1 = reported, 0 = not; with frequencies: the token (0 = not reported).
@@ -1147,7 +1155,7 @@ def udfs(source) -> list[Udf]:
         Udf("dp__pws_check_sampling", scalar(check_sampling), (d, v, d), BOOLEAN),
         Udf("dp__pws_L", scalar(L_value), (d, d), d),
         Udf("dp__sbh_threshold", scalar(sbh_threshold), (d, d), d),
-        Udf("dp__sbh_granularity", scalar(sbh_granularity), (d, d, d, v, d, v, d), d),
+        Udf("dp__sbh_granularity", scalar(sbh_granularity_udf), (d, d, d, v, d, v, d), d),
         Udf("dp__sbh_noisy", sbh_noisy_udf, (b, d, d), d),
         Udf("dp__pws_q", q_udf, (d, d, v, d), d),
         Udf("dp__pws_pi", pi_udf, (b, d, d, d, v, d), d),

@@ -10,11 +10,12 @@ import pytest
 import dpsql
 
 
-# CI installs each extra into its own virtualenv and sets DPSQL_REQUIRE to the extras it installed:
+# CI installs each extra into its own virtualenv and sets DPSQL_REQUIRE to the extras (and tools, e.g.
+# tmux) it installed:
 # there a test that skips because its extra is missing fails instead (a skip would hide a dependency
 # the extra forgot to declare). The words identify the skip reasons of each extra's tests.
 _EXTRA_SKIP_WORDS = {"dbt": ("dbt",), "fast": ("numba",), "plot": ("matplotlib",),
-                     "spark": ("pyspark", "sqlglot", "java", "spark")}
+                     "spark": ("pyspark", "sqlglot", "java", "spark"), "tmux": ("tmux",)}
 _MISSING = ("not installed", "could not import", "no module", "not available", "no java", "not found")
 
 

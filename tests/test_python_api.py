@@ -191,3 +191,25 @@ def test_warning_is_a_user_warning():
     assert issubclass(WeakPrivacyWarning, UserWarning)
     with pytest.warns(UserWarning):
         warn_weak_parameters(11.0, 1e-5)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM dp_weighted_sample('ev', 20.0, 1e-5, key_col := 'item')",
+    "SELECT * FROM dp_sbh_histogram('ev', 0.5, 0.01, key_col := 'item')",
+    "SELECT * FROM dp_max_coverage('sets', 'cands', 1, epsilon := 20.0)",
+    "SELECT * FROM dp_set_cover('sets', 'cands', epsilon := 20.0)",
+])
+def test_weak_parameters_warn_in_every_family(sql):
+    import warnings as _warnings
+
+    from dpsql.validation import WeakPrivacyWarning
+
+    con = dpsql.connect()
+    con.execute("CREATE TABLE ev AS SELECT 'k' || (i % 5) AS item FROM range(100) r(i)")
+    con.execute("CREATE TABLE sets AS SELECT * FROM (VALUES (1, 10), (2, 11)) v(set_id, element)")
+    con.execute("CREATE TABLE cands AS SELECT * FROM (VALUES (1), (2)) v(set_id)")
+    with _warnings.catch_warnings(record=True) as caught:
+        _warnings.simplefilter("always")
+        con.execute(sql).fetchall()
+    assert any(issubclass(w.category, WeakPrivacyWarning) for w in caught), sql
+    con.close()
