@@ -222,19 +222,7 @@ def error_line(exc: BaseException) -> str:
         # The usual cause with dpsql: a table passed to a macro as a bare identifier, which the
         # binder takes for a column. Macros take the table's name as a string (the ledger records it).
         text += " (if this names a table passed to a dpsql macro, quote it: dp_set_union('events', ...))"
-    missing = _MISSING_COLUMN.search(text)
-    if missing:
-        text = (f"dpsql: no column named {missing.group('name')} in the input (check the *_col parameters); "
-                f"its columns are {missing.group('cols')}")
     return f"Error: {text}"
-
-
-# The macros pick columns with COLUMNS(lambda c: lower(c) = lower(<name parameter>)); a name that matches no
-# column fails while DuckDB binds the query, before any dpsql check can run, with this message.
-_MISSING_COLUMN = re.compile(
-    r"""Star expression "COLUMNS\(list_filter\(.*?list_value\((?P<cols>.*?)\), \(lambda (?P<v>\w+): """
-    r"""\(lower\((?P=v)\) = lower\((?:CAST\()*(?P<name>'(?:[^']|'')*'|NULL)(?: AS VARCHAR\))*\)\)\)\)\)" """
-    r"""resulted in an empty set of columns""", re.S)
 
 
 # --------------------------------------------------------------------------

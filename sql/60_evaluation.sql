@@ -8,9 +8,19 @@
 
 -- Distinct non-NULL released items.
 CREATE OR REPLACE TEMP MACRO dp__eval_released_items(released VARCHAR, released_col VARCHAR := 'item') AS TABLE
+-- dp__absent (sql/20_contribution_bounding.sql): a missing column is dp__check_column's error, which names
+-- the parameter, instead of a binder error naming dpsql's internals.
 SELECT DISTINCT item
-FROM (SELECT COLUMNS(lambda c: lower(c) = lower(released_col)) AS item FROM query_table(released))
+FROM (SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(released_col) OR c = 'dp__absent')) AS item
+      FROM (SELECT *, NULL AS dp__absent FROM query_table(released)
+            WHERE dp__check_column(released, 'released_col', released_col)))
 WHERE item IS NOT NULL;
+
+-- TRUE, or the error naming the first of user_col, item_col, released_col that is not a column of its table. Each
+-- dp_eval_* macro evaluates it on a one-row source: a missing column reads as a constant NULL, and the optimizer
+-- may then drop the plan that holds the per-row checks (nothing is released, so no row would ever be checked).
+CREATE OR REPLACE TEMP MACRO dp__eval_check(tbl, released, user_col, item_col, released_col) AS
+    dp__check_columns(tbl, user_col, item_col) AND dp__check_column(released, 'released_col', released_col);
 
 -- N(x) of every item of the raw table (uncapped).
 CREATE OR REPLACE TEMP MACRO dp__eval_item_counts(tbl VARCHAR, user_col VARCHAR := 'user_id',
@@ -24,7 +34,8 @@ CREATE OR REPLACE TEMP MACRO dp_eval_missing_mass(tbl VARCHAR, released VARCHAR,
 WITH chk AS (
     SELECT CASE WHEN p IS NULL OR isnan(p) OR p < 0
                 THEN error('dpsql: p must be a number >= 0 or infinity (got ' || coalesce(p::VARCHAR, 'NULL') || ')')
-                ELSE p END AS p),
+                ELSE p END AS p
+    WHERE dp__eval_check(tbl, released, user_col, item_col, released_col)),
 freq AS (FROM dp__eval_item_counts(tbl, user_col := user_col, item_col := item_col)),
 tot AS (SELECT sum(n)::DOUBLE AS total FROM freq),
 rel AS (FROM dp__eval_released_items(released, released_col := released_col)),
@@ -45,7 +56,8 @@ CREATE OR REPLACE TEMP MACRO dp_eval_top_k_missing_mass(tbl VARCHAR, released VA
 WITH chk AS (
     SELECT CASE WHEN k IS NULL OR isnan(k) OR isinf(k) OR k < 1 OR k > 1e15 OR k <> floor(k)
                 THEN error('dpsql: k must be a whole number between 1 and 1e15 (got ' || coalesce(k::VARCHAR, 'NULL') || ')')
-                ELSE least(k, 1e15)::BIGINT END AS k),  -- least: the cast must not fail before the check
+                ELSE least(k, 1e15)::BIGINT END AS k  -- least: the cast must not fail before the check
+    WHERE dp__eval_check(tbl, released, user_col, item_col, released_col)),
 freq AS (FROM dp__eval_item_counts(tbl, user_col := user_col, item_col := item_col)),
 rel AS (FROM dp__eval_released_items(released, released_col := released_col)),
 q AS (
@@ -69,17 +81,19 @@ CREATE OR REPLACE TEMP MACRO dp_eval_hits(tbl VARCHAR, released VARCHAR,
 WITH pairs AS (FROM dp__user_items(tbl, user_col := user_col, item_col := item_col)),
 rel AS (FROM dp__eval_released_items(released, released_col := released_col))
 SELECT (SELECT count(DISTINCT p.user_id) FROM pairs AS p SEMI JOIN rel AS r ON p.item = r.item) AS hits,
-       (SELECT count(DISTINCT user_id) FROM pairs) AS users;
+       (SELECT count(DISTINCT user_id) FROM pairs) AS users
+FROM (SELECT dp__eval_check(tbl, released, user_col, item_col, released_col) AS ok) WHERE ok;
 
 -- Items and released items per frequency bucket (the data of Chen et al., Figure 1): bucket b holds
 -- the items with 2^b <= N(x) <= 2^(b+1) - 1. Released items absent from the table are ignored.
 CREATE OR REPLACE TEMP MACRO dp_eval_coverage_by_frequency(tbl VARCHAR, released VARCHAR,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item', released_col VARCHAR := 'item') AS TABLE
-WITH freq AS (FROM dp__eval_item_counts(tbl, user_col := user_col, item_col := item_col)),
+WITH chk AS MATERIALIZED (SELECT dp__eval_check(tbl, released, user_col, item_col, released_col) AS ok),
+freq AS (FROM dp__eval_item_counts(tbl, user_col := user_col, item_col := item_col)),
 rel AS (FROM dp__eval_released_items(released, released_col := released_col)),
 tagged AS (
     SELECT floor(log2(f.n))::INTEGER AS bucket, r.item IS NOT NULL AS is_released
     FROM freq AS f LEFT JOIN rel AS r ON f.item = r.item)
 SELECT bucket, (2 ** bucket)::BIGINT AS min_frequency, (2 ** (bucket + 1) - 1)::BIGINT AS max_frequency,
        count(*) AS items, count(*) FILTER (WHERE is_released) AS released_items
-FROM tagged GROUP BY bucket ORDER BY bucket;
+FROM tagged WHERE (SELECT ok FROM chk) GROUP BY bucket ORDER BY bucket;

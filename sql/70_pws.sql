@@ -48,10 +48,14 @@ dp__src AS NOT MATERIALIZED (
                                           || '0..2^63-1; it holds another value (negative, fractional, too large or '
                                           || 'not a number)')
                           ELSE b END END AS f
-    FROM (SELECT COLUMNS(lambda c: lower(c) = lower(key_col)) AS k,
-                 COLUMNS(lambda c: lower(c) = lower(coalesce(freq_col, key_col))) AS fv,
-                 try_cast(COLUMNS(lambda c: lower(c) = lower(coalesce(freq_col, key_col))) AS BIGINT) AS b
-          FROM query_table(tbl)))
+    -- dp__absent (sql/20_contribution_bounding.sql): a missing column is dp__check_column_list's error, which
+    -- names the parameter, instead of a binder error naming dpsql's internals.
+    FROM (SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(key_col) OR c = 'dp__absent')) AS k,
+                 coalesce(*COLUMNS(lambda c: lower(c) = lower(coalesce(freq_col, key_col)) OR c = 'dp__absent')) AS fv,
+                 try_cast(coalesce(*COLUMNS(lambda c: lower(c) = lower(coalesce(freq_col, key_col))
+                                                      OR c = 'dp__absent')) AS BIGINT) AS b
+          FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
+                WHERE dp__check_column_list(tbl, ['key_col', 'freq_col'], [key_col, coalesce(freq_col, key_col)]))))
 SELECT coalesce(k, error('dpsql: column ' || key_col || ' (key_col) contains NULL; filter NULL keys out first')) AS key,
        f AS frequency
 FROM dp__src CROSS JOIN dp__uq WHERE declared AND f > 0

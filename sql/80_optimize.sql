@@ -26,33 +26,45 @@ CREATE OR REPLACE TEMP MACRO dp_subsampling_probability(epsilon DOUBLE) AS dp__s
 -- ln max{1/(1-p), 1 + p (e^eps0 - 1)} (Lemma 3.1): two-sided epsilon of an eps0-add-DP mechanism on S_p.
 CREATE OR REPLACE TEMP MACRO dp_subsampled_epsilon(eps0 DOUBLE, p DOUBLE) AS dp__subsampled_epsilon(eps0, p);
 
+-- Columns are picked as in dp__user_item_rows (sql/20_contribution_bounding.sql): `SELECT *, NULL AS dp__absent`
+-- keeps COLUMNS(...) from matching nothing (a binder error naming dpsql's internals), and a missing column is
+-- dp__check_column_list's error, which names the parameter. Each releasing macro also checks its private
+-- table's columns in dp__cal: its charge waits for the calibration, not for the data.
+
 -- (set_id, element) rows of a set system, as stored (NULLs included: they match no candidate set).
 CREATE OR REPLACE TEMP MACRO dp__set_element_rows(tbl VARCHAR, set_col VARCHAR := 'set_id',
         element_col VARCHAR := 'element') AS TABLE
-SELECT COLUMNS(lambda c: lower(c) = lower(set_col)) AS set_id,
-       COLUMNS(lambda c: lower(c) = lower(element_col)) AS element
-FROM query_table(tbl);
+SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(set_col) OR c = 'dp__absent')) AS set_id,
+       coalesce(*COLUMNS(lambda c: lower(c) = lower(element_col) OR c = 'dp__absent')) AS element
+FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
+      WHERE dp__check_column_list(tbl, ['set_col', 'element_col'], [set_col, element_col]));
 
 -- The public candidate sets: the distinct set ids of candidates_tbl (column set_col), with dense ids
 -- sid in set_id order. A NULL id is an error (a public table: the message may name it).
 CREATE OR REPLACE TEMP MACRO dp__candidate_sets(candidates_tbl VARCHAR, set_col VARCHAR := 'set_id') AS TABLE
 SELECT set_id, (row_number() OVER (ORDER BY set_id) - 1)::BIGINT AS sid
-FROM (SELECT DISTINCT coalesce(COLUMNS(lambda c: lower(c) = lower(set_col)),
+FROM (SELECT DISTINCT coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(set_col) OR c = 'dp__absent')),
                                error('dpsql: column ' || set_col || ' of ' || candidates_tbl
                                      || ' (candidates_tbl) contains NULL; list each candidate set id once')) AS set_id
-      FROM query_table(candidates_tbl));
+      FROM (SELECT *, NULL AS dp__absent FROM query_table(candidates_tbl)
+            WHERE dp__check_column(candidates_tbl, 'set_col', set_col)));
 
 -- TRUE if joining the private key column private_col of private_tbl with public_col of public_tbl
 -- cannot fail on a private value; else an error naming the parameter `name`, raised in the
 -- calibration CTE (before the charge). The join runs in the columns' common (UNION) type; DuckDB's
 -- own join would convert text ids to the public column's type and quote a failing private value in
--- its error. typeof of a LIMIT 0 subquery is folded while planning: no row is read.
-CREATE OR REPLACE TEMP MACRO dp__key_check(name, private_tbl, private_col, public_tbl, public_col) AS
-dp__check_key_types(name,
-    typeof((SELECT COLUMNS(lambda c: lower(c) = lower(private_col)) FROM query_table(private_tbl) LIMIT 0)),
-    typeof((SELECT COLUMNS(lambda c: lower(c) = lower(public_col)) FROM query_table(public_tbl)
-            UNION ALL SELECT COLUMNS(lambda c: lower(c) = lower(private_col)) FROM query_table(private_tbl)
-            LIMIT 0)));
+-- its error. typeof of a LIMIT 0 subquery is folded while planning: no row is read. A missing column
+-- (its type would be NULL) is first an error naming its parameter (`name`, `public_name`).
+CREATE OR REPLACE TEMP MACRO dp__key_check(name, private_tbl, private_col, public_tbl, public_col, public_name) AS
+CASE WHEN dp__check_column(private_tbl, name, private_col) AND dp__check_column(public_tbl, public_name, public_col)
+THEN dp__check_key_types(name,
+    typeof((SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(private_col) OR c = 'dp__absent'))
+            FROM (SELECT *, NULL AS dp__absent FROM query_table(private_tbl)) LIMIT 0)),
+    typeof((SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(public_col) OR c = 'dp__absent'))
+            FROM (SELECT *, NULL AS dp__absent FROM query_table(public_tbl))
+            UNION ALL SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(private_col) OR c = 'dp__absent'))
+            FROM (SELECT *, NULL AS dp__absent FROM query_table(private_tbl))
+            LIMIT 0))) END;
 
 -- Rows (sid, element) of sets_tbl whose set is a candidate of candidates_tbl, joined in the common
 -- type of the two set-id columns (see dp__key_check). The WHERE false branches only unify types.
@@ -84,7 +96,8 @@ dp__cal AS (  -- reads the public candidates too, so that their errors come befo
     WHERE dp__constant('sets_tbl', sets_tbl) AND dp__constant('candidates_tbl', candidates_tbl)
       AND dp__constant('k', k) AND dp__constant('epsilon', epsilon) AND dp__constant('set_col', set_col)
       AND dp__constant('element_col', element_col)
-      AND dp__key_check('set_col', sets_tbl, set_col, candidates_tbl, set_col)),
+      AND dp__check_column_list(sets_tbl, ['set_col', 'element_col'], [set_col, element_col])
+      AND dp__key_check('set_col', sets_tbl, set_col, candidates_tbl, set_col, 'set_col')),
 dp__paid AS MATERIALIZED (SELECT dp__charge('dp_max_coverage', 'record', sets_tbl, epsilon, 0.0,
         {'candidates_tbl': candidates_tbl, 'k': k, 'set_col': set_col, 'element_col': element_col}::VARCHAR,
         dp__cal::VARCHAR) AS paid FROM dp__cal),
@@ -119,7 +132,8 @@ dp__cal AS (  -- reads the public candidates too, so that their errors come befo
     WHERE dp__constant('sets_tbl', sets_tbl) AND dp__constant('candidates_tbl', candidates_tbl)
       AND dp__constant('epsilon', epsilon) AND dp__constant('set_col', set_col)
       AND dp__constant('element_col', element_col) AND dp__constant('tau_constant', tau_constant)
-      AND dp__key_check('set_col', sets_tbl, set_col, candidates_tbl, set_col)),
+      AND dp__check_column_list(sets_tbl, ['set_col', 'element_col'], [set_col, element_col])
+      AND dp__key_check('set_col', sets_tbl, set_col, candidates_tbl, set_col, 'set_col')),
 dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_cover', 'record', sets_tbl, epsilon, 0.0,
         {'candidates_tbl': candidates_tbl, 'tau_constant': tau_constant, 'set_col': set_col,
          'element_col': element_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal),
@@ -150,7 +164,10 @@ dp__perm AS (SELECT position, set_id FROM query_table(permutation_tbl)),
 dp__served AS (
     SELECT element, arg_min(set_id, position) AS by_set
     FROM dp__rows JOIN dp__perm USING (set_id) WHERE element IS NOT NULL GROUP BY element)
-SELECT count(DISTINCT by_set) AS cost FROM dp__served;
+-- from a one-row source: a missing column reads as a constant NULL, and the optimizer may then drop the plan
+-- that holds dp__set_element_rows' per-row check
+SELECT (SELECT count(DISTINCT by_set) FROM dp__served) AS cost
+FROM (SELECT dp__check_column_list(sets_tbl, ['set_col', 'element_col'], [set_col, element_col]) AS ok) WHERE ok;
 
 -- Shifting heavy hitters, pure epsilon-DP (Thm 5.6): users Poisson-subsampled once with
 -- p = 1 - e^-eps, then ThreshMonitor at ln 2 (Alg. 3) over EVERY bucket of buckets_tbl and every
@@ -170,26 +187,32 @@ WITH dp__cal AS (
       AND dp__constant('k', k) AND dp__constant('epsilon', epsilon) AND dp__constant('beta', beta)
       AND dp__constant('horizon', horizon) AND dp__constant('user_col', user_col)
       AND dp__constant('time_col', time_col) AND dp__constant('bucket_col', bucket_col)
-      AND dp__key_check('bucket_col', stream_tbl, bucket_col, buckets_tbl, bucket_col)),
+      AND dp__check_column_list(stream_tbl, ['user_col', 'time_col', 'bucket_col'], [user_col, time_col, bucket_col])
+      AND dp__key_check('bucket_col', stream_tbl, bucket_col, buckets_tbl, bucket_col, 'bucket_col')),
 dp__paid AS MATERIALIZED (SELECT dp__charge('dp_shifting_heavy_hitters', 'record', stream_tbl, epsilon, 0.0,
         {'buckets_tbl': buckets_tbl, 'k': k, 'beta': beta, 'horizon': horizon, 'user_col': user_col,
          'time_col': time_col, 'bucket_col': bucket_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal),
 dp__buckets AS MATERIALIZED (
     SELECT bucket, (row_number() OVER (ORDER BY bucket) - 1)::BIGINT AS bid
-    FROM (SELECT DISTINCT COLUMNS(lambda c: lower(c) = lower(bucket_col)) AS bucket FROM query_table(buckets_tbl))
+    FROM (SELECT DISTINCT coalesce(*COLUMNS(lambda c: lower(c) = lower(bucket_col) OR c = 'dp__absent')) AS bucket
+          FROM (SELECT *, NULL AS dp__absent FROM query_table(buckets_tbl)
+                WHERE dp__check_column(buckets_tbl, 'bucket_col', bucket_col)))
     WHERE bucket IS NOT NULL),
 dp__nb AS (SELECT count(*) AS n_buckets FROM dp__buckets),
 dp__tau AS (SELECT dp__heavy_hitters_tau(epsilon, k, beta, horizon, n_buckets) AS tau FROM dp__nb),
 dp__stream AS (
-    SELECT coalesce(COLUMNS(lambda c: lower(c) = lower(user_col)),
+    SELECT coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(user_col) OR c = 'dp__absent')),
                     error('dpsql: column ' || user_col || ' (user_col) contains NULL; filter NULL users out first'))
                AS user_id,
-           COLUMNS(lambda c: lower(c) = lower(time_col)) AS t,
-           COLUMNS(lambda c: lower(c) = lower(bucket_col)) AS bucket
-    FROM query_table(stream_tbl)),
+           coalesce(*COLUMNS(lambda c: lower(c) = lower(time_col) OR c = 'dp__absent')) AS t,
+           coalesce(*COLUMNS(lambda c: lower(c) = lower(bucket_col) OR c = 'dp__absent')) AS bucket
+    FROM (SELECT *, NULL AS dp__absent FROM query_table(stream_tbl)
+          WHERE dp__check_column_list(stream_tbl, ['user_col', 'time_col', 'bucket_col'],
+                                      [user_col, time_col, bucket_col]))),
 dp__bkeys AS (
     SELECT bucket AS dp__key, bid FROM dp__buckets
-    UNION ALL SELECT COLUMNS(lambda c: lower(c) = lower(bucket_col)), NULL FROM query_table(stream_tbl) WHERE false),
+    UNION ALL SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(bucket_col) OR c = 'dp__absent')), NULL
+              FROM (SELECT *, NULL AS dp__absent FROM query_table(stream_tbl)) WHERE false),
 dp__skeys AS (
     SELECT user_id, t, bucket AS dp__key FROM dp__stream
     UNION ALL SELECT NULL, NULL, bucket FROM dp__buckets WHERE false),
@@ -228,9 +251,10 @@ CREATE OR REPLACE TEMP MACRO dp_matroid_coverage(sets_tbl VARCHAR, parts_tbl VAR
         set_col VARCHAR := 'set_id', element_col VARCHAR := 'element', part_col VARCHAR := 'part',
         capacity_col VARCHAR := 'capacity') AS TABLE
 WITH dp__caps_in AS (
-    SELECT COLUMNS(lambda c: lower(c) = lower(part_col)) AS part,
-           COLUMNS(lambda c: lower(c) = lower(capacity_col)) AS capacity
-    FROM query_table(capacities_tbl)),
+    SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(part_col) OR c = 'dp__absent')) AS part,
+           coalesce(*COLUMNS(lambda c: lower(c) = lower(capacity_col) OR c = 'dp__absent')) AS capacity
+    FROM (SELECT *, NULL AS dp__absent FROM query_table(capacities_tbl)
+          WHERE dp__check_column_list(capacities_tbl, ['part_col', 'capacity_col'], [part_col, capacity_col]))),
 dp__caps AS MATERIALIZED (
     SELECT coalesce(part, error('dpsql: column ' || part_col || ' of ' || capacities_tbl || ' contains NULL')) AS part,
            CASE WHEN capacity IS NOT NULL AND capacity::DOUBLE >= 0 AND capacity::DOUBLE = floor(capacity::DOUBLE)
@@ -242,9 +266,10 @@ dp__caps AS MATERIALIZED (
                 ELSE error('dpsql: part ' || part || ' has more than one capacity in ' || capacities_tbl) END AS pid
     FROM dp__caps_in),
 dp__parts_in AS (
-    SELECT COLUMNS(lambda c: lower(c) = lower(set_col)) AS set_id,
-           COLUMNS(lambda c: lower(c) = lower(part_col)) AS part
-    FROM query_table(parts_tbl)),
+    SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(set_col) OR c = 'dp__absent')) AS set_id,
+           coalesce(*COLUMNS(lambda c: lower(c) = lower(part_col) OR c = 'dp__absent')) AS part
+    FROM (SELECT *, NULL AS dp__absent FROM query_table(parts_tbl)
+          WHERE dp__check_column_list(parts_tbl, ['set_col', 'part_col'], [set_col, part_col]))),
 dp__sets AS MATERIALIZED (
     SELECT coalesce(p.set_id, error('dpsql: column ' || set_col || ' of ' || parts_tbl || ' contains NULL')) AS set_id,
            coalesce(c.pid, error('dpsql: part ' || coalesce(p.part::VARCHAR, 'NULL') || ' of set ' || p.set_id
@@ -263,7 +288,8 @@ dp__cal AS (  -- reads the public matroid too, so that its errors come before th
       AND dp__constant('eta', eta) AND dp__constant('beta', beta) AND dp__constant('samples', samples)
       AND dp__constant('set_col', set_col) AND dp__constant('element_col', element_col)
       AND dp__constant('part_col', part_col) AND dp__constant('capacity_col', capacity_col)
-      AND dp__key_check('set_col', sets_tbl, set_col, parts_tbl, set_col)),
+      AND dp__check_column_list(sets_tbl, ['set_col', 'element_col'], [set_col, element_col])
+      AND dp__key_check('set_col', sets_tbl, set_col, parts_tbl, set_col, 'set_col')),
 dp__paid AS MATERIALIZED (SELECT dp__charge('dp_matroid_coverage', 'record', sets_tbl, epsilon, 0.0,
         {'parts_tbl': parts_tbl, 'capacities_tbl': capacities_tbl, 'eta': eta, 'beta': beta,
          'samples': samples, 'set_col': set_col, 'element_col': element_col, 'part_col': part_col,
@@ -308,10 +334,11 @@ CREATE OR REPLACE TEMP MACRO dp_k_median(points_tbl VARCHAR, candidates_tbl VARC
         candidate_col VARCHAR := 'candidate_id') AS TABLE
 WITH dp__cands AS MATERIALIZED (
     SELECT candidate_id, (row_number() OVER (ORDER BY candidate_id) - 1)::BIGINT AS cid
-    FROM (SELECT DISTINCT coalesce(COLUMNS(lambda c: lower(c) = lower(candidate_col)),
+    FROM (SELECT DISTINCT coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(candidate_col) OR c = 'dp__absent')),
                                    error('dpsql: column ' || candidate_col || ' of ' || candidates_tbl
                                          || ' contains NULL')) AS candidate_id
-          FROM query_table(candidates_tbl))),
+          FROM (SELECT *, NULL AS dp__absent FROM query_table(candidates_tbl)
+                WHERE dp__check_column(candidates_tbl, 'candidate_col', candidate_col)))),
 dp__dist AS (
     SELECT coalesce(c.cid, error('dpsql: candidate ' || coalesce(d.candidate::VARCHAR, 'NULL') || ' of '
                                  || distances_tbl || ' is not in ' || candidates_tbl)) AS row_id,
@@ -336,16 +363,19 @@ dp__cal AS (
       AND dp__constant('distances_tbl', distances_tbl) AND dp__constant('k', k) AND dp__constant('q', q)
       AND dp__constant('epsilon', epsilon) AND dp__constant('n_bound', n_bound)
       AND dp__constant('point_col', point_col) AND dp__constant('candidate_col', candidate_col)
-      AND dp__key_check('point_col', points_tbl, point_col, candidates_tbl, candidate_col)),
+      AND dp__key_check('point_col', points_tbl, point_col, candidates_tbl, candidate_col, 'candidate_col')),
 dp__paid AS MATERIALIZED (SELECT dp__charge('dp_k_median', 'record', points_tbl, epsilon, 0.0,
         {'candidates_tbl': candidates_tbl, 'distances_tbl': distances_tbl, 'k': k, 'q': q,
          'n_bound': n_bound, 'point_col': point_col, 'candidate_col': candidate_col}::VARCHAR,
         dp__cal::VARCHAR) AS paid FROM dp__cal),
 dp__ckeys AS (
     SELECT candidate_id AS dp__key, cid FROM dp__cands
-    UNION ALL SELECT COLUMNS(lambda c: lower(c) = lower(point_col)), NULL FROM query_table(points_tbl) WHERE false),
+    UNION ALL SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(point_col) OR c = 'dp__absent')), NULL
+              FROM (SELECT *, NULL AS dp__absent FROM query_table(points_tbl)) WHERE false),
 dp__pkeys AS (
-    SELECT COLUMNS(lambda c: lower(c) = lower(point_col)) AS dp__key FROM query_table(points_tbl)
+    SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(point_col) OR c = 'dp__absent')) AS dp__key
+    FROM (SELECT *, NULL AS dp__absent FROM query_table(points_tbl)
+          WHERE dp__check_column(points_tbl, 'point_col', point_col))
     UNION ALL SELECT candidate_id FROM dp__cands WHERE false),
 dp__pts AS (SELECT c.cid AS lid FROM dp__pkeys JOIN dp__ckeys AS c USING (dp__key)),
 dp__sel AS (
