@@ -270,11 +270,11 @@ def test_issue_attack_row_order_does_not_reveal_the_added_user(method):
     assert epsilon_lower_bound(hits[True], hits[False], runs, 1e-5, 0.95) <= 1.0
 
 
-def test_sorted_release_sorts_nested_values():
-    table = pa.table({"item": pa.array([[2, 1], [1, 5], [1, 2]]), "n": [1, 2, 3]})
-    out = sorted_release(pa.table({"item": pa.array(["b", "a", "c"]), "n": [1, 2, 3]}))
-    assert out.column("item").to_pylist() == ["a", "b", "c"] and out.column("n").to_pylist() == [2, 1, 3]
-    assert sorted_release(table.select(["n"])).column("n").to_pylist() == [1, 2, 3]
+def test_sorted_release_sorts_rows_by_the_released_columns():
+    out = sorted_release(pa.table({"item": pa.array(["b", "a", "c", "a"]), "n": [1, 2, 3, 0]}))
+    assert out.column("item").to_pylist() == ["a", "a", "b", "c"] and out.column("n").to_pylist() == [0, 2, 1, 3]
+    by_n = sorted_release(pa.table({"item": ["x", "y"], "n": [5, 4]}), ["n"])
+    assert by_n.column("item").to_pylist() == ["y", "x"]
 
 
 # -- public Python release functions -------------------------------------------------------------
