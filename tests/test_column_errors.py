@@ -8,16 +8,16 @@ parameters ending in _col, so a new macro or column parameter without a valid ca
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import duckdb
 import pytest
 
 import dpsql
+from dpsql.registration import sql_dir
 
 from test_release import CASES as RELEASE_CASES, Case, _call, _n_releases
 
-_SQL = Path(dpsql.__file__).resolve().parent.parent / "sql"
+_SQL = sql_dir()
 _FILES = ("60_evaluation.sql", "70_pws.sql", "80_optimize.sql")
 
 _EVAL_DATA = ("CREATE TABLE t AS SELECT u AS user_id, 'i' || j AS item FROM range(30) a(u), range(5) b(j) WHERE j <= u % 5;"
