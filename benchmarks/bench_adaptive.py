@@ -51,14 +51,14 @@ SPEED = {
 }
 TARGETS = {"mad": 2.0, "mad2r": 3.0}
 UTILITY = [  # (label, SQL of the release)
-    ("count_laplace", "dp_set_union_count_laplace('t')"),
-    ("count_gaussian", "dp_set_union_count_gaussian('t')"),
-    ("weighted_laplace", "dp_set_union_weighted_laplace('t')"),
-    ("weighted_gaussian (Basic)", "dp_set_union_weighted_gaussian('t')"),
-    ("mad", "dp_set_union_mad('t')"),
-    ("mad2r", "dp_set_union_mad2r('t')"),
-    ("sips [0.1, 0.9]", "dp_set_union_sips('t')"),
-    ("sips [0.05, 0.15, 0.8]", "dp_set_union_sips('t', split := [0.05, 0.15, 0.8])"),
+    ("count_laplace", "dp_set_union_count_laplace('t', epsilon := 1.0, delta := 1e-5)"),
+    ("count_gaussian", "dp_set_union_count_gaussian('t', epsilon := 1.0, delta := 1e-5)"),
+    ("weighted_laplace", "dp_set_union_weighted_laplace('t', epsilon := 1.0, delta := 1e-5)"),
+    ("weighted_gaussian (Basic)", "dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5)"),
+    ("mad", "dp_set_union_mad('t', epsilon := 1.0, delta := 1e-5)"),
+    ("mad2r", "dp_set_union_mad2r('t', epsilon := 1.0, delta := 1e-5)"),
+    ("sips [0.1, 0.9]", "dp_set_union_sips('t', epsilon := 1.0, delta := 1e-5)"),
+    ("sips [0.05, 0.15, 0.8]", "dp_set_union_sips('t', epsilon := 1.0, delta := 1e-5, split := [0.05, 0.15, 0.8])"),
 ]
 DATASETS = {
     "AskReddit unigrams (1 %)": "reddit_askreddit_1pct/unigrams.parquet",

@@ -35,13 +35,13 @@ sys.path.insert(0, str(HERE))
 # (label, SQL over table {t}); the top-k domain step is dp_set_union with top-k's default domain
 # method at (epsilon/2, delta/2), which is what dp_top_k runs first.
 MECHANISMS = {
-    "count_gaussian": "SELECT count(*) FROM dp_set_union('{t}', method := 'count_gaussian')",
-    "weighted_gaussian": "SELECT count(*) FROM dp_set_union('{t}', method := 'weighted_gaussian')",
-    "weighted_laplace": "SELECT count(*) FROM dp_set_union('{t}', method := 'weighted_laplace')",
-    "mad": "SELECT count(*) FROM dp_set_union('{t}', method := 'mad')",
-    "mad2r": "SELECT count(*) FROM dp_set_union('{t}', method := 'mad2r')",
-    "sips": "SELECT count(*) FROM dp_set_union('{t}', method := 'sips')",
-    "top_k": "SELECT count(*) FROM dp_top_k('{t}', 100)",
+    "count_gaussian": "SELECT count(*) FROM dp_set_union('{t}', method := 'count_gaussian', epsilon := 1.0, delta := 1e-5)",
+    "weighted_gaussian": "SELECT count(*) FROM dp_set_union('{t}', method := 'weighted_gaussian', epsilon := 1.0, delta := 1e-5)",
+    "weighted_laplace": "SELECT count(*) FROM dp_set_union('{t}', method := 'weighted_laplace', epsilon := 1.0, delta := 1e-5)",
+    "mad": "SELECT count(*) FROM dp_set_union('{t}', method := 'mad', epsilon := 1.0, delta := 1e-5)",
+    "mad2r": "SELECT count(*) FROM dp_set_union('{t}', method := 'mad2r', epsilon := 1.0, delta := 1e-5)",
+    "sips": "SELECT count(*) FROM dp_set_union('{t}', method := 'sips', epsilon := 1.0, delta := 1e-5)",
+    "top_k": "SELECT count(*) FROM dp_top_k('{t}', 100, epsilon := 1.0, delta := 1e-5)",
 }
 
 

@@ -83,21 +83,21 @@ def main() -> None:
     # warm-up: compile the numba kernels (or load them from numba's cache) outside the timed runs
     con.execute("CREATE TABLE warm AS SELECT * FROM agg ORDER BY frequency DESC LIMIT 10000")
     for kernel in args.kernels.split(","):
-        pws.SANITIZER_KERNEL = kernel
+        pws.sanitizer.SANITIZER_KERNEL = kernel
         for wf in ("false", "true"):
             con.execute(f"SELECT count(*) FROM dp_weighted_sample('warm', {args.epsilon}, {args.delta}, tau := {tau}, "
                         f"with_frequencies := {wf}, freq_col := 'frequency')").fetchall()
     results: dict[str, list[float]] = {label: [] for label, _, _ in runs}
     for rep in range(args.reps):
         for label, kernel, sql in runs:
-            pws.SANITIZER_KERNEL = kernel
+            pws.sanitizer.SANITIZER_KERNEL = kernel
             t0 = time.perf_counter()
             n = con.execute(sql).to_arrow_table().num_rows if sql.startswith("SELECT *") \
                 else con.execute(sql).fetchall()[0][0]
             dt = time.perf_counter() - t0
             results[label].append(args.keys / dt)
             print(f"rep {rep} {label:40s} {dt:6.2f} s  {args.keys / dt / 1e6:5.2f} M keys/s  result {n:,}")
-    pws.SANITIZER_KERNEL = "auto"
+    pws.sanitizer.SANITIZER_KERNEL = "auto"
     for label, r in results.items():
         print(f"{label:40s} median {statistics.median(r) / 1e6:5.2f}, best {max(r) / 1e6:5.2f} M keys/s")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

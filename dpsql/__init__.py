@@ -6,14 +6,16 @@ entry point of the set-union family.
 """
 from dpsql.registration import connect, register, register_macros
 from dpsql.union import DEFAULT_METHOD, METHODS, calibrate, set_union
-from dpsql.validation import DPParameterError
+from dpsql.errors import BudgetError, DPParameterError, DpsqlError, InputError, LedgerIOError, ParameterError
 from dpsql.pws import weighted_sample  # ELEMENT-level privacy (one row), not user-level
 from dpsql.topk import hitting_set, top_k, top_k_limited_domain
-from dpsql.ledger import BudgetExceededError, budget, releases, set_budget
+from dpsql.ledger import BudgetExceededError
+from dpsql.state import budget, releases, set_budget
 from dpsql import optimize, subsampling
 
 __version__ = "0.1.0"
 
 __all__ = ["connect", "register", "register_macros", "set_union", "calibrate", "METHODS", "DEFAULT_METHOD",
            "DPParameterError", "__version__", "top_k", "hitting_set", "top_k_limited_domain", "weighted_sample",
-           "set_budget", "budget", "releases", "BudgetExceededError"]
+           "set_budget", "budget", "releases", "BudgetExceededError", "DpsqlError", "ParameterError", "InputError",
+           "BudgetError", "LedgerIOError"]

@@ -52,7 +52,7 @@ from functools import lru_cache
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence, TypeGuard
 
 import duckdb
 import numpy as np
@@ -60,13 +60,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from duckdb.sqltypes import DOUBLE, VARCHAR
 
+from dpsql.errors import ParameterError
 from dpsql import calibration
 from dpsql.calibration import RoundCalibration, SetUnionCalibration
+from dpsql.mechanism import Mechanism, Param, user_item_params
 from dpsql.udf import Udf, scalar
-from dpsql.validation import (DPParameterError, check_delta, check_epsilon, check_max_items, derived_budget,
+from dpsql.validation import (DPParameterError, check_column_pair, check_delta, check_epsilon, check_max_items, derived_budget,
                               user_budget, warn_weak_parameters)
 
 __all__ = [
+    "MECHANISMS",
+    "mad_parameters",
     "MadRound", "Mad2rCalibration", "MAX_SIPS_ROUNDS", "NORM_TOLERANCE", "SMALL_TOLERANCE",
     "reroute_discount", "min_adaptive_degree", "check_split", "check_mad_conditions",
     "mad_round", "mad_calibration", "mad2r_calibration", "sips_calibration",
@@ -94,7 +98,7 @@ _SPLIT_TOLERANCE = 1e-9
 SPLIT_MIN = 1e-6
 
 
-def _is_real(x: object) -> bool:
+def _is_real(x: object) -> TypeGuard[numbers.Real]:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
@@ -275,7 +279,7 @@ class Mad2rCalibration:
         return self.c_ub * self.round1.sigma
 
 
-def mad2r_calibration(epsilon: float, delta: float, max_items: int, split: Sequence[float] = (0.1, 0.9),
+def mad2r_calibration(epsilon: float, delta: float, max_items: int, split: Optional[Sequence[float]] = (0.1, 0.9),
                       max_adaptive_degree: int = 50, beta: float = 2.0, b_min: float = 0.5, b_max: float = 2.0,
                       c_lb: float = 1.0, c_ub: float = 3.0) -> Mad2rCalibration:
     """MAD2R ([MAD] Alg. 4): ``(eps_r, delta_r) = (f_r eps, f_r delta)``; round 1 unbiased, round 2 biased."""
@@ -293,7 +297,7 @@ def mad2r_calibration(epsilon: float, delta: float, max_items: int, split: Seque
 
 
 def sips_calibration(epsilon: float, delta: float, max_items: int,
-                     split: Sequence[float] = (0.1, 0.9)) -> tuple[RoundCalibration, ...]:
+                     split: Optional[Sequence[float]] = (0.1, 0.9)) -> tuple[RoundCalibration, ...]:
     """DP-SIPS: one Basic (weighted Gaussian) calibration per round at ``(f_r eps, f_r delta)``."""
     epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
     fractions = check_split(split)
@@ -329,7 +333,7 @@ def sips_set_union_calibration(epsilon: float, delta: float, max_items: int) -> 
 # UserWeights ([MAD] Alg. 2)
 # --------------------------------------------------------------------------
 
-def _user_weights(b: Sequence[float], b_min: float, b_max: float) -> tuple[np.ndarray, int]:
+def _user_weights(b: Sequence[float] | np.ndarray, b_min: float, b_max: float) -> tuple[np.ndarray, int]:
     b = np.asarray(b, dtype=np.float64)
     d = len(b)
     w = np.zeros(d)
@@ -429,7 +433,7 @@ def _user_weights_udf(b: pa.Array, b_min: pa.Array, b_max: pa.Array) -> pa.Array
     if isinstance(b, pa.ChunkedArray):
         b = b.combine_chunks()
     if b.null_count or b_min.null_count or b_max.null_count:
-        raise ValueError("dp__user_weights: NULL biases or bias limits")
+        raise ParameterError("dp__user_weights: NULL biases or bias limits")
     lengths = pc.list_value_length(b).to_numpy(zero_copy_only=False).astype(np.int64)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -442,9 +446,24 @@ def _user_weights_udf(b: pa.Array, b_min: pa.Array, b_max: pa.Array) -> pa.Array
     return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), pa.array(w, type=pa.float64()))
 
 
+def mad_parameters(tau: object, max_adaptive_degree: object, max_items: object, b_min: object,
+                   b_max: object) -> dict[str, float]:
+    """MAD's parameters for a given ``tau`` (may be +inf) on data that is already capped.
+
+    The testing macros' ``dp__mad_parameters`` and the Spark backend's MAD stages read this one function.
+    """
+    tau = _real("tau", tau, low=1.0, allow_inf=True, hint="; MAD needs tau >= 1")
+    d_max = effective_max_adaptive_degree(check_max_adaptive_degree(max_adaptive_degree),
+                                          check_max_items(max_items))
+    b_min, b_max = check_bias_bounds(b_min, b_max)
+    alpha = reroute_discount(d_max, b_min)
+    check_mad_conditions(tau, d_max, alpha, b_min, b_max)
+    return {"tau": tau, "alpha": alpha, "min_degree": float(min_adaptive_degree(b_min)),
+            "max_degree": float(d_max), "b_min": b_min, "b_max": b_max}
+
+
 def udfs(source) -> list[Udf]:
     """Calibration/validation UDFs of the adaptive macros and the UserWeights UDF (all pure)."""
-    from dpsql.union import check_column_pair  # dpsql.union imports this module for METHODS
 
     # A macro references its calibration CTE several times and DuckDB evaluates the (pure) UDF once
     # per reference, so the rows are cached: MAD2R's costs ~0.1 s at max_items = 100,000. Failures
@@ -489,17 +508,6 @@ def udfs(source) -> list[Udf]:
         warn_weak_parameters(epsilon, delta, what="dp_set_union_sips", stacklevel=1)
         return {"sigma": list(row["sigma"]), "rho": list(row["rho"])}
 
-    def mad_parameters(tau, max_adaptive_degree, max_items, b_min, b_max):
-        # Testing macros: MAD with a given tau (may be +inf) on data that is already capped.
-        tau = _real("tau", tau, low=1.0, allow_inf=True, hint="; MAD needs tau >= 1")
-        d_max = effective_max_adaptive_degree(check_max_adaptive_degree(max_adaptive_degree),
-                                              check_max_items(max_items))
-        b_min, b_max = check_bias_bounds(b_min, b_max)
-        alpha = reroute_discount(d_max, b_min)
-        check_mad_conditions(tau, d_max, alpha, b_min, b_max)
-        return {"tau": tau, "alpha": alpha, "min_degree": float(min_adaptive_degree(b_min)),
-                "max_degree": float(d_max), "b_min": b_min, "b_max": b_max}
-
     d, v = DOUBLE, VARCHAR
     dl = duckdb.list_type(DOUBLE)
 
@@ -518,3 +526,43 @@ def udfs(source) -> list[Udf]:
             struct(["tau", "alpha", "min_degree", "max_degree", "b_min", "b_max"])),
         Udf("dp__user_weights", _user_weights_udf, (dl, d, d), dl),
     ]
+
+
+# -- declarations (dpsql.mechanism) ------------------------------------------------------------------
+
+def _split_param() -> Param:
+    return Param("split", "DOUBLE[]", (0.1, 0.9), lambda v: check_split(list(v)),
+                 "budget share of each round (sums to 1)")
+
+
+MECHANISMS: tuple[Mechanism, ...] = (
+    Mechanism(
+        name="mad", family="set_union", macro="dp_set_union_mad", unit="user",
+        params=user_item_params(
+            Param("max_adaptive_degree", "DOUBLE", 50, check_max_adaptive_degree,
+                  "users with at most this many items reroute excess weight"),
+            Param("beta", "DOUBLE", 2, check_beta, "reroute above the threshold plus beta sigma")),
+        description="MaxAdaptiveDegree: Basic's noise and threshold, excess weight of items far above the "
+                    "threshold rerouted to the others ([MAD] Alg. 3)",
+        proof="mad", calibrate=mad_set_union_calibration, rounds=1, spark=True),
+    Mechanism(
+        name="mad2r", family="set_union", macro="dp_set_union_mad2r", unit="user",
+        params=user_item_params(
+            _split_param(),
+            Param("max_adaptive_degree", "DOUBLE", 50, check_max_adaptive_degree,
+                  "users with at most this many items reroute excess weight"),
+            Param("beta", "DOUBLE", 2, check_beta, "reroute above the threshold plus beta sigma"),
+            Param("b_min", "DOUBLE", 0.5, None, "smallest round-two bias"),
+            Param("b_max", "DOUBLE", 2.0, None, "largest round-two bias"),
+            Param("c_lb", "DOUBLE", 1.0, None, "lower offset of the bias ramp, in round-one sigmas"),
+            Param("c_ub", "DOUBLE", 3.0, None, "upper offset of the bias ramp, in round-one sigmas")),
+        description="MAD in two rounds (budget 0.1/0.9), round two biased by round one's noisy weights "
+                    "([MAD] Alg. 4)",
+        proof="mad2r", calibrate=mad2r_set_union_calibration, rounds=2, spark=True),
+    Mechanism(
+        name="sips", family="set_union", macro="dp_set_union_sips", unit="user",
+        params=user_item_params(_split_param()),
+        description="DP-SIPS: Basic in two rounds (budget 0.1/0.9), round two without round one's items "
+                    "(Swanberg et al. 2023)",
+        proof="sips", calibrate=sips_set_union_calibration, rounds=2, spark=True),
+)

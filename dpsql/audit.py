@@ -59,7 +59,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union, cast
 
 import duckdb
 import numpy as np
@@ -67,7 +67,8 @@ import pyarrow as pa
 from scipy.special import betaincinv
 
 import dpsql
-from dpsql import adaptive, pws, registration
+from dpsql.errors import DpsqlError
+from dpsql import adaptive, pws, registration, union
 from dpsql.validation import DPParameterError, check_delta, check_epsilon
 
 __all__ = ["AuditResult", "MECHANISMS", "OutputCase", "RefusalResult", "audit", "audit_all", "check_refusal",
@@ -289,14 +290,14 @@ def _macro_statement(text: str, name: str) -> str:
     """The ``CREATE ... MACRO name(...) ...;`` statement of a shipped SQL file."""
     start = text.find(f"CREATE OR REPLACE TEMP MACRO {name}(")
     if start < 0:
-        raise RuntimeError(f"dpsql.audit: macro {name} not found in the shipped SQL; update the audit variant")
+        raise DpsqlError(f"dpsql.audit: macro {name} not found in the shipped SQL; update the audit variant")
     end = text.find(";\n", start)
     return text[start:end + 1]
 
 
 def _substitute(statement: str, old: str, new: str) -> str:
     if statement.count(old) != 1:
-        raise RuntimeError(f"dpsql.audit: expected exactly one {old!r} in the shipped macro "
+        raise DpsqlError(f"dpsql.audit: expected exactly one {old!r} in the shipped macro "
                            f"(found {statement.count(old)}); update the audit variant")
     return statement.replace(old, new)
 
@@ -320,7 +321,7 @@ def _register_broken_mad(con) -> None:
     stage = _substitute(stage, "MACRO dp__mad_stage(", "MACRO dp__audit_min_mad_stage(")
     stage = _substitute(stage, "SELECT item, (w_init - tau) / w_init AS r",
                         "SELECT item, least(0.0, (w_init - tau) / w_init) AS r")
-    # every item with w_init > 0 now has r <= 0 (r = 0 if w_init = 0, as in the spec)
+    # every item with w_init > 0 now has r <= 0 (r = 0 if w_init = 0, as in docs/proofs/mad.md)
     stage = _substitute(stage, "WHERE w_init > tau)", "WHERE w_init > 0)")
     release = _macro_statement(text, "dp_set_union_mad")
     release = _substitute(release, "MACRO dp_set_union_mad(", "MACRO dp__audit_min_mad(")
@@ -522,7 +523,7 @@ def _register_private_candidates(con) -> None:
     _create_candidates(con)
     stmt = _macro_statement(_sql_text("80_optimize.sql"), "dp_max_coverage")
     stmt = _substitute(stmt, "MACRO dp_max_coverage(", "MACRO dp__audit_private_candidates(")
-    stmt = _substitute(stmt, "FROM dp__candidate_sets(candidates_tbl,", "FROM dp__candidate_sets(sets_tbl,")
+    stmt = _substitute(stmt, "FROM dp__candidate_sets(candidates_tbl,", "FROM dp__candidate_sets(tbl,")
     con.execute(stmt)
 
 
@@ -542,10 +543,10 @@ _OUTPUT_CASES: list[OutputCase] = [
                _order_pairs, note="row order, added row stored first"),
     OutputCase("order_policy_laplace", _set_union_sql("dp_set_union_policy_laplace", 100), _same,
                _order_pairs, note="row order, added row stored first, 2 threads", threads=2),
-    *[OutputCase(f"order_{m}", _set_union_sql(f"dp_set_union_{m}", None), _same, _order_pairs,
+    # every other declared set-union method (a new one is audited here without an edit)
+    *[OutputCase(f"order_{name}", _set_union_sql(m.macro, None), _same, _order_pairs,
                  note="row order, added row stored first")
-      for m in ("count_laplace", "count_gaussian", "weighted_laplace", "mad", "mad2r", "sips", "policy_gaussian",
-                "greedy_update")],
+      for name, m in union.METHODS.items() if name not in ("weighted_gaussian", "policy_laplace")],
     # the rows are in the DP (Gumbel) rank order: the first row may depend on the data up to epsilon
     OutputCase("order_top_k", lambda e, d: f"SELECT rank, item FROM dp_top_k('{{tbl}}', 5, epsilon := {e!r}, "
                                            f"delta := {d!r})",
@@ -601,8 +602,10 @@ class AuditResult:
 
 def _events(t: int) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]]:
     """Events on a copy's number c of audited items released: c >= k and c <= k."""
-    out = [(f">= {k} of {t} released", (lambda c, k=k: c >= k)) for k in range(1, t + 1)]
-    out += [(f"<= {k} of {t} released", (lambda c, k=k: c <= k)) for k in range(0, t)]
+    # The ignores: mypy cannot infer a lambda with a default argument (k, bound per event) against its type.
+    out: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] = [
+        (f">= {k} of {t} released", (lambda c, k=k: c >= k)) for k in range(1, t + 1)]  # type: ignore[misc]
+    out += [(f"<= {k} of {t} released", (lambda c, k=k: c <= k)) for k in range(0, t)]  # type: ignore[misc]
     return out
 
 
@@ -646,7 +649,8 @@ def _best_of(hits: Sequence[tuple[str, Callable, int, int]], n: int, runs: int, 
     the pilot are not favoured by their noise. Ties (typically all 0) go to the largest difference
     of pilot hits, so the report names the event that differed most.
     """
-    best, key = (-1.0, "", None, True), (-1.0, -1)
+    best: tuple[float, str, Optional[Callable], bool] = (-1.0, "", None, True)
+    key = (-1.0, -1)
     for name, ev, k0, k1 in hits:
         for forward, (hi, lo) in ((True, (k1, k0)), (False, (k0, k1))):
             p_hi = clopper_pearson(hi, n, 0.16)[0]
@@ -655,7 +659,8 @@ def _best_of(hits: Sequence[tuple[str, Callable, int, int]], n: int, runs: int, 
                                     confidence)
             if (b, hi - lo) > key:
                 best, key = (b, name, ev, forward), (b, hi - lo)
-    return best
+    # the first event replaces the placeholder (every bound is >= 0 > -1): ev is set when hits is not empty
+    return cast(tuple[float, str, Callable, bool], best)
 
 
 def _audit_replicas(con, mech: Mechanism, epsilon: float, delta: float, runs: int, pilot_runs: int,
@@ -663,13 +668,14 @@ def _audit_replicas(con, mech: Mechanism, epsilon: float, delta: float, runs: in
     """Pilot over every candidate pair's copies, then ``runs`` fresh copies of the chosen pair:
     (pair, event name, hits on D, hits on D', forward)."""
     _, claimed_delta = mech.claim(epsilon, delta)
-    choice = (-1.0, None, "", None, True)
+    choice: tuple[float, Optional[Pair], str, Optional[Callable], bool] = (-1.0, None, "", None, True)
     candidates = mech.pairs(epsilon, delta)
     for pair, (c0, c1) in zip(candidates, _run(con, mech, epsilon, delta, candidates, pilot_runs)):
         b, name, ev, forward = _best(c0, c1, len(pair.audited), runs, claimed_delta, confidence)
         if b > choice[0]:
             choice = (b, pair, name, ev, forward)
-    _, pair, name, ev, forward = choice
+    # the first candidate replaces the placeholder (every bound is >= 0 > -1): pair and ev are set
+    _, pair, name, ev, forward = cast(tuple[float, Pair, str, Callable, bool], choice)
     ((c0, c1),) = _run(con, mech, epsilon, delta, [pair], runs)
     return pair, name, int(np.sum(ev(c0))), int(np.sum(ev(c1))), forward
 
@@ -707,12 +713,14 @@ def _output_events(outputs: Sequence[tuple], most_common: int = 20
         sizes.add(len(o))
     base: list[tuple[str, Callable[[tuple], bool]]] = [
         ("rows in sorted order", lambda o: list(o) == sorted(o, key=_row_key))]
-    for f in sorted(firsts, key=firsts.get, reverse=True):
-        base.append((f"first row {_show(f[0])}" if f else "no rows", lambda o, f=f: o[:1] == f))
-    for s in sorted(exact, key=exact.get, reverse=True)[:most_common]:
-        base.append((f"output = {_show(s)}", lambda o, s=s: o == s))
-    for r in sorted(rows, key=rows.get, reverse=True)[:most_common]:
-        base.append((f"row {_show(r)} in the output", lambda o, r=r: r in o))
+    # __getitem__, not get: the same count for every key, typed as a sort key (get may return None)
+    # The ignores: mypy cannot infer a lambda with a default argument (bound per event) against its type.
+    for f in sorted(firsts, key=firsts.__getitem__, reverse=True):
+        base.append((f"first row {_show(f[0])}" if f else "no rows", lambda o, f=f: o[:1] == f))  # type: ignore[misc]
+    for s in sorted(exact, key=exact.__getitem__, reverse=True)[:most_common]:
+        base.append((f"output = {_show(s)}", lambda o, s=s: o == s))  # type: ignore[misc]
+    for r in sorted(rows, key=rows.__getitem__, reverse=True)[:most_common]:
+        base.append((f"row {_show(r)} in the output", lambda o, r=r: r in o))  # type: ignore[misc]
     events = base + [(f"NOT ({name})", lambda o, p=p: not p(o)) for name, p in base]
     top = max(sizes)
     events += [(f">= {k} rows", lambda o, k=k: len(o) >= k) for k in range(1, top + 1)]
@@ -740,14 +748,15 @@ def _audit_outputs(con, case: OutputCase, epsilon: float, delta: float, runs: in
     """Pilot (choose pair, event, direction), then ``runs`` fresh releases per dataset of the chosen
     pair: (pair, event name, hits on D, hits on D', forward)."""
     _, claimed_delta = case.claim(epsilon, delta)
-    choice = (-1.0, None, "", None, True)
+    choice: tuple[float, Optional[OutputPair], str, Optional[Callable], bool] = (-1.0, None, "", None, True)
     for pair in case.pairs(epsilon, delta):
         o0, o1 = _run_outputs(con, case, epsilon, delta, pair, pilot_runs)
         hits = [(name, ev, sum(map(ev, o0)), sum(map(ev, o1))) for name, ev in _output_events(o0 + o1)]
         b, name, ev, forward = _best_of(hits, pilot_runs, runs, claimed_delta, confidence)
         if b > choice[0]:
             choice = (b, pair, name, ev, forward)
-    _, pair, name, ev, forward = choice
+    # the first pair replaces the placeholder (every bound is >= 0 > -1): pair and ev are set
+    _, pair, name, ev, forward = cast(tuple[float, OutputPair, str, Callable, bool], choice)
     o0, o1 = _run_outputs(con, case, epsilon, delta, pair, runs)
     return pair, name, sum(map(ev, o0)), sum(map(ev, o1)), forward
 
@@ -783,6 +792,7 @@ def audit(mechanism: str, epsilon: float = 1.0, delta: float = 1e-5, runs: int =
             con.execute(f"SET threads = {int(mech.threads)}")
         if mech.setup is not None:
             mech.setup(con)
+        pair: Union[Pair, OutputPair]
         if isinstance(mech, OutputCase):
             pair, name, k0, k1, forward = _audit_outputs(con, mech, epsilon, delta, runs, pilot_runs, confidence)
         else:

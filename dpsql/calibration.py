@@ -19,8 +19,8 @@ item that only the new user holds is released"; set-union mechanisms spend
 mechanism itself) and the whole ``delta`` in the Laplace case (the Laplace
 histogram is pure epsilon-DP).
 
-All functions validate their arguments and raise :class:`ValueError` with a
-message naming the parameter.
+All functions validate their arguments and raise :class:`~dpsql.errors.ParameterError`
+(a :class:`ValueError`) with a message naming the parameter.
 """
 from __future__ import annotations
 
@@ -71,9 +71,12 @@ def gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1.0) -> fl
     (``exp(la) * -expm1(lb - la)`` with ``la``, ``lb`` the logs of the two
     terms) so that deltas down to 1e-300 keep their relative precision.
     """
-    check_positive("sigma", sigma)
-    check_epsilon(epsilon)
-    check_positive("sensitivity", sensitivity)
+    return _gaussian_delta(check_positive("sigma", sigma), check_epsilon(epsilon),
+                           check_positive("sensitivity", sensitivity))
+
+
+def _gaussian_delta(sigma: float, epsilon: float, sensitivity: float) -> float:
+    # gaussian_delta on checked values: the bisection of gaussian_sigma calls it ~100 times
     a = sensitivity / (2.0 * sigma) - epsilon * sigma / sensitivity
     b = -sensitivity / (2.0 * sigma) - epsilon * sigma / sensitivity
     la = float(log_ndtr(a))
@@ -91,17 +94,17 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> fl
     upper end (the returned sigma always satisfies the target). Scale
     equivariant: ``gaussian_sigma(e, d, D) == D * gaussian_sigma(e, d, 1)``.
     """
-    check_epsilon(epsilon)
-    check_delta(delta)
-    check_positive("sensitivity", sensitivity)
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    sensitivity = check_positive("sensitivity", sensitivity)
     lo, hi = 0.0, 1.0
-    while gaussian_delta(hi, epsilon) > delta:
+    while _gaussian_delta(hi, epsilon, 1.0) > delta:
         lo, hi = hi, 2.0 * hi
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         if mid <= lo or mid >= hi:
             break
-        if gaussian_delta(mid, epsilon) > delta:
+        if _gaussian_delta(mid, epsilon, 1.0) > delta:
             lo = mid
         else:
             hi = mid
@@ -222,7 +225,7 @@ def weighted_laplace_calibration(epsilon: float, delta: float, max_items: int) -
 
 @user_budget
 def count_gaussian_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
-    """Count Gaussian, the baseline of [DPSU] Sec. 1.1 (threshold derived, see spec Sec. 2.2).
+    """Count Gaussian, the baseline of [DPSU] Sec. 1.1 (threshold derived in docs/proofs/count_gaussian.md).
 
     Each capped user adds 1 to each of its ``<= max_items`` items: l2
     sensitivity ``sqrt(max_items)``, so ``sigma_c = sqrt(max_items) sigma(eps,
@@ -236,7 +239,7 @@ def count_gaussian_calibration(epsilon: float, delta: float, max_items: int) -> 
 
 @user_budget
 def count_laplace_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
-    """Count Laplace, the baseline of [DPSU] Sec. 1.1 (threshold derived, see spec Sec. 2.2).
+    """Count Laplace, the baseline of [DPSU] Sec. 1.1 (threshold derived in docs/proofs/count_laplace.md).
 
     l1 sensitivity ``max_items``: noise ``Lap(max_items/eps)``; novel counts are 1:
     ``rho = 1 + (max_items/eps) ln(1 / (2 (1 - (1 - delta)^(1/max_items))))``.

@@ -35,7 +35,8 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Optional, Sequence, TextIO
+from types import FrameType
+from typing import Any, Callable, NoReturn, Optional, Sequence, TextIO, TypeVar, Union
 
 import duckdb
 import pyarrow as pa
@@ -66,7 +67,7 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors become one ``Error:`` line and exit code 2 (see :func:`main`)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
@@ -465,6 +466,9 @@ class _Interrupted(Exception):
     """Ctrl-C stopped a command before anything was charged (exit code 130)."""
 
 
+_T = TypeVar("_T")
+
+
 class _Interrupts:
     """Ctrl-C during a release: stop it if nothing is charged yet, else finish and deliver it.
 
@@ -484,7 +488,8 @@ class _Interrupts:
         self.stopping = False
         self.requested = False
         self.con: Optional[duckdb.DuckDBPyConnection] = None
-        self._previous = None
+        # the SIGINT handler replaced in __enter__ (signal.signal's handler type), restored in __exit__
+        self._previous: Union[Callable[[int, Optional[FrameType]], Any], int, None] = None
 
     def __enter__(self) -> "_Interrupts":
         if threading.current_thread() is threading.main_thread():
@@ -532,7 +537,7 @@ class _Interrupts:
         if self.stopping:
             raise _Interrupted()
 
-    def run(self, con: duckdb.DuckDBPyConnection, work: Callable[[], object]) -> object:
+    def run(self, con: duckdb.DuckDBPyConnection, work: Callable[[], _T]) -> _T:
         """``work()`` in a worker thread, interruptible with Ctrl-C through ``con``."""
         result: dict = {}
 
@@ -564,7 +569,7 @@ class _GatedLedger(Ledger):
 
     interrupts: Optional[_Interrupts] = None
 
-    def charge(self, *args, **kwargs):  # type: ignore[override]
+    def charge(self, *args: Any, **kwargs: Any) -> ledger_mod.Release:
         if self.interrupts is None:
             return super().charge(*args, **kwargs)
         with self.interrupts.charging():
@@ -722,14 +727,21 @@ def _whole(text: str) -> int:
 
 
 def _fill_defaults(args: argparse.Namespace, macro: str, names: Sequence[tuple[str, Callable]]) -> None:
-    """Give every flag left out the SQL default of ``macro``'s parameter; refuse one that has none."""
+    """Give every flag left out the SQL default of ``macro``'s parameter; refuse those that have none."""
+    missing = []
     for name, cast in names:
         if getattr(args, name) is None:
             value = _default(macro, name, cast)
             if value is None:
-                raise UsageError(f"--{name.replace('_', '-')} is required (the SQL macro {macro} has no default "
-                                 f"for {name})")
+                missing.append(name)
             setattr(args, name, value)
+    if missing:
+        flags = " and ".join(f"--{name.replace('_', '-')}" for name in missing)
+        # epsilon and delta never have a default: a default would spend budget nobody typed.
+        why = ("; say how much privacy budget this release may spend" if {"epsilon", "delta"} & set(missing)
+               else "")
+        raise UsageError(f"{flags} {'is' if len(missing) == 1 else 'are'} required (the SQL macro {macro} "
+                         f"has no default for {' or '.join(missing)}){why}")
 
 
 def _release(args: argparse.Namespace, err: TextIO, interrupts: _Interrupts,
@@ -791,21 +803,55 @@ def _finish(args: argparse.Namespace, released: pa.Table, output: Optional[_Outp
     return 0 if written else 1
 
 
+_OPTION_TYPES = {"DOUBLE": float, "VARCHAR": str}
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, e.g. 0.1,0.9 (got {text!r})") \
+            from None
+
+
+def _add_method_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per set-union method parameter beyond the common ones, from the declarations."""
+    takers: dict[str, list[str]] = {}
+    for name in dpsql.METHODS:
+        for opt in dpsql.union.options_of(name):
+            takers.setdefault(opt, []).append(name)
+    for opt, methods in takers.items():
+        params = [dpsql.METHODS[m].param(opt) for m in methods]
+        kind = _float_list if params[0].sql_type.endswith("[]") else _OPTION_TYPES.get(params[0].sql_type, str)
+        defaults = ", ".join(f"{m} {p.sql_default()}" for m, p in zip(methods, params))
+        parser.add_argument(f"--{opt.replace('_', '-')}", dest=f"option_{opt}", type=kind, default=None,
+                            help=f"{params[0].doc} (for {', '.join(methods)}; default {defaults})")
+
+
+def _method_options(args: argparse.Namespace) -> dict[str, object]:
+    """The method options given on the command line; the method's declaration says which apply."""
+    return {k[len("option_"):]: v for k, v in vars(args).items() if k.startswith("option_") and v is not None}
+
+
 def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Release items of INPUT; print them, write them, or print a JSON summary."""
     macro = dpsql.METHODS[args.method].macro
     _fill_defaults(args, macro, [("epsilon", float), ("delta", float)])
     if args.max_items is None:  # greedy_update has no cap parameter: validate the dispatcher's default
         args.max_items = _default(macro, "max_items", _whole) or _default("dp_set_union", "max_items", _whole)
-    cal = dpsql.calibrate(args.method, args.epsilon, args.delta, args.max_items)
+    cal = dpsql.calibrate(args.method, epsilon=args.epsilon, delta=args.delta, max_items=args.max_items)
     user_col = check_identifier("--user-col", args.user_col)
     item_col = check_identifier("--item-col", args.item_col)
+    options = _method_options(args)
+    if "max_items" not in dpsql.METHODS[args.method].param_names:
+        max_items_given = None  # greedy_update: no cap
+    else:
+        max_items_given = args.max_items
 
     def run(con: duckdb.DuckDBPyConnection) -> pa.Table:
         return dpsql.set_union(con, _VIEW, args.method, epsilon=args.epsilon, delta=args.delta,
-                               max_items=args.max_items, user_col=user_col, item_col=item_col,
-                               progress=_progress_printer(err) if args.progress else None,
-                               alpha=args.alpha, passes=args.passes)
+                               max_items=max_items_given, user_col=user_col, item_col=item_col,
+                               progress=_progress_printer(err) if args.progress else None, **options)
 
     with _Interrupts(err) as interrupts:
         released, output, elapsed = _release(
@@ -824,7 +870,7 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             # Adaptive / multi-round methods: every round's budget share, noise scale, release
             # threshold and (MAD) truncation level; "calibration" then holds the last round's.
             **({"calibration_rounds": [dataclasses.asdict(r) for r in cal.rounds]} if cal.rounds else {}),
-            **{k: v for k, v in (("alpha", args.alpha), ("passes", args.passes)) if v is not None},
+            **options,
         }
         code = _finish(args, released, output, macro, doc, "items",
                        lambda rows: rows.column("item").to_pylist(), out, err, interrupts)
@@ -1066,7 +1112,7 @@ def _fmt(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.6g}"
 
 
-def _seeded(release) -> bool:
+def _seeded(release: object) -> bool:
     """True for a release made with reproducible (seeded) noise: NOT private."""
     return bool(getattr(release, "seeded", False))
 
@@ -1083,7 +1129,7 @@ def _seeded_per_scope(status, releases) -> dict[str, int]:
     return counts
 
 
-def _release_doc(release) -> dict:
+def _release_doc(release: ledger_mod.Release) -> dict[str, Any]:
     doc = dataclasses.asdict(release) if dataclasses.is_dataclass(release) else dict(vars(release))
     doc["seeded"] = _seeded(release)
     doc["private"] = not doc["seeded"]
@@ -1210,9 +1256,7 @@ def build_parser() -> argparse.ArgumentParser:
     su.add_argument("--item-col", default=_default("dp_set_union", "item_col", str),
                     help=f"item column ({_default_help('dp_set_union', 'item_col')})")
     su.add_argument("--progress", action="store_true", help="report progress and timing on stderr")
-    su.add_argument("--alpha", type=float, help="cutoff multiplier of policy_laplace, policy_gaussian (default 5) "
-                                                "and greedy_update (default 3)")
-    su.add_argument("--passes", type=int, help="passes over the users of policy_laplace/policy_gaussian (default 1)")
+    _add_method_options(su)
     _add_release_options(su, rows="items")
     su.set_defaults(func=cmd_set_union)
 

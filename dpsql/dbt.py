@@ -5,7 +5,9 @@ Enable it in the duckdb output of ``profiles.yml``::
     plugins:
       - module: dpsql.dbt
 
-A model can then read ``select * from dp_set_union_weighted_gaussian('{{ ref("user_items") }}')``.
+A model can then read (epsilon and delta are required, as in every release)::
+
+    select * from dp_set_union_weighted_gaussian('{{ ref("user_items") }}', epsilon := 1.0, delta := 1e-5)
 
 Every model run that releases something is charged to the privacy ledger of
 the dbt database (``<path>.dpsql-ledger``, see :mod:`dpsql.ledger`). Optional
@@ -65,7 +67,7 @@ from typing import Any, Dict, Iterable, Optional
 from dbt.adapters.duckdb.plugins import BasePlugin
 
 import dpsql
-from dpsql import ledger
+from dpsql import ledger, state
 from dpsql.validation import DPParameterError
 
 __all__ = ["Plugin", "StoredReleaseError", "release_macros", "stored_release"]
@@ -195,7 +197,7 @@ class Plugin(BasePlugin):
     def configure_connection(self, conn) -> None:
         dpsql.register(conn, ledger=self._ledger)
         if self._budget is not None:
-            ledger.set_budget(conn, self._budget["epsilon"], self._budget["delta"],
+            state.set_budget(conn, self._budget["epsilon"], self._budget["delta"],
                               self._budget.get("scope", ledger.DATABASE_SCOPE))
         self._releases = release_macros(conn)
         self._subscribe()
@@ -211,7 +213,8 @@ class Plugin(BasePlugin):
             from dbt_common.events.event_manager_client import get_event_manager
             manager = get_event_manager()
         except ImportError:  # dbt-common before 1.1
-            from dbt_common.events.functions import EVENT_MANAGER as manager
+            # the same event manager, where older dbt-common keeps it
+            from dbt_common.events.functions import EVENT_MANAGER as manager  # type: ignore[no-redef]
         if self.check_event not in manager.callbacks:
             manager.add_callback(self.check_event)
 

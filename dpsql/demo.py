@@ -84,13 +84,15 @@ def run_demo(*, epsilon: float = EPSILON, delta: float = DELTA, max_items: int =
             summary = _load(con, path)
         rows = []
         for method in methods:
-            released = dpsql.set_union(con, _TABLE, method, epsilon=epsilon, delta=delta, max_items=max_items)
+            # greedy_update has no cap: max_items is passed only to the methods that take it.
+            cap = max_items if "max_items" in dpsql.METHODS[method].param_names else None
+            released = dpsql.set_union(con, _TABLE, method, epsilon=epsilon, delta=delta, max_items=cap)
             con.register("dp_demo_released", released)
             try:
                 [(users_covered, entries_covered)] = con.execute(_COVERAGE_SQL).fetchall()
             finally:
                 con.unregister("dp_demo_released")
-            cal = dpsql.calibrate(method, epsilon, delta, max_items)
+            cal = dpsql.calibrate(method, epsilon=epsilon, delta=delta, max_items=max_items)
             rows.append({
                 "method": method,
                 "released": released.num_rows,

@@ -61,22 +61,22 @@ import re
 import sqlite3
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence, Union
+from types import TracebackType
+from typing import Any, Iterable, Literal, Mapping, Optional, Sequence, Union
 
 import duckdb
 import pyarrow as pa
-from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR
+from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR, DuckDBPyType
 
+from dpsql.errors import BudgetError, LedgerIOError
 from dpsql.udf import Udf
 from dpsql.validation import DPParameterError, check_epsilon
 
 __all__ = ["Release", "Budget", "ScopeStatus", "Ledger", "BudgetExceededError", "LEDGER_SUFFIX",
            "DATABASE_SCOPE", "NameContext", "basic_composition", "scope_key", "resolve_scope", "file_scope",
-           "split_name", "database_alias", "sidecar_path", "database_path", "ledger_for", "ledger_of", "set_budget",
-           "budget", "releases", "udfs"]
+           "split_name", "database_alias", "sidecar_path", "database_path", "ledger_for", "udfs"]
 
 LEDGER_SUFFIX = ".dpsql-ledger"
 DATABASE_SCOPE = "database"
@@ -86,7 +86,7 @@ UNITS = ("user", "element", "record")
 _SLACK = 1e-9
 
 
-class BudgetExceededError(DPParameterError):
+class BudgetExceededError(BudgetError):
     """A release would take a scope over its privacy budget; nothing was released or charged."""
 
 
@@ -157,12 +157,17 @@ _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _SYSTEM_SCHEMAS = ("information_schema", "pg_catalog")
 
 
+def _name_error(name: str, problem: str) -> DPParameterError:
+    return DPParameterError(f"table name {name!r} cannot be parsed ({problem}); quote a name that holds dots, "
+                            f"spaces or quotes as \"name\" (a quote inside it doubled)")
+
+
 def split_name(name: str) -> list[str]:
     """The components of a qualified name, parsed as DuckDB's ``query_table`` parses it.
 
     Components are separated by ``.``; a component may be double-quoted (``""``
     is a quote inside it); nothing is trimmed; one trailing ``.`` is ignored.
-    Raises ValueError where DuckDB raises a parser error.
+    Raises :class:`~dpsql.errors.ParameterError` (a ValueError) where DuckDB raises a parser error.
     """
     parts: list[str] = []
     i, n = 0, len(name)
@@ -171,7 +176,7 @@ def split_name(name: str) -> list[str]:
             j, buf = i + 1, []
             while True:
                 if j >= n:
-                    raise ValueError("unterminated quote")
+                    raise _name_error(name, "unterminated quote")
                 if name[j] == '"':
                     if j + 1 < n and name[j + 1] == '"':
                         buf.append('"')
@@ -182,18 +187,18 @@ def split_name(name: str) -> list[str]:
                 j += 1
             part, i = "".join(buf), j + 1
             if not part:
-                raise ValueError("zero-length quoted identifier")
+                raise _name_error(name, "zero-length quoted identifier")
             if i < n and name[i] != ".":
-                raise ValueError("quote in the middle of a component")
+                raise _name_error(name, "quote in the middle of a component")
         else:
             j = i
             while j < n and name[j] != ".":
                 if name[j] == '"':
-                    raise ValueError("quote in the middle of a component")
+                    raise _name_error(name, "quote in the middle of a component")
                 j += 1
             part, i = name[i:j], j
             if not part:
-                raise ValueError("zero-length identifier")
+                raise _name_error(name, "zero-length identifier")
         parts.append(part)
         if i >= n:
             return parts
@@ -207,14 +212,14 @@ def _quote(part: str) -> str:
     return part if _PLAIN_IDENTIFIER.fullmatch(part) else '"' + part.replace('"', '""') + '"'
 
 
-def database_alias(path: Union[str, os.PathLike]) -> str:
+def database_alias(path: Union[str, os.PathLike[str]]) -> str:
     """The name DuckDB gives a database file attached without ``AS``: ``events`` for ``events.duckdb``."""
     base = os.path.basename(os.fspath(path).rstrip("/\\")) or os.fspath(path)
     stem = base.split(".")[0] or base
     return (stem + "_db" if stem.lower() in ("main", "temp", "system") else stem).lower()
 
 
-def file_scope(path: Union[str, os.PathLike]) -> str:
+def file_scope(path: Union[str, os.PathLike[str]]) -> str:
     """Scope of a file DuckDB reads: its absolute path with symbolic links resolved (URLs as given)."""
     text = os.fspath(path)
     if _URL.match(text):
@@ -235,10 +240,10 @@ class NameContext:
     schema: str = "main"                 # current_schema()
     search_path: str = ""                # current_setting('search_path')
     databases: tuple[tuple[str, Optional[str], Optional[str]], ...] = ()  # (name, path, type)
-    relations: Optional[frozenset] = None
+    relations: Optional[frozenset[tuple[str, str, str]]] = None
 
     @classmethod
-    def from_row(cls, row: Optional[Mapping]) -> "NameContext":
+    def from_row(cls, row: Optional[Mapping[str, Any]]) -> "NameContext":
         """From the struct ``dp__catalog(tbl)`` returns."""
         if not row:
             return cls()
@@ -304,7 +309,9 @@ class NameContext:
 
 
 def _split_search_path(text: str) -> list[str]:
-    out, buf, quoted = [], [], False
+    out: list[str] = []
+    buf: list[str] = []
+    quoted = False
     for ch in text:
         if ch == '"':
             quoted = not quoted
@@ -368,7 +375,7 @@ def _alias_key(name: str) -> str:
     return name.strip().replace('"', "").lower()
 
 
-def sidecar_path(database: Union[str, os.PathLike]) -> Path:
+def sidecar_path(database: Union[str, os.PathLike[str]]) -> Path:
     """The ledger file of a database (or data) file: ``<file>.dpsql-ledger``."""
     return Path(os.fspath(database) + LEDGER_SUFFIX)
 
@@ -418,7 +425,7 @@ class Ledger:
     the CLI's TEMP view over its input) to the scope charged in its place.
     """
 
-    def __init__(self, path: Optional[Union[str, os.PathLike]] = None, *,
+    def __init__(self, path: Optional[Union[str, os.PathLike[str]]] = None, *,
                  aliases: Optional[dict[str, str]] = None, database: Optional[str] = None):
         self.path = None if path is None else Path(os.fspath(path))
         self.database = (database or _ledger_database(self.path)).lower()
@@ -441,13 +448,29 @@ class Ledger:
 
     # -- storage -------------------------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
+        """The in-memory ledger's one connection, or a new connection to the ledger file."""
+        if self._memory is not None:
+            return self._memory
+        assert self.path is not None, "a ledger without a file has its in-memory connection"
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves; timeout: wait for other writers.
         return sqlite3.connect(os.fspath(self.path), timeout=60.0, isolation_level=None)
 
-    def _error(self, exc: BaseException) -> DPParameterError:
-        return DPParameterError(
-            f"dpsql: cannot use the privacy ledger {self.path or '(in memory)'} ({exc}); nothing was released "
-            f"or charged. Make its folder writable or pass ledger= a writable path to dpsql.connect/register")
+    def _error(self, exc: BaseException) -> LedgerIOError:
+        """The error a SQLite or OS failure of the ledger file becomes: it names the file and the fix."""
+        where = str(self.path) if self.path is not None else "(in memory)"
+        if self.path is not None and os.path.isdir(self.path):
+            fix = "It is a folder: pass ledger= a file path (e.g. data.duckdb.dpsql-ledger) to dpsql.connect/register"
+        elif self.path is not None and not os.path.isdir(self.path.parent):
+            fix = (f"Its folder {str(self.path.parent)!r} does not exist: create it, or pass ledger= a path in an "
+                   f"existing folder to dpsql.connect/register")
+        elif isinstance(exc, sqlite3.DatabaseError) and "not a database" in str(exc):
+            fix = ("It is not a dpsql ledger (a data file, or a damaged ledger): pass ledger= the ledger file "
+                   "to dpsql.connect/register, or move the file away if it is no ledger")
+        else:
+            fix = ("Make the file and its folder readable and writable, or pass ledger= a writable path to "
+                   "dpsql.connect/register")
+        return LedgerIOError(f"dpsql: cannot use the privacy ledger {where} ({exc}); nothing was released or "
+                             f"charged. {fix}")
 
     def _prepare(self, db: sqlite3.Connection) -> None:
         db.executescript(_SCHEMA)
@@ -477,15 +500,15 @@ class Ledger:
 
         def __enter__(self) -> sqlite3.Connection:
             self.ledger._lock.acquire()
-            self.db = None
+            self.db: Optional[sqlite3.Connection] = None
             try:
-                self.db = self.ledger._memory if self.ledger._memory is not None else self.ledger._open()
+                self.db = self.ledger._open()
                 if not self.ledger._ready:  # once per Ledger: a charge is on every release's path
                     self.ledger._prepare(self.db)
                     self.ledger._ready = True
                 # IMMEDIATE takes the write lock now: no other process can spend between our check and insert.
                 self.db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:
                 self._close()
                 raise self.ledger._error(exc) from exc
             except BaseException:
@@ -500,18 +523,20 @@ class Ledger:
             finally:
                 self.ledger._lock.release()
 
-        def __exit__(self, exc_type, exc, tb) -> bool:
+        def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
+                     tb: Optional[TracebackType]) -> Literal[False]:
             try:
+                assert self.db is not None, "__enter__ opened the connection"
                 if exc_type is None:
                     try:
                         self.db.execute("COMMIT")
-                    except sqlite3.Error as commit_error:
+                    except (sqlite3.Error, OSError) as commit_error:
                         # A failed COMMIT (disk full, I/O error) must not leave a half-recorded release.
                         self._rollback()
                         raise self.ledger._error(commit_error) from commit_error
                 else:
                     self._rollback()
-                    if issubclass(exc_type, sqlite3.Error):
+                    if isinstance(exc, (sqlite3.Error, OSError)) and not isinstance(exc, LedgerIOError):
                         raise self.ledger._error(exc) from exc
             finally:
                 self._close()
@@ -519,7 +544,8 @@ class Ledger:
 
         def _rollback(self) -> None:
             try:
-                self.db.execute("ROLLBACK")
+                if self.db is not None:
+                    self.db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass  # no transaction left to undo: SQLite rolled it back itself
 
@@ -562,14 +588,14 @@ class Ledger:
         with self._transaction() as db:
             rows = db.execute("SELECT id, time, mechanism, unit, tbl, epsilon, delta, parameters, calibration, "
                               "seeded FROM releases ORDER BY id").fetchall()
-        return [Release(*r[:9], seeded=bool(r[9])) for r in rows]
+        return [Release(i, t, m, u, tbl, e, d, p, c, seeded=bool(s)) for i, t, m, u, tbl, e, d, p, c, s in rows]
 
     def status(self) -> list[ScopeStatus]:
         """One row per scope that has a budget or a release: 'database' first, then tables."""
         with self._transaction() as db:
             budgets = {s: (e, d) for s, e, d in db.execute("SELECT scope, epsilon, delta FROM budgets")}
             rows = db.execute("SELECT tbl, epsilon, delta, seeded FROM releases").fetchall()
-        spent: dict[str, list] = {DATABASE_SCOPE: [[], [], 0, 0]}
+        spent: dict[str, list[Any]] = {DATABASE_SCOPE: [[], [], 0, 0]}
         for tbl, eps, delta, seeded in rows:
             for scope in (DATABASE_SCOPE, tbl):
                 entry = spent.setdefault(scope, [[], [], 0, 0])
@@ -624,14 +650,15 @@ class Ledger:
             cur = db.execute("INSERT INTO releases (time, mechanism, unit, tbl, epsilon, delta, parameters, "
                              "calibration, seeded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                              (now, mechanism, unit, table, epsilon, delta, parameters, calibration, int(seeded)))
-            release_id = int(cur.lastrowid)
+            assert cur.lastrowid is not None, "an INSERT sets lastrowid"
+            release_id = cur.lastrowid
         return Release(release_id, now, mechanism, unit, table, epsilon, delta, parameters, calibration, seeded)
 
 
 # -- connections ----------------------------------------------------------------------------------
 
-# Connection -> ledger; cursors share their connection's UDFs and therefore its ledger.
-_LEDGERS: "weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, Ledger]" = weakref.WeakKeyDictionary()
+# Which ledger a connection charges is per-connection state (dpsql.state); cursors share their
+# connection's UDFs and therefore its ledger.
 
 
 def database_path(con: duckdb.DuckDBPyConnection) -> Optional[str]:
@@ -646,8 +673,9 @@ def _same_file(a: Optional[Path], b: Optional[Path]) -> bool:
 
 
 def ledger_for(con: duckdb.DuckDBPyConnection,
-               ledger: Union[None, str, os.PathLike, Ledger] = None) -> Ledger:
-    """The ledger a connection that dpsql is (re)registered on charges.
+               ledger: Union[None, str, os.PathLike[str], Ledger] = None,
+               current: Optional[Ledger] = None) -> Ledger:
+    """The ledger a connection that dpsql is (re)registered on charges (``current``: the one it has).
 
     ``ledger`` may be a :class:`Ledger`, a file path, or None. A connection
     that already has a ledger keeps it when ``ledger`` is None, the same
@@ -656,7 +684,6 @@ def ledger_for(con: duckdb.DuckDBPyConnection,
     replaces it when empty. A new connection gets ``ledger``, else the sidecar
     of its database file, else an in-memory ledger.
     """
-    current = _LEDGERS.get(con)
     if ledger is None and current is not None:
         return current
     if isinstance(ledger, Ledger):
@@ -667,8 +694,8 @@ def ledger_for(con: duckdb.DuckDBPyConnection,
             return current
         wanted = Ledger(path, database=_current_database(con))
     else:
-        path = database_path(con)
-        return Ledger(sidecar_path(path)) if path else Ledger(None)
+        database = database_path(con)
+        return Ledger(sidecar_path(database)) if database else Ledger(None)
     if current is not None and wanted is not current and not _same_file(current.path, wanted.path) \
             and not _holds_nothing(current):
         raise DPParameterError(
@@ -681,7 +708,11 @@ def ledger_for(con: duckdb.DuckDBPyConnection,
 
 def _holds_nothing(ledger: Ledger) -> bool:
     # A file ledger whose file was never written holds nothing (and checking must not create it).
-    return (ledger.path is not None and not ledger.path.exists()) or ledger.is_empty()
+    try:
+        missing = ledger.path is not None and not ledger.path.exists()
+    except OSError as exc:  # e.g. a folder on the path that may not be searched
+        raise ledger._error(exc) from exc
+    return missing or ledger.is_empty()
 
 
 def _current_database(con: duckdb.DuckDBPyConnection) -> str:
@@ -693,38 +724,11 @@ def _current_database(con: duckdb.DuckDBPyConnection) -> str:
     return database_alias(path) if path else name
 
 
-def attach(con: duckdb.DuckDBPyConnection, ledger: Ledger) -> None:
-    _LEDGERS[con] = ledger
-
-
-def ledger_of(con: duckdb.DuckDBPyConnection) -> Ledger:
-    """The ledger that ``con``'s releases are charged to (``con`` must be registered)."""
-    try:
-        return _LEDGERS[con]
-    except KeyError:
-        raise DPParameterError("this connection has no dpsql ledger; call dpsql.register(con) first") from None
-
-
-def set_budget(con: duckdb.DuckDBPyConnection, epsilon: float, delta: float,
-               scope: str = DATABASE_SCOPE) -> Budget:
-    """Set the total (epsilon, delta) of ``scope`` ('database' or a table name, resolved on ``con``)."""
-    ledger = ledger_of(con)
-    return ledger.set_budget(epsilon, delta, resolve_scope(con, scope))
-
-
-def budget(con: duckdb.DuckDBPyConnection) -> list[ScopeStatus]:
-    """Spent and remaining budget per scope (the rows of ``SELECT * FROM dp_budget()``)."""
-    return ledger_of(con).status()
-
-
-def releases(con: duckdb.DuckDBPyConnection) -> list[Release]:
-    """Every charged release, oldest first (the rows of ``SELECT * FROM dp_releases()``)."""
-    return ledger_of(con).releases()
 
 
 # -- SQL access ---------------------------------------------------------------------------------
 
-def _catalog_type():
+def _catalog_type() -> DuckDBPyType:
     # The struct the macro dp__catalog(tbl) (sql/05_ledger.sql) builds.
     return duckdb.struct_type({
         "database": VARCHAR, "schema": VARCHAR, "search_path": VARCHAR,
@@ -733,14 +737,14 @@ def _catalog_type():
                                                           "name": VARCHAR}))})
 
 
-def _status_type():
+def _status_type() -> DuckDBPyType:
     return duckdb.list_type(duckdb.struct_type({
         "scope": VARCHAR, "epsilon_budget": DOUBLE, "delta_budget": DOUBLE, "epsilon_spent": DOUBLE,
         "delta_spent": DOUBLE, "epsilon_remaining": DOUBLE, "delta_remaining": DOUBLE, "releases": BIGINT,
         "seeded_releases": BIGINT}))
 
 
-def _releases_type():
+def _releases_type() -> DuckDBPyType:
     return duckdb.list_type(duckdb.struct_type({
         "release_id": BIGINT, "released_at": DOUBLE, "mechanism": VARCHAR, "unit": VARCHAR, "table_name": VARCHAR,
         "epsilon": DOUBLE, "delta": DOUBLE, "parameters": VARCHAR, "calibration": VARCHAR, "seeded": BOOLEAN}))
@@ -757,7 +761,8 @@ def udfs(ledger: Ledger, seeded: bool = False) -> list[Udf]:
     stale ledger.
     """
 
-    def charge(mechanism, unit, table, epsilon, delta, parameters, calibration, catalog):
+    def charge(mechanism: pa.Array, unit: pa.Array, table: pa.Array, epsilon: pa.Array, delta: pa.Array,
+               parameters: pa.Array, calibration: pa.Array, catalog: pa.Array) -> pa.Array:
         # ``calibration`` is the macro's one-row calibration CTE cast to text: passing it makes
         # DuckDB evaluate (and so validate) the calibration before the charge. A charge that only
         # read the CTE's row could run with the calibration's columns pruned away. ``catalog`` is
@@ -771,14 +776,14 @@ def udfs(ledger: Ledger, seeded: bool = False) -> list[Udf]:
             out.append(True)
         return pa.array(out, pa.bool_())
 
-    def status(dummy):
+    def status(dummy: pa.Array) -> pa.Array:
         rows = [{"scope": s.scope, "epsilon_budget": s.epsilon_budget, "delta_budget": s.delta_budget,
                  "epsilon_spent": s.epsilon_spent, "delta_spent": s.delta_spent,
                  "epsilon_remaining": s.epsilon_remaining, "delta_remaining": s.delta_remaining,
                  "releases": s.releases, "seeded_releases": s.seeded_releases} for s in ledger.status()]
         return pa.array([rows] * len(dummy))
 
-    def releases(dummy):
+    def releases(dummy: pa.Array) -> pa.Array:
         rows = [{"release_id": r.id, "released_at": r.time, "mechanism": r.mechanism, "unit": r.unit,
                  "table_name": r.table, "epsilon": r.epsilon, "delta": r.delta, "parameters": r.parameters,
                  "calibration": r.calibration, "seeded": r.seeded}

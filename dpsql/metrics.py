@@ -112,20 +112,21 @@ def coverage_by_frequency(user_sets: UserSets, released: Iterable[Hashable]) -> 
 
 
 
-def evaluate(con: duckdb.DuckDBPyConnection, table: str, released: str, *, k: Optional[int] = None,
+def evaluate(con: duckdb.DuckDBPyConnection, table: str, released_table: str, *, k: Optional[int] = None,
              user_col: str = "user_id", item_col: str = "item", released_col: str = "item") -> dict:
-    """Run every ``dp_eval_*`` macro on the raw ``table`` against the items of ``released``. NON-PRIVATE.
+    """Run every ``dp_eval_*`` macro on the raw ``table`` against the items in column ``released_col``
+    of ``released_table`` (the macros' ``tbl`` and ``released_tbl``). NON-PRIVATE.
 
     Returns a dict: ``missing_mass`` (p = 1), ``missing_mass_p`` (p = 0, 1, 2,
     inf as keys ``"0"``, ``"1"``, ``"2"``, ``"inf"``), ``hits``, ``users``,
     ``released_items``, ``top_k_missing_mass`` (when ``k`` is given) and
     ``coverage_by_frequency`` (list of dicts).
     """
-    table, released = check_table_name(table), check_table_name(released)
+    table, released_table = check_table_name(table), check_table_name(released_table)
     cols = (f"user_col := {sql_string(check_identifier('user_col', user_col))}, "
             f"item_col := {sql_string(check_identifier('item_col', item_col))}, "
             f"released_col := {sql_string(check_identifier('released_col', released_col))}")
-    t, r = sql_string(table), sql_string(released)
+    t, r = sql_string(table), sql_string(released_table)
     mm = {}
     for key, p in (("0", "0"), ("1", "1"), ("2", "2"), ("inf", "'infinity'::DOUBLE")):
         [(_, value)] = con.sql(f"FROM dp_eval_missing_mass({t}, {r}, p := {p}, {cols})").fetchall()

@@ -50,7 +50,9 @@ import os
 import secrets
 import threading
 import warnings
-from typing import Optional
+from typing import Callable, Optional, Union
+
+from numpy.typing import ArrayLike
 
 import numpy as np
 import pyarrow as pa
@@ -102,7 +104,7 @@ class NoiseSource:
             with self._lock:
                 self._rng = self._new_generator()
 
-    def _draw(self, n: int, fn) -> np.ndarray:
+    def _draw(self, n: int, fn: Callable[[np.random.Generator, int], np.ndarray]) -> np.ndarray:
         with self._lock:
             self.samples_drawn += n
             return fn(self._rng, n)
@@ -156,7 +158,7 @@ class NoiseSource:
         return int.from_bytes(secrets.token_bytes(8), "little", signed=True)
 
 
-def _positive_vector(name: str, values) -> np.ndarray:
+def _positive_vector(name: str, values: ArrayLike) -> np.ndarray:
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim == 0:
         arr = arr.reshape(1)
@@ -190,12 +192,12 @@ def check_noise_mode(noise: object) -> str:
             "noise := 'continuous' was removed: textbook floating-point noise leaks the exact value through "
             "the low-order bits of the released numbers (Mironov 2012); use noise := 'granular' (the default), "
             "which releases exact multiples of a 2^-k grid")
-    if noise not in NOISE_MODES:
+    if not isinstance(noise, str) or noise not in NOISE_MODES:
         raise DPParameterError(f"noise must be 'granular' (got {noise!r}); pass noise := 'granular' or omit it")
     return noise
 
 
-def round_to_grid(values, granularity) -> np.ndarray:
+def round_to_grid(values: ArrayLike, granularity: ArrayLike) -> np.ndarray:
     """Nearest multiple of ``g = 2^-k`` (ties to even), exact in floating point: ``rint(x / g) * g``.
 
     Dividing and multiplying by a power of two only changes the exponent, so the
@@ -210,7 +212,7 @@ def round_to_grid(values, granularity) -> np.ndarray:
     return np.rint(steps) * g
 
 
-def _granularity_vector(granularity, shape):
+def _granularity_vector(granularity: ArrayLike, shape: tuple[int, ...]) -> Union[float, np.ndarray]:
     """The checked grid: a float when every row has the same one (the usual case), else an array of ``shape``."""
     g = np.asarray(granularity, dtype=np.float64)
     if g.size and g.min() == g.max():  # no sort of the column
@@ -226,16 +228,16 @@ def _random_signs(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.unpackbits(np.ascontiguousarray(raw).view(np.uint8), count=n).view(bool)
 
 
-def _constant_or_array(values: np.ndarray):
+def _constant_or_array(values: np.ndarray) -> Union[float, np.ndarray]:
     """A float if every entry is equal (scalar arithmetic is cheaper), else the array itself."""
     return float(values[0]) if values.size and values.min() == values.max() else values
 
 
-def _subset(values, index: np.ndarray, full: bool):
+def _subset(values: Union[float, np.ndarray], index: np.ndarray, full: bool) -> Union[float, np.ndarray]:
     return values if full or isinstance(values, float) else values[index]
 
 
-def sample_discrete_laplace(rng: np.random.Generator, t: np.ndarray) -> np.ndarray:
+def sample_discrete_laplace(rng: np.random.Generator, t: ArrayLike) -> np.ndarray:
     """``DLap(t)``: pmf ``(1-a)/(1+a) a^|z|`` on the integers, ``a = exp(-1/t)`` (two-sided geometric).
 
     ``G = floor(t E)`` with ``E ~ Exp(1)`` is geometric on {0, 1, ...}:
@@ -261,10 +263,10 @@ def sample_discrete_laplace(rng: np.random.Generator, t: np.ndarray) -> np.ndarr
 _CHUNK = 1 << 16
 
 
-def _discrete_laplace_chunk(rng: np.random.Generator, t, out: np.ndarray) -> None:
-    pending = None  # None: every row of the chunk
+def _discrete_laplace_chunk(rng: np.random.Generator, t: Union[float, np.ndarray], out: np.ndarray) -> None:
+    pending: Optional[np.ndarray] = None  # None: every row of the chunk
     while True:
-        m = out.shape[0] if pending is None else pending.size
+        m = int(out.shape[0] if pending is None else pending.size)
         e = rng.standard_exponential(m)
         e *= t if pending is None or isinstance(t, float) else t[pending]
         g = e.astype(np.int64)  # e >= 0: truncation is floor
@@ -293,7 +295,7 @@ ROUNDING_MIN_STEPS = 1024.0
 _TAIL = 40.0  # |z| <= 40 s; the mass beyond is < exp(-800), i.e. 0 in double precision
 
 
-def sample_discrete_gaussian(rng: np.random.Generator, s: np.ndarray) -> np.ndarray:
+def sample_discrete_gaussian(rng: np.random.Generator, s: ArrayLike) -> np.ndarray:
     """``N_Z(0, s^2)``: pmf ``prop. to exp(-z^2 / (2 s^2))`` on the integers.
 
     * ``s < 1024``: [CKS20] Alg. 3, rejection from ``Y ~ DLap(t)``, ``t = floor(s) + 1``,
@@ -333,7 +335,12 @@ def sample_discrete_gaussian(rng: np.random.Generator, s: np.ndarray) -> np.ndar
     return out
 
 
-def _rejection_fill(rng: np.random.Generator, sampler, s, out: np.ndarray) -> None:
+# One round of a discrete-Gaussian sampler: (rng, sigma in grid steps, rows) -> (candidates, accept flags).
+_Sampler = Callable[[np.random.Generator, Union[float, np.ndarray], int], tuple[np.ndarray, np.ndarray]]
+
+
+def _rejection_fill(rng: np.random.Generator, sampler: _Sampler, s: Union[float, np.ndarray],
+                    out: np.ndarray) -> None:
     """Fill ``out`` with accepted candidates of ``sampler``, redrawing only the rejected rows.
 
     One ``s`` for every row: the accepted candidates are i.i.d. draws of the target, so a
@@ -360,7 +367,7 @@ def _rejection_fill(rng: np.random.Generator, sampler, s, out: np.ndarray) -> No
         pending = pending[~accept]
 
 
-def _rounding_round(rng: np.random.Generator, s, m: int) -> tuple[np.ndarray, np.ndarray]:
+def _rounding_round(rng: np.random.Generator, s: Union[float, np.ndarray], m: int) -> tuple[np.ndarray, np.ndarray]:
     """One round of the rounding sampler (``s >= 1024``) on ``m`` rows: candidates, accept flags."""
     x = rng.standard_normal(m)
     x *= s
@@ -383,7 +390,7 @@ def _rounding_round(rng: np.random.Generator, s, m: int) -> tuple[np.ndarray, np
     return z.astype(np.int64), accept
 
 
-def _cks_round(rng: np.random.Generator, s, m: int) -> tuple[np.ndarray, np.ndarray]:
+def _cks_round(rng: np.random.Generator, s: Union[float, np.ndarray], m: int) -> tuple[np.ndarray, np.ndarray]:
     """One round of [CKS20] Alg. 3 (``s < 1024``) on ``m`` rows: candidates, accept flags."""
     t = np.floor(s) + 1.0
     y = sample_discrete_laplace(rng, np.broadcast_to(t, (m,)))
@@ -425,7 +432,7 @@ def seeded_source(seed: int) -> NoiseSource:
 # Arrow UDF bodies
 # --------------------------------------------------------------------------
 
-def _arrow_noise(source: NoiseSource, method: str, param_name: str):
+def _arrow_noise(source: NoiseSource, method: str, param_name: str) -> Callable[[pa.Array], pa.Array]:
     draw = getattr(source, method)
 
     def udf(param: pa.Array) -> pa.Array:
@@ -438,7 +445,7 @@ def _arrow_noise(source: NoiseSource, method: str, param_name: str):
     return udf
 
 
-def _granular_noise(source: NoiseSource, method: str, param_name: str):
+def _granular_noise(source: NoiseSource, method: str, param_name: str) -> Callable[[pa.Array, pa.Array], pa.Array]:
     """Arrow body of ``dp_granular_<kind>_noise(param, granularity)``: ``g * Z``, Z integer in grid steps.
 
     ``param`` (Laplace scale b, or Gaussian sigma) is in value units; the sampler

@@ -34,7 +34,7 @@ Privacy argument (user-level add/remove, [DPSU] Thm 1.1, 4.1, 5.1):
    sensitivity <= 1 ([DPSU] Lemma 4.2). With ``passes = P`` every pass spends
    ``1/P`` (l1 budget, or l2 step length), so by contraction and the triangle
    inequality the P passes together still move the histogram by at most 1
-   (spec Sec. 2.6).
+   (docs/proofs/policy_laplace.md).
 3. l1- and l2-descent give every item of a capped set a positive weight, so
    the support of H is the union of the capped sets and the items that are
    positive only with the added user are its novel items (held by no one
@@ -86,14 +86,17 @@ import numpy as np
 import pyarrow as pa
 from duckdb.sqltypes import BIGINT, DOUBLE, VARCHAR
 
+from dpsql.errors import InputError, ParameterError
 from dpsql import calibration
 from dpsql.calibration import SetUnionCalibration
 from dpsql.noise import NoiseSource
+from dpsql.mechanism import Mechanism, Param, user_item_params
 from dpsql.udf import Udf, scalar
-from dpsql.validation import (DPParameterError, check_delta, check_epsilon, check_max_items, user_budget,
+from dpsql.validation import (DPParameterError, check_column_pair, check_delta, check_epsilon, check_max_items, user_budget,
                               warn_weak_parameters)
 
 __all__ = [
+    "MECHANISMS",
     "POLICIES", "MAX_PASSES", "check_alpha", "check_passes",
     "policy_laplace_calibration", "policy_gaussian_calibration", "greedy_update_threshold",
     "greedy_update_calibration",
@@ -129,7 +132,7 @@ def check_alpha(alpha: object) -> float:
     if alpha is None or isinstance(alpha, bool):
         raise DPParameterError(f"alpha must be a finite number > 0, e.g. alpha := 5 (got {alpha!r})")
     try:
-        value = float(alpha)
+        value = float(alpha)  # type: ignore[arg-type]  # any value: float() rejects a non-number, caught below
     except (TypeError, ValueError):
         raise DPParameterError(f"alpha must be a finite number > 0, e.g. alpha := 5 (got {alpha!r})") from None
     if not (math.isfinite(value) and value > 0):
@@ -143,7 +146,7 @@ def check_passes(passes: object) -> int:
     if passes is None or isinstance(passes, bool):
         raise DPParameterError(msg)
     try:
-        value = float(passes)
+        value = float(passes)  # type: ignore[arg-type]  # any value: float() rejects a non-number, caught below
     except (TypeError, ValueError):
         raise DPParameterError(msg) from None
     if not (math.isfinite(value) and value == int(value) and 1 <= value <= MAX_PASSES):
@@ -192,8 +195,9 @@ def greedy_update_calibration(epsilon: float, delta: float, max_items: Optional[
     return SetUnionCalibration("laplace", 1.0 / epsilon, greedy_update_threshold(epsilon, delta))
 
 
-_CALIBRATIONS = {"policy_laplace": policy_laplace_calibration, "policy_gaussian": policy_gaussian_calibration,
-                 "greedy_update": greedy_update_calibration}
+_CALIBRATIONS: dict[str, Callable[[float, float, int], SetUnionCalibration]] = {
+    "policy_laplace": policy_laplace_calibration, "policy_gaussian": policy_gaussian_calibration,
+    "greedy_update": greedy_update_calibration}
 
 
 @lru_cache(maxsize=256)
@@ -209,7 +213,7 @@ def policy_cutoff(method: str, epsilon: float, delta: float, max_items: int, alp
     * policy_laplace: ``Gamma = rho_Lap + alpha / eps`` ([DPSU] Alg. 4);
     * policy_gaussian: ``Gamma = rho_Gauss + alpha * sigma`` ([DPSU] Sec. 5.2;
       Alg. 6 prints rho_Lap, an erratum);
-    * greedy_update: ``Gamma = max(rho + alpha / eps, 1)`` (spec Sec. 2.8:
+    * greedy_update: ``Gamma = max(rho + alpha / eps, 1)`` (docs/proofs/greedy_update.md:
       alpha counts Laplace scales; ``rho >= 1``, so ``Gamma > 1`` always).
 
     Example ([DPSU] setting eps=3, delta=e^-10, max_items=100, alpha=5):
@@ -240,7 +244,7 @@ def build_csr(order: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndar
     order = np.asarray(order, dtype=np.int64)
     items = np.asarray(items, dtype=np.int64)
     if len(order) != len(items):
-        raise ValueError("order and items must have the same length")
+        raise InputError("order and items must have the same length")
     if len(order) == 0:
         return np.zeros(1, np.int64), np.zeros(0, np.int64)
     if not bool(np.all(order[1:] >= order[:-1])):
@@ -266,7 +270,7 @@ def csr_from_keys(keys: np.ndarray, *, keep_order: bool) -> tuple[np.ndarray, np
         keys = np.sort(keys)
     order = keys >> 32
     if keep_order and not bool(np.all(order[1:] >= order[:-1])):
-        raise ValueError("dpsql: the entries of a greedy_update run must arrive grouped by user")
+        raise InputError("dpsql: the entries of a greedy_update run must arrive grouped by user")
     indptr = np.zeros(int(order[-1]) + 2, np.int64)
     np.cumsum(np.bincount(order), out=indptr[1:])
     return indptr, keys & 0xFFFFFFFF
@@ -471,10 +475,10 @@ def run_policy(kind: int, indptr: np.ndarray, indices: np.ndarray, n_items: int,
     NOT a release: the exact histogram (tests and audits use it).
     """
     if kind not in (L1_DESCENT, L2_DESCENT, GREEDY_FILL):
-        raise ValueError(f"unknown policy kind {kind!r}")
+        raise ParameterError(f"unknown policy kind {kind!r}")
     passes = check_passes(passes)
     if not (math.isfinite(gamma) and gamma > 0):
-        raise ValueError(f"gamma must be a finite number > 0 (got {gamma!r})")
+        raise ParameterError(f"gamma must be a finite number > 0 (got {gamma!r})")
     if kernel == "auto":
         kernel = "numba" if numba_available() else "python"
     if kernel == "numba":
@@ -484,7 +488,7 @@ def run_policy(kind: int, indptr: np.ndarray, indices: np.ndarray, n_items: int,
     elif kernel == "python":
         fn = _python_kernel
     else:
-        raise ValueError(f"kernel must be 'auto', 'numba' or 'python' (got {kernel!r})")
+        raise ParameterError(f"kernel must be 'auto', 'numba' or 'python' (got {kernel!r})")
     indptr = np.ascontiguousarray(indptr, dtype=np.int64)
     indices = np.ascontiguousarray(indices, dtype=np.int64)
     if initial is None:
@@ -492,7 +496,7 @@ def run_policy(kind: int, indptr: np.ndarray, indices: np.ndarray, n_items: int,
     else:
         H = np.array(initial, dtype=np.float64)
         if H.shape != (int(n_items),):
-            raise ValueError("initial must have n_items entries")
+            raise ParameterError("initial must have n_items entries")
     beta = 1.0 / passes
     n_users = len(indptr) - 1
     # User boundaries of chunks of about _CHUNK_ENTRIES entries.
@@ -523,7 +527,7 @@ def release(H: np.ndarray, cal: SetUnionCalibration, source: NoiseSource, *, win
     separate argument (module docstring, point 5).
     """
     if window and cal.noise != "laplace":
-        raise ValueError("the windowed release is calibrated for Laplace noise only")
+        raise ParameterError("the windowed release is calibrated for Laplace noise only")
     support = np.flatnonzero(H > 0)
     if len(support) == 0:
         return support
@@ -562,16 +566,22 @@ class reporting:
 # UDFs
 # --------------------------------------------------------------------------
 
-def _calibration_row(method, epsilon, delta, max_items, alpha, passes, user_col, item_col):
-    from dpsql.union import check_column_pair  # union imports nothing from here at import time
-
-    check_column_pair(user_col, item_col)
+# DuckDB evaluates the (pure) calibration UDF once per reference of its CTE: the row is computed once
+# per parameter set (failures are not cached: they raise every time).
+@lru_cache(maxsize=128)
+def _policy_row(method, epsilon, delta, max_items, alpha, passes) -> tuple:
     method = check_policy(method)
     cal = calibrate(method, epsilon, delta, 1 if method == "greedy_update" else max_items)
     gamma = policy_cutoff(method, epsilon, delta, max_items, alpha)
+    return (("noise", cal.noise), ("scale", cal.scale), ("threshold", cal.threshold), ("gamma", gamma),
+            ("n_passes", check_passes(passes)))
+
+
+def _calibration_row(method, epsilon, delta, max_items, alpha, passes, user_col, item_col):
+    check_column_pair(user_col, item_col)
+    row = dict(_policy_row(method, epsilon, delta, max_items, alpha, passes))
     warn_weak_parameters(epsilon, delta, what=f"dp_set_union_{method}", stacklevel=1)
-    return {"noise": cal.noise, "scale": cal.scale, "threshold": cal.threshold, "gamma": gamma,
-            "n_passes": check_passes(passes)}
+    return row
 
 
 def _flat(arr: pa.Array) -> np.ndarray:
@@ -579,7 +589,7 @@ def _flat(arr: pa.Array) -> np.ndarray:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if len(arr) != 1:
-        raise ValueError("dpsql: the policy kernel expects one row (the whole table as one list)")
+        raise InputError("dpsql: the policy kernel expects one row (the whole table as one list)")
     if arr.null_count:  # list() of no rows is NULL: empty input
         return np.zeros(0, np.int64)
     return arr.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
@@ -621,7 +631,7 @@ class ProgressRelay:
     """
 
     def __init__(self, progress: Callable[[float], None]):
-        self._progress = progress
+        self._progress: Optional[Callable[[float], None]] = progress
         self._lock = threading.Lock()
         self._last = -1.0
         self._kernel_base: Optional[float] = None
@@ -649,3 +659,31 @@ class ProgressRelay:
                 self._kernel_base = max(self._last, 0.0)
             base = self._kernel_base
         self._emit(base + (99.0 - base) * min(max(fraction, 0.0), 1.0))
+
+
+# -- declarations (dpsql.mechanism) ------------------------------------------------------------------
+
+def _alpha(method: str) -> Param:
+    return Param("alpha", "DOUBLE", DEFAULT_ALPHA[method], check_alpha, "cutoff multiplier")
+
+
+_PASSES = Param("passes", "DOUBLE", 1, check_passes, "passes over the users")
+
+MECHANISMS: tuple[Mechanism, ...] = (
+    Mechanism(
+        name="policy_laplace", family="set_union", macro="dp_set_union_policy_laplace", unit="user",
+        params=user_item_params(_alpha("policy_laplace"), _PASSES),
+        description="sequential l1-descent towards a cutoff, Laplace noise ([DPSU] Alg. 4)",
+        proof="policy_laplace", calibrate=policy_laplace_calibration, rounds=1),
+    Mechanism(
+        name="policy_gaussian", family="set_union", macro="dp_set_union_policy_gaussian", unit="user",
+        params=user_item_params(_alpha("policy_gaussian"), _PASSES),
+        description="sequential l2-descent towards a cutoff, Gaussian noise ([DPSU] Alg. 6)",
+        proof="policy_gaussian", calibrate=policy_gaussian_calibration, rounds=1),
+    Mechanism(
+        name="greedy_update", family="set_union", macro="dp_set_union_greedy_update", unit="user",
+        params=user_item_params(_alpha("greedy_update"), cap=False),
+        description="sequential greedy fill, most repeated items first, no max_items cap, Laplace noise "
+                    "(Carvalho et al. 2022)",
+        proof="greedy_update", calibrate=greedy_update_calibration, rounds=1),
+)

@@ -12,11 +12,21 @@ bookkeeping in a release macro's ``cal`` CTE stay in Python (the target backend
 calls the same functions). ``output`` selects one CTE of a macro and the CTEs it
 reads, so the noisy parts of a release macro are never translated.
 
+Exported stages are marked in the SQL. A macro or CTE another engine may
+translate (a whole macro, or one CTE as ``output``) has the line
+``-- dpsql:portable <name>`` directly above its definition; :func:`stages` lists
+them. :func:`stage_sql` refuses any other stage, and binds only the stage's
+relation parameters and its inputs (the CTEs and nested macros it reads), so a
+backend addresses no internal name of a macro beyond the marked stage's
+interface; ``tests/test_portable.py`` checks the marks and their translations.
+
 The translation also makes the DuckDB dialect's implicit choices explicit:
 
 * a decimal literal (``1.0``) is a DOUBLE, as in DuckDB's arithmetic with
   doubles; Spark would type it DECIMAL and round divisions to 6 digits;
 * ``error(msg)`` becomes ``raise_error(msg)``;
+* ``hash(...)`` (DuckDB: 64 bits) becomes ``xxhash64(...)``: Spark's ``hash`` is
+  a 32-bit murmur3, whose collisions would tie the cap's ranking keys;
 * ``AS [NOT] MATERIALIZED`` hints are dropped (the caller materialises);
 * a ``UNION ALL`` branch whose ``WHERE`` is constant after binding is pruned,
   as DuckDB prunes it when planning (UserWeights' closed form vs. its UDF).
@@ -26,12 +36,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
-__all__ = ["Macro", "macros", "stage_sql", "TranslationError"]
+__all__ = ["Macro", "Stage", "macros", "stages", "stage_sql", "TranslationError", "MARKER"]
 
 _MACRO = re.compile(r"^CREATE OR REPLACE TEMP MACRO (\w+)\((.*?)\) AS TABLE\s*\n(.*?);[ \t]*$", re.S | re.M)
 _NESTED_MACRO_PREFIXES = ("dp__", "dp_")
+# The one form of an export mark: a line of its own, directly above the macro or CTE it names.
+MARKER = "-- dpsql:portable"
+_MARK = re.compile(r"^-- dpsql:portable (\w+)[ \t]*$")
+_MACRO_HEAD = re.compile(r"^CREATE OR REPLACE TEMP MACRO (\w+)\(")
+_CTE_HEAD = re.compile(r"^(?:WITH\s+)?(\w+)\s+AS\s+(?:NOT\s+)?(?:MATERIALIZED\s+)?\(", re.I)
+# DuckDB functions whose Spark SQL counterpart has another name (same semantics).
+_RENAMED = {"error": "raise_error", "hash": "xxhash64"}
 
 
 class TranslationError(ValueError):
@@ -68,6 +85,69 @@ def macros() -> dict[str, Macro]:
     return found
 
 
+@dataclass(frozen=True)
+class Stage:
+    """A marked stage: a table macro (``cte`` is None) or one CTE of a macro's body."""
+
+    macro: str
+    cte: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        return self.macro if self.cte is None else f"{self.macro}.{self.cte}"
+
+
+def _marks() -> list[tuple[str, int, str, Optional[Stage]]]:
+    """Every export mark of the macro files: (file, line, name, the stage below it or None)."""
+    from dpsql.registration import sql_files
+
+    found: list[tuple[str, int, str, Optional[Stage]]] = []
+    for path in sql_files():
+        lines = path.read_text().splitlines()
+        macro = None
+        for i, line in enumerate(lines):
+            head = _MACRO_HEAD.match(line)
+            if head:
+                macro = head.group(1)
+            mark = _MARK.match(line)
+            if not mark and line.startswith(MARKER):
+                found.append((path.name, i + 1, line[len(MARKER):].strip(), None))  # malformed: reported
+                continue
+            if not mark:
+                continue
+            name, below = mark.group(1), (lines[i + 1] if i + 1 < len(lines) else "")
+            stage = None
+            if (m := _MACRO_HEAD.match(below)) and m.group(1) == name:
+                stage = Stage(name)
+            elif (m := _CTE_HEAD.match(below)) and m.group(1) == name and macro is not None:
+                stage = Stage(macro, name)
+            found.append((path.name, i + 1, name, stage))
+    return found
+
+
+@lru_cache(maxsize=1)
+def stages() -> dict[str, Stage]:
+    """The stages marked ``-- dpsql:portable <name>``, by :attr:`Stage.name` (``macro`` or ``macro.cte``).
+
+    A mark that is not directly above the definition of the macro or CTE it names is an error.
+    """
+    out: dict[str, Stage] = {}
+    for file, line, name, stage in _marks():
+        if stage is None:
+            raise TranslationError(f"{file}:{line}: the mark {MARKER} {name} is not directly above the "
+                                   f"definition of a macro or CTE named {name!r}")
+        out[stage.name] = stage
+    return out
+
+
+def _check_marked(stage: Stage) -> None:
+    if stage.name not in stages():
+        what = f"the CTE {stage.cte} of {stage.macro}" if stage.cte else f"the macro {stage.macro}"
+        raise TranslationError(
+            f"{what} is not an exported stage: only a macro or CTE marked '{MARKER} <name>' in the macro files "
+            f"is translated (exported: {', '.join(sorted(stages()))})")
+
+
 def _sqlglot():
     try:
         import sqlglot
@@ -95,6 +175,30 @@ def _referenced(exp, node, names: set[str]) -> set[str]:
         if fn.name.lower() == "query_table" and fn.expressions and fn.expressions[0].is_string:
             if fn.expressions[0].this in names:
                 found.add(fn.expressions[0].this)
+    return found
+
+
+def _inputs(exp, tree, output: Optional[str]) -> set[str]:
+    """The CTEs and nested macros (table functions) the stage reads, directly or through its CTEs."""
+    with_ = tree.args.get("with_") or tree.args.get("with")
+    ctes = {c.alias: c for c in (with_.expressions if with_ else [])}
+    if output is None:
+        nodes = [tree]
+        found = set(ctes)
+    else:
+        if output not in ctes:
+            raise TranslationError(f"no CTE named {output!r} (CTEs: {', '.join(ctes)})")
+        found, todo = set(), [output]
+        while todo:
+            name = todo.pop()
+            if name not in found:
+                found.add(name)
+                todo.extend(_referenced(exp, ctes[name].this, set(ctes)))
+        nodes = [ctes[name].this for name in found]
+        found.discard(output)
+    for node in nodes:
+        found |= {t.this.name for t in node.find_all(exp.Table) if isinstance(t.this, exp.Anonymous)
+                  and t.this.name.lower().startswith(_NESTED_MACRO_PREFIXES)}
     return found
 
 
@@ -131,7 +235,8 @@ def _drop_ctes(exp, tree, dropped: set[str]):
 
 def _prune_constant_branches(exp, simplify, tree):
     for union in list(tree.find_all(exp.Union)):
-        sides = []
+        # (side, its WHERE node, the folded WHERE): sqlglot nodes are untyped; WHERE is None only with no verdict
+        sides: list[tuple[Any, Any, Optional[bool]]] = []
         for side in (union.this, union.expression):
             where = side.args.get("where") if isinstance(side, exp.Select) else None
             verdict = None
@@ -167,13 +272,23 @@ def stage_sql(macro: str, relations: Mapping[str, str], constants: Optional[Mapp
     macro names and CTE names to relation names of the target engine (a bound CTE
     is dropped from the query). ``constants`` binds scalar parameters. ``output``
     selects one CTE (and what it reads) instead of the macro's final SELECT.
+    The stage must be marked (:func:`stages`) and ``relations`` may bind only
+    relation parameters and inputs of the stage; anything else raises
+    :class:`TranslationError`.
     """
     sqlglot, exp, simplify = _sqlglot()
     defs = macros()
     if macro not in defs:
         raise TranslationError(f"no table macro named {macro!r} in the macro files")
     constants = dict(constants or {})
+    stage = Stage(macro, output)
+    _check_marked(stage)
     tree = sqlglot.parse_one(defs[macro].body, read="duckdb")
+    inputs = _inputs(exp, tree, output)
+    for key in relations:  # a relation parameter, or a CTE or nested macro the stage reads
+        if key not in defs[macro].params and key not in inputs:
+            raise TranslationError(f"{stage.name}: cannot bind {key!r}, which is neither a relation parameter "
+                                   f"nor an input of the stage (its inputs: {', '.join(sorted(inputs)) or 'none'})")
     dropped = set(relations) & {c.alias for c in tree.find_all(exp.CTE)}
     tree = _select_output(exp, tree, output, dropped) if output else _drop_ctes(exp, tree, dropped)
     params = set(defs[macro].params)
@@ -203,8 +318,8 @@ def stage_sql(macro: str, relations: Mapping[str, str], constants: Optional[Mapp
             if node.name not in constants:
                 raise TranslationError(f"{macro}: scalar parameter {node.name!r} is not bound")
             return _literal(exp, constants[node.name])
-        if isinstance(node, exp.Anonymous) and node.name.lower() == "error":
-            node.set("this", "raise_error")
+        if isinstance(node, exp.Anonymous) and node.name.lower() in _RENAMED:
+            node.set("this", _RENAMED[node.name.lower()])
         return node
 
     def as_double(node):

@@ -31,20 +31,13 @@ import duckdb
 import duckdb.func
 from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
-from dpsql import adaptive, calibration, ledger as ledger_mod, noise, union
-from dpsql import topk
-from dpsql import pws
-from dpsql import policy
-from dpsql import optimize, subsampling
-from dpsql import release
+from dpsql import calibration, ledger as ledger_mod, mechanisms, noise, subsampling, union
+from dpsql import release, state
+from dpsql.state import source_of
 from dpsql.udf import Udf, scalar
 from dpsql.validation import DPParameterError
 
 __all__ = ["connect", "register", "register_macros", "sql_dir", "sql_files", "source_of"]
-
-# Connection -> noise source, so tests and audits can inspect what a connection draws.
-_SOURCES: "weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, noise.NoiseSource]" = weakref.WeakKeyDictionary()
-
 
 @dataclass
 class _Registration:
@@ -127,20 +120,16 @@ def _calibration_udfs(source: noise.NoiseSource) -> list[Udf]:
     ]
 
 
-# Every family's UDF declarations, in registration order. A new mechanism family adds its
-# module's ``udfs`` here and its macros as sql/NN_family.sql.
+# Every UDF declaration, in registration order: the shared machinery first, then each family module
+# that declares mechanisms (dpsql.union.FAMILY_MODULES, dpsql.mechanisms.FAMILY_MODULES) and has UDFs.
+# A new family is added to one of those lists, not here; its macros go in sql/NN_family.sql.
 UDF_PROVIDERS: tuple[Callable[[noise.NoiseSource], list[Udf]], ...] = (
     release.udfs,
     _calibration_udfs,
     noise.udfs,
-    union.udfs,
-    adaptive.udfs,
-    topk.udfs,
-    pws.udfs,
-    policy.udfs,
     subsampling.udfs,
-    optimize.udfs,
-)
+    union.udfs,
+) + tuple(mod.udfs for mod in union.FAMILY_MODULES + mechanisms.FAMILY_MODULES if hasattr(mod, "udfs"))
 
 
 def _registered_udfs(con: duckdb.DuckDBPyConnection) -> set[str]:
@@ -156,7 +145,7 @@ def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource
     ``ledger`` receives the charges of every release (see :func:`dpsql.ledger.ledger_for`: a
     connection registered again keeps its ledger). Releases are marked seeded when ``source`` is.
     """
-    ledger = ledger_mod.ledger_for(con, ledger)  # before any change: a refused ledger changes nothing
+    ledger = ledger_mod.ledger_for(con, ledger, state.current_ledger(con))  # before any change: a refused ledger changes nothing
     existing = _registered_udfs(con)
     declared = [udf for provider in UDF_PROVIDERS for udf in provider(source)] + \
         ledger_mod.udfs(ledger, seeded=source.seeded)
@@ -183,8 +172,7 @@ def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource
     registration.functions.extend(udf.fn for udf in declared)
     registration.members.add(con)
     for member in list(registration.members):  # cursors see the replaced UDFs: keep their view in step
-        _SOURCES[member] = source
-        ledger_mod.attach(member, ledger)
+        state.attach(member, source, ledger)
 
 
 def register_macros(con: duckdb.DuckDBPyConnection) -> None:
@@ -224,7 +212,7 @@ def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None,
     if found is not None and found[1].owner() is not con:
         return _register_member(con, found[1], seed=seed, ledger=ledger)
     # The ledger first: a refused ledger leaves the connection (source, threads) as it was.
-    ledger = ledger_mod.ledger_for(con, ledger)
+    ledger = ledger_mod.ledger_for(con, ledger, state.current_ledger(con))
     if seed is None:
         source = noise.secure_source()
     else:
@@ -253,8 +241,7 @@ def _register_member(con: duckdb.DuckDBPyConnection, registration: _Registration
                 f"connection registered first ({current!r}); register without ledger=, or register that "
                 f"connection with the new ledger")
     registration.members.add(con)
-    _SOURCES[con] = registration.source
-    ledger_mod.attach(con, registration.ledger)
+    state.attach(con, registration.source, registration.ledger)
     register_macros(con)
     return con
 
@@ -266,7 +253,3 @@ def connect(database: str = ":memory:", *, read_only: bool = False, config: Opti
     con = duckdb.connect(os.fspath(database), read_only=read_only, config=config or {})
     return register(con, seed=seed, ledger=ledger)
 
-
-def source_of(con: duckdb.DuckDBPyConnection) -> noise.NoiseSource:
-    """The noise source whose draws the connection's UDFs use (for tests and audits)."""
-    return _SOURCES[con]

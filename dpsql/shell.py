@@ -41,13 +41,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, TextIO
+from typing import Any, Callable, Iterable, Iterator, Optional, TextIO, TypeVar
 
 import duckdb
 
 import dpsql
-from dpsql import ledger as ledger_mod
-from dpsql.validation import DPParameterError
+from dpsql import ledger as ledger_mod, state
+from dpsql.errors import DpsqlError, LedgerIOError, ParameterError
 
 __all__ = ["split_statements", "is_complete", "error_line", "Shell", "run_shell", "add_arguments", "run_args",
            "MODES"]
@@ -62,6 +62,7 @@ _BOX_ROWS = 9999
 _HUGE = 10**6
 _MAX_READ_DEPTH = 16
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+_T = TypeVar("_T")
 
 HELP = """\
 Enter SQL statements terminated by ';'. A statement may span several lines.
@@ -150,9 +151,9 @@ def _scan(text: str) -> Iterator[tuple[int, str]]:
                         break
                 else:
                     i += 1
-        elif c == "$" and (i == 0 or not _IDENT_CHAR.match(text[i - 1])) and _DOLLAR_TAG.match(text, i):
+        elif c == "$" and (i == 0 or not _IDENT_CHAR.match(text[i - 1])) and (dollar := _DOLLAR_TAG.match(text, i)):
             yield i, "x"
-            tag = _DOLLAR_TAG.match(text, i).group(0)
+            tag = dollar.group(0)
             end = text.find(tag, i + len(tag))
             if end < 0:
                 yield n, "open"
@@ -238,7 +239,7 @@ def _query_only(statement: duckdb.Statement) -> bool:
     return list(statement.expected_result_type) == [duckdb.ExpectedResultType.QUERY_RESULT]
 
 
-def _texts(rows: duckdb.DuckDBPyRelation) -> list[tuple]:
+def _texts(rows: duckdb.DuckDBPyRelation) -> list[tuple[Any, ...]]:
     """Every value as DuckDB writes it (None for NULL), so numbers read as in duckbox and in COPY."""
     return rows.select("CAST(COLUMNS(*) AS VARCHAR)").fetchall()
 
@@ -299,7 +300,7 @@ def render(rows: duckdb.DuckDBPyRelation, names: list[str], mode: str, *, max_ro
         blocks = ["".join(f"{n:>{width}} = {'NULL' if v is None else v}\n" for n, v in zip(names, line))
                   for line in values]
         return "\n".join(blocks)
-    raise ValueError(f"unknown mode {mode!r}")
+    raise ParameterError(f"unknown output mode {mode!r}; use one of {', '.join(MODES)}")
 
 
 # --------------------------------------------------------------------------
@@ -358,15 +359,18 @@ class _Gate:
 class _ShellLedger(ledger_mod.Ledger):
     """A ledger whose charges wait for, and are refused after, a Ctrl-C (see :class:`_Gate`)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.gate = _Gate()
 
-    def charge(self, *args, **kwargs):  # type: ignore[override]
+    def charge(self, mechanism: str, unit: str, table: str, epsilon: float, delta: float,
+               parameters: str = "", calibration: str = "", *, seeded: bool = False,
+               scope: Optional[str] = None) -> ledger_mod.Release:
         with self.gate.lock:
             if self.gate.stopping:
-                raise DPParameterError("dpsql: interrupted (Ctrl-C) before the release was charged")
-            release = super().charge(*args, **kwargs)
+                raise DpsqlError("dpsql: interrupted (Ctrl-C) before the release was charged")
+            release = super().charge(mechanism, unit, table, epsilon, delta, parameters, calibration,
+                                     seeded=seeded, scope=scope)
             self.gate.charged = True
             return release
 
@@ -394,7 +398,7 @@ class Shell:
         self.out = out            # where results go (.output FILE changes it)
         self.output_name: Optional[str] = None
         self.err = err
-        self.ledger = ledger_mod.ledger_of(con)
+        self.ledger = state.ledger_of(con)
         # Orders Ctrl-C and the charge when the ledger is the shell's own (see run_shell); on another
         # ledger a charge is seen by counting its releases.
         self.gate: Optional[_Gate] = self.ledger.gate if isinstance(self.ledger, _ShellLedger) else None
@@ -478,7 +482,7 @@ class Shell:
         if not parsed:  # only comments
             return
         started, cpu = time.perf_counter(), os.times()
-        before = None if self.gate else len(self.ledger.releases())
+        before = 0 if self.gate else len(self.ledger.releases())  # releases already charged
         try:
             with _ctrl_c_requests() as requests:
                 held = self._in_worker(lambda: self._compute(sql, parsed[-1]), requests)
@@ -491,7 +495,7 @@ class Shell:
             if self.timer:
                 self._print_timer(started, cpu)
 
-    def _show(self, held: tuple, charged: bool) -> None:
+    def _show(self, held: tuple[Any, ...], charged: bool) -> None:
         if held[0] == "plan":
             self._emit(held[1], charged=False)
             return
@@ -510,7 +514,7 @@ class Shell:
         if charged:
             self._note_file_releases()
 
-    def _compute(self, sql: str, last: duckdb.Statement) -> Optional[tuple]:
+    def _compute(self, sql: str, last: duckdb.Statement) -> Optional[tuple[Any, ...]]:
         """Run ``sql`` and hold its rows (in the worker thread): None, ("plan", text) or ("rows", names, rows)."""
         relation = self.con.sql(sql)
         if relation is None or (not _query_only(last) and relation.columns in _REPORT_COLUMNS):
@@ -522,7 +526,7 @@ class Shell:
         # Read once and hold: every drawing reads the held rows, never the query again.
         return "rows", names, relation.materialize()
 
-    def _in_worker(self, work: Callable[[], object], requests: list) -> object:
+    def _in_worker(self, work: Callable[[], _T], requests: list[int]) -> _T:
         """``work()`` in a worker thread while this (main) thread waits and watches for Ctrl-C.
 
         The engine does not always notice Ctrl-C while it runs a query on several threads: here
@@ -531,7 +535,7 @@ class Shell:
         finishes, so that its rows are shown. A Ctrl-C that stopped the statement raises
         KeyboardInterrupt once the worker has ended (the connection is never left busy).
         """
-        result: dict = {}
+        result: dict[str, Any] = {}
         finished = threading.Event()
 
         def target() -> None:
@@ -758,14 +762,14 @@ _DOT_COMMANDS: dict[str, Callable[[Shell, str], None]] = {
 
 
 @contextlib.contextmanager
-def _ctrl_c_requests() -> Iterator[list]:
+def _ctrl_c_requests() -> Iterator[list[int]]:
     """While a statement runs and its rows are drawn, Ctrl-C is recorded in the yielded list, not raised.
 
     A KeyboardInterrupt raised at an arbitrary point could leave the connection busy or lose a
     charged release's rows; the statement's code checks the list where stopping is safe.
     Outside the main thread (where no signal handler can be set) nothing changes.
     """
-    requests: list = []
+    requests: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield requests
         return
@@ -853,15 +857,20 @@ def _ledger_path(ledger: Optional[str]) -> Optional[Path]:
         return None
     path = Path(ledger)
     if not path.parent.is_dir():
-        raise ValueError(f"dpsql: --ledger {ledger!r}: folder {str(path.parent)!r} does not exist")
+        raise ParameterError(f"dpsql: --ledger {ledger!r}: folder {str(path.parent)!r} does not exist")
     if path.is_dir():
-        raise ValueError(f"dpsql: --ledger {ledger!r} is a folder; name a ledger file, e.g. "
-                         f"{str(path / ('data' + ledger_mod.LEDGER_SUFFIX))!r}")
-    if path.is_file() and path.stat().st_size > 0:
-        with open(path, "rb") as f:
-            head = f.read(len(_SQLITE_MAGIC))
-        if head != _SQLITE_MAGIC:
-            raise ValueError(f"dpsql: --ledger {ledger!r} is not a dpsql ledger (a data file?); pass the "
+        raise ParameterError(f"dpsql: --ledger {ledger!r} is a folder; name a ledger file, e.g. "
+                             f"{str(path / ('data' + ledger_mod.LEDGER_SUFFIX))!r}")
+    try:
+        head = b""
+        if path.is_file() and path.stat().st_size > 0:
+            with open(path, "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+    except OSError as exc:
+        raise LedgerIOError(f"dpsql: --ledger {ledger!r} cannot be read ({exc.strerror or exc}); make it readable "
+                            f"or name another ledger file") from exc
+    if head and head != _SQLITE_MAGIC:
+        raise ParameterError(f"dpsql: --ledger {ledger!r} is not a dpsql ledger (a data file?); pass the "
                              f"ledger file, e.g. {ledger + ledger_mod.LEDGER_SUFFIX!r}")
     return path
 
@@ -891,13 +900,16 @@ def run_shell(database: Optional[str] = None, command: Optional[str] = None, *,
     database = database or ":memory:"
     try:
         if mode not in MODES:
-            raise ValueError(f"dpsql: unknown output mode {mode!r}; use one of {', '.join(MODES)}")
+            raise ParameterError(f"dpsql: unknown output mode {mode!r}; use one of {', '.join(MODES)}")
         if readonly and database == ":memory:":
-            raise ValueError("dpsql: -readonly needs a DATABASE file (an in-memory database is always writable)")
+            raise ParameterError("dpsql: -readonly needs a DATABASE file (an in-memory database is always writable)")
         ledger_path = _ledger_path(ledger)
-    except ValueError as exc:
+    except ParameterError as exc:
         print(f"Error: {exc}", file=err, flush=True)
         return 2
+    except LedgerIOError as exc:
+        print(f"Error: {exc}", file=err, flush=True)
+        return 1
     try:
         con = dpsql.connect(database, read_only=readonly, ledger=session_ledger(database, ledger_path))
     except Exception as exc:

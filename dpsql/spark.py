@@ -6,9 +6,13 @@ returns a Spark DataFrame with one column ``item`` (the released items);
 ``top_k_domain`` is the domain step of ``dp_top_k`` / ``dp_hitting_set``.
 The sequential policies have no parallel form: run them with DuckDB.
 
-One definition of every stage: the pre-noise weights are the stage macros of
-``sql/30_set_union.sql`` and ``sql/40_adaptive.sql`` translated to Spark SQL by
-:mod:`dpsql.portable`; calibration and validation are the functions of
+One definition of every stage: the contribution bounding and the pre-noise
+weights are the stages of ``sql/20_contribution_bounding.sql``,
+``sql/30_set_union.sql`` and ``sql/40_adaptive.sql`` marked
+``-- dpsql:portable <name>``, translated to Spark SQL by :mod:`dpsql.portable`
+(which refuses unmarked stages); the methods and their options are the
+declarations of :mod:`dpsql.mechanisms` (``Mechanism.spark``); validation and
+calibration are the declarations' checks and the functions of
 :mod:`dpsql.calibration` / :mod:`dpsql.adaptive` (same numbers, same errors);
 noise is :class:`dpsql.noise.NoiseSource`, drawn in vectorised Arrow batches.
 
@@ -18,8 +22,9 @@ Privacy argument: the same as the DuckDB macros (``dpsql.union``,
 * **cap**: each user's distinct items are capped to ``max_items`` by ranking them
   with a 64-bit hash keyed with a secret salt from the secure source (one salt
   per release, drawn on the driver): a uniform sample without replacement that
-  depends only on that user's rows (Spark's ``xxhash64``; DuckDB uses its own
-  ``hash``, so the two engines cap differently but identically distributed);
+  depends only on that user's rows. The ranking key is the macros'
+  ``hash(xor(hash(user_id, item), s))`` with Spark's 64-bit ``xxhash64`` for
+  DuckDB's ``hash``, so the two engines cap differently but identically distributed;
 * **noise**: one :class:`NoiseSource` per Spark task, keyed with 256 bits from
   the OS CSPRNG of the executor; never Spark's ``rand()``;
 * **one draw per release**: every noisy intermediate that is read twice (MAD2R's
@@ -52,6 +57,7 @@ interpreter the executors have.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 import threading
@@ -59,27 +65,26 @@ import uuid
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from dpsql import adaptive, calibration, topk, union
 from dpsql.adaptive import user_weights_batch
+from dpsql.mechanisms import set_union_methods
 from dpsql.noise import NOT_PRIVATE_WARNING, NoiseSource, secure_source
 from dpsql.portable import stage_sql
-from dpsql.validation import DPParameterError, check_identifier, check_max_items
+from dpsql.validation import DPParameterError, check_column_pair, check_identifier, check_max_items
 
 __all__ = ["PARALLEL_METHODS", "set_union", "top_k_domain", "capped_user_items", "set_union_weights",
            "mad_weights", "mad_biased_weights", "sips_round_weights"]
 
-# Methods with an independent (parallel) weighting; the policies are sequential (one user at a time).
-PARALLEL_METHODS = ("count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian", "mad", "mad2r", "sips")
+# The methods with a parallel form, as declared (Mechanism.spark); the policies are sequential.
+PARALLEL_METHODS = tuple(n for n, m in set_union_methods().items() if m.spark)
+# The weighting of dp__set_union_weights each one-round release macro uses (sql/30_set_union.sql).
 _WEIGHTING = {"count_laplace": "count", "count_gaussian": "count", "weighted_laplace": "inverse",
               "weighted_gaussian": "inverse_sqrt"}
-_ADAPTIVE_OPTIONS = {"mad": ("max_adaptive_degree", "beta"),
-                     "mad2r": ("split", "max_adaptive_degree", "beta", "b_min", "b_max", "c_lb", "c_ub"),
-                     "sips": ("split",)}
 _noise_stage = itertools.count(1)
 
 
@@ -87,7 +92,7 @@ _noise_stage = itertools.count(1)
 # Plumbing: views for the translated stages, materialisation, noise per task
 # --------------------------------------------------------------------------
 
-def _run_stage(macro: str, inputs: Mapping[str, object], constants: Optional[Mapping[str, object]] = None,
+def _run_stage(macro: str, inputs: Mapping[str, Any], constants: Optional[Mapping[str, object]] = None,
                output: Optional[str] = None):
     """Run the Spark translation of ``macro`` on DataFrames bound to its relations."""
     session = next(iter(inputs.values())).sparkSession
@@ -239,12 +244,16 @@ def _null_message(col: str, param: str) -> str:
 
 
 def _user_items(df, user_col: str, item_col: str):
-    """Distinct (user_id, item) pairs; a NULL user or item raises DuckDB's error before anything is drawn."""
+    """``dp__user_items``: distinct (user_id, item) pairs; a NULL user or item raises DuckDB's error first.
+
+    The rows of ``dp__user_item_rows`` (column lookup, NULL check) are built here, in Python; the
+    pairs are the translated macro.
+    """
     from pyspark.sql import functions as F
 
     user_col = check_identifier("user_col", user_col)
     item_col = check_identifier("item_col", item_col)
-    union.check_column_pair(user_col, item_col)
+    check_column_pair(user_col, item_col)
     columns = {c.lower(): c for c in df.columns}
     for param, col in (("user_col", user_col), ("item_col", item_col)):
         if col.lower() not in columns:
@@ -263,30 +272,29 @@ def _user_items(df, user_col: str, item_col: str):
         # A guard for input that changes between the check and the release (e.g. a non-deterministic source).
         return F.coalesce(F.col(f"`{columns[col.lower()]}`"), F.raise_error(F.lit(_null_message(col, param))))
 
-    return df.select(not_null(user_col, "user_col").alias("user_id"),
-                     not_null(item_col, "item_col").alias("item")).distinct()
+    rows = df.select(not_null(user_col, "user_col").alias("user_id"), not_null(item_col, "item_col").alias("item"))
+    return _run_stage("dp__user_items", {"dp__user_item_rows": rows})
 
 
-def capped_user_items(pairs, max_items: int, salt: int):
-    """(user_id, item, d) with each user's distinct items capped to ``max_items``.
-
-    A user with more items keeps the ``max_items`` of smallest ``xxhash64(salt, user, item)``:
-    a uniform sample without replacement that depends only on the user's rows and the secret
-    salt. ``d`` is the capped degree. Users at or under the cap skip the ranking.
-    """
-    from pyspark.sql import Window
+def _salt_relation(session, salt: int):
+    """The one-row ``dp__salt`` (column ``s``) of the capping macros, for the salt drawn on the driver."""
     from pyspark.sql import functions as F
 
+    return F.broadcast(session.range(1).select(F.lit(int(salt)).cast("long").alias("s")))
+
+
+def capped_user_items(pairs, max_items: int, salt: int, *, window: bool = False):
+    """(user_id, item, d) with each user's distinct items capped to ``max_items``: ``dp__capped_user_items``.
+
+    The translated macro (``window``: ``dp__capped_user_items_window``, the same rows for one salt)
+    with its ``dp__salt`` bound to ``salt``: a user with more items keeps the ``max_items`` of
+    smallest ``hash(xor(hash(user_id, item), s))``, a uniform sample without replacement that depends
+    only on the user's rows and the secret salt. ``d`` is the capped degree.
+    """
     max_items = check_max_items(max_items)
-    degrees = pairs.groupBy("user_id").agg(F.count(F.lit(1)).alias("d"))
-    rows = pairs.join(degrees, "user_id")
-    small = rows.where(F.col("d") <= max_items)
-    ranked = (rows.where(F.col("d") > max_items)
-              .withColumn("h", F.xxhash64(F.lit(int(salt)).cast("long"), F.col("user_id"), F.col("item")))
-              .withColumn("rk", F.row_number().over(Window.partitionBy("user_id").orderBy("h")))
-              .where(F.col("rk") <= max_items)
-              .select("user_id", "item", F.lit(max_items).cast("long").alias("d")))
-    return small.select("user_id", "item", F.col("d").cast("long").alias("d")).unionByName(ranked)
+    return _run_stage("dp__capped_user_items_window" if window else "dp__capped_user_items",
+                      {"dp__user_items": pairs, "dp__salt": _salt_relation(pairs.sparkSession, salt)},
+                      {"max_items": max_items})
 
 
 # --------------------------------------------------------------------------
@@ -333,16 +341,10 @@ def _user_weights_task(b_min: float, b_max: float):
     return per_user
 
 
-def _mad_params(tau: float, max_adaptive_degree: object, max_items: object, b_min: float, b_max: float) -> dict:
-    """The parameters of the testing macros ``dp__mad_weights`` / ``dp__mad_biased_weights`` (same checks)."""
-    tau = adaptive._real("tau", tau, low=1.0, allow_inf=True, hint="; MAD needs tau >= 1")
-    d_max = adaptive.effective_max_adaptive_degree(adaptive.check_max_adaptive_degree(max_adaptive_degree),
-                                                   check_max_items(max_items))
-    b_min, b_max = adaptive.check_bias_bounds(b_min, b_max)
-    alpha = adaptive.reroute_discount(d_max, b_min)
-    adaptive.check_mad_conditions(tau, d_max, alpha, b_min, b_max)
-    return {"tau": tau, "alpha": alpha, "min_degree": float(adaptive.min_adaptive_degree(b_min)),
-            "max_degree": float(d_max)}
+def _mad_params(tau: object, max_adaptive_degree: object, max_items: object, b_min: object, b_max: object) -> dict:
+    """MAD's parameters, from the function behind ``dp__mad_parameters``."""
+    row = adaptive.mad_parameters(tau, max_adaptive_degree, max_items, b_min, b_max)
+    return {k: row[k] for k in ("tau", "alpha", "min_degree", "max_degree")}
 
 
 def mad_weights(capped, tau: float, max_adaptive_degree: int = 50, max_items: int = 100):
@@ -368,12 +370,18 @@ def sips_round_weights(rows, removed):
 # Releases
 # --------------------------------------------------------------------------
 
-def _check_options(method: str, options: Mapping[str, object]) -> None:
-    allowed = _ADAPTIVE_OPTIONS.get(method, ())
-    for name in options:
-        if name not in allowed:
-            hint = f"; {method} takes {', '.join(allowed)}" if allowed else f"; {method} takes none"
-            raise DPParameterError(f"{name} does not apply to method {method!r}{hint}")
+_options_of = union.options_of
+
+
+def _validated(method: str, common: Mapping[str, object], options: Mapping[str, object]) -> dict:
+    """Every parameter of ``method`` checked by its declaration (defaults filled in), as dpsql.set_union does.
+
+    The declaration without ``tbl``: the DataFrame is not a table name.
+    """
+    mech = set_union_methods()[method]
+    union.check_options(method, options)
+    without_tbl = dataclasses.replace(mech, params=tuple(p for p in mech.params if p.name != "tbl"))
+    return without_tbl.validate(**common, **options)
 
 
 def _release_independent(capped, method: str, cal: calibration.SetUnionCalibration, seed):
@@ -406,7 +414,7 @@ def _release_mad2r(capped, c: adaptive.Mad2rCalibration, seed):
 
 
 def _release_sips(capped, rounds: Sequence[calibration.RoundCalibration], seed):
-    rows = capped.select("user_id", "item")
+    rows = _run_stage("dp_set_union_sips", {"dp__capped_user_items_window": capped}, output="dp__s_rows")
     removed = rows.select("item").limit(0)
     released = []
     for r in rounds:
@@ -421,15 +429,22 @@ def _release_sips(capped, rounds: Sequence[calibration.RoundCalibration], seed):
     return result
 
 
-def set_union(df, method: str = union.DEFAULT_METHOD, *, epsilon: float = 1.0, delta: float = 1e-5,
+# Each adaptive method's calibration (its options as keywords) and its release from the capped rows.
+# method -> (its calibration, its Spark release of that calibration)
+_ADAPTIVE: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    "mad": (adaptive.mad_calibration, _release_mad), "mad2r": (adaptive.mad2r_calibration, _release_mad2r),
+    "sips": (adaptive.sips_calibration, _release_sips)}
+
+
+def set_union(df, method: str = union.DEFAULT_METHOD, *, epsilon: float, delta: float,
               max_items: int = 100, user_col: str = "user_id", item_col: str = "item",
               seed: Optional[int] = None, **options):
     """Release items of the Spark DataFrame ``df`` under user-level (epsilon, delta)-DP.
 
     The Spark counterpart of :func:`dpsql.set_union` for the parallel methods
-    (:data:`PARALLEL_METHODS`); ``options`` are the adaptive methods' macro
-    parameters (``split``, ``max_adaptive_degree``, ``beta``, ``b_min``, ``b_max``,
-    ``c_lb``, ``c_ub``). Every parameter is validated before any row is read.
+    (:data:`PARALLEL_METHODS`); ``options`` are the method's own parameters as
+    declared (e.g. MAD2R's ``split``, ``max_adaptive_degree``, ``beta``, ``b_min``,
+    ``b_max``, ``c_lb``, ``c_ub``). Every parameter is validated before any row is read.
     Returns a materialised DataFrame with one column ``item`` (the input's type).
     ``seed`` is for tests only: the release is then NOT private.
     """
@@ -437,34 +452,31 @@ def set_union(df, method: str = union.DEFAULT_METHOD, *, epsilon: float = 1.0, d
     if method not in PARALLEL_METHODS:
         raise DPParameterError(f"method {method!r} is sequential and has no Spark form; the Spark backend runs "
                                f"{', '.join(PARALLEL_METHODS)} (run {method} with DuckDB)")
-    _check_options(method, options)
-    union.calibrate(method, epsilon, delta, max_items)  # validates epsilon, delta, max_items
-    if method == "mad":
-        cal = adaptive.mad_calibration(epsilon, delta, max_items, **options)
-    elif method == "mad2r":
-        cal = adaptive.mad2r_calibration(epsilon, delta, max_items, **options)
-    elif method == "sips":
-        cal = adaptive.sips_calibration(epsilon, delta, max_items, **options)
+    values = _validated(method, {"epsilon": epsilon, "delta": delta, "max_items": max_items,
+                                 "user_col": user_col, "item_col": item_col}, options)
+    epsilon, delta, max_items = values["epsilon"], values["delta"], values["max_items"]
+    union.calibrate(method, epsilon, delta, max_items)  # as dpsql.set_union: the method at its defaults
+    if method in _ADAPTIVE:
+        calibrate, release = _ADAPTIVE[method]
+        cal = calibrate(epsilon, delta, max_items, **{n: values[n] for n in _options_of(method)})
     else:
         cal = union.calibrate(method, epsilon, delta, max_items)
-    pairs = _user_items(df, user_col, item_col)
+    pairs = _user_items(df, values["user_col"], values["item_col"])
     if seed is not None:
         warnings.warn(NOT_PRIVATE_WARNING, stacklevel=2)
         salt = NoiseSource(int(seed)).salt()
     else:
         salt = secure_source().salt()
-    capped = capped_user_items(pairs, max_items, salt)
     if method in _WEIGHTING:
-        released = _release_independent(capped, method, cal, seed)
-    else:  # the adaptive stages read the capped rows several times: cap once
-        capped = _materialise(capped)
-        release = {"mad": _release_mad, "mad2r": _release_mad2r, "sips": _release_sips}[method]
+        released = _release_independent(capped_user_items(pairs, max_items, salt), method, cal, seed)
+    else:  # the adaptive stages read the capped rows several times: cap once (the macros' window form)
+        capped = _materialise(capped_user_items(pairs, max_items, salt, window=True))
         released = release(capped, cal, seed)
     # Sorted: the partitions' order depends on the data (README, "What a release shows").
     return _materialise(released.orderBy("item"))
 
 
-def top_k_domain(df, k: int, *, epsilon: float = 1.0, delta: float = 1e-5, max_items: int = 100,
+def top_k_domain(df, k: int, *, epsilon: float, delta: float, max_items: int = 100,
                  domain_method: str = topk.DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
                  item_col: str = "item", seed: Optional[int] = None):
     """The domain step of ``dp_top_k`` / ``dp_hitting_set``: ``domain_method`` at (epsilon/2, delta/2).

@@ -48,7 +48,7 @@ a ⊥ answer is monotone in the right direction for free.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import numpy as np
 import pyarrow as pa
@@ -144,12 +144,13 @@ def exp_mech(source: NoiseSource, scores: np.ndarray, epsilon: float) -> int:
     """
     scores = np.asarray(scores, dtype=np.float64)
     if scores.size == 0 or not np.any(np.isfinite(scores)):
-        raise ValueError("exp_mech needs at least one candidate with a finite score")
+        raise DPParameterError("exp_mech needs at least one candidate with a finite score in scores "
+                               "(-inf marks a non-candidate)")
     noisy = epsilon * scores + source.gumbel(np.ones(scores.size))
     return int(np.argmax(noisy))
 
 
-def above_threshold(source: NoiseSource, values: np.ndarray, threshold, eps0: float,
+def above_threshold(source: NoiseSource, values: np.ndarray, threshold: Union[float, np.ndarray], eps0: float,
                     sensitivity: float = 1.0) -> np.ndarray:
     """Repeated-AT's tests ``value + Exp(rate eps0/Δ) > threshold``, one fresh draw per value ([SUB] Alg. 2)."""
     values = np.asarray(values, dtype=np.float64)
@@ -191,10 +192,10 @@ def udfs(source: NoiseSource) -> list[Udf]:
         # optimiser cannot move a filter on a constant p to the one-row calibration side and
         # evaluate a single coin for all records (observed: all-or-nothing subsamples).
         if p.null_count:
-            raise ValueError("dp__poisson_keep: p must not be NULL")
+            raise DPParameterError("dp__poisson_keep: p must not be NULL; pass a probability in [0, 1]")
         probs = p.to_numpy(zero_copy_only=False).astype(np.float64)
         if probs.size and not np.all((probs >= 0) & (probs <= 1)):
-            raise ValueError("dp__poisson_keep: p must be a probability in [0, 1]")
+            raise DPParameterError("dp__poisson_keep: p must be a probability in [0, 1] in every row")
         return pa.array(source.uniform(probs.size) < probs, type=pa.bool_())
 
     return [

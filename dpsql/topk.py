@@ -54,12 +54,18 @@ import numpy as np
 import pyarrow as pa
 from duckdb.sqltypes import BIGINT, DOUBLE, VARCHAR
 
+from dpsql.errors import InputError, ParameterError
 from dpsql import union
+from dpsql.mechanism import (REQUIRED, Mechanism, Param, column_param, delta_param, epsilon_param,
+                             max_items_param, tbl_param)
 from dpsql.udf import Udf, scalar
 from dpsql.validation import (
     DELTA_MIN,
     EPSILON_MIN,
+    K_LIMIT,
     DPParameterError,
+    check_column_pair,
+    check_k,
     check_delta,
     check_epsilon,
     check_identifier,
@@ -73,29 +79,11 @@ from dpsql.validation import (
 
 __all__ = ["K_LIMIT", "check_k", "peeling_epsilon", "TopKCalibration", "top_k_calibration",
            "limited_domain_composed_epsilon", "limited_domain_epsilon", "LimitedDomainCalibration",
-           "limited_domain_calibration", "user_peeling", "top_k", "hitting_set", "top_k_limited_domain", "udfs"]
+           "limited_domain_calibration", "user_peeling", "top_k", "hitting_set", "top_k_limited_domain", "udfs",
+           "MECHANISMS"]
 
 # [MM] discovers the domain with WGM (= weighted_gaussian); the SQL macros use the same default.
 DEFAULT_DOMAIN_METHOD = "weighted_gaussian"
-
-# k bounds the number of sequential rounds / released rows; an absurd value is a denial of service.
-K_LIMIT = 1_000_000
-
-
-def check_k(k: object, name: str = "k") -> int:
-    """k: a whole number between 1 and K_LIMIT (a float with an integral value is accepted)."""
-    if k is None:
-        raise DPParameterError(f"{name} must not be NULL; pass the number of items to release, e.g. {name} := 10")
-    if isinstance(k, bool) or not isinstance(k, numbers.Real) or not math.isfinite(float(k)) \
-            or float(k) != int(float(k)):
-        raise DPParameterError(f"{name} must be a whole number >= 1 (got {k!r}), e.g. {name} := 10")
-    value = int(float(k))
-    if value < 1:
-        raise DPParameterError(f"{name} must be >= 1 (got {value}); it is the number of items to release")
-    if value > K_LIMIT:
-        raise DPParameterError(f"{name} must be <= {K_LIMIT} (got {value})")
-    return value
-
 
 # --------------------------------------------------------------------------
 # Calibration (pure)
@@ -286,7 +274,7 @@ def user_peeling(flat_items: np.ndarray, offsets: np.ndarray, n_items: int, k: i
     n_users = len(offsets) - 1
     rounds = min(int(k), int(n_items))
     if flat.size and (flat.min() < 0 or flat.max() >= n_items):
-        raise ValueError("user_peeling: item ids must lie in 0..n_items-1")
+        raise ParameterError("user_peeling: item ids must lie in 0..n_items-1")
     counts = np.bincount(flat, minlength=n_items).astype(np.int64)
     lengths = np.diff(offsets)
     holder = np.repeat(np.arange(n_users, dtype=np.int64), lengths)
@@ -319,11 +307,11 @@ def _list_parts(value: pa.ListScalar) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, np.int64), np.zeros(1, np.int64)
     users = value.values  # one list of item ids per user
     if users.null_count:
-        raise ValueError("dp__user_peeling: a user's item list is NULL")
+        raise InputError("dp__user_peeling: a user's item list is NULL")
     offsets = np.asarray(users.offsets, dtype=np.int64)
     flat = users.flatten()
     if flat.null_count:
-        raise ValueError("dp__user_peeling: an item id is NULL")
+        raise InputError("dp__user_peeling: an item id is NULL")
     return np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.int64), offsets - offsets[0]
 
 
@@ -335,13 +323,13 @@ def udfs(source) -> list[Udf]:
     """Calibration UDFs (pure, folded at plan time) and the user-peeling UDF (draws noise: side effects)."""
 
     def top_k_cal(k, epsilon, delta, max_items, domain_method, user_col, item_col):
-        union.check_column_pair(user_col, item_col)
+        check_column_pair(user_col, item_col)
         cal = top_k_calibration(k, epsilon, delta, max_items, domain_method)
         warn_weak_parameters(epsilon, delta, what="dp_top_k / dp_hitting_set", stacklevel=1)
         return {"k": cal.k, "gumbel_scale": cal.gumbel_scale}
 
     def limited_cal(k, k_bar, epsilon, delta, max_items, user_col, item_col):
-        union.check_column_pair(user_col, item_col)
+        check_column_pair(user_col, item_col)
         cal = limited_domain_calibration(k, k_bar, epsilon, delta, max_items)
         warn_weak_parameters(epsilon, delta, what="dp_top_k_limited_domain", stacklevel=1)
         return {"k": cal.k, "k_bar": cal.k_bar, "max_items": cal.max_items,
@@ -371,10 +359,13 @@ def udfs(source) -> list[Udf]:
         out = []
         for value, m, kk, lam in zip(lists, n_items.to_pylist(), k.to_pylist(), scale.to_pylist()):
             if m is None or kk is None or lam is None:
-                raise ValueError("dp__user_peeling: n_items, k and scale must not be NULL")
+                raise ParameterError("dp__user_peeling: n_items, k and scale must not be NULL")
             flat, offsets = _list_parts(value)
-            chosen = user_peeling(flat, offsets, int(m), int(kk),
-                                  lambda n, lam=lam: source.gumbel(np.full(n, lam)))
+
+            def gumbel(n: int, lam: float = lam) -> np.ndarray:
+                return source.gumbel(np.full(n, lam))
+
+            chosen = user_peeling(flat, offsets, int(m), int(kk), gumbel)
             out.append(chosen.tolist())
         return pa.array(out, type=pa.list_(pa.int64()))
 
@@ -416,7 +407,7 @@ def _unknown_domain(macro: str, con: duckdb.DuckDBPyConnection, table: str, k: i
         f"{_columns(user_col, item_col)}) ORDER BY rank").to_arrow_table()
 
 
-def top_k(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float = 1.0, delta: float = 1e-5,
+def top_k(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float, delta: float,
           max_items: int = 100, domain_method: str = DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
           item_col: str = "item") -> pa.Table:
     """Unknown-domain top-k (``dp_top_k``): an Arrow table ``(rank, item)`` of at most k rows.
@@ -426,7 +417,7 @@ def top_k(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float 
     return _unknown_domain("dp_top_k", con, table, k, epsilon, delta, max_items, domain_method, user_col, item_col)
 
 
-def hitting_set(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float = 1.0, delta: float = 1e-5,
+def hitting_set(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float, delta: float,
                 max_items: int = 100, domain_method: str = DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
                 item_col: str = "item") -> pa.Table:
     """Unknown-domain k-hitting set (``dp_hitting_set``): an Arrow table ``(rank, item)``."""
@@ -435,7 +426,7 @@ def hitting_set(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: 
 
 
 def top_k_limited_domain(con: duckdb.DuckDBPyConnection, table: str, k: int, k_bar: float, *,
-                         epsilon: float = 1.0, delta: float = 1e-5, max_items: Optional[int] = None,
+                         epsilon: float, delta: float, max_items: Optional[int] = None,
                          user_col: str = "user_id", item_col: str = "item") -> pa.Table:
     """Durfee-Rogers limited-domain top-k (``dp_top_k_limited_domain``): ``(rank, item)``, at most k rows."""
     union._check_registered(con, "dp_top_k_limited_domain")
@@ -449,3 +440,39 @@ def top_k_limited_domain(con: duckdb.DuckDBPyConnection, table: str, k: int, k_b
         f"SELECT rank, item FROM dp_top_k_limited_domain({sql_string(table)}, {cal.k}, {k_bar_sql}, "
         f"epsilon := {float(epsilon)!r}, delta := {float(delta)!r}, max_items := {cap_sql}, "
         f"{_columns(user_col, item_col)}) ORDER BY rank").to_arrow_table()
+
+
+# -- declarations (dpsql.mechanism) ------------------------------------------------------------------
+
+def _k_param() -> Param:
+    return Param("k", "DOUBLE", REQUIRED, check_k, "number of items to release")
+
+
+def _domain_method_param() -> Param:
+    return Param("domain_method", "VARCHAR", DEFAULT_DOMAIN_METHOD, union.check_method,
+                 "set-union method of the domain step")
+
+
+MECHANISMS: tuple[Mechanism, ...] = (
+    Mechanism(
+        name="top_k", family="top_k", macro="dp_top_k", unit="user",
+        params=(tbl_param(), _k_param(), epsilon_param(), delta_param(), max_items_param(), _domain_method_param(),
+                column_param("user_col", "user_id"), column_param("item_col", "item")),
+        description="unknown-domain top-k: a set-union domain at (epsilon/2, delta/2), then k peeling "
+                    "exponential mechanisms over it",
+        proof="top_k", calibrate=top_k_calibration, rounds=2),
+    Mechanism(
+        name="hitting_set", family="top_k", macro="dp_hitting_set", unit="user",
+        params=(tbl_param(), _k_param(), epsilon_param(), delta_param(), max_items_param(), _domain_method_param(),
+                column_param("user_col", "user_id"), column_param("item_col", "item")),
+        description="unknown-domain k-hitting set: greedy picks of the item held by most not-yet-hit users",
+        proof="hitting_set", calibrate=top_k_calibration, rounds=2),
+    Mechanism(
+        name="top_k_limited_domain", family="top_k", macro="dp_top_k_limited_domain", unit="user",
+        params=(tbl_param(), _k_param(),
+                Param("k_bar", "DOUBLE", REQUIRED, None, "size of the limited domain (top k_bar counts)"),
+                epsilon_param(), delta_param(), max_items_param(None),
+                column_param("user_col", "user_id"), column_param("item_col", "item")),
+        description="Durfee-Rogers limited-domain top-k over the k_bar largest counts",
+        proof="top_k_limited_domain", calibrate=limited_domain_calibration, rounds=1),
+)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import pyarrow as pa
+from duckdb.sqltypes import DuckDBPyType
 
 __all__ = ["Udf", "scalar"]
 
@@ -23,12 +24,12 @@ class Udf:
 
     name: str
     fn: Callable[..., pa.Array]
-    params: tuple
-    returns: object
+    params: tuple[DuckDBPyType, ...]
+    returns: DuckDBPyType
     side_effects: bool = False
 
 
-def scalar(fn: Callable) -> Callable[..., pa.Array]:
+def scalar(fn: Callable[..., Any]) -> Callable[..., pa.Array]:
     """Wrap a Python function of scalars as an Arrow UDF body (one Python call per row of the vector).
 
     Meant for calibration and validation functions, which DuckDB calls once per
@@ -40,5 +41,6 @@ def scalar(fn: Callable) -> Callable[..., pa.Array]:
         return pa.array([fn(*row) for row in rows])
 
     udf.__name__ = fn.__name__
-    udf.__signature__ = inspect.signature(fn)  # DuckDB checks the arity against the parameter types
+    # DuckDB checks the arity against the parameter types.
+    setattr(udf, "__signature__", inspect.signature(fn))
     return udf

@@ -25,20 +25,23 @@ Only the set of items is released; the noisy weights never leave the query.
 from __future__ import annotations
 
 import threading
+from types import ModuleType
 import time
 import warnings
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional, cast
 
 import duckdb
 import pyarrow as pa
 from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
-from dpsql import adaptive, calibration, policy
+from dpsql import adaptive, basic, calibration, policy
+from dpsql.mechanism import Mechanism, sql_literal
+from dpsql.state import source_of
 from dpsql.udf import Udf, scalar
 from dpsql.validation import (
     DPParameterError,
+    check_column_pair,
     check_delta,
     check_epsilon,
     check_identifier,
@@ -49,60 +52,23 @@ from dpsql.validation import (
     warn_weak_parameters,
 )
 
-__all__ = ["METHODS", "DEFAULT_METHOD", "SetUnionMethod", "calibrate", "set_union", "udfs"]
+__all__ = ["FAMILY_MODULES", "METHODS", "DEFAULT_METHOD", "COMMON_PARAMS", "options_of", "check_options", "calibrate", "set_union", "udfs"]
 
 
-@dataclass(frozen=True)
-class SetUnionMethod:
-    """A set-union mechanism: its SQL macro and its calibration function."""
+# The modules declaring set-union methods (their MECHANISMS), in the order front ends list the methods.
+# A new set-union module is added here; registration also registers its ``udfs``.
+FAMILY_MODULES: tuple[ModuleType, ...] = (basic, adaptive, policy)
+METHODS: dict[str, Mechanism] = {m.name: m for mod in FAMILY_MODULES for m in mod.MECHANISMS}
 
-    name: str
-    macro: str
-    description: str
-    calibrate: Callable[[float, float, int], calibration.SetUnionCalibration]
-    # Extra macro parameters the method accepts beyond the common ones (set_union passes them on).
-    options: tuple[str, ...] = ()
+# The parameters every set-union macro shares; dp_set_union passes exactly these on (the others keep
+# their defaults there and are reached through the method's own macro).
+COMMON_PARAMS = ("tbl", "epsilon", "delta", "max_items", "user_col", "item_col")
 
 
-METHODS: dict[str, SetUnionMethod] = {
-    m.name: m
-    for m in [
-        SetUnionMethod("count_laplace", "dp_set_union_count_laplace",
-                       "plain counts of capped users, Laplace noise ([DPSU] Sec. 1.1 baseline)",
-                       calibration.count_laplace_calibration),
-        SetUnionMethod("count_gaussian", "dp_set_union_count_gaussian",
-                       "plain counts of capped users, Gaussian noise ([DPSU] Sec. 1.1 baseline)",
-                       calibration.count_gaussian_calibration),
-        SetUnionMethod("weighted_laplace", "dp_set_union_weighted_laplace",
-                       "weights 1/d per capped user, Laplace noise ([DPSU] App. B)",
-                       calibration.weighted_laplace_calibration),
-        SetUnionMethod("weighted_gaussian", "dp_set_union_weighted_gaussian",
-                       "weights 1/sqrt(d) per capped user, Gaussian noise (WGM, Basic; [DPSU] Thm 5.1)",
-                       calibration.weighted_gaussian_calibration),
-        SetUnionMethod("mad", "dp_set_union_mad",
-                       "MaxAdaptiveDegree: Basic's noise and threshold, excess weight of items far above the "
-                       "threshold rerouted to the others ([MAD] Alg. 3)",
-                       adaptive.mad_set_union_calibration),
-        SetUnionMethod("mad2r", "dp_set_union_mad2r",
-                       "MAD in two rounds (budget 0.1/0.9), round two biased by round one's noisy weights "
-                       "([MAD] Alg. 4)",
-                       adaptive.mad2r_set_union_calibration),
-        SetUnionMethod("sips", "dp_set_union_sips",
-                       "DP-SIPS: Basic in two rounds (budget 0.1/0.9), round two without round one's items "
-                       "(Swanberg et al. 2023)",
-                       adaptive.sips_set_union_calibration),
-        SetUnionMethod("policy_laplace", "dp_set_union_policy_laplace",
-                       "sequential l1-descent towards a cutoff, Laplace noise ([DPSU] Alg. 4)",
-                       policy.policy_laplace_calibration, ("alpha", "passes")),
-        SetUnionMethod("policy_gaussian", "dp_set_union_policy_gaussian",
-                       "sequential l2-descent towards a cutoff, Gaussian noise ([DPSU] Alg. 6)",
-                       policy.policy_gaussian_calibration, ("alpha", "passes")),
-        SetUnionMethod("greedy_update", "dp_set_union_greedy_update",
-                       "sequential greedy fill, most repeated items first, no max_items cap, Laplace noise "
-                       "(Carvalho et al. 2022)",
-                       policy.greedy_update_calibration, ("alpha",)),
-    ]
-}
+def options_of(method: str) -> tuple[str, ...]:
+    """The parameters of ``method`` beyond :data:`COMMON_PARAMS` (e.g. MAD2R's split, a policy's alpha)."""
+    return tuple(n for n in METHODS[method].param_names if n not in COMMON_PARAMS)
+
 
 # The best parallel method measured on the real datasets (benchmarks/README.md, "Adaptive methods"):
 # MAD2R released the most items at (1, 1e-5, 100); see README "Privacy accounting of multi-round methods".
@@ -121,7 +87,18 @@ def check_method(method: object) -> str:
 def _calibrate(method: str, epsilon: float, delta: float, max_items: int) -> calibration.SetUnionCalibration:
     # The user's values are checked (calibrate); the method's rounds and halves are shares of them.
     with derived_budget():
-        return METHODS[method].calibrate(epsilon, delta, max_items)
+        # every set-union method declares its calibration (Mechanism.calibrate is optional in general)
+        calibrate = cast(Callable[..., calibration.SetUnionCalibration], METHODS[method].calibrate)
+        return calibrate(epsilon, delta, max_items)
+
+
+def check_options(method: str, options: Iterable[str]) -> None:
+    """Refuse, by name, an option that is not one of ``method``'s own parameters."""
+    for name in options:
+        if name not in options_of(method):
+            valid = ", ".join(options_of(method)) or "none"
+            raise DPParameterError(f"{name} does not apply to method {method!r} (its own parameters: {valid}); "
+                                   f"leave it out")
 
 
 def calibrate(method: str, epsilon: float, delta: float, max_items: int) -> calibration.SetUnionCalibration:
@@ -131,15 +108,6 @@ def calibrate(method: str, epsilon: float, delta: float, max_items: int) -> cali
     delta = check_delta(delta)
     max_items = check_max_items(max_items)
     return _calibrate(method, epsilon, delta, max_items)
-
-
-def check_column_pair(user_col: object, item_col: object) -> None:
-    """Two non-empty, different column names (whether they exist is the binder's business)."""
-    for name, value in (("user_col", user_col), ("item_col", item_col)):
-        if value is None or not str(value).strip():
-            raise DPParameterError(f"{name} must name a column (got {value!r})")
-    if str(user_col).lower() == str(item_col).lower():
-        raise DPParameterError("user_col and item_col must name two different columns")
 
 
 def udfs(source) -> list[Udf]:
@@ -219,10 +187,9 @@ def _check_columns(con: duckdb.DuckDBPyConnection, table: str, user_col: str, it
 
 
 def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_METHOD, *,
-              epsilon: float = 1.0, delta: float = 1e-5, max_items: int = 100,
+              epsilon: float, delta: float, max_items: Optional[int] = None,
               user_col: str = "user_id", item_col: str = "item",
-              progress: Optional[Callable[[float], None]] = None,
-              alpha: Optional[float] = None, passes: Optional[int] = None) -> pa.Table:
+              progress: Optional[Callable[[float], None]] = None, **options: object) -> pa.Table:
     """Release items of ``table`` under user-level (epsilon, delta)-DP.
 
     ``table`` is what the SQL macros accept as ``tbl``: a table or view name
@@ -232,39 +199,33 @@ def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_
     Runs the SQL macro of ``method`` once on a connection prepared by
     :func:`dpsql.register` and returns the released items as a one-column
     Arrow table (``item``, of the input's type). Every parameter is validated
-    before the table is read. ``progress``, if given, is called with the
-    engine's completion percentage (0-100) while the query runs. ``alpha`` and
-    ``passes`` go to the methods that take them (``METHODS[m].options``);
-    None keeps the macro's default.
+    (against the method's declaration) before the table is read. ``progress``,
+    if given, is called with the engine's completion percentage (0-100) while
+    the query runs. ``options`` are the method's own parameters
+    (:func:`options`: e.g. MAD2R's ``split``, a policy's ``alpha``); left out,
+    they keep the macro's defaults, as does ``max_items=None``.
     """
     method = check_method(method)
-    _check_registered(con, METHODS[method].macro)
+    mech = METHODS[method]
+    _check_registered(con, mech.macro)
     if progress is not None and not callable(progress):
         raise DPParameterError(f"progress must be a function of one number (0-100) or None (got {progress!r})")
-    table = check_table_name(table)
-    user_col = check_identifier("user_col", user_col)
-    item_col = check_identifier("item_col", item_col)
-    calibrate(method, epsilon, delta, max_items)
-    options = {"alpha": alpha, "passes": passes}
-    extra = ""
-    for name, value in options.items():
-        if value is not None and name not in METHODS[method].options:
-            raise DPParameterError(f"{name} does not apply to method {method!r}; leave it out")
-    if alpha is not None:
-        extra += f", alpha := {policy.check_alpha(alpha)!r}"
-    if passes is not None:
-        extra += f", passes := {policy.check_passes(passes)}"
-    _check_columns(con, table, user_col, item_col)
-    # greedy_update has no cap: its macro takes no max_items.
-    cap = "" if method == "greedy_update" else f", max_items := {int(max_items)}"
-    sql = (f"SELECT item FROM {METHODS[method].macro}({sql_string(table)}, "
-           f"epsilon := {float(epsilon)!r}, delta := {float(delta)!r}{cap}{extra}, "
-           f"user_col := {sql_string(user_col)}, item_col := {sql_string(item_col)})")
+    check_options(method, options)
+    given: dict[str, object] = {"tbl": table, "epsilon": epsilon, "delta": delta, "user_col": user_col,
+                                "item_col": item_col, **options}
+    if max_items is not None:
+        if "max_items" not in mech.param_names:
+            raise DPParameterError(f"max_items does not apply to method {method!r} (it has no cap); leave it out")
+        given["max_items"] = max_items
+    values = mech.validate(**given)  # every parameter checked once, typed
+    calibrate(method, values["epsilon"], values["delta"], values.get("max_items", 1))
+    _check_columns(con, values["tbl"], values["user_col"], values["item_col"])
+    named = ", ".join(f"{name} := {sql_literal(values[name])}" for name in mech.param_names
+                      if name != "tbl" and name in given)
+    sql = f"SELECT item FROM {mech.macro}({sql_string(values['tbl'])}, {named})"
     if progress is None:
         return con.sql(sql).to_arrow_table()
     if method in policy.POLICIES:  # the kernel reports the share of users processed
-        from dpsql.registration import source_of
-
         relay = policy.ProgressRelay(progress)
         with policy.reporting(source_of(con), relay.kernel):
             return _run_with_progress(con, sql, relay.engine)
@@ -272,7 +233,7 @@ def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_
 
 
 def _run_with_progress(con: duckdb.DuckDBPyConnection, sql: str,
-                       progress: Callable[[float], None], interval: float = 0.5) -> pa.Table:
+                       progress: Optional[Callable[[float], None]], interval: float = 0.5) -> pa.Table:
     """Run ``sql`` in a worker thread and report ``con.query_progress()`` meanwhile."""
     result: dict = {}
 
@@ -310,3 +271,47 @@ def _run_with_progress(con: duckdb.DuckDBPyConnection, sql: str,
         raise result["error"]
     report(100.0)
     return result["table"]
+
+
+# -- the dp_set_union dispatcher, generated from the declarations ---------------------------------------
+
+_DISPATCH_HEADER = """\
+-- GENERATED from the set-union declarations (dpsql.union.METHODS) by dpsql.union.dispatch_sql():
+-- do not edit; write dpsql.union.dispatch_sql() to sql/90_dispatch.sql after adding a method
+-- (tests/test_mechanisms.py fails while this file and the declarations disagree).
+--
+-- dp_set_union(tbl, method := ...): one entry point for every set-union method. The default is
+-- dpsql.union.DEFAULT_METHOD. `method` is a constant, so DuckDB folds each branch's filter
+-- dp__method_is(method, '...') and prunes the untaken branches before execution (tests/test_union.py
+-- counts noise draws to prove it). DuckDB cannot fold a function that raises, so for an unknown
+-- method every filter stays and the last branch raises the error when the query runs.
+-- `method` must be a constant like every parameter (sql/00_release.sql), but the branches' own checks
+-- do not see it. So each branch receives its epsilon through dp__dispatched: for a constant method the
+-- CASE folds to `epsilon` in the branch taken (and to NULL in the pruned ones); for a method that is not
+-- constant it does not fold, and the branch refuses its epsilon as not constant before anything is
+-- read or charged. A method's own parameters beyond the common ones keep their defaults here; call
+-- its own macro to change them.
+CREATE OR REPLACE TEMP MACRO dp__dispatched(method, candidate, epsilon) AS
+    CASE WHEN dp__method_is(method, candidate) THEN epsilon END;
+"""
+
+
+def dispatch_sql() -> str:
+    """The text of ``sql/90_dispatch.sql``: ``dp_set_union`` with one branch per declared method."""
+    common = [METHODS[DEFAULT_METHOD].param(n) for n in COMMON_PARAMS]
+    method = f"method VARCHAR := {sql_literal(DEFAULT_METHOD)}"
+    # DuckDB: a parameter without a default cannot follow one with a default.
+    signature = ", ".join([f"{p.name} {p.sql_type}" for p in common if p.required] + [method]
+                          + [f"{p.name} {p.sql_type} := {p.sql_default()}" for p in common if not p.required])
+    branches = []
+    for name, mech in METHODS.items():
+        args = [f"epsilon := dp__dispatched(method, {sql_literal(name)}, epsilon)"]
+        args += [f"{n} := {n}" for n in COMMON_PARAMS[2:] if n in mech.param_names]
+        branches.append(f"SELECT item FROM {mech.macro}(tbl, {', '.join(args)})\n"
+                        f"WHERE dp__method_is(method, {sql_literal(name)})")
+    return (_DISPATCH_HEADER + f"\nCREATE OR REPLACE TEMP MACRO dp_set_union({signature}) AS TABLE\n"
+            + "\nUNION ALL\n".join(branches)
+            + "\nUNION ALL\n-- Always planned for an unknown method (its filter cannot be folded), and raises when run.\n"
+              "SELECT NULL AS item WHERE NOT dp__check_method(method)\nORDER BY item;\n")
+
+

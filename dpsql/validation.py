@@ -2,7 +2,7 @@
 
 Every check runs before any data is read, and every failure names the
 parameter, the value received and how to fix it. Failures raise
-:class:`DPParameterError`, a :class:`ValueError`.
+:class:`~dpsql.errors.ParameterError` (also named ``DPParameterError``), a :class:`ValueError`.
 """
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ import math
 import numbers
 import re
 import warnings
+from typing import Any, Callable, Iterator, TypeGuard, TypeVar, cast
+
+from dpsql.errors import DPParameterError
 
 __all__ = [
     "DPParameterError",
@@ -23,6 +26,9 @@ __all__ = [
     "check_positive",
     "check_identifier",
     "check_table_name",
+    "check_column_pair",
+    "check_k",
+    "K_LIMIT",
     "sql_string",
     "derived_budget",
     "user_budget",
@@ -33,19 +39,7 @@ __all__ = [
 ]
 
 
-class DPParameterError(ValueError):
-    """A privacy parameter or an input description is invalid.
-
-    The message starts with ``dpsql: `` so that it is recognisable after DuckDB
-    wraps it (``Invalid Input Error: ... DPParameterError: dpsql: epsilon ...``).
-    """
-
-    def __init__(self, message: object = "", *args: object):
-        text = str(message)
-        super().__init__(text if text.startswith("dpsql") else f"dpsql: {text}", *args)
-
-
-def _is_real(x: object) -> bool:
+def _is_real(x: object) -> TypeGuard[numbers.Real]:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
@@ -70,7 +64,10 @@ def check_positive(name: str, value: object) -> float:
 # > 0 (see derived_budget): tests/test_python_api.py checks that every calibration stays finite at
 # the smallest user values with the smallest split fraction (SPLIT_MIN in dpsql.adaptive).
 EPSILON_MIN = 1e-200
-DELTA_MIN = 1e-305
+# delta has a second, stronger floor: the samplers draw 53-bit uniforms, so an event meant to have
+# probability delta < 2^-53 (a PWS key released with probability pi = delta) happens with probability
+# 2^-53 ~ 1.1e-16 instead; below 1e-15 the promised delta would not be delivered (docs/proofs/granular_noise.md).
+DELTA_MIN = 1e-15
 # Largest epsilon accepted: beyond it the calibrations lose all precision or overflow (8 epsilon in
 # dp_peeling_epsilon reached inf at 2.2e307), and e^1e6 is no privacy guarantee at all.
 EPSILON_MAX = 1e6
@@ -80,7 +77,7 @@ _DERIVED: contextvars.ContextVar[bool] = contextvars.ContextVar("dpsql_derived_b
 
 
 @contextlib.contextmanager
-def derived_budget():
+def derived_budget() -> Iterator[None]:
     """Within this block check_epsilon/check_delta see shares of a validated budget.
 
     The user's own epsilon and delta are checked against EPSILON_MIN/DELTA_MIN
@@ -95,7 +92,10 @@ def derived_budget():
         _DERIVED.reset(token)
 
 
-def user_budget(fn):
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def user_budget(fn: _F) -> _F:
     """Decorator: check ``fn``'s own ``epsilon``/``delta`` arguments, then run its body in :func:`derived_budget`.
 
     Called from inside another calibration (already derived), the arguments are
@@ -104,7 +104,7 @@ def user_budget(fn):
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not _DERIVED.get():
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
@@ -115,7 +115,7 @@ def user_budget(fn):
         with derived_budget():
             return fn(*args, **kwargs)
 
-    return wrapper
+    return cast(_F, wrapper)
 
 
 def check_epsilon(epsilon: object, maximum: float = EPSILON_MAX) -> float:
@@ -148,7 +148,7 @@ def check_delta(delta: object, name: str = "delta") -> float:
             f"a typical choice is {name} := 1e-5, well below 1/number_of_users")
     if float(delta) < DELTA_MIN and not _DERIVED.get():
         raise DPParameterError(
-            f"{name} must be >= {DELTA_MIN:g} (got {delta!r}); smaller values overflow the calibration")
+            f"{name} must be >= {DELTA_MIN:g} (got {delta!r}); dpsql's samplers cannot deliver a smaller delta")
     return float(delta)
 
 
@@ -235,3 +235,31 @@ def sql_string(value: str) -> str:
     """``value`` as a SQL string literal (single quotes doubled): table and column names reach the
     macros as data, never as SQL text."""
     return "'" + value.replace("'", "''") + "'"
+
+
+def check_column_pair(user_col: object, item_col: object) -> None:
+    """Two non-empty, different column names (whether they exist is the binder's business)."""
+    for name, value in (("user_col", user_col), ("item_col", item_col)):
+        if value is None or not str(value).strip():
+            raise DPParameterError(f"{name} must name a column (got {value!r})")
+    if str(user_col).lower() == str(item_col).lower():
+        raise DPParameterError("user_col and item_col must name two different columns")
+
+
+# k bounds the number of sequential rounds / released rows; an absurd value is a denial of service.
+K_LIMIT = 1_000_000
+
+
+def check_k(k: object, name: str = "k") -> int:
+    """k: a whole number between 1 and K_LIMIT (a float with an integral value is accepted)."""
+    if k is None:
+        raise DPParameterError(f"{name} must not be NULL; pass the number of items to release, e.g. {name} := 10")
+    if isinstance(k, bool) or not isinstance(k, numbers.Real) or not math.isfinite(float(k)) \
+            or float(k) != int(float(k)):
+        raise DPParameterError(f"{name} must be a whole number >= 1 (got {k!r}), e.g. {name} := 10")
+    value = int(float(k))
+    if value < 1:
+        raise DPParameterError(f"{name} must be >= 1 (got {value}); it is the number of items to release")
+    if value > K_LIMIT:
+        raise DPParameterError(f"{name} must be <= {K_LIMIT} (got {value})")
+    return value

@@ -1,9 +1,10 @@
-"""MAD2R on Spark: release the items of a (user_id, item) Parquet file under (1, 1e-5)-DP.
+"""MAD2R on Spark: release the items of a (user_id, item) Parquet file under (epsilon, delta)-DP.
 
     pip install "dpsql[spark]"          # pyspark, sqlglot; needs Java 17+
-    python examples/spark_mad2r.py                       # the embedded AskReddit sample, local[2]
-    python examples/spark_mad2r.py events.parquet --user-col uid --item-col query --output released.parquet
-    python examples/spark_mad2r.py events.parquet --master spark://host:7077
+    python examples/spark_mad2r.py --epsilon 1 --delta 1e-5      # the embedded AskReddit sample, local[2]
+    python examples/spark_mad2r.py events.parquet --epsilon 1 --delta 1e-5 --user-col uid --item-col query \
+        --output released.parquet
+    python examples/spark_mad2r.py events.parquet --epsilon 1 --delta 1e-5 --master spark://host:7077
 
 The release is a Spark DataFrame with one column ``item``; it is materialised once (reading it
 again does not redraw the noise). Every parameter is checked before Spark reads a row, and a
@@ -24,8 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("parquet", nargs="?", help="input Parquet file or folder (default: the demo data)")
     parser.add_argument("--user-col", default="user_id")
     parser.add_argument("--item-col", default="item")
-    parser.add_argument("--epsilon", type=float, default=1.0)
-    parser.add_argument("--delta", type=float, default=1e-5)
+    # Required, as everywhere in dpsql: a default would spend budget nobody typed.
+    parser.add_argument("--epsilon", type=float, required=True, help="privacy parameter epsilon > 0, e.g. 1")
+    parser.add_argument("--delta", type=float, required=True, help="privacy parameter 0 < delta < 1, e.g. 1e-5")
     parser.add_argument("--max-items", type=int, default=100)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--output", help="write the released items to this Parquet folder")

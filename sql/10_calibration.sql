@@ -19,10 +19,10 @@ CREATE OR REPLACE TEMP MACRO dp_laplace_threshold(epsilon DOUBLE, delta DOUBLE, 
     dp__laplace_threshold(epsilon, delta, max_items);
 
 -- Noise scale (Gaussian: standard deviation; Laplace: b) and threshold of a set-union method.
-CREATE OR REPLACE TEMP MACRO dp_set_union_noise_scale(method VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+CREATE OR REPLACE TEMP MACRO dp_set_union_noise_scale(method VARCHAR, epsilon DOUBLE, delta DOUBLE,
                                                       max_items DOUBLE := 100) AS
     dp__set_union_scale(method, epsilon, delta, max_items);
-CREATE OR REPLACE TEMP MACRO dp_set_union_threshold(method VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+CREATE OR REPLACE TEMP MACRO dp_set_union_threshold(method VARCHAR, epsilon DOUBLE, delta DOUBLE,
                                                     max_items DOUBLE := 100) AS
     dp__set_union_threshold(method, epsilon, delta, max_items);
 

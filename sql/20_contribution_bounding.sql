@@ -1,4 +1,6 @@
 -- Contribution bounding shared by every user-level mechanism.
+-- A line `-- dpsql:portable <name>` directly above a macro or CTE marks a stage other engines may
+-- translate (dpsql/portable.py; checked by tests/test_portable.py): rename it only with its users.
 
 -- The (user_id, item) rows of one table or view, one per input row. `tbl` is typed VARCHAR so that a
 -- list of tables is refused by the binder: one release reads one table.
@@ -15,6 +17,7 @@ SELECT
 FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl) WHERE dp__check_columns(tbl, user_col, item_col));
 
 -- Distinct (user_id, item) pairs of one table or view.
+-- dpsql:portable dp__user_items
 CREATE OR REPLACE TEMP MACRO dp__user_items(tbl VARCHAR, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 SELECT DISTINCT user_id, item FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col);
 
@@ -22,6 +25,7 @@ SELECT DISTINCT user_id, item FROM dp__user_item_rows(tbl, user_col := user_col,
 -- that depends only on that user's own rows: order the user's items by a hash keyed with a
 -- per-query secret salt from the secure source and keep the first max_items. Users at or
 -- under the cap keep every item and skip the ranking. Output: user_id, item, d = capped degree.
+-- dpsql:portable dp__capped_user_items
 CREATE OR REPLACE TEMP MACRO dp__capped_user_items(tbl VARCHAR, max_items DOUBLE := 100,
                                                    user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__pairs AS (FROM dp__user_items(tbl, user_col := user_col, item_col := item_col)),
@@ -42,6 +46,7 @@ QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY h) <= max_items;
 -- For a caller that reads the capped rows once, dp__capped_user_items is the faster: this window
 -- sorts every user's pairs, the join ranks only the users over the cap (benchmarks/README.md,
 -- "Out-of-core"). The ranking key hash(xor(hash(user_id, item), s)) must stay the same in both.
+-- dpsql:portable dp__capped_user_items_window
 CREATE OR REPLACE TEMP MACRO dp__capped_user_items_window(tbl VARCHAR, max_items DOUBLE := 100,
                                                           user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s)

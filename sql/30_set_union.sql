@@ -2,12 +2,14 @@
 -- update policy (Gopi et al. 2020, Alg. 1 / Sec. 1.1, App. B; Chen et al., Alg. 1).
 -- Each returns one column `item` of the input's type, sorted, and nothing else: the noisy
 -- weights never leave the query. Release path (constant parameters, row order): sql/00_release.sql. Calibration: dpsql/calibration.py. Each release charges its
--- (epsilon, delta) to the ledger once, in the `paid` CTE (sql/05_ledger.sql).
+-- (epsilon, delta) to the ledger once, in the `dp__paid` CTE (sql/05_ledger.sql). epsilon and delta have no
+-- default: a default would spend budget nobody typed.
 
 -- Pre-noise item weights of the independent update policies. NOT a release: these are exact
 -- aggregates of the raw data (tests and audits use them); only the macros below publish.
 -- weighting: 'count' adds 1 per capped user (count baselines), 'inverse' adds 1/d (Weighted
 -- Laplace, l1 sensitivity 1), 'inverse_sqrt' adds 1/sqrt(d) (Weighted Gaussian, l2 sensitivity 1).
+-- dpsql:portable dp__set_union_weights
 CREATE OR REPLACE TEMP MACRO dp__set_union_weights(tbl VARCHAR, weighting VARCHAR, max_items DOUBLE := 100,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 SELECT item,
@@ -16,7 +18,7 @@ SELECT item,
 FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
 GROUP BY item;
 
-CREATE OR REPLACE TEMP MACRO dp_set_union_count_laplace(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+CREATE OR REPLACE TEMP MACRO dp_set_union_count_laplace(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__cal AS (
     SELECT unnest(dp__set_union_calibration('count_laplace', epsilon, delta, max_items, user_col, item_col))
@@ -32,7 +34,7 @@ SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
 WHERE paid AND w + dp_laplace_noise(scale) > threshold
 ORDER BY item;
 
-CREATE OR REPLACE TEMP MACRO dp_set_union_count_gaussian(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+CREATE OR REPLACE TEMP MACRO dp_set_union_count_gaussian(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__cal AS (
     SELECT unnest(dp__set_union_calibration('count_gaussian', epsilon, delta, max_items, user_col, item_col))
@@ -48,7 +50,7 @@ SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
 WHERE paid AND w + dp_gaussian_noise(scale) > threshold
 ORDER BY item;
 
-CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_laplace(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_laplace(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__cal AS (
     SELECT unnest(dp__set_union_calibration('weighted_laplace', epsilon, delta, max_items, user_col, item_col))
@@ -64,7 +66,7 @@ SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
 WHERE paid AND w + dp_laplace_noise(scale) > threshold
 ORDER BY item;
 
-CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_gaussian(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_gaussian(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__cal AS (
     SELECT unnest(dp__set_union_calibration('weighted_gaussian', epsilon, delta, max_items, user_col, item_col))

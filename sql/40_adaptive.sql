@@ -17,6 +17,7 @@
 --                = sum_u uw(u,i) + w_reroute(i) - max(0, w_init(i) - tau).
 -- Only items above tau have r > 0, so the excess pass touches only the rows of those items.
 -- Returns pre-noise weights: internal (releases add noise and threshold them inside one query).
+-- dpsql:portable dp__mad_stage
 CREATE OR REPLACE TEMP MACRO dp__mad_stage(rows_rel VARCHAR, params_rel VARCHAR) AS TABLE
 WITH dp__ms_p AS (SELECT tau, alpha, min_degree, max_degree FROM query_table(params_rel)),
 dp__ms_rows AS NOT MATERIALIZED (
@@ -52,6 +53,7 @@ FROM dp__ms_items CROSS JOIN dp__ms_p;
 -- item is >= b_min * b_max / max v > 1 -- so this closed form is exact: one GROUP BY and one join.
 -- Otherwise the loop can take more steps and runs in the vectorised UDF dp__user_weights, one list
 -- per user. b_min and b_max are constants, so DuckDB prunes the branch not taken.
+-- dpsql:portable dp__user_weight_rows
 CREATE OR REPLACE TEMP MACRO dp__user_weight_rows(rows_rel VARCHAR, b_min DOUBLE, b_max DOUBLE) AS TABLE
 -- NOT MATERIALIZED: read twice; recomputing the projection is cheaper than storing a copy of the rows.
 WITH dp__uw_in AS NOT MATERIALIZED (
@@ -83,7 +85,7 @@ WHERE b_min * b_max < 1.0;
 
 -- MAD (unbiased, Alg. 3 inside Alg. 1): the sigma and rho of Weighted Gaussian / Basic,
 -- tau = rho + beta*sigma; release w + N(0, sigma^2) >= rho.
-CREATE OR REPLACE TEMP MACRO dp_set_union_mad(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+CREATE OR REPLACE TEMP MACRO dp_set_union_mad(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, max_adaptive_degree DOUBLE := 50, beta DOUBLE := 2,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__mad_cal AS (
@@ -91,6 +93,7 @@ WITH dp__mad_cal AS (
     WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
       AND dp__constant('max_items', max_items) AND dp__constant('max_adaptive_degree', max_adaptive_degree)
       AND dp__constant('beta', beta) AND dp__constant('user_col', user_col) AND dp__constant('item_col', item_col)),
+-- dpsql:portable dp__mad_rows
 dp__mad_rows AS MATERIALIZED (
     SELECT user_id, item, d, 1.0 / sqrt(d) AS uw
     FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
@@ -106,7 +109,7 @@ ORDER BY item;
 -- Round 1: unbiased MAD; its noisy weights stay in this query (dp__m2_noisy1 is never output).
 -- Round 2: items not released in round 1 whose upper bound w~1 + c_ub*sigma1 reaches rho2, with
 -- bias b = min(1, rho2 / max(0, w~1 - c_lb*sigma1)); biased MAD with h(t) = b_max/sqrt(t).
-CREATE OR REPLACE TEMP MACRO dp_set_union_mad2r(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+CREATE OR REPLACE TEMP MACRO dp_set_union_mad2r(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, split DOUBLE[] := [0.1, 0.9], max_adaptive_degree DOUBLE := 50, beta DOUBLE := 2,
         b_min DOUBLE := 0.5, b_max DOUBLE := 2.0, c_lb DOUBLE := 1.0, c_ub DOUBLE := 3.0,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
@@ -123,6 +126,7 @@ dp__m2_p1 AS (SELECT tau1 AS tau, alpha1 AS alpha, min_degree1 AS min_degree, ma
 -- (the struct names the bias limits min_bias/max_bias: inside this macro b_min/b_max are the arguments)
 dp__m2_p2 AS (SELECT tau2 AS tau, alpha2 AS alpha, min_degree2 AS min_degree, max_degree2 AS max_degree,
                      min_bias AS b_min, max_bias AS b_max FROM dp__m2_cal),
+-- dpsql:portable dp__m2_rows
 dp__m2_rows AS MATERIALIZED (
     SELECT user_id, item, d, 1.0 / sqrt(d) AS uw
     FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
@@ -134,10 +138,12 @@ dp__m2_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_mad2r', 'user', tbl
 dp__m2_noisy1 AS MATERIALIZED (
     SELECT item, w + dp_gaussian_noise(sigma1) AS noisy
     FROM dp__mad_stage('dp__m2_rows', 'dp__m2_p1') CROSS JOIN dp__m2_cal),
+-- dpsql:portable dp__m2_items2
 dp__m2_items2 AS (
     SELECT item, CASE WHEN noisy - lower_offset > rho2 THEN rho2 / (noisy - lower_offset) ELSE 1.0 END AS b
     FROM dp__m2_noisy1 CROSS JOIN dp__m2_cal
     WHERE noisy < rho1 AND noisy + upper_offset >= rho2),
+-- dpsql:portable dp__m2_biased
 dp__m2_biased AS NOT MATERIALIZED (SELECT user_id, item, b FROM dp__m2_rows JOIN dp__m2_items2 USING (item)),
 dp__m2_rows2 AS MATERIALIZED (FROM dp__user_weight_rows('dp__m2_biased', b_min, b_max))
 SELECT item FROM dp__m2_noisy1 CROSS JOIN dp__m2_cal CROSS JOIN dp__m2_paid WHERE paid AND noisy >= rho1
@@ -154,6 +160,7 @@ CREATE OR REPLACE TEMP MACRO dp__sips_round(rows_rel VARCHAR, removed_rel VARCHA
 -- than stored: storing it would copy nearly every capped row once per round.
 WITH dp__sr_kept AS NOT MATERIALIZED (
     SELECT user_id, item FROM query_table(rows_rel) ANTI JOIN query_table(removed_rel) USING (item)),
+-- dpsql:portable dp__sr_weights
 dp__sr_weights AS (
     SELECT item, sum(1.0 / sqrt(d)) AS w
     FROM dp__sr_kept JOIN (SELECT user_id, count(*) AS d FROM dp__sr_kept GROUP BY user_id) USING (user_id)
@@ -165,7 +172,7 @@ WHERE w + dp_gaussian_noise(s) >= t;
 -- removes every item released earlier from the users' capped sets. A macro cannot loop over a
 -- runtime list, so this is a fixed chain of 5 rounds; `len(split) >= r` is a constant, so DuckDB
 -- prunes the unused rounds before execution (no noise is drawn for them).
-CREATE OR REPLACE TEMP MACRO dp_set_union_sips(tbl VARCHAR, epsilon DOUBLE := 1.0, delta DOUBLE := 1e-5,
+CREATE OR REPLACE TEMP MACRO dp_set_union_sips(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, split DOUBLE[] := [0.1, 0.9],
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__s_cal AS (
@@ -173,6 +180,7 @@ WITH dp__s_cal AS (
     WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
       AND dp__constant('max_items', max_items) AND dp__constant('split', split)
       AND dp__constant('user_col', user_col) AND dp__constant('item_col', item_col)),
+-- dpsql:portable dp__s_rows
 dp__s_rows AS MATERIALIZED (
     SELECT user_id, item
     FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),

@@ -1,6 +1,7 @@
 -- Private weighted sampling (Cohen et al., "Differentially Private Weighted Sampling"), its threshold
 -- samples, estimators and the stability-based-histogram baseline. Formulas, tables and the privacy
--- arguments: dpsql/pws.py.
+-- arguments: dpsql/pws/ (sanitizer.py: dp_weighted_sample, sbh.py: dp_sbh_histogram); proofs:
+-- docs/proofs/weighted_sample.md, docs/proofs/sbh_histogram.md.
 --
 -- !!! PRIVACY UNIT: ONE ELEMENT (one row of an event table), NOT ONE USER. !!!
 -- Neighbouring datasets differ in one element: one key's frequency changes by one. A user with many
@@ -85,7 +86,7 @@ CREATE OR REPLACE TEMP MACRO dp_pws_pi_ij(frequency, token, epsilon DOUBLE, delt
                                           scheme VARCHAR := 'ppswor', power DOUBLE := 1.0) AS
     dp__pws_pi_ij(frequency, token, epsilon, delta, tau, scheme, power);
 
--- L(eps, delta) = (1/eps) ln((e^eps - 1 + 2 delta)/(delta (e^eps + 1))) (paper eq. 4): pi* reaches 1 at 2L+1.
+-- L(eps, delta) = (1/eps) ln((e^eps - 1 + 2 delta)/(delta (e^eps + 1))) ([PWS] eq. 4; docs/proofs/weighted_sample.md): pi* reaches 1 at 2L+1.
 CREATE OR REPLACE TEMP MACRO dp_pws_L(epsilon DOUBLE, delta DOUBLE) AS dp__pws_L(epsilon, delta);
 
 -- SbH release threshold T = 1 + ln(1/delta)/epsilon.
@@ -142,21 +143,28 @@ WHERE t > 0
 ORDER BY key;
 
 -- Per-key estimates of g(frequency) from a sample of dp_weighted_sample(..., with_frequencies := true)
--- (a table or view with columns key, token), drawn with the SAME epsilon, delta, tau, scheme, power.
+-- (sample_tbl: a table or view with columns key_col, token_col; dp_weighted_sample's key, token by default),
+-- drawn with the SAME epsilon, delta, tau, scheme, power.
 -- g: 'count' (g(i) = 1) or 'identity' (g(i) = i). estimator: 'ml', 'biased_down' (never over-estimates in
 -- expectation), 'unbiased' (signed, huge variance). The estimate of sum_x L(x) g(w_x) is
 -- SELECT sum(estimate) FROM dp_weighted_sample_estimate(...) WHERE <predicate L on key>.
 -- Post-processing of the private sample: no further privacy cost. Rows sorted by key.
-CREATE OR REPLACE TEMP MACRO dp_weighted_sample_estimate(sample VARCHAR, epsilon DOUBLE, delta DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp_weighted_sample_estimate(sample_tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         tau DOUBLE := NULL, scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, g VARCHAR := 'count',
-        estimator VARCHAR := 'ml') AS TABLE
+        estimator VARCHAR := 'ml', key_col VARCHAR := 'key', token_col VARCHAR := 'token') AS TABLE
 WITH dp__cal AS (
     SELECT dp__pws_check(epsilon, delta, tau, scheme, power) AND dp__pws_check_estimate(g, estimator) AS ok
-    WHERE dp__constant('sample', sample) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
+    WHERE dp__constant('sample_tbl', sample_tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
       AND dp__constant('tau', tau) AND dp__constant('scheme', scheme) AND dp__constant('power', power)
-      AND dp__constant('g', g) AND dp__constant('estimator', estimator))
+      AND dp__constant('g', g) AND dp__constant('estimator', estimator) AND dp__constant('key_col', key_col)
+      AND dp__constant('token_col', token_col)),
+dp__sample AS (
+    SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(key_col) OR c = 'dp__absent')) AS key,
+           coalesce(*COLUMNS(lambda c: lower(c) = lower(token_col) OR c = 'dp__absent')) AS token
+    FROM (SELECT *, NULL AS dp__absent FROM query_table(sample_tbl)
+          WHERE dp__check_column_list(sample_tbl, ['key_col', 'token_col'], [key_col, token_col])))
 SELECT key, token, dp__pws_estimate(token, epsilon, delta, tau, scheme, power, g, estimator) AS estimate
-FROM query_table(sample) CROSS JOIN dp__cal WHERE ok
+FROM dp__sample CROSS JOIN dp__cal WHERE ok
 ORDER BY key, token;
 
 -- Stability-based histogram baseline (ELEMENT level (epsilon, delta)-DP): each key's frequency plus

@@ -1,11 +1,13 @@
 -- Pure epsilon-DP combinatorial optimisation by subsampling (Ghazi et al., "Individualized Privacy
--- Accounting via Subsampling", paper 003). Privacy arguments and kernels: dpsql/optimize.py and
--- dpsql/subsampling.py. Privacy unit: one record (a universe element; a user's stream; a point),
--- add/remove. DuckDB does the joins, dense ids and the Poisson subsample (one secure coin per record
--- from dp__poisson_keep(p, hash(record)), never random(); the hash only pins the call to the row);
+-- Accounting via Subsampling"). Privacy arguments and kernels: dpsql/optimize/ (one module per
+-- mechanism) and dpsql/subsampling.py; proofs: docs/proofs/<mechanism>.md. Privacy unit: one record
+-- (a universe element; a user's stream; a point), add/remove. DuckDB does the joins, dense ids and
+-- the Poisson subsample (one secure coin per record from dp__poisson_keep(p, hash(record)), never
+-- random(); the hash only pins the call to the row);
 -- the sequential selection runs once per query in a Python UDF over flat id lists, and only the
 -- selected ids come back. k, horizon are DOUBLE so that 2.5 reaches validation instead of being
--- rounded.
+-- rounded. The private table is `tbl`; epsilon has no default (a default would spend budget nobody
+-- typed); failure_probability is the utility guarantees' failure probability (no effect on privacy).
 --
 -- Release path (sql/00_release.sql): each releasing macro passes every parameter through
 -- dp__constant in its one-row calibration CTE dp__cal, which the charge reads, and orders its rows by
@@ -66,18 +68,18 @@ THEN dp__check_key_types(name,
             FROM (SELECT *, NULL AS dp__absent FROM query_table(private_tbl))
             LIMIT 0))) END;
 
--- Rows (sid, element) of sets_tbl whose set is a candidate of candidates_tbl, joined in the common
+-- Rows (sid, element) of tbl whose set is a candidate of candidates_tbl, joined in the common
 -- type of the two set-id columns (see dp__key_check). The WHERE false branches only unify types.
-CREATE OR REPLACE TEMP MACRO dp__candidate_rows(sets_tbl VARCHAR, candidates_tbl VARCHAR,
+CREATE OR REPLACE TEMP MACRO dp__candidate_rows(tbl VARCHAR, candidates_tbl VARCHAR,
         set_col VARCHAR := 'set_id', element_col VARCHAR := 'element') AS TABLE
 WITH dp__ck AS (
     SELECT set_id AS dp__key, sid FROM dp__candidate_sets(candidates_tbl, set_col := set_col)
     UNION ALL
     SELECT set_id, NULL
-    FROM dp__set_element_rows(sets_tbl, set_col := set_col, element_col := element_col) WHERE false),
+    FROM dp__set_element_rows(tbl, set_col := set_col, element_col := element_col) WHERE false),
 dp__rk AS (
     SELECT set_id AS dp__key, element
-    FROM dp__set_element_rows(sets_tbl, set_col := set_col, element_col := element_col)
+    FROM dp__set_element_rows(tbl, set_col := set_col, element_col := element_col)
     UNION ALL
     SELECT set_id, NULL FROM dp__candidate_sets(candidates_tbl, set_col := set_col) WHERE false)
 SELECT dp__ck.sid, dp__rk.element FROM dp__rk JOIN dp__ck USING (dp__key);
@@ -85,25 +87,25 @@ SELECT dp__ck.sid, dp__rk.element FROM dp__rk JOIN dp__ck USING (dp__key);
 -- Max k-coverage, pure epsilon-DP (Thm 1.2): elements Poisson-subsampled with p = 1 - e^-eps, then
 -- DPSubmodGreedy at ln 2 (k exponential mechanisms over all not-yet-chosen candidate sets, score =
 -- newly covered sampled elements). candidates_tbl (column set_col) is the public list of candidate
--- sets; rows of sets_tbl for other sets are ignored. Returns (rank, set_id), min(k, #candidates)
--- rows in the greedy's (DP) order.
-CREATE OR REPLACE TEMP MACRO dp_max_coverage(sets_tbl VARCHAR, candidates_tbl VARCHAR, k DOUBLE,
-        epsilon DOUBLE := 1.0, set_col VARCHAR := 'set_id', element_col VARCHAR := 'element') AS TABLE
+-- sets; rows of tbl for other sets are ignored. Returns (rank, set_id), min(k, #candidates)
+-- rows in the greedy's (DP) order. Privacy argument: dpsql/optimize/max_coverage.py.
+CREATE OR REPLACE TEMP MACRO dp_max_coverage(tbl VARCHAR, candidates_tbl VARCHAR, k DOUBLE,
+        epsilon DOUBLE, set_col VARCHAR := 'set_id', element_col VARCHAR := 'element') AS TABLE
 WITH dp__sets AS MATERIALIZED (FROM dp__candidate_sets(candidates_tbl, set_col := set_col)),
 dp__cal AS (  -- reads the public candidates too, so that their errors come before the charge
     SELECT dp__max_coverage_check(k, epsilon, set_col, element_col) AS p, k::BIGINT AS k_sets,
            (SELECT count(set_id) FROM dp__sets) AS n_candidates
-    WHERE dp__constant('sets_tbl', sets_tbl) AND dp__constant('candidates_tbl', candidates_tbl)
+    WHERE dp__constant('tbl', tbl) AND dp__constant('candidates_tbl', candidates_tbl)
       AND dp__constant('k', k) AND dp__constant('epsilon', epsilon) AND dp__constant('set_col', set_col)
       AND dp__constant('element_col', element_col)
-      AND dp__check_column_list(sets_tbl, ['set_col', 'element_col'], [set_col, element_col])
-      AND dp__key_check('set_col', sets_tbl, set_col, candidates_tbl, set_col, 'set_col')),
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_max_coverage', 'record', sets_tbl, epsilon, 0.0,
+      AND dp__check_column_list(tbl, ['set_col', 'element_col'], [set_col, element_col])
+      AND dp__key_check('set_col', tbl, set_col, candidates_tbl, set_col, 'set_col')),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_max_coverage', 'record', tbl, epsilon, 0.0,
         {'candidates_tbl': candidates_tbl, 'k': k, 'set_col': set_col, 'element_col': element_col}::VARCHAR,
         dp__cal::VARCHAR) AS paid FROM dp__cal),
 dp__rows AS (
     SELECT sid, element
-    FROM dp__candidate_rows(sets_tbl, candidates_tbl, set_col := set_col, element_col := element_col)
+    FROM dp__candidate_rows(tbl, candidates_tbl, set_col := set_col, element_col := element_col)
     WHERE element IS NOT NULL),
 dp__sampled AS MATERIALIZED (
     SELECT element, (row_number() OVER () - 1)::BIGINT AS eid
@@ -119,31 +121,32 @@ SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) CROSS JOIN dp__pai
 
 -- Set cover, pure epsilon-DP: DPGreedyScaling (Alg. 4) in the open-set model. Every candidate set of
 -- candidates_tbl once, as (position, set_id): each element is served by the first set holding it.
--- The universe is every distinct non-NULL element of sets_tbl (n = |D|, private); rows for sets that
+-- The universe is every distinct non-NULL element of tbl (n = |D|, private); rows for sets that
 -- are not candidates add no membership. The subsamples are fresh per round, so the kernel draws them
 -- itself (from the same secure source). tau_constant: the printed 1000 (thresholds
--- tau_r = tau_constant * n~ / 2^r; any value keeps the privacy guarantee).
-CREATE OR REPLACE TEMP MACRO dp_set_cover(sets_tbl VARCHAR, candidates_tbl VARCHAR, epsilon DOUBLE := 1.0,
+-- tau_r = tau_constant * n~ / 2^r; any value keeps the privacy guarantee). Privacy argument:
+-- dpsql/optimize/set_cover.py.
+CREATE OR REPLACE TEMP MACRO dp_set_cover(tbl VARCHAR, candidates_tbl VARCHAR, epsilon DOUBLE,
         set_col VARCHAR := 'set_id', element_col VARCHAR := 'element', tau_constant DOUBLE := 1000.0) AS TABLE
 WITH dp__sets AS MATERIALIZED (FROM dp__candidate_sets(candidates_tbl, set_col := set_col)),
 dp__cal AS (  -- reads the public candidates too, so that their errors come before the charge
     SELECT dp__set_cover_check(epsilon, tau_constant, set_col, element_col) AS c, epsilon AS eps,
            (SELECT count(set_id) FROM dp__sets) AS n_candidates
-    WHERE dp__constant('sets_tbl', sets_tbl) AND dp__constant('candidates_tbl', candidates_tbl)
+    WHERE dp__constant('tbl', tbl) AND dp__constant('candidates_tbl', candidates_tbl)
       AND dp__constant('epsilon', epsilon) AND dp__constant('set_col', set_col)
       AND dp__constant('element_col', element_col) AND dp__constant('tau_constant', tau_constant)
-      AND dp__check_column_list(sets_tbl, ['set_col', 'element_col'], [set_col, element_col])
-      AND dp__key_check('set_col', sets_tbl, set_col, candidates_tbl, set_col, 'set_col')),
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_cover', 'record', sets_tbl, epsilon, 0.0,
+      AND dp__check_column_list(tbl, ['set_col', 'element_col'], [set_col, element_col])
+      AND dp__key_check('set_col', tbl, set_col, candidates_tbl, set_col, 'set_col')),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_cover', 'record', tbl, epsilon, 0.0,
         {'candidates_tbl': candidates_tbl, 'tau_constant': tau_constant, 'set_col': set_col,
          'element_col': element_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal),
 dp__elems AS MATERIALIZED (
     SELECT element, (row_number() OVER () - 1)::BIGINT AS eid
-    FROM (SELECT DISTINCT element FROM dp__set_element_rows(sets_tbl, set_col := set_col, element_col := element_col)
+    FROM (SELECT DISTINCT element FROM dp__set_element_rows(tbl, set_col := set_col, element_col := element_col)
           WHERE element IS NOT NULL)),
 dp__pairs AS (
     SELECT DISTINCT r.sid, e.eid
-    FROM dp__candidate_rows(sets_tbl, candidates_tbl, set_col := set_col, element_col := element_col) AS r
+    FROM dp__candidate_rows(tbl, candidates_tbl, set_col := set_col, element_col := element_col) AS r
     JOIN dp__elems AS e USING (element)),
 dp__sel AS (
     SELECT dp__set_cover_select(list(sid), list(eid), (SELECT count(*) FROM dp__sets),
@@ -155,43 +158,50 @@ SELECT position, set_id FROM dp__picked JOIN dp__sets USING (sid) CROSS JOIN dp_
 ORDER BY position;
 
 -- NON-PRIVATE evaluation (reads raw data, releases an exact number): open-set cost of a permutation
--- table (position, set_id) = number of distinct sets that serve some element, each element served by
--- the first set of the permutation holding it.
-CREATE OR REPLACE TEMP MACRO dp_eval_set_cover_cost(sets_tbl VARCHAR, permutation_tbl VARCHAR,
-        set_col VARCHAR := 'set_id', element_col VARCHAR := 'element') AS TABLE
-WITH dp__rows AS (FROM dp__set_element_rows(sets_tbl, set_col := set_col, element_col := element_col)),
-dp__perm AS (SELECT position, set_id FROM query_table(permutation_tbl)),
+-- table (position_col, permutation_set_col; dp_set_cover's output by default) = number of distinct sets
+-- that serve some element, each element served by the first set of the permutation holding it.
+CREATE OR REPLACE TEMP MACRO dp_eval_set_cover_cost(tbl VARCHAR, permutation_tbl VARCHAR,
+        set_col VARCHAR := 'set_id', element_col VARCHAR := 'element', position_col VARCHAR := 'position',
+        permutation_set_col VARCHAR := 'set_id') AS TABLE
+WITH dp__rows AS (FROM dp__set_element_rows(tbl, set_col := set_col, element_col := element_col)),
+dp__perm AS (
+    SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(position_col) OR c = 'dp__absent')) AS position,
+           coalesce(*COLUMNS(lambda c: lower(c) = lower(permutation_set_col) OR c = 'dp__absent')) AS set_id
+    FROM (SELECT *, NULL AS dp__absent FROM query_table(permutation_tbl)
+          WHERE dp__check_column_list(permutation_tbl, ['position_col', 'permutation_set_col'],
+                                      [position_col, permutation_set_col]))),
 dp__served AS (
     SELECT element, arg_min(set_id, position) AS by_set
     FROM dp__rows JOIN dp__perm USING (set_id) WHERE element IS NOT NULL GROUP BY element)
 -- from a one-row source: a missing column reads as a constant NULL, and the optimizer may then drop the plan
 -- that holds dp__set_element_rows' per-row check
 SELECT (SELECT count(DISTINCT by_set) FROM dp__served) AS cost
-FROM (SELECT dp__check_column_list(sets_tbl, ['set_col', 'element_col'], [set_col, element_col]) AS ok) WHERE ok;
+FROM (SELECT dp__check_column_list(tbl, ['set_col', 'element_col'], [set_col, element_col])
+             AND dp__check_column_list(permutation_tbl, ['position_col', 'permutation_set_col'],
+                                       [position_col, permutation_set_col]) AS ok) WHERE ok;
 
 -- Shifting heavy hitters, pure epsilon-DP (Thm 5.6): users Poisson-subsampled once with
 -- p = 1 - e^-eps, then ThreshMonitor at ln 2 (Alg. 3) over EVERY bucket of buckets_tbl and every
 -- t in 1..horizon: report (t, bucket) iff count of active users + Exp(rate ln 2 / k) > tau, with
--- tau = 1.5 p tau*(k), tau*(k) = 4000 k ln(horizon |Y| / beta) / eps. horizon (T) and the bucket
--- set are public and must be given; stream rows: (user, t, bucket), one bucket per user and time.
+-- tau = 1.5 p tau*(k), tau*(k) = 4000 k ln(horizon |Y| / failure_probability) / eps. horizon (T) and
+-- the bucket set are public and must be given; rows of tbl: (user, t, bucket), one bucket per user and
+-- time.
 -- A row whose t is not a whole number in 1..horizon or whose bucket is NULL or not in buckets_tbl
 -- is ignored (see the header), and so is a (user, t) with several buckets (a per-record rule: the
 -- kernel's error would say that such a user exists); a NULL user is an error. Returns (t, bucket)
--- sorted by both.
-CREATE OR REPLACE TEMP MACRO dp_shifting_heavy_hitters(stream_tbl VARCHAR, buckets_tbl VARCHAR, k DOUBLE,
-        epsilon DOUBLE := 1.0, beta DOUBLE := 0.05, horizon DOUBLE := NULL, user_col VARCHAR := 'user_id',
+-- sorted by both. Privacy argument: dpsql/optimize/heavy_hitters.py.
+CREATE OR REPLACE TEMP MACRO dp_shifting_heavy_hitters(tbl VARCHAR, buckets_tbl VARCHAR, k DOUBLE,
+        horizon DOUBLE, epsilon DOUBLE, failure_probability DOUBLE := 0.05, user_col VARCHAR := 'user_id',
         time_col VARCHAR := 't', bucket_col VARCHAR := 'bucket') AS TABLE
 WITH dp__cal AS (
-    SELECT unnest(dp__heavy_hitters_calibration(epsilon, k, beta, horizon, user_col, time_col, bucket_col))
-    WHERE dp__constant('stream_tbl', stream_tbl) AND dp__constant('buckets_tbl', buckets_tbl)
-      AND dp__constant('k', k) AND dp__constant('epsilon', epsilon) AND dp__constant('beta', beta)
-      AND dp__constant('horizon', horizon) AND dp__constant('user_col', user_col)
+    SELECT unnest(dp__heavy_hitters_calibration(epsilon, k, failure_probability, horizon, user_col, time_col,
+                                                bucket_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('buckets_tbl', buckets_tbl)
+      AND dp__constant('k', k) AND dp__constant('horizon', horizon) AND dp__constant('epsilon', epsilon)
+      AND dp__constant('failure_probability', failure_probability) AND dp__constant('user_col', user_col)
       AND dp__constant('time_col', time_col) AND dp__constant('bucket_col', bucket_col)
-      AND dp__check_column_list(stream_tbl, ['user_col', 'time_col', 'bucket_col'], [user_col, time_col, bucket_col])
-      AND dp__key_check('bucket_col', stream_tbl, bucket_col, buckets_tbl, bucket_col, 'bucket_col')),
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_shifting_heavy_hitters', 'record', stream_tbl, epsilon, 0.0,
-        {'buckets_tbl': buckets_tbl, 'k': k, 'beta': beta, 'horizon': horizon, 'user_col': user_col,
-         'time_col': time_col, 'bucket_col': bucket_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal),
+      AND dp__check_column_list(tbl, ['user_col', 'time_col', 'bucket_col'], [user_col, time_col, bucket_col])
+      AND dp__key_check('bucket_col', tbl, bucket_col, buckets_tbl, bucket_col, 'bucket_col')),
 dp__buckets AS MATERIALIZED (
     SELECT bucket, (row_number() OVER (ORDER BY bucket) - 1)::BIGINT AS bid
     FROM (SELECT DISTINCT coalesce(*COLUMNS(lambda c: lower(c) = lower(bucket_col) OR c = 'dp__absent')) AS bucket
@@ -199,20 +209,25 @@ dp__buckets AS MATERIALIZED (
                 WHERE dp__check_column(buckets_tbl, 'bucket_col', bucket_col)))
     WHERE bucket IS NOT NULL),
 dp__nb AS (SELECT count(*) AS n_buckets FROM dp__buckets),
-dp__tau AS (SELECT dp__heavy_hitters_tau(epsilon, k, beta, horizon, n_buckets) AS tau FROM dp__nb),
-dp__stream AS (
+dp__tau AS (SELECT dp__heavy_hitters_tau(epsilon, k, failure_probability, horizon, n_buckets) AS tau FROM dp__nb),
+dp__stream AS MATERIALIZED (
     SELECT coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(user_col) OR c = 'dp__absent')),
                     error('dpsql: column ' || user_col || ' (user_col) contains NULL; filter NULL users out first'))
                AS user_id,
            coalesce(*COLUMNS(lambda c: lower(c) = lower(time_col) OR c = 'dp__absent')) AS t,
            coalesce(*COLUMNS(lambda c: lower(c) = lower(bucket_col) OR c = 'dp__absent')) AS bucket
-    FROM (SELECT *, NULL AS dp__absent FROM query_table(stream_tbl)
-          WHERE dp__check_column_list(stream_tbl, ['user_col', 'time_col', 'bucket_col'],
+    FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
+          WHERE dp__check_column_list(tbl, ['user_col', 'time_col', 'bucket_col'],
                                       [user_col, time_col, bucket_col]))),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_shifting_heavy_hitters', 'record', tbl, epsilon, 0.0,
+        {'buckets_tbl': buckets_tbl, 'k': k, 'horizon': horizon, 'failure_probability': failure_probability,
+         'user_col': user_col,
+         'time_col': time_col, 'bucket_col': bucket_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal
+    WHERE (SELECT count(*) FROM dp__stream) >= 0),  -- waits for the stream: a NULL user fails before the charge
 dp__bkeys AS (
     SELECT bucket AS dp__key, bid FROM dp__buckets
     UNION ALL SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(bucket_col) OR c = 'dp__absent')), NULL
-              FROM (SELECT *, NULL AS dp__absent FROM query_table(stream_tbl)) WHERE false),
+              FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)) WHERE false),
 dp__skeys AS (
     SELECT user_id, t, bucket AS dp__key FROM dp__stream
     UNION ALL SELECT NULL, NULL, bucket FROM dp__buckets WHERE false),
@@ -240,14 +255,15 @@ ORDER BY t, bucket;
 
 -- Coverage under a partition matroid, pure epsilon-DP (Thm 1.3): elements Poisson-subsampled with
 -- p = 1 - e^-eps, then PrivContGreedy at ln 2/2 (ceil(4/eta) passes, samples uniform vectors,
--- default 8 per pass: utility only, see _matroid_coverage_arrays), ceil(20 ln(6/beta)/eta) swap
--- roundings and one exponential mechanism at ln 2/2 over them; the kernel draws the subsample
+-- default 8 per pass: utility only, see _matroid_coverage_arrays), ceil(20 ln(6/failure_probability)/eta)
+-- swap roundings and one exponential mechanism at ln 2/2 over them; the kernel draws the subsample
 -- itself. The matroid is public: parts_tbl (set_col, part_col) lists the candidate sets, one part
--- each (rows of sets_tbl for sets not listed there are ignored); capacities_tbl (part_col,
+-- each (rows of tbl for sets not listed there are ignored); capacities_tbl (part_col,
 -- capacity_col) gives each part's capacity (a whole number >= 0). Returns the chosen independent
--- set as (rank, set_id), rank = position in set_id order.
-CREATE OR REPLACE TEMP MACRO dp_matroid_coverage(sets_tbl VARCHAR, parts_tbl VARCHAR, capacities_tbl VARCHAR,
-        epsilon DOUBLE := 1.0, eta DOUBLE := 0.2, beta DOUBLE := 0.05, samples DOUBLE := NULL,
+-- set as (rank, set_id), rank = position in set_id order. Privacy argument:
+-- dpsql/optimize/matroid_coverage.py.
+CREATE OR REPLACE TEMP MACRO dp_matroid_coverage(tbl VARCHAR, parts_tbl VARCHAR, capacities_tbl VARCHAR,
+        epsilon DOUBLE, eta DOUBLE := 0.2, failure_probability DOUBLE := 0.05, samples DOUBLE := NULL,
         set_col VARCHAR := 'set_id', element_col VARCHAR := 'element', part_col VARCHAR := 'part',
         capacity_col VARCHAR := 'capacity') AS TABLE
 WITH dp__caps_in AS (
@@ -279,29 +295,31 @@ dp__sets AS MATERIALIZED (
                 ELSE error('dpsql: set ' || p.set_id || ' is listed more than once in ' || parts_tbl) END AS sid
     FROM dp__parts_in AS p LEFT JOIN dp__caps AS c ON p.part = c.part),
 dp__cal AS (  -- reads the public matroid too, so that its errors come before the charge
-    SELECT dp__matroid_coverage_check(epsilon, eta, beta, samples, set_col, element_col, part_col,
+    SELECT dp__matroid_coverage_check(epsilon, eta, failure_probability, samples, set_col, element_col, part_col,
                                       capacity_col) AS n_samples,
            (SELECT count(part) + count(capacity) + count(pid) FROM dp__caps)
            + (SELECT count(set_id) + count(pid) + count(sid) FROM dp__sets) AS n_public
-    WHERE dp__constant('sets_tbl', sets_tbl) AND dp__constant('parts_tbl', parts_tbl)
+    WHERE dp__constant('tbl', tbl) AND dp__constant('parts_tbl', parts_tbl)
       AND dp__constant('capacities_tbl', capacities_tbl) AND dp__constant('epsilon', epsilon)
-      AND dp__constant('eta', eta) AND dp__constant('beta', beta) AND dp__constant('samples', samples)
+      AND dp__constant('eta', eta) AND dp__constant('failure_probability', failure_probability)
+      AND dp__constant('samples', samples)
       AND dp__constant('set_col', set_col) AND dp__constant('element_col', element_col)
       AND dp__constant('part_col', part_col) AND dp__constant('capacity_col', capacity_col)
-      AND dp__check_column_list(sets_tbl, ['set_col', 'element_col'], [set_col, element_col])
-      AND dp__key_check('set_col', sets_tbl, set_col, parts_tbl, set_col, 'set_col')),
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_matroid_coverage', 'record', sets_tbl, epsilon, 0.0,
-        {'parts_tbl': parts_tbl, 'capacities_tbl': capacities_tbl, 'eta': eta, 'beta': beta,
+      AND dp__check_column_list(tbl, ['set_col', 'element_col'], [set_col, element_col])
+      AND dp__key_check('set_col', tbl, set_col, parts_tbl, set_col, 'set_col')),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_matroid_coverage', 'record', tbl, epsilon, 0.0,
+        {'parts_tbl': parts_tbl, 'capacities_tbl': capacities_tbl, 'eta': eta,
+         'failure_probability': failure_probability,
          'samples': samples, 'set_col': set_col, 'element_col': element_col, 'part_col': part_col,
          'capacity_col': capacity_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal),
 dp__skeys AS (
     SELECT set_id AS dp__key, sid FROM dp__sets
     UNION ALL
     SELECT set_id, NULL
-    FROM dp__set_element_rows(sets_tbl, set_col := set_col, element_col := element_col) WHERE false),
+    FROM dp__set_element_rows(tbl, set_col := set_col, element_col := element_col) WHERE false),
 dp__rkeys AS (
     SELECT set_id AS dp__key, element
-    FROM dp__set_element_rows(sets_tbl, set_col := set_col, element_col := element_col)
+    FROM dp__set_element_rows(tbl, set_col := set_col, element_col := element_col)
     UNION ALL SELECT set_id, NULL FROM dp__sets WHERE false),
 dp__rows AS (
     SELECT s.sid, r.element FROM dp__rkeys AS r JOIN dp__skeys AS s USING (dp__key) WHERE r.element IS NOT NULL),
@@ -313,7 +331,7 @@ dp__sel AS (
                                        (SELECT count(*) FROM dp__elems),
                                        (SELECT list(pid ORDER BY sid) FROM dp__sets),
                                        (SELECT list(capacity ORDER BY pid) FROM dp__caps),
-                                       epsilon, eta, beta, (SELECT n_samples FROM dp__cal)) AS ids
+                                       epsilon, eta, failure_probability, (SELECT n_samples FROM dp__cal)) AS ids
     FROM dp__pairs),
 dp__picked AS (SELECT unnest(ids) AS sid, unnest(range(1, len(ids) + 1)) AS rank FROM dp__sel)
 SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) CROSS JOIN dp__paid WHERE paid ORDER BY rank;
@@ -322,16 +340,18 @@ SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) CROSS JOIN dp__pai
 -- with p = 1 - e^-eps, then G.2 at ln 2 (bicriteria Repeated-EM at ln 2/2 with L = ceil(2 k ln n_bound)
 -- rounds, or every candidate when 2 k ln n_bound >= #candidates; per-centre counts + Exp(rate ln 2/2);
 -- local search). The finite metric is public: its points are the candidates of candidates_tbl
--- (candidate_col); each row of points_tbl is one private record located at a candidate id
+-- (candidate_col); each row of tbl is one private record located at a candidate id
 -- (point_col; a NULL or a location that is not a candidate is ignored, see the header);
--- distances_tbl (point, candidate, distance) holds the distance for every ordered pair of
--- candidates, all in [0, 1] (diameter <= 1: rescale first). n_bound is a public upper bound on the
--- number of points and must be given: L must not depend on the private count, or the number of
--- exponential mechanisms would leak it (an n_bound below the true count keeps privacy, costs utility).
--- Returns (rank, candidate_id), min(k, #candidates) rows, rank = position in candidate_id order.
-CREATE OR REPLACE TEMP MACRO dp_k_median(points_tbl VARCHAR, candidates_tbl VARCHAR, distances_tbl VARCHAR, k DOUBLE,
-        q DOUBLE := 1, epsilon DOUBLE := 1.0, n_bound DOUBLE := NULL, point_col VARCHAR := 'point',
-        candidate_col VARCHAR := 'candidate_id') AS TABLE
+-- distances_tbl (distance_point_col, distance_candidate_col, distance_col) holds the distance for
+-- every ordered pair of candidates, all in [0, 1] (diameter <= 1: rescale first). n_bound is a public
+-- upper bound on the number of points and must be given: L must not depend on the private count, or
+-- the number of exponential mechanisms would leak it (an n_bound below the true count keeps privacy,
+-- costs utility). Returns (rank, candidate_id), min(k, #candidates) rows, rank = position in
+-- candidate_id order. Privacy argument: dpsql/optimize/k_median.py.
+CREATE OR REPLACE TEMP MACRO dp_k_median(tbl VARCHAR, candidates_tbl VARCHAR, distances_tbl VARCHAR, k DOUBLE,
+        epsilon DOUBLE, n_bound DOUBLE, q DOUBLE := 1, point_col VARCHAR := 'point',
+        candidate_col VARCHAR := 'candidate_id', distance_point_col VARCHAR := 'point',
+        distance_candidate_col VARCHAR := 'candidate', distance_col VARCHAR := 'distance') AS TABLE
 WITH dp__cands AS MATERIALIZED (
     SELECT candidate_id, (row_number() OVER (ORDER BY candidate_id) - 1)::BIGINT AS cid
     FROM (SELECT DISTINCT coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(candidate_col) OR c = 'dp__absent')),
@@ -339,13 +359,20 @@ WITH dp__cands AS MATERIALIZED (
                                          || ' contains NULL')) AS candidate_id
           FROM (SELECT *, NULL AS dp__absent FROM query_table(candidates_tbl)
                 WHERE dp__check_column(candidates_tbl, 'candidate_col', candidate_col)))),
+dp__dist_in AS (
+    SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(distance_point_col) OR c = 'dp__absent')) AS point,
+           coalesce(*COLUMNS(lambda c: lower(c) = lower(distance_candidate_col) OR c = 'dp__absent')) AS candidate,
+           coalesce(*COLUMNS(lambda c: lower(c) = lower(distance_col) OR c = 'dp__absent')) AS distance
+    FROM (SELECT *, NULL AS dp__absent FROM query_table(distances_tbl)
+          WHERE dp__check_column_list(distances_tbl, ['distance_point_col', 'distance_candidate_col', 'distance_col'],
+                                      [distance_point_col, distance_candidate_col, distance_col]))),
 dp__dist AS (
     SELECT coalesce(c.cid, error('dpsql: candidate ' || coalesce(d.candidate::VARCHAR, 'NULL') || ' of '
                                  || distances_tbl || ' is not in ' || candidates_tbl)) AS row_id,
            coalesce(l.cid, error('dpsql: point ' || coalesce(d.point::VARCHAR, 'NULL') || ' of '
                                  || distances_tbl || ' is not in ' || candidates_tbl)) AS col_id,
            coalesce(d.distance::DOUBLE, error('dpsql: NULL distance in ' || distances_tbl)) AS distance
-    FROM query_table(distances_tbl) AS d
+    FROM dp__dist_in AS d
     LEFT JOIN dp__cands AS c ON d.candidate = c.candidate_id LEFT JOIN dp__cands AS l ON d.point = l.candidate_id),
 dp__metric AS (  -- the kernel's checks of the public metric, here so that they come before the charge
     SELECT CASE WHEN count(*) <> (SELECT count(candidate_id) FROM dp__cands) ** 2
@@ -357,25 +384,31 @@ dp__metric AS (  -- the kernel's checks of the public metric, here so that they 
                 ELSE count(*) END AS n_pairs
     FROM dp__dist),
 dp__cal AS (
-    SELECT unnest(dp__k_median_calibration(k, q, epsilon, n_bound, point_col, candidate_col)),
+    SELECT unnest(dp__k_median_calibration(k, q, epsilon, n_bound, point_col, candidate_col, distance_point_col,
+                                           distance_candidate_col, distance_col)),
            (SELECT n_pairs FROM dp__metric) AS n_pairs
-    WHERE dp__constant('points_tbl', points_tbl) AND dp__constant('candidates_tbl', candidates_tbl)
-      AND dp__constant('distances_tbl', distances_tbl) AND dp__constant('k', k) AND dp__constant('q', q)
-      AND dp__constant('epsilon', epsilon) AND dp__constant('n_bound', n_bound)
+    WHERE dp__constant('tbl', tbl) AND dp__constant('candidates_tbl', candidates_tbl)
+      AND dp__constant('distances_tbl', distances_tbl) AND dp__constant('k', k)
+      AND dp__constant('epsilon', epsilon) AND dp__constant('n_bound', n_bound) AND dp__constant('q', q)
       AND dp__constant('point_col', point_col) AND dp__constant('candidate_col', candidate_col)
-      AND dp__key_check('point_col', points_tbl, point_col, candidates_tbl, candidate_col, 'candidate_col')),
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_k_median', 'record', points_tbl, epsilon, 0.0,
+      AND dp__constant('distance_point_col', distance_point_col)
+      AND dp__constant('distance_candidate_col', distance_candidate_col)
+      AND dp__constant('distance_col', distance_col)
+      AND dp__key_check('point_col', tbl, point_col, candidates_tbl, candidate_col, 'candidate_col')),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_k_median', 'record', tbl, epsilon, 0.0,
         {'candidates_tbl': candidates_tbl, 'distances_tbl': distances_tbl, 'k': k, 'q': q,
-         'n_bound': n_bound, 'point_col': point_col, 'candidate_col': candidate_col}::VARCHAR,
+         'n_bound': n_bound, 'point_col': point_col, 'candidate_col': candidate_col,
+         'distance_point_col': distance_point_col, 'distance_candidate_col': distance_candidate_col,
+         'distance_col': distance_col}::VARCHAR,
         dp__cal::VARCHAR) AS paid FROM dp__cal),
 dp__ckeys AS (
     SELECT candidate_id AS dp__key, cid FROM dp__cands
     UNION ALL SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(point_col) OR c = 'dp__absent')), NULL
-              FROM (SELECT *, NULL AS dp__absent FROM query_table(points_tbl)) WHERE false),
+              FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)) WHERE false),
 dp__pkeys AS (
     SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(point_col) OR c = 'dp__absent')) AS dp__key
-    FROM (SELECT *, NULL AS dp__absent FROM query_table(points_tbl)
-          WHERE dp__check_column(points_tbl, 'point_col', point_col))
+    FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
+          WHERE dp__check_column(tbl, 'point_col', point_col))
     UNION ALL SELECT candidate_id FROM dp__cands WHERE false),
 dp__pts AS (SELECT c.cid AS lid FROM dp__pkeys JOIN dp__ckeys AS c USING (dp__key)),
 dp__sel AS (

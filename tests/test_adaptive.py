@@ -1,6 +1,6 @@
 """MAD, MAD2R and DP-SIPS ([MAD] Chen et al.): calibration, proof conditions, UserWeights,
 sensitivity of the pre-noise weights on random neighbouring datasets, the SQL against a numpy
-reference, and the release macros end to end (CHECKS A5-A7, B6-B11, F2)."""
+reference, and the release macros end to end (docs/proofs/reference_checks.md A5-A7, B6-B11, F2)."""
 from __future__ import annotations
 
 import itertools
@@ -40,7 +40,7 @@ def load(con, rows, name="t", item_type="VARCHAR", with_bias=False):
 
 
 def zipf_rows(rng: random.Random, n_users=None, n_items=120, max_deg=60, s=1.1, prefix="i"):
-    """CHECKS' random dataset: Zipf-like item popularity, degrees 1..max_deg, 1..80 users; distinct pairs."""
+    """The random dataset of the sensitivity checks: Zipf-like item popularity, degrees 1..max_deg, 1..80 users; distinct pairs."""
     n_users = rng.randint(1, 80) if n_users is None else n_users
     cum = list(itertools.accumulate(1.0 / (k + 1) ** s for k in range(n_items)))
     rows = []
@@ -166,7 +166,7 @@ def capped_sets(con, table="t", max_items=100):
 
 
 # ---------------------------------------------------------------------------
-# Calibration (CHECKS A5-A7) and the conditions of the proofs (B9)
+# Calibration (docs/proofs/reference_checks.md A5-A7) and the conditions of the proofs (B9)
 # ---------------------------------------------------------------------------
 
 def test_mad_calibration_is_basic_plus_adaptive_threshold():
@@ -218,17 +218,18 @@ def test_max_adaptive_degree_is_capped_by_max_items():
     assert adaptive.mad_calibration(1.0, 1e-5, 10).max_adaptive_degree == 10
     assert adaptive.mad_calibration(1.0, 1e-5, 1).max_adaptive_degree == 2
     assert adaptive.mad_calibration(1.0, 1e-5, 3, 3).alpha == pytest.approx(0.711325, abs=5e-7)
-    # CHECKS F2: Delta0 = d_max = 3, beta = 2 -> tau = 26.4035.
+    # docs/proofs/reference_checks.md F2: Delta0 = d_max = 3, beta = 2 -> tau = 26.4035.
     assert adaptive.mad_calibration(1.0, 1e-5, 3, 3).tau == pytest.approx(26.4035, abs=5e-5)
 
 
 def test_registry_and_sql_report_the_rounds(con):
-    cal = union.calibrate("mad2r", 1.0, 1e-5, 100)
+    cal = union.calibrate("mad2r", epsilon=1.0, delta=1e-5, max_items=100)
     assert [r.epsilon for r in cal.rounds] == pytest.approx([0.1, 0.9])
     assert (cal.scale, cal.threshold) == (cal.rounds[1].scale, cal.rounds[1].threshold)
     assert cal.rounds[0].adaptive_threshold == pytest.approx(292.8408, abs=5e-5)
-    assert union.calibrate("mad", 1.0, 1e-5, 100).rounds[0].adaptive_threshold == pytest.approx(28.55803, abs=5e-6)
-    assert len(union.calibrate("sips", 1.0, 1e-5, 100).rounds) == 2
+    mad = union.calibrate("mad", epsilon=1.0, delta=1e-5, max_items=100)
+    assert mad.rounds[0].adaptive_threshold == pytest.approx(28.55803, abs=5e-6)
+    assert len(union.calibrate("sips", epsilon=1.0, delta=1e-5, max_items=100).rounds) == 2
     [(mad, m2, sips)] = con.execute(
         "SELECT dp__mad_calibration(1.0, 1e-5, 100, 50, 2, 'u', 'i'), "
         "dp__mad2r_calibration(1.0, 1e-5, 100, [0.1, 0.9], 50, 2, 0.5, 2.0, 1.0, 3.0, 'u', 'i'), "
@@ -294,21 +295,21 @@ def test_proof_conditions_are_asserted():
 
 
 BAD_SQL = [
-    ("dp_set_union_mad('t', beta := -3)", "beta"),
-    ("dp_set_union_mad('t', max_adaptive_degree := 1)", "max_adaptive_degree"),
-    ("dp_set_union_mad('t', epsilon := 0)", "epsilon"),
-    ("dp_set_union_mad('t', user_col := 'item')", "different columns"),
-    ("dp_set_union_mad2r('t', split := [0.1, 0.8])", "sum to 1"),
-    ("dp_set_union_mad2r('t', split := [0.5, 0.3, 0.2])", "exactly 2"),
-    ("dp_set_union_mad2r('t', split := NULL)", "split"),
-    ("dp_set_union_mad2r('t', split := [0.5, NULL])", "split"),
-    ("dp_set_union_mad2r('t', b_min := 0.3)", "b_min"),
-    ("dp_set_union_mad2r('t', b_max := 0.5)", "b_max"),
-    ("dp_set_union_mad2r('t', c_ub := -1)", "c_ub"),
-    ("dp_set_union_mad2r('t', delta := 1)", "delta"),
-    ("dp_set_union_sips('t', split := [0.1, 0.1, 0.1, 0.1, 0.1, 0.5])", "between 1 and 5"),
-    ("dp_set_union_sips('t', split := [0.7, 0.2])", "sum to 1"),
-    ("dp_set_union_sips('t', max_items := 0)", "max_items"),
+    ("dp_set_union_mad('t', epsilon := 1.0, delta := 1e-5, beta := -3)", "beta"),
+    ("dp_set_union_mad('t', epsilon := 1.0, delta := 1e-5, max_adaptive_degree := 1)", "max_adaptive_degree"),
+    ("dp_set_union_mad('t', epsilon := 0, delta := 1e-5)", "epsilon"),
+    ("dp_set_union_mad('t', epsilon := 1.0, delta := 1e-5, user_col := 'item')", "different columns"),
+    ("dp_set_union_mad2r('t', epsilon := 1.0, delta := 1e-5, split := [0.1, 0.8])", "sum to 1"),
+    ("dp_set_union_mad2r('t', epsilon := 1.0, delta := 1e-5, split := [0.5, 0.3, 0.2])", "exactly 2"),
+    ("dp_set_union_mad2r('t', epsilon := 1.0, delta := 1e-5, split := NULL)", "split"),
+    ("dp_set_union_mad2r('t', epsilon := 1.0, delta := 1e-5, split := [0.5, NULL])", "split"),
+    ("dp_set_union_mad2r('t', epsilon := 1.0, delta := 1e-5, b_min := 0.3)", "b_min"),
+    ("dp_set_union_mad2r('t', epsilon := 1.0, delta := 1e-5, b_max := 0.5)", "b_max"),
+    ("dp_set_union_mad2r('t', epsilon := 1.0, delta := 1e-5, c_ub := -1)", "c_ub"),
+    ("dp_set_union_mad2r('t', epsilon := 1.0, delta := 1)", "delta"),
+    ("dp_set_union_sips('t', epsilon := 1.0, delta := 1e-5, split := [0.1, 0.1, 0.1, 0.1, 0.1, 0.5])", "between 1 and 5"),
+    ("dp_set_union_sips('t', epsilon := 1.0, delta := 1e-5, split := [0.7, 0.2])", "sum to 1"),
+    ("dp_set_union_sips('t', epsilon := 1.0, delta := 1e-5, max_items := 0)", "max_items"),
     ("dp__mad_weights('t', 0.5)", "tau >= 1"),
     ("dp__mad_biased_weights('tb', 2.0, b_min := 0.2)", "b_min"),
 ]
@@ -325,7 +326,7 @@ def test_bad_sql_input_fails_clearly(con, call, msg, empty):
 
 
 # ---------------------------------------------------------------------------
-# UserWeights (CHECKS B8)
+# UserWeights (docs/proofs/reference_checks.md B8)
 # ---------------------------------------------------------------------------
 
 def _random_biases(rng: np.random.Generator, d: int) -> np.ndarray:
@@ -403,7 +404,7 @@ def test_user_weights_udf_equals_reference(con):
 
 
 # ---------------------------------------------------------------------------
-# Sensitivity on random neighbouring datasets (CHECKS B6), on the numpy reference
+# Sensitivity on random neighbouring datasets (docs/proofs/reference_checks.md B6), on the numpy reference
 # ---------------------------------------------------------------------------
 
 def _max_sensitivity(n_pairs, biased, seed, **broken):
@@ -590,6 +591,7 @@ MACROS = ["mad", "mad2r", "sips"]
 def released(con, method, table="t", **params):
     def lit(v):
         return "[" + ", ".join(map(str, v)) + "]" if isinstance(v, (list, tuple)) else repr(v)
+    params = {"epsilon": 1.0, "delta": 1e-5, **params}
     args = "".join(f", {k} := {lit(v)}" for k, v in params.items())
     return [r[0] for r in con.execute(f"SELECT * FROM dp_set_union_{method}('{table}'{args})").fetchall()]
 
@@ -601,7 +603,7 @@ def test_soundness_and_output_shape(method):
     a, b = _pair_of_connections(3, rows)
     try:
         cap_items = {i for s in capped_sets(a, max_items=5).values() for i in s}
-        rel = b.sql(f"SELECT * FROM dp_set_union_{method}('t', epsilon := 50.0, max_items := 5)")
+        rel = b.sql(f"SELECT * FROM dp_set_union_{method}('t', epsilon := 50.0, delta := 1e-5, max_items := 5)")
         assert rel.columns == ["item"] and str(rel.types[0]) == "VARCHAR"
         out = [r[0] for r in rel.fetchall()]
     finally:
@@ -616,7 +618,7 @@ def test_empty_input_and_input_type(con, method):
     load(con, [])
     assert released(con, method) == []
     load(con, [(u, "7") for u in range(400)], item_type="BIGINT")
-    rel = con.sql(f"SELECT * FROM dp_set_union_{method}('t', epsilon := 50.0)")
+    rel = con.sql(f"SELECT * FROM dp_set_union_{method}('t', epsilon := 50.0, delta := 1e-5)")
     assert str(rel.types[0]) == "BIGINT" and rel.fetchall() == [(7,)]
 
 
@@ -637,21 +639,21 @@ def test_one_salt_per_query_and_one_noise_draw_per_item_and_round(seeded_con, mo
         return src.samples_drawn - before, out
 
     for method in MACROS:
-        n, _ = draws(f"SELECT * FROM dp_set_union_{method}('t', epsilon := 1.0)")
+        n, _ = draws(f"SELECT * FROM dp_set_union_{method}('t', epsilon := 1.0, delta := 1e-5)")
         assert n >= 1 + n_items
-    n, _ = draws("SELECT * FROM dp_set_union_mad('t', epsilon := 1e4)")
+    n, _ = draws("SELECT * FROM dp_set_union_mad('t', epsilon := 1e4, delta := 1e-5)")
     assert n == 1 + n_items
     # At epsilon = 1e4 every item MAD2R's first round does not release has an upper bound
     # (about 1.2) below rho2 (about 2.03): the second round has no item and draws no noise.
-    n, _ = draws("SELECT * FROM dp_set_union_mad2r('t', epsilon := 1e4)")
+    n, _ = draws("SELECT * FROM dp_set_union_mad2r('t', epsilon := 1e4, delta := 1e-5)")
     assert n == 1 + n_items
     # ... unless c_ub is huge: then every item not released in round 1 gets a round-2 draw.
-    n, out = draws("SELECT * FROM dp_set_union_mad2r('t', epsilon := 1e4, c_ub := 1e9)")
+    n, out = draws("SELECT * FROM dp_set_union_mad2r('t', epsilon := 1e4, delta := 1e-5, c_ub := 1e9)")
     assert 1 + n_items < n < 1 + 2 * n_items
     # DP-SIPS with one round is Basic: no draw for the four pruned rounds.
-    n, out = draws("SELECT * FROM dp_set_union_sips('t', epsilon := 1e4, split := [1.0])")
+    n, out = draws("SELECT * FROM dp_set_union_sips('t', epsilon := 1e4, delta := 1e-5, split := [1.0])")
     assert n == 1 + n_items
-    n, out = draws("SELECT * FROM dp_set_union_sips('t', epsilon := 1e4, split := [0.2, 0.2, 0.2, 0.2, 0.2])")
+    n, out = draws("SELECT * FROM dp_set_union_sips('t', epsilon := 1e4, delta := 1e-5, split := [0.2, 0.2, 0.2, 0.2, 0.2])")
     assert 1 + n_items < n <= 1 + 5 * n_items
 
 
@@ -661,7 +663,7 @@ def test_dispatcher_runs_only_the_chosen_method(method):
     a, b = _pair_of_connections(12, rows)
     try:
         da, db = source_of(a).samples_drawn, source_of(b).samples_drawn
-        via = sorted(r[0] for r in a.execute(f"SELECT * FROM dp_set_union('t', method := '{method}')").fetchall())
+        via = sorted(r[0] for r in a.execute(f"SELECT * FROM dp_set_union('t', method := '{method}', epsilon := 1.0, delta := 1e-5)").fetchall())
         direct = sorted(released(b, method))
         assert source_of(a).samples_drawn - da == source_of(b).samples_drawn - db
     finally:
@@ -674,9 +676,9 @@ def test_default_method_is_the_registry_default_and_the_dispatcher_default():
     rows = zipf_rows(random.Random(9), n_users=300, n_items=80, max_deg=30)
     a, b = _pair_of_connections(13, rows)
     try:
-        via = sorted(r[0] for r in a.execute("SELECT * FROM dp_set_union('t')").fetchall())
+        via = sorted(r[0] for r in a.execute("SELECT * FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5)").fetchall())
         direct = sorted(r[0] for r in b.execute(
-            f"SELECT * FROM {dpsql.METHODS[union.DEFAULT_METHOD].macro}('t')").fetchall())
+            f"SELECT * FROM {dpsql.METHODS[union.DEFAULT_METHOD].macro}('t', epsilon := 1.0, delta := 1e-5)").fetchall())
         assert source_of(a).samples_drawn == source_of(b).samples_drawn
     finally:
         a.close()
@@ -773,7 +775,7 @@ def test_release_frequencies_match_the_reference(method, eps, kw):
 
 
 # ---------------------------------------------------------------------------
-# [MAD] Sec. 6.2: one heavy item and m light ones (CHECKS F2)
+# [MAD] Sec. 6.2: one heavy item and m light ones (docs/proofs/reference_checks.md F2)
 # ---------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -788,12 +790,12 @@ def test_section_6_2_instance_mad_releases_far_more_than_basic():
     try:
         load(con, rows)
         counts = {}
-        for label, sql in (("basic", "dp_set_union_weighted_gaussian('t')"),
-                           ("mad", "dp_set_union_mad('t', max_adaptive_degree := 3)")):
+        for label, sql in (("basic", "dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5)"),
+                           ("mad", "dp_set_union_mad('t', epsilon := 1.0, delta := 1e-5, max_adaptive_degree := 3)")):
             counts[label] = np.mean([con.execute(f"SELECT count(*) FROM {sql}").fetchall()[0][0] for _ in range(5)])
     finally:
         con.close()
-    # CHECKS F2 (Delta0 = 100): Basic about 243, MAD(d_max = 3) about 431.
+    # docs/proofs/reference_checks.md F2 (Delta0 = 100): Basic about 243, MAD(d_max = 3) about 431.
     assert counts["mad"] >= 1.3 * counts["basic"], counts
 
 

@@ -75,15 +75,15 @@ def test_mad_beats_basic_in_expectation(shared_data, name):
 @pytest.mark.parametrize("name", ["health", "debian"])
 def test_mad_releases_more_than_basic(shared_data, name):
     path = shared_data / DATASETS[name]
-    basic = mean_released(path, "dp_set_union_weighted_gaussian('t')", seed=1)
-    mad = mean_released(path, "dp_set_union_mad('t')", seed=2)
+    basic = mean_released(path, "dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5)", seed=1)
+    mad = mean_released(path, "dp_set_union_mad('t', epsilon := 1.0, delta := 1e-5)", seed=2)
     assert mad >= basic, (name, basic, mad)
 
 
 @pytest.mark.parametrize("name", sorted(DATASETS))
 def test_mad2r_releases_more_than_dp_sips(shared_data, name):
     path = shared_data / DATASETS[name]
-    sips = max(mean_released(path, "dp_set_union_sips('t')", seed=3),
-               mean_released(path, "dp_set_union_sips('t', split := [0.05, 0.15, 0.8])", seed=4))
-    mad2r = mean_released(path, "dp_set_union_mad2r('t')", seed=5)
+    sips = max(mean_released(path, "dp_set_union_sips('t', epsilon := 1.0, delta := 1e-5)", seed=3),
+               mean_released(path, "dp_set_union_sips('t', epsilon := 1.0, delta := 1e-5, split := [0.05, 0.15, 0.8])", seed=4))
+    mad2r = mean_released(path, "dp_set_union_mad2r('t', epsilon := 1.0, delta := 1e-5)", seed=5)
     assert mad2r >= sips, (name, sips, mad2r)

@@ -56,7 +56,7 @@ def _seeded(seed: int):
 
 def test_replicas_are_independent_trials_with_the_analytic_probability():
     """Stacked copies in one SQL call behave as Bernoulli trials of P[w + N(0, sigma^2) > rho]."""
-    cal = dpsql.calibrate("weighted_gaussian", 1.0, 1e-5, 100)
+    cal = dpsql.calibrate("weighted_gaussian", epsilon=1.0, delta=1e-5, max_items=100)
     pairs = audit._single_item_pairs([18, 24], 1)   # two pairs side by side, as in the pilot
     copies = 4000
     con = _seeded(11)

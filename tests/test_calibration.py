@@ -1,4 +1,4 @@
-"""Calibration numbers (spec CHECKS.md A1-A4) and their defining properties."""
+"""Calibration numbers (reference numbers of docs/proofs/count_*.md and weighted_*.md) and their defining properties."""
 from __future__ import annotations
 
 import math
@@ -179,7 +179,7 @@ def test_sql_calibration_functions_equal_python(con):
     ("SELECT dp_gaussian_sigma(1.0, 2.0)", "delta"),
     ("SELECT dp_gaussian_threshold(1.0, 1e-5, 0)", "max_items"),
     ("SELECT dp_laplace_threshold(1.0, NULL, 10)", "delta"),
-    ("SELECT dp_set_union_threshold('nope')", "method"),
+    ("SELECT dp_set_union_threshold('nope', epsilon := 1.0, delta := 1e-5)", "method"),
 ])
 def test_sql_calibration_errors_name_the_parameter(con, sql, param):
     with pytest.raises(Exception, match=param):

@@ -24,7 +24,8 @@ import pytest
 
 from dpsql.cli import main
 
-PARAMS = ["--epsilon", "1", "--delta", "1e-5", "--max-items", "10"]
+BUDGET = ["--epsilon", "1", "--delta", "1e-5"]
+PARAMS = [*BUDGET, "--max-items", "10"]
 N_USERS = 400
 
 
@@ -163,7 +164,7 @@ def test_json_calibration_matches_library(data):
     import dpsql
 
     r = cli("set-union", str(data.dir / "data.parquet"), *PARAMS, "--json")
-    cal = dpsql.calibrate(dpsql.DEFAULT_METHOD, 1.0, 1e-5, 10)
+    cal = dpsql.calibrate(dpsql.DEFAULT_METHOD, epsilon=1.0, delta=1e-5, max_items=10)
     doc = json.loads(r.stdout)
     assert doc["method"] == dpsql.DEFAULT_METHOD
     assert doc["calibration"] == {"noise": cal.noise, "scale": cal.scale, "threshold": cal.threshold}
@@ -509,7 +510,8 @@ def test_duckdb_table_scope_budget_applies_to_cli_releases(data, tmp_path):
 # ---------------------------------------------------------------- defaults: the SQL macro's
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-README_CLI = "dpsql set-union events.duckdb --table user_items --user-col uid --item-col query --json"
+README_CLI = ("dpsql set-union events.duckdb --table user_items --user-col uid --item-col query "
+              "--epsilon 1 --delta 1e-5 --json")
 
 
 def events_db(folder: Path) -> Path:
@@ -525,7 +527,7 @@ def events_db(folder: Path) -> Path:
     return db
 
 
-def test_readme_cli_example_runs_with_the_sql_defaults(data, tmp_path):
+def test_readme_cli_example_runs_with_the_sql_max_items_default(data, tmp_path):
     commands = [README_CLI]
     if README.exists():  # a source checkout: run README's own lines, so they cannot drift
         commands = [line.strip().rstrip("\\").strip() for line in README.read_text(encoding="utf-8").splitlines()
@@ -551,10 +553,11 @@ def test_left_out_flags_charge_what_the_sql_defaults_charge(tmp_path):
     sql_ledger, cli_ledger = tmp_path / "sql.dpsql-ledger", tmp_path / "cli.dpsql-ledger"
     con = dpsql.connect(str(db), ledger=str(sql_ledger), read_only=True)
     try:
-        con.sql("SELECT * FROM dp_set_union('user_items', user_col := 'uid', item_col := 'query')").fetchall()
+        con.sql("SELECT * FROM dp_set_union('user_items', epsilon := 1, delta := 1e-5, user_col := 'uid', "
+                "item_col := 'query')").fetchall()
     finally:
         con.close()
-    r = cli("set-union", str(db), "--table", "user_items", "--user-col", "uid", "--item-col", "query",
+    r = cli("set-union", str(db), "--table", "user_items", "--user-col", "uid", "--item-col", "query", *BUDGET,
             "--ledger", str(cli_ledger))
     assert r.returncode == 0, r.stderr
     (by_sql,), (by_cli,) = Ledger(sql_ledger).releases(), Ledger(cli_ledger).releases()
@@ -571,12 +574,27 @@ def test_weighted_sample_requires_epsilon_and_delta_like_its_macro(data, tmp_pat
     assert charges(ledger) == 0
 
 
+@pytest.mark.parametrize("command", ["set-union", "top-k", "hitting-set"])
+@pytest.mark.parametrize("flags, missing", [([], "--epsilon and --delta are required"),
+                                            (["--delta", "1e-5"], "--epsilon is required"),
+                                            (["--epsilon", "1"], "--delta is required")])
+def test_releases_require_epsilon_and_delta_like_their_macros(data, tmp_path, command, flags, missing):
+    ledger = tmp_path / "l.dpsql-ledger"
+    k = [] if command == "set-union" else ["--k", "3"]
+    r = cli(command, str(data.dir / "data.parquet"), *k, *flags, "--ledger", str(ledger))
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {missing} (the SQL macro dp_"), lines
+    assert lines[0].endswith("say how much privacy budget this release may spend")
+    assert charges(ledger) == 0
+
+
 # ---------------------------------------------------------------- top-k and hitting-set
 
 @pytest.mark.parametrize("command", ["top-k", "hitting-set"])
 def test_ranked_release_json_output_and_plain(data, tmp_path, command):
     ledger = tmp_path / "l.dpsql-ledger"
-    base = [command, str(data.dir / "data.parquet"), "--k", "3", "--ledger", str(ledger)]
+    base = [command, str(data.dir / "data.parquet"), "--k", "3", *BUDGET, "--ledger", str(ledger)]
     r = cli(*base, "--json", "--seed", "4")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -602,12 +620,12 @@ def test_ranked_release_json_output_and_plain(data, tmp_path, command):
 
 
 @pytest.mark.parametrize("flags, word", [
-    ([], "--k"),
-    (["--k", "0"], "k"),
-    (["--k", "2", "--epsilon", "-1"], "epsilon"),
-    (["--k", "2", "--domain-method", "nope"], "--domain-method"),
-    (["--k", "2", "--item-col", "nope"], "--item-col"),
-    (["--k", "2", "--delimiter", ";"], "--delimiter"),
+    (BUDGET, "--k"),
+    (["--k", "0", *BUDGET], "k must"),
+    (["--k", "2", "--epsilon", "-1", "--delta", "1e-5"], "epsilon"),
+    (["--k", "2", *BUDGET, "--domain-method", "nope"], "--domain-method"),
+    (["--k", "2", *BUDGET, "--item-col", "nope"], "--item-col"),
+    (["--k", "2", *BUDGET, "--delimiter", ";"], "--delimiter"),
 ])
 @pytest.mark.parametrize("command", ["top-k", "hitting-set"])
 def test_ranked_release_bad_arguments_charge_nothing(data, tmp_path, command, flags, word):
@@ -636,14 +654,14 @@ def test_csv_reader_options(tmp_path):
     semi = write_lines(tmp_path / "semi.csv", ["user_id;item"] + [f"{u};{i}" for u, i in pairs])
     ledger = ["--ledger", str(tmp_path / "l.dpsql-ledger")]
     # Sniffed, the items are numbers: 2.50 becomes 2.5.
-    assert "2.5" in plain_items(cli("set-union", str(semi), "--seed", "1", *ledger))
+    assert "2.5" in plain_items(cli("set-union", str(semi), "--seed", "1", *BUDGET, *ledger))
     for flags in (["--csv-types", "item=VARCHAR"], ["--all-varchar"], ["--delimiter", ";", "--all-varchar"],
                   ["--csv-types", "user_id=VARCHAR", "--csv-types", "item=VARCHAR", "--sample-size", "-1"],
                   ["--csv-types", "user_id=VARCHAR,item=DECIMAL(10,2)"]):
-        items = plain_items(cli("set-union", str(semi), "--seed", "1", *ledger, *flags))
+        items = plain_items(cli("set-union", str(semi), "--seed", "1", *BUDGET, *ledger, *flags))
         assert "2.50" in items and "2.5" not in items, flags
     tabbed = write_lines(tmp_path / "tabbed.txt", ["user_id\titem"] + [f"{u}\t{i}" for u, i in pairs])
-    assert "2.5" in plain_items(cli("set-union", str(tabbed), "--delimiter", "\\t", *ledger))
+    assert "2.5" in plain_items(cli("set-union", str(tabbed), "--delimiter", "\\t", *BUDGET, *ledger))
 
 
 @pytest.mark.parametrize("flags, words", [
@@ -656,7 +674,7 @@ def test_csv_reader_options(tmp_path):
 def test_bad_csv_options_charge_nothing(tmp_path, flags, words):
     path = write_lines(tmp_path / "d.csv", ["user_id,item"] + [f"u{u},a" for u in range(50)])
     ledger = tmp_path / "l.dpsql-ledger"
-    r = cli("set-union", str(path), *flags, "--ledger", str(ledger))
+    r = cli("set-union", str(path), *flags, *BUDGET, "--ledger", str(ledger))
     assert r.returncode == 2, r.stderr
     for word in words:
         assert word in r.stderr
@@ -664,7 +682,7 @@ def test_bad_csv_options_charge_nothing(tmp_path, flags, words):
 
 
 def test_csv_options_are_refused_for_other_inputs(data):
-    r = cli("set-union", str(data.dir / "data.parquet"), "--all-varchar")
+    r = cli("set-union", str(data.dir / "data.parquet"), *BUDGET, "--all-varchar")
     assert r.returncode == 2 and "--all-varchar" in r.stderr and "parquet" in r.stderr
 
 
@@ -676,7 +694,7 @@ def test_csv_options_are_refused_for_other_inputs(data):
 def test_json_input_is_read_as_json(data, tmp_path, name, text):
     records = [{"user_id": u, "item": i} for u, i in rows()]
     (tmp_path / name).write_text(text(records), encoding="utf-8")
-    r = cli("set-union", str(tmp_path / name), "--json", "--ledger", str(tmp_path / "l.dpsql-ledger"))
+    r = cli("set-union", str(tmp_path / name), *BUDGET, "--json", "--ledger", str(tmp_path / "l.dpsql-ledger"))
     assert r.returncode == 0, r.stderr
     assert data.common <= set(json.loads(r.stdout)["items"]) <= data.items
 
@@ -684,7 +702,7 @@ def test_json_input_is_read_as_json(data, tmp_path, name, text):
 def test_broken_csv_is_named_as_such(tmp_path):
     path = write_lines(tmp_path / "broken.csv", ["user_id,item,extra", "u1,a,1", "u2,b,2", "u3,c,3,4", "u4,d"])
     ledger = tmp_path / "l.dpsql-ledger"
-    r = cli("set-union", str(path), "--ledger", str(ledger))
+    r = cli("set-union", str(path), *BUDGET, "--ledger", str(ledger))
     assert r.returncode == 2
     line = r.stderr.strip()
     assert "\n" not in line and line.startswith("Error: dpsql: ")
@@ -696,14 +714,14 @@ def test_broken_csv_is_named_as_such(tmp_path):
 @pytest.mark.parametrize("content", ["", "\n\n", "  \n"])
 def test_empty_csv_says_so(tmp_path, content):
     (tmp_path / "empty.csv").write_text(content)
-    r = cli("set-union", str(tmp_path / "empty.csv"), "--ledger", str(tmp_path / "l.dpsql-ledger"))
+    r = cli("set-union", str(tmp_path / "empty.csv"), *BUDGET, "--ledger", str(tmp_path / "l.dpsql-ledger"))
     assert r.returncode == 2
     assert "is empty" in r.stderr and "column0" not in r.stderr and r.stderr.startswith("Error: dpsql: ")
 
 
 def test_headerless_csv_says_so(tmp_path):
     path = write_lines(tmp_path / "nohead.csv", [f"u{u},{u * 3}" for u in range(50)])
-    r = cli("set-union", str(path), "--ledger", str(tmp_path / "l.dpsql-ledger"))
+    r = cli("set-union", str(path), *BUDGET, "--ledger", str(tmp_path / "l.dpsql-ledger"))
     assert r.returncode == 2
     assert "no header line" in r.stderr and "user_id,item" in r.stderr
 
@@ -724,7 +742,7 @@ ODD_ITEMS = ["two\nlines", "tab\there", "back\\slash", "bell\x07", "cr\rlf", "se
 def test_plain_output_is_one_line_per_item(tmp_path):
     users = [u for u in range(300) for _ in ODD_ITEMS]
     pq.write_table(pa.table({"user_id": users, "item": ODD_ITEMS * 300}), tmp_path / "odd.parquet")
-    r = cli("set-union", str(tmp_path / "odd.parquet"), "--method", "weighted_gaussian",
+    r = cli("set-union", str(tmp_path / "odd.parquet"), "--method", "weighted_gaussian", *BUDGET,
             "--ledger", str(tmp_path / "l.dpsql-ledger"))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split("\n")
@@ -749,7 +767,7 @@ def test_plain_and_csv_output_write_values_alike(tmp_path, arrow_type):
               }[arrow_type]
     users = [u for u in range(300) for _ in values]
     pq.write_table(pa.table({"user_id": users, "item": pa.array(values * 300, arrow_type)}), tmp_path / "v.parquet")
-    common = [str(tmp_path / "v.parquet"), "--method", "weighted_gaussian",
+    common = [str(tmp_path / "v.parquet"), "--method", "weighted_gaussian", *BUDGET,
               "--ledger", str(tmp_path / "l.dpsql-ledger")]
     plain = cli("set-union", *common)
     to_csv = cli("set-union", *common, "--output", str(tmp_path / "v.csv"))
@@ -779,7 +797,7 @@ def test_ctrl_c_during_a_long_release_stops_cleanly(tmp_path):
         con.close()
     ledger = tmp_path / "l.dpsql-ledger"
     proc = subprocess.Popen([sys.executable, "-m", "dpsql", "set-union", str(db), "--table", "user_items",
-                             "--ledger", str(ledger), "--progress"],
+                             *BUDGET, "--ledger", str(ledger), "--progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         first = proc.stderr.readline()

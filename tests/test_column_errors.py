@@ -22,20 +22,25 @@ _FILES = ("60_evaluation.sql", "70_pws.sql", "80_optimize.sql")
 
 _EVAL_DATA = ("CREATE TABLE t AS SELECT u AS user_id, 'i' || j AS item FROM range(30) a(u), range(5) b(j) WHERE j <= u % 5;"
               "CREATE TABLE rel AS SELECT * FROM (VALUES ('i0'), ('i1')) v(item);")
-_EVAL = {"tbl": "'t'", "released": "'rel'", "user_col": "'user_id'", "item_col": "'item'", "released_col": "'item'"}
+_EVAL = {"tbl": "'t'", "released_tbl": "'rel'", "user_col": "'user_id'", "item_col": "'item'", "released_col": "'item'"}
 
 # Valid calls of the macros that release nothing (the releasing ones come from tests/test_release.py).
 LOCAL_CASES: dict[str, Case] = {
-    "dp_eval_missing_mass": Case(_EVAL_DATA, ("tbl", "released"), {**_EVAL, "p": "1"}),
-    "dp_eval_top_k_missing_mass": Case(_EVAL_DATA, ("tbl", "released", "k"), {**_EVAL, "k": "2"}),
-    "dp_eval_hits": Case(_EVAL_DATA, ("tbl", "released"), dict(_EVAL)),
-    "dp_eval_coverage_by_frequency": Case(_EVAL_DATA, ("tbl", "released"), dict(_EVAL)),
+    "dp_eval_missing_mass": Case(_EVAL_DATA, ("tbl", "released_tbl"), {**_EVAL, "p": "1"}),
+    "dp_eval_top_k_missing_mass": Case(_EVAL_DATA, ("tbl", "released_tbl", "k"), {**_EVAL, "k": "2"}),
+    "dp_eval_hits": Case(_EVAL_DATA, ("tbl", "released_tbl"), dict(_EVAL)),
+    "dp_eval_coverage_by_frequency": Case(_EVAL_DATA, ("tbl", "released_tbl"), dict(_EVAL)),
     "dp_threshold_sample": Case(RELEASE_CASES["dp_weighted_sample"].setup, ("tbl", "tau"), {
         "tbl": "'t'", "tau": "0.5", "key_col": "'item'", "freq_col": "'user_id'", "salt": "7"}),
     "dp_eval_set_cover_cost": Case(RELEASE_CASES["dp_set_cover"].setup
                                    + "CREATE TABLE perm AS SELECT * FROM (VALUES (1, 2), (2, 1)) v(position, set_id);",
-                                   ("sets_tbl", "permutation_tbl"), {
-        "sets_tbl": "'sets'", "permutation_tbl": "'perm'", "set_col": "'set_id'", "element_col": "'element'"}),
+                                   ("tbl", "permutation_tbl"), {
+        "tbl": "'sets'", "permutation_tbl": "'perm'", "set_col": "'set_id'", "element_col": "'element'",
+        "position_col": "'position'", "permutation_set_col": "'set_id'"}),
+    "dp_weighted_sample_estimate": Case(
+        "CREATE TABLE smp AS SELECT 'k' || i AS key, 1 + i % 5 AS token FROM range(20) r(i);",
+        ("sample_tbl", "epsilon", "delta"), {
+            "sample_tbl": "'smp'", "epsilon": "1.0", "delta": "1e-5", "key_col": "'key'", "token_col": "'token'"}),
 }
 
 
@@ -95,7 +100,7 @@ def test_wrong_column_of_an_empty_table_is_still_an_error(name):
     con = dpsql.connect()
     case = _case(name)
     con.execute(case.setup)
-    tables = {v.strip("'") for k, v in case.args.items() if k == "tbl" or k.endswith("_tbl") or k == "released"}
+    tables = {v.strip("'") for k, v in case.args.items() if k == "tbl" or k.endswith("_tbl")}
     for t in tables:
         con.execute(f"DELETE FROM {t}")
     params = list(case.args)

@@ -48,11 +48,11 @@ def test_plugin_registers_macros_on_cursors():
 
     bare = con.cursor()  # TEMP macros do not reach a cursor by themselves...
     with pytest.raises(duckdb.CatalogException):
-        bare.execute("SELECT * FROM dp_set_union_weighted_gaussian('user_items')").fetchall()
+        bare.execute("SELECT * FROM dp_set_union_weighted_gaussian('user_items', epsilon := 1.0, delta := 1e-5)").fetchall()
 
     cursor = con.cursor()  # ...configure_cursor creates them there
     plugin.configure_cursor(cursor)
-    rows = cursor.execute("SELECT * FROM dp_set_union_weighted_gaussian('user_items', epsilon := 1.0)").fetchall()
+    rows = cursor.execute("SELECT * FROM dp_set_union_weighted_gaussian('user_items', epsilon := 1.0, delta := 1e-5)").fetchall()
     assert rows == [("common",)]
 
 
@@ -63,9 +63,9 @@ def test_plugin_budget_config_limits_releases(tmp_path):
     con = duckdb.connect()
     plugin.configure_connection(con)
     con.execute("CREATE TABLE user_items AS SELECT i AS user_id, 'common' AS item FROM range(200) t(i)")
-    con.execute("SELECT * FROM dp_set_union_weighted_gaussian('user_items', epsilon := 1.0)").fetchall()
+    con.execute("SELECT * FROM dp_set_union_weighted_gaussian('user_items', epsilon := 1.0, delta := 1e-5)").fetchall()
     with pytest.raises(duckdb.Error, match="exceeded"):
-        con.execute("SELECT * FROM dp_set_union_weighted_gaussian('user_items', epsilon := 1.0)").fetchall()
+        con.execute("SELECT * FROM dp_set_union_weighted_gaussian('user_items', epsilon := 1.0, delta := 1e-5)").fetchall()
     with pytest.raises(ValueError, match="budget must be a mapping"):
         base.create("dpsql.dbt", config={"budget": {"epsilon": 1.0}})
 
@@ -79,7 +79,7 @@ def test_plugin_budget_scope_is_the_table_identity(tmp_path):
         plugin.configure_connection(con)
         for table in ("user_items", "other_items"):
             con.execute(f"CREATE TABLE {table} AS SELECT i AS user_id, 'common' AS item FROM range(200) t(i)")
-        release = "SELECT * FROM dp_set_union_weighted_gaussian('{}', epsilon := 1.0)"
+        release = "SELECT * FROM dp_set_union_weighted_gaussian('{}', epsilon := 1.0, delta := 1e-5)"
         con.execute(release.format('"events"."main"."user_items"')).fetchall()  # as ref('user_items') renders
         with pytest.raises(duckdb.Error, match="scope 'events.main.user_items' exceeded"):
             con.execute(release.format("user_items")).fetchall()
@@ -91,22 +91,24 @@ def test_plugin_budget_scope_is_the_table_identity(tmp_path):
 # Models added to a copy of the example project: each stores a release as a query (refused), or
 # reads released rows (allowed). ``name: (materialization, sql)``.
 EXTRA_MODELS = {
-    "release_view": ("view", "select * from dp_set_union_weighted_gaussian('{{ ref(\"user_items\") }}')"),
+    "release_view": ("view", "select * from dp_set_union_weighted_gaussian('{{ ref(\"user_items\") }}', "
+                             "epsilon := 1.0, delta := 1e-5)"),
     "release_function": ("table_function",
-                         "select * from dp_set_union('{{ ref(\"user_items\") }}', 'weighted_gaussian')"),
+                         "select * from dp_set_union('{{ ref(\"user_items\") }}', method := 'weighted_gaussian', "
+                         "epsilon := 1.0, delta := 1e-5)"),
     "release_ephemeral": ("ephemeral",
-                          "select * from dp_set_union_count_gaussian('{{ ref(\"user_items\") }}', epsilon := 0.5)"),
+                          "select * from dp_set_union_count_gaussian('{{ ref(\"user_items\") }}', epsilon := 0.5, delta := 1e-5)"),
     "from_ephemeral": ("table", "select * from {{ ref('release_ephemeral') }}"),
     "released_view": ("view", "select item from {{ ref('released_items') }}  -- dp_top_k( in a comment"),
     # supported: the released rows are stored once
     "release_incremental": ("incremental",
-                            "select * from dp_set_union_weighted_laplace('{{ ref(\"user_items\") }}', epsilon := 0.5)"),
+                            "select * from dp_set_union_weighted_laplace('{{ ref(\"user_items\") }}', epsilon := 0.5, delta := 1e-5)"),
     "release_external": ("external",
-                         "select * from dp_set_union_count_laplace('{{ ref(\"user_items\") }}', epsilon := 0.25, "
+                         "select * from dp_set_union_count_laplace('{{ ref(\"user_items\") }}', epsilon := 0.25, delta := 1e-5, "
                          "max_items := 3)"),
     # a dbt source over the seed's table: the same relation, hence the same scope as ref('user_items')
     "release_from_source": ("table", "select * from dp_set_union_count_gaussian("
-                                     "'{{ source(\"raw\", \"user_items\") }}', epsilon := 0.125)"),
+                                     "'{{ source(\"raw\", \"user_items\") }}', epsilon := 0.125, delta := 1e-5)"),
 }
 SOURCES = "version: 2\nsources:\n  - name: raw\n    schema: main\n    tables:\n      - name: user_items\n"
 # `dpsql budget set dpsql_example.duckdb --scope user_items` before `dbt run`: the models that read
@@ -209,7 +211,7 @@ def test_models_charge_the_scope_budget_set_names(dbt_run):
     try:
         for name in ("user_items", '"dpsql_example"."main"."user_items"'):
             with pytest.raises(duckdb.Error, match=f"scope '{SCOPE}' exceeded"):
-                dpsql.set_union(con, name, "weighted_gaussian", epsilon=0.1)
+                dpsql.set_union(con, name, "weighted_gaussian", epsilon=0.1, delta=1e-5)
     finally:
         con.close()
     assert len(Ledger(sidecar_path(database)).releases()) == len(CHARGED)

@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import dpsql
 from dpsql.shell import run_shell
 
 from conftest import seeded
@@ -197,9 +198,9 @@ class Entry:
 
 
 UNION_COLS = {"user_col": "user_id", "item_col": "item"}
+EVAL_COLS = {**UNION_COLS, "released_col": "item"}
 UNION_TABLES = {"tbl": ("t", "t_empty")}
-SET_UNION_METHODS = ["count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian", "mad", "mad2r",
-                     "sips", "policy_laplace", "policy_gaussian", "greedy_update"]
+SET_UNION_METHODS = list(dpsql.METHODS)  # every declared method
 ITEMS = "SELECT item FROM t"
 SU = dict(epsilon=1.0, delta=1e-5, max_items=100.0, user_col="user_id", item_col="item", tbl="t")
 SU_ARGS = ("epsilon := {epsilon}, delta := {delta}, max_items := {max_items}, user_col := {user_col}, "
@@ -210,7 +211,7 @@ ENTRIES: list[Entry] = [
           ["item"], subset_of(ITEMS), UNION_COLS, UNION_TABLES)
     for m in SET_UNION_METHODS
 ] + [
-    Entry("dp_set_union[method]", "FROM dp_set_union({tbl}, method := {method})", dict(tbl="t", method="mad2r"),
+    Entry("dp_set_union[method]", "FROM dp_set_union({tbl}, method := {method}, epsilon := 1.0, delta := 1e-5)", dict(tbl="t", method="mad2r"),
           ["item"], subset_of(ITEMS)),
     Entry("dp_set_union_count_laplace", f"FROM dp_set_union_count_laplace({{tbl}}, {SU_ARGS})", dict(SU),
           ["item"], subset_of(ITEMS), UNION_COLS, UNION_TABLES),
@@ -277,16 +278,19 @@ ENTRIES: list[Entry] = [
           ["position", "set_id"], check_set_cover,
           {"set_col": "set_id", "element_col": "element"}, {"tbl": ("sets", "sets_empty")}),
     Entry("dp_shifting_heavy_hitters",
-          "FROM dp_shifting_heavy_hitters({tbl}, 'buckets', {k}, epsilon := {epsilon}, beta := {beta}, "
-          "horizon := {horizon}, user_col := {user_col}, time_col := {time_col}, bucket_col := {bucket_col})",
-          dict(tbl="stream", k=1.0, epsilon=1.0, beta=0.05, horizon=3.0, user_col="user_id", time_col="t",
-               bucket_col="bucket"),
+          "FROM dp_shifting_heavy_hitters({tbl}, 'buckets', {k}, epsilon := {epsilon}, "
+          "failure_probability := {failure_probability}, horizon := {horizon}, user_col := {user_col}, "
+          "time_col := {time_col}, bucket_col := {bucket_col})",
+          dict(tbl="stream", k=1.0, epsilon=1.0, failure_probability=0.05, horizon=3.0, user_col="user_id",
+               time_col="t", bucket_col="bucket"),
           ["t", "bucket"], check_heavy_hitters,
           {"user_col": "user_id", "time_col": "t", "bucket_col": "bucket"}, {"tbl": ("stream", "stream_empty")}),
     Entry("dp_matroid_coverage",
-          "FROM dp_matroid_coverage({tbl}, 'parts', 'caps', epsilon := {epsilon}, eta := {eta}, beta := {beta}, "
-          "samples := {samples}, set_col := {set_col}, element_col := {element_col})",
-          dict(tbl="sets", epsilon=1.0, eta=0.5, beta=0.05, samples=16.0, set_col="set_id", element_col="element"),
+          "FROM dp_matroid_coverage({tbl}, 'parts', 'caps', epsilon := {epsilon}, eta := {eta}, "
+          "failure_probability := {failure_probability}, samples := {samples}, set_col := {set_col}, "
+          "element_col := {element_col})",
+          dict(tbl="sets", epsilon=1.0, eta=0.5, failure_probability=0.05, samples=16.0, set_col="set_id",
+               element_col="element"),
           ["rank", "set_id"], check_matroid,
           {"set_col": "set_id", "element_col": "element"}, {"tbl": ("sets", "sets_empty")}),
     Entry("dp_k_median",
@@ -296,21 +300,26 @@ ENTRIES: list[Entry] = [
           ["rank", "candidate_id"], ranked("k", "SELECT candidate_id FROM cands"),
           {"point_col": "point"}, {"tbl": ("pts", "pts_empty")}),
     Entry("dp_eval_missing_mass",
-          "FROM dp_eval_missing_mass({tbl}, 't', p := {p}, user_col := {user_col}, item_col := {item_col})",
-          dict(tbl="t", p=1.0, user_col="user_id", item_col="item"),
-          ["p", "missing_mass"], check_missing_mass, UNION_COLS),
+          "FROM dp_eval_missing_mass({tbl}, 't', p := {p}, user_col := {user_col}, item_col := {item_col}, "
+          "released_col := {released_col})",
+          dict(tbl="t", p=1.0, user_col="user_id", item_col="item", released_col="item"),
+          ["p", "missing_mass"], check_missing_mass, EVAL_COLS),
     Entry("dp_eval_top_k_missing_mass",
-          "FROM dp_eval_top_k_missing_mass({tbl}, 'rel', {k}, user_col := {user_col}, item_col := {item_col})",
-          dict(tbl="t", k=3.0, user_col="user_id", item_col="item"),
-          ["k", "released_items", "top_k_missing_mass"], check_top_k_missing_mass, UNION_COLS),
-    Entry("dp_eval_hits", "FROM dp_eval_hits({tbl}, 'rel', user_col := {user_col}, item_col := {item_col})",
-          dict(tbl="t", user_col="user_id", item_col="item"), ["hits", "users"],
-          lambda con, c, rows, p: rows == [(60, 60)], UNION_COLS),
+          "FROM dp_eval_top_k_missing_mass({tbl}, 'rel', {k}, user_col := {user_col}, item_col := {item_col}, "
+          "released_col := {released_col})",
+          dict(tbl="t", k=3.0, user_col="user_id", item_col="item", released_col="item"),
+          ["k", "released_items", "top_k_missing_mass"], check_top_k_missing_mass, EVAL_COLS),
+    Entry("dp_eval_hits",
+          "FROM dp_eval_hits({tbl}, 'rel', user_col := {user_col}, item_col := {item_col}, "
+          "released_col := {released_col})",
+          dict(tbl="t", user_col="user_id", item_col="item", released_col="item"), ["hits", "users"],
+          lambda con, c, rows, p: rows == [(60, 60)], EVAL_COLS),
     Entry("dp_eval_coverage_by_frequency",
-          "FROM dp_eval_coverage_by_frequency({tbl}, 'rel', user_col := {user_col}, item_col := {item_col})",
-          dict(tbl="t", user_col="user_id", item_col="item"),
+          "FROM dp_eval_coverage_by_frequency({tbl}, 'rel', user_col := {user_col}, item_col := {item_col}, "
+          "released_col := {released_col})",
+          dict(tbl="t", user_col="user_id", item_col="item", released_col="item"),
           ["bucket", "min_frequency", "max_frequency", "items", "released_items"],
-          lambda con, c, rows, p: sum(r[3] for r in rows) == 7, UNION_COLS),
+          lambda con, c, rows, p: sum(r[3] for r in rows) == 7, EVAL_COLS),
     Entry("dp_eval_set_cover_cost",
           "FROM dp_eval_set_cover_cost({tbl}, 'perm', set_col := {set_col}, element_col := {element_col})",
           dict(tbl="sets", set_col="set_id", element_col="element"), ["cost"],
@@ -420,7 +429,7 @@ def test_calibration_function_errors_by_name_or_is_finite(con, name, param, valu
 @pytest.mark.parametrize("method", [None, "MAD2R", "mad2r; DROP TABLE t", "x' OR '1'='1"])
 def test_unknown_method_is_refused(con, method):
     """Unknown (and differently spelt: names are case-sensitive, one spelling per method) methods fail."""
-    columns, rows, exc = stream(con, f"FROM dp_set_union('t', method := {literal(method)})")
+    columns, rows, exc = stream(con, f"FROM dp_set_union('t', method := {literal(method)}, epsilon := 1.0, delta := 1e-5)")
     assert exc is not None and rows == []
     assert_named_error(exc, "method")
     assert con.sql("SELECT count(*) FROM t").fetchall() == [(600,)]
@@ -526,7 +535,7 @@ def test_table_without_the_item_column_is_an_error(con, entry_name):
                          + [("t_struct", m) for m in ("weighted_gaussian", "mad2r", "policy_gaussian")])
 def test_nested_items_are_released_as_values_of_their_type(con, shape, method):
     """LIST / STRUCT items are ordinary (comparable) values: released at a large epsilon, type kept."""
-    rel = con.sql(f"FROM dp_set_union_{method}('{shape}', epsilon := 50.0)")
+    rel = con.sql(f"FROM dp_set_union_{method}('{shape}', epsilon := 50.0, delta := 1e-5)")
     expected = values(con, f"SELECT item FROM {shape}")
     got = [hashable(r[0]) for r in rel.fetchall()]
     assert rel.types[0] == con.sql(f"SELECT item FROM {shape}").types[0]
@@ -561,7 +570,7 @@ def test_duplicate_rows_count_once(con):
 
 
 def test_a_list_of_tables_is_refused_by_the_binder(con):
-    columns, rows, exc = stream(con, "FROM dp_set_union(['t', 't_dup'])")
+    columns, rows, exc = stream(con, "FROM dp_set_union(['t', 't_dup'], epsilon := 1.0, delta := 1e-5)")
     assert isinstance(exc, duckdb.BinderException) and rows == []
 
 
@@ -571,16 +580,16 @@ FOUND = [
     # (call, parameter the error must name); each used to fail with a bare Python/engine error
     ("FROM dp_sbh_histogram('ev', 1e-320, 1e-3)", "epsilon"),           # Laplace scale 1/epsilon = inf
     ("FROM dp_set_cover('sets', 'set_cands', epsilon := 1e-320)", "epsilon"),        # idem (Lap(2/epsilon))
-    ("FROM dp_top_k_limited_domain('t', 3, 5, epsilon := 1e-320)", "epsilon"),
-    ("FROM dp_set_union_greedy_update('t', delta := 1e-320)", "delta"),  # 1/(2 delta) = inf
+    ("FROM dp_top_k_limited_domain('t', 3, 5, epsilon := 1e-320, delta := 1e-5)", "epsilon"),
+    ("FROM dp_set_union_greedy_update('t', epsilon := 1.0, delta := 1e-320)", "delta"),  # 1/(2 delta) = inf
     ("FROM dp_weighted_sample('ev', 1e300, 1e-3)", "epsilon"),          # OverflowError in e^epsilon
     ("FROM dp_weighted_sample_estimate('smp', 710, 1e-3)", "epsilon"),
     ("SELECT dp_pws_L(1e300, 1e-3)", "epsilon"),
     ("SELECT dp_peeling_epsilon(2.2e307, 1e-5, 10)", "epsilon"),         # returned inf
-    ("FROM dp_matroid_coverage('sets', 'parts', 'caps', eta := 1e-320)", "eta"),  # int(inf) passes
-    ("FROM dp_matroid_coverage('sets', 'parts', 'caps', eta := 1e-9)", "eta"),    # 4e9 passes: hangs
-    ("FROM dp_matroid_coverage('sets', 'parts', 'caps', beta := 1e-320)", "beta"),
-    ("FROM dp_k_median('pts', 'cands', 'dist', 2, n_bound := 1e300)", "n_bound"),  # BIGINT overflow
+    ("FROM dp_matroid_coverage('sets', 'parts', 'caps', 1.0, eta := 1e-320)", "eta"),  # int(inf) passes
+    ("FROM dp_matroid_coverage('sets', 'parts', 'caps', 1.0, eta := 1e-9)", "eta"),    # 4e9 passes: hangs
+    ("FROM dp_matroid_coverage('sets', 'parts', 'caps', 1.0, failure_probability := 1e-320)", "failure_probability"),
+    ("FROM dp_k_median('pts', 'cands', 'dist', 2, 1.0, n_bound := 1e300)", "n_bound"),  # BIGINT overflow
     ("FROM dp_eval_top_k_missing_mass('t', 'rel', 1e300)", "k"),         # Conversion Error
 ]
 
@@ -607,14 +616,14 @@ def test_found_inputs_now_compute(con, sql, expected):
 # ---------------------------------------------------------------- the shell
 
 SHELL_FAILURES = [
-    ("SELECT * FROM dp_set_union('t', epsilon := 'nan'::DOUBLE);", "epsilon"),
-    ("SELECT * FROM dp_top_k('t', 2.5);", "k"),
-    ("SELECT * FROM dp_set_union_mad('t', item_col := 'item; DROP TABLE t');", "item; DROP TABLE t"),
-    ("SELECT * FROM dp_set_union_mad('no_such_table');", "no_such_table"),
-    ("SELECT * FROM dp_set_union_sips('t_null');", "user_col"),
+    ("SELECT * FROM dp_set_union('t', epsilon := 'nan'::DOUBLE, delta := 1e-5);", "epsilon"),
+    ("SELECT * FROM dp_top_k('t', 2.5, epsilon := 1.0, delta := 1e-5);", "k"),
+    ("SELECT * FROM dp_set_union_mad('t', epsilon := 1.0, delta := 1e-5, item_col := 'item; DROP TABLE t');", "item; DROP TABLE t"),
+    ("SELECT * FROM dp_set_union_mad('no_such_table', epsilon := 1.0, delta := 1e-5);", "no_such_table"),
+    ("SELECT * FROM dp_set_union_sips('t_null', epsilon := 1.0, delta := 1e-5);", "user_col"),
     ("SELECT * FROM dp_weighted_sample('ev', 1e300, 1e-3);", "epsilon"),
-    ("SELECT * FROM dp_k_median('pts', 'cands', 'dist', 2, n_bound := 1e300);", "n_bound"),
-    ("SELECT * FROM dp_matroid_coverage('sets', 'parts', 'caps', eta := 1e-320);", "eta"),
+    ("SELECT * FROM dp_k_median('pts', 'cands', 'dist', 2, 1.0, n_bound := 1e300);", "n_bound"),
+    ("SELECT * FROM dp_matroid_coverage('sets', 'parts', 'caps', 1.0, eta := 1e-320);", "eta"),
     ("SELECT * FROM dp_eval_top_k_missing_mass('t', 'rel', 1e300);", "k"),
 ]
 SHELL_TABLES = ("t ", "t_null ", "ev ", "rel ", "sets ", "parts ", "caps ", "cands ", "pts ", "dist ")
@@ -639,7 +648,7 @@ def test_shell_names_a_missing_column_plainly(payload):
     before, DuckDB reported a binder error about a star expression over dpsql's internals)."""
     out, err = io.StringIO(), io.StringIO()
     code = run_shell(None, "CREATE TABLE t AS SELECT 'u' AS user_id, 'w' AS item;\n"
-                     f"SELECT * FROM dp_set_union_weighted_gaussian('t', item_col := {literal(payload)});",
+                     f"SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5, item_col := {literal(payload)});",
                      stdin=io.StringIO(""), out=out, err=err)
     line = err.getvalue().strip()
     assert code == 1 and "\n" not in line

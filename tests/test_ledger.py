@@ -100,7 +100,7 @@ def test_bad_parameters_are_named(call, match):
 
 def test_unwritable_ledger_is_a_clear_error(tmp_path):
     led = Ledger(tmp_path / "missing-folder" / "x.dpsql-ledger")
-    with pytest.raises(dpsql.DPParameterError, match="cannot use the privacy ledger"):
+    with pytest.raises(dpsql.LedgerIOError, match="cannot use the privacy ledger"):
         led.charge("m", "user", "t", 1.0, 1e-5)
 
 
@@ -135,12 +135,12 @@ def con():
 
 
 def _new_releases(con, before):
-    return [(r.mechanism, r.unit, r.table, r.epsilon, r.delta) for r in dpsql.ledger.releases(con)[before:]]
+    return [(r.mechanism, r.unit, r.table, r.epsilon, r.delta) for r in dpsql.releases(con)[before:]]
 
 
 @pytest.mark.parametrize("method", sorted(dpsql.METHODS))
 def test_each_set_union_method_charges_once(con, method):
-    before = len(dpsql.ledger.releases(con))
+    before = len(dpsql.releases(con))
     con.sql(f"SELECT count(*) FROM dp_set_union('t', method := '{method}', epsilon := 0.7, delta := 1e-6)").fetchall()
     assert _new_releases(con, before) == [(f"dp_set_union_{method}", "user", "memory.main.t", 0.7, 1e-6)]
 
@@ -154,7 +154,7 @@ def test_each_set_union_method_charges_once(con, method):
      {("dp_top_k_limited_domain", 0.8, 2e-6)}),
 ])
 def test_top_k_family_charges_its_total(con, sql, expected):
-    before = len(dpsql.ledger.releases(con))
+    before = len(dpsql.releases(con))
     con.sql(sql).fetchall()
     got = {(m, e, d) for m, _, _, e, d in _new_releases(con, before)}
     assert got == expected
@@ -165,7 +165,7 @@ def test_pws_and_optimize_charge_with_their_units(con):
     con.execute("CREATE TABLE ev AS SELECT (i % 30) AS key FROM range(600) r(i)")
     con.execute("CREATE TABLE sets AS SELECT i % 5 AS set_id, i AS element FROM range(50) r(i)")
     con.execute("CREATE TABLE cands AS SELECT DISTINCT set_id FROM sets")
-    before = len(dpsql.ledger.releases(con))
+    before = len(dpsql.releases(con))
     con.sql("FROM dp_weighted_sample('ev', 1.0, 1e-4)").fetchall()
     con.sql("FROM dp_sbh_histogram('ev', 0.5, 1e-4)").fetchall()
     con.sql("FROM dp_max_coverage('sets', 'cands', 2, epsilon := 0.3)").fetchall()
@@ -176,25 +176,25 @@ def test_pws_and_optimize_charge_with_their_units(con):
 
 def test_post_processing_and_planning_are_free(con):
     con.execute("CREATE TABLE s AS SELECT 1 AS key, 1 AS token")
-    before = len(dpsql.ledger.releases(con))
+    before = len(dpsql.releases(con))
     con.sql("FROM dp_weighted_sample_estimate('s', 1.0, 1e-4)").fetchall()
-    con.execute("EXPLAIN FROM dp_set_union('t')").fetchall()
+    con.execute("EXPLAIN FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5)").fetchall()
     assert _new_releases(con, before) == []
 
 
 @pytest.mark.parametrize("sql", [
-    "FROM dp_set_union('t', method := 'nope')",
-    "FROM dp_set_union('t', epsilon := -1)",
-    "FROM dp_set_union_weighted_gaussian('t', delta := 1.5)",
-    *[f"FROM dp_set_union('t', method := '{m}', max_items := 0)" for m in sorted(dpsql.METHODS)
-      if m != "greedy_update"],
-    "FROM dp_set_union('t', method := 'greedy_update', epsilon := 0)",
-    "FROM dp_set_union_mad2r('t', split := [0.5, 0.6])",
-    "FROM dp_set_union_sips('t', split := [])",
-    "FROM dp_set_union_policy_laplace('t', passes := 0)",
-    "FROM dp_top_k('t', 0)",
-    "FROM dp_hitting_set('t', 2.5)",
-    "FROM dp_top_k_limited_domain('t', 3, 2)",
+    "FROM dp_set_union('t', method := 'nope', epsilon := 1.0, delta := 1e-5)",
+    "FROM dp_set_union('t', epsilon := -1, delta := 1e-5)",
+    "FROM dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1.5)",
+    *[f"FROM dp_set_union('t', method := '{m}', epsilon := 1.0, delta := 1e-5, max_items := 0)"
+      for m in sorted(dpsql.METHODS) if m != "greedy_update"],
+    "FROM dp_set_union('t', method := 'greedy_update', epsilon := 0, delta := 1e-5)",
+    "FROM dp_set_union_mad2r('t', epsilon := 1.0, delta := 1e-5, split := [0.5, 0.6])",
+    "FROM dp_set_union_sips('t', epsilon := 1.0, delta := 1e-5, split := [])",
+    "FROM dp_set_union_policy_laplace('t', epsilon := 1.0, delta := 1e-5, passes := 0)",
+    "FROM dp_top_k('t', 0, epsilon := 1.0, delta := 1e-5)",
+    "FROM dp_hitting_set('t', 2.5, epsilon := 1.0, delta := 1e-5)",
+    "FROM dp_top_k_limited_domain('t', 3, 2, epsilon := 1.0, delta := 1e-5)",
     "FROM dp_weighted_sample('t', 1.0, 1e-4, key_col := 'nope')",
     "FROM dp_weighted_sample('t', 1.0, 1.0, key_col := 'item')",
     "FROM dp_sbh_histogram('t', 0.0, 1e-4, key_col := 'item')",
@@ -202,31 +202,31 @@ def test_post_processing_and_planning_are_free(con):
     "FROM dp_set_cover('t', 't', epsilon := 'nan'::DOUBLE, set_col := 'user_id', element_col := 'item')",
 ])
 def test_invalid_calls_charge_nothing(con, sql):
-    before = len(dpsql.ledger.releases(con))
+    before = len(dpsql.releases(con))
     with pytest.raises(duckdb.Error):
         con.sql(sql).fetchall()
     assert _new_releases(con, before) == []
 
 
 def test_over_budget_release_fails_whole_and_charges_nothing(con):
-    dpsql.ledger.set_budget(con, 1.0, 1e-4)
-    con.sql("FROM dp_set_union('t', epsilon := 0.75)").fetchall()
-    before = len(dpsql.ledger.releases(con))
+    dpsql.set_budget(con, 1.0, 1e-4)
+    con.sql("FROM dp_set_union('t', epsilon := 0.75, delta := 1e-5)").fetchall()
+    before = len(dpsql.releases(con))
     with pytest.raises(duckdb.Error, match="privacy budget of scope 'database' exceeded"):
-        con.sql("FROM dp_set_union('t', epsilon := 0.5)").fetchall()
+        con.sql("FROM dp_set_union('t', epsilon := 0.5, delta := 1e-5)").fetchall()
     assert _new_releases(con, before) == []
     (row,) = con.sql("SELECT epsilon_spent, epsilon_remaining, releases FROM dp_budget() "
                      "WHERE scope = 'database'").fetchall()
     assert row == (0.75, 0.25, 1)
-    con.sql("FROM dp_set_union('t', epsilon := 0.25)").fetchall()  # the rest still fits
+    con.sql("FROM dp_set_union('t', epsilon := 0.25, delta := 1e-5)").fetchall()  # the rest still fits
 
 
 def test_table_budget_through_sql(con):
     con.execute("CREATE VIEW v AS FROM t")
-    dpsql.ledger.set_budget(con, 0.5, 1e-5, scope="t")
+    dpsql.set_budget(con, 0.5, 1e-5, scope="t")
     with pytest.raises(duckdb.Error, match="scope 'memory.main.t'"):
-        con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.6)").fetchall()
-    con.sql("FROM dp_set_union_weighted_gaussian('v', epsilon := 0.6)").fetchall()  # a view is its own name
+        con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.6, delta := 1e-5)").fetchall()
+    con.sql("FROM dp_set_union_weighted_gaussian('v', epsilon := 0.6, delta := 1e-5)").fetchall()  # a view is its own name
     (row,) = con.sql("SELECT count(*) FROM dp_releases() WHERE table_name = 'memory.main.v'").fetchall()
     assert row == (1,)
 
@@ -234,18 +234,18 @@ def test_table_budget_through_sql(con):
 def test_cursors_charge_the_connection_ledger(con):
     cur = con.cursor()
     dpsql.register_macros(cur)
-    before = len(dpsql.ledger.releases(con))
-    cur.sql("FROM dp_set_union_count_laplace('t')").fetchall()
+    before = len(dpsql.releases(con))
+    cur.sql("FROM dp_set_union_count_laplace('t', epsilon := 1.0, delta := 1e-5)").fetchall()
     assert len(_new_releases(con, before)) == 1
 
 
 def test_dp_releases_columns(con):
-    con.sql("FROM dp_set_union_weighted_laplace('t', max_items := 3)").fetchall()
+    con.sql("FROM dp_set_union_weighted_laplace('t', epsilon := 1.0, delta := 1e-5, max_items := 3)").fetchall()
     rel = con.sql("FROM dp_releases()")
     assert rel.columns == ["release_id", "released_at", "mechanism", "unit", "table_name", "epsilon", "delta",
                            "parameters", "calibration", "seeded"]
     (row,) = rel.fetchall()[-1:]
-    cal = dpsql.calibrate("weighted_laplace", 1.0, 1e-5, 3)
+    cal = dpsql.calibrate("weighted_laplace", epsilon=1.0, delta=1e-5, max_items=3)
     assert row[2] == "dp_set_union_weighted_laplace" and "'max_items': 3.0" in row[7]
     assert f"'threshold': {cal.threshold!r}" in row[8]
 
@@ -256,21 +256,21 @@ def test_file_database_ledger_persists(tmp_path):
     db = tmp_path / "d.duckdb"
     con = dpsql.connect(db)
     con.execute("CREATE TABLE t AS SELECT i % 10 AS user_id, i % 7 AS item FROM range(100) r(i)")
-    dpsql.ledger.set_budget(con, 2.0, 1e-5)
-    con.sql("FROM dp_set_union('t', epsilon := 1.5)").fetchall()
+    dpsql.set_budget(con, 2.0, 1e-5)
+    con.sql("FROM dp_set_union('t', epsilon := 1.5, delta := 1e-5)").fetchall()
     con.close()
     assert (tmp_path / "d.duckdb.dpsql-ledger").is_file()
     con = dpsql.connect(db, read_only=True)
     with pytest.raises(duckdb.Error, match="exceeded"):
-        con.sql("FROM dp_set_union('t', epsilon := 1.0)").fetchall()
-    assert [r.epsilon for r in dpsql.ledger.releases(con)] == [1.5]
+        con.sql("FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5)").fetchall()
+    assert [r.epsilon for r in dpsql.releases(con)] == [1.5]
 
 
 def test_in_memory_database_with_explicit_ledger_file(tmp_path):
     path = tmp_path / "mem.dpsql-ledger"
     con = dpsql.connect(ledger=path)
     con.execute("CREATE TABLE t AS SELECT 1 AS user_id, 2 AS item")
-    con.sql("FROM dp_set_union('t')").fetchall()
+    con.sql("FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5)").fetchall()
     assert len(Ledger(path).releases()) == 1
 
 
@@ -285,7 +285,7 @@ _WORKER = textwrap.dedent("""
     ok = 0
     for _ in range(6):
         try:
-            con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.25, max_items := 5)").fetchall()
+            con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.25, delta := 1e-5, max_items := 5)").fetchall()
             ok += 1
         except duckdb.Error as exc:
             assert "exceeded" in str(exc), exc
@@ -297,7 +297,7 @@ def test_two_processes_never_both_spend_the_last_budget(tmp_path):
     db = tmp_path / "shared.duckdb"
     con = dpsql.connect(db)
     con.execute("CREATE TABLE t AS SELECT i % 50 AS user_id, i % 13 AS item FROM range(500) r(i)")
-    dpsql.ledger.set_budget(con, 1.0, 1e-3)  # room for exactly 4 releases of 0.25
+    dpsql.set_budget(con, 1.0, 1e-3)  # room for exactly 4 releases of 0.25
     con.close()
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -392,16 +392,16 @@ def test_every_spelling_charges_one_scope(tmp_path):
     con = dpsql.connect()
     con.execute("CREATE TABLE t AS SELECT i AS user_id, unnest(['A', 'B']) AS item FROM range(300) r(i)")
     dpsql.set_budget(con, epsilon=1.0, delta=1e-5, scope="t")
-    con.sql("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := 1.0)").fetchall()
+    con.sql("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5)").fetchall()
     for name in ["t", "T", '"t"', "main.t", "memory.main.t", "MEMORY.MAIN.T", "memory.t", '"memory"."main"."t"']:
         with pytest.raises(duckdb.Error, match="privacy budget of scope 'memory.main.t' exceeded"):
-            con.sql(f"SELECT * FROM dp_set_union_weighted_gaussian('{name}', epsilon := 1.0)").fetchall()
+            con.sql(f"SELECT * FROM dp_set_union_weighted_gaussian('{name}', epsilon := 1.0, delta := 1e-5)").fetchall()
     assert [(s.scope, s.epsilon_spent, s.releases) for s in dpsql.budget(con)] == [
         ("database", 1.0, 1), ("memory.main.t", 1.0, 1)]
     # a budget set with any spelling is the budget of that one scope
     dpsql.set_budget(con, epsilon=3.0, delta=1e-4, scope='"MEMORY".main.T')
-    assert [(b.scope, b.epsilon) for b in dpsql.ledger.ledger_of(con).budgets()] == [("memory.main.t", 3.0)]
-    con.sql("SELECT * FROM dp_set_union_weighted_gaussian('memory.t', epsilon := 2.0)").fetchall()
+    assert [(b.scope, b.epsilon) for b in dpsql.state.ledger_of(con).budgets()] == [("memory.main.t", 3.0)]
+    con.sql("SELECT * FROM dp_set_union_weighted_gaussian('memory.t', epsilon := 2.0, delta := 1e-5)").fetchall()
     assert [r.table for r in dpsql.releases(con)] == ["memory.main.t", "memory.main.t"]
     con.close()
 
@@ -411,7 +411,7 @@ def test_budget_set_before_the_table_exists_applies_to_it():
     dpsql.set_budget(con, epsilon=0.5, delta=1e-5, scope="Later")
     con.execute("CREATE TABLE later AS SELECT i AS user_id, 'x' AS item FROM range(100) r(i)")
     with pytest.raises(duckdb.Error, match="scope 'memory.main.later' exceeded"):
-        con.sql("FROM dp_set_union_weighted_gaussian('main.later', epsilon := 0.6)").fetchall()
+        con.sql("FROM dp_set_union_weighted_gaussian('main.later', epsilon := 0.6, delta := 1e-5)").fetchall()
     con.close()
 
 
@@ -425,15 +425,15 @@ def test_dbt_relation_cli_scope_and_attached_file_are_one_scope(tmp_path):
     from dpsql.cli import main
     assert main(["budget", "set", str(db), "--epsilon", "1.0", "--delta", "1e-4", "--scope", "user_items"]) == 0
     con = dpsql.connect(db)
-    con.sql("""FROM dp_set_union_weighted_gaussian('"shop"."main"."user_items"', epsilon := 0.75)""").fetchall()
+    con.sql("""FROM dp_set_union_weighted_gaussian('"shop"."main"."user_items"', epsilon := 0.75, delta := 1e-5)""").fetchall()
     with pytest.raises(duckdb.Error, match="scope 'shop.main.user_items' exceeded"):
-        con.sql("FROM dp_set_union_weighted_gaussian('user_items', epsilon := 0.5)").fetchall()
+        con.sql("FROM dp_set_union_weighted_gaussian('user_items', epsilon := 0.5, delta := 1e-5)").fetchall()
     con.close()
     other = dpsql.connect(ledger=L.sidecar_path(db))
     other.execute(f"ATTACH '{db}' AS prod (READ_ONLY)")
     with pytest.raises(duckdb.Error, match="scope 'shop.main.user_items' exceeded"):
-        other.sql("FROM dp_set_union_weighted_gaussian('prod.user_items', epsilon := 0.5)").fetchall()
-    other.sql("FROM dp_set_union_weighted_gaussian('prod.user_items', epsilon := 0.25)").fetchall()  # the rest
+        other.sql("FROM dp_set_union_weighted_gaussian('prod.user_items', epsilon := 0.5, delta := 1e-5)").fetchall()
+    other.sql("FROM dp_set_union_weighted_gaussian('prod.user_items', epsilon := 0.25, delta := 1e-5)").fetchall()  # the rest
     other.close()
     assert [(r.table, r.epsilon) for r in Ledger(L.sidecar_path(db)).releases()] == [
         ("shop.main.user_items", 0.75), ("shop.main.user_items", 0.25)]
@@ -447,12 +447,12 @@ def test_file_scopes_are_resolved_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     con = dpsql.connect()
     dpsql.set_budget(con, epsilon=1.0, delta=1e-5, scope="events.parquet")
-    assert [b.scope for b in dpsql.ledger.ledger_of(con).budgets()] == [os.path.realpath(data)]
-    con.sql("FROM dp_set_union_weighted_gaussian('./events.parquet', epsilon := 1.0)").fetchall()
+    assert [b.scope for b in dpsql.state.ledger_of(con).budgets()] == [os.path.realpath(data)]
+    con.sql("FROM dp_set_union_weighted_gaussian('./events.parquet', epsilon := 1.0, delta := 1e-5)").fetchall()
     for name in ["events.parquet", str(data), "sub/../events.parquet", '"events.parquet"', "link.parquet"]:
         assert con.execute("SELECT count(*) FROM query_table(?)", [name]).fetchall() == [(500,)]
         with pytest.raises(duckdb.Error, match="exceeded"):
-            con.sql(f"FROM dp_set_union_weighted_gaussian('{name}', epsilon := 0.1)").fetchall()
+            con.sql(f"FROM dp_set_union_weighted_gaussian('{name}', epsilon := 0.1, delta := 1e-5)").fetchall()
     assert [r.table for r in dpsql.releases(con)] == [os.path.realpath(data)]
     con.close()
 
@@ -477,17 +477,17 @@ def test_split_name_parses_as_duckdb():
 def test_seeded_releases_are_marked():
     con = dpsql.connect()
     con.execute("CREATE TABLE t AS SELECT i % 100 AS user_id, 'x' AS item FROM range(1000) r(i)")
-    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5)").fetchall()
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5, delta := 1e-5)").fetchall()
     with pytest.warns(UserWarning):
         dpsql.register(con, seed=3)  # same connection, same ledger, now NOT private
-    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.25)").fetchall()
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.25, delta := 1e-5)").fetchall()
     assert [(r.epsilon, r.seeded) for r in dpsql.releases(con)] == [(0.5, False), (0.25, True)]
     assert con.sql("SELECT epsilon, seeded FROM dp_releases() ORDER BY release_id").fetchall() == [
         (0.5, False), (0.25, True)]
     assert con.sql("SELECT scope, epsilon_spent, releases, seeded_releases FROM dp_budget()").fetchall() == [
         ("database", 0.75, 2, 1), ("memory.main.t", 0.75, 2, 1)]
     dpsql.register(con)  # private again
-    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.125)").fetchall()
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.125, delta := 1e-5)").fetchall()
     assert dpsql.releases(con)[-1].seeded is False
     con.close()
 
@@ -517,15 +517,15 @@ def test_failing_charge_is_a_clear_error_and_records_nothing(tmp_path, monkeypat
     path = tmp_path / "l.dpsql-ledger"
     con = dpsql.connect(ledger=path)
     con.execute("CREATE TABLE t AS SELECT i % 100 AS user_id, 'x' AS item FROM range(1000) r(i)")
-    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5)").fetchall()
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5, delta := 1e-5)").fetchall()
     opener = Ledger._open
     monkeypatch.setattr(Ledger, "_open", lambda self: _FailingDb(opener(self), fail_on))
     with pytest.raises(duckdb.Error, match=r"dpsql: cannot use the privacy ledger .*disk I/O error.*nothing "
                                            r"was released"):
-        con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.25)").fetchall()
+        con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.25, delta := 1e-5)").fetchall()
     monkeypatch.setattr(Ledger, "_open", opener)
     assert [r.epsilon for r in Ledger(path).releases()] == [0.5]
-    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.125)").fetchall()  # the ledger still works
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.125, delta := 1e-5)").fetchall()  # the ledger still works
     assert [r.epsilon for r in dpsql.releases(con)] == [0.5, 0.125]
     con.close()
 

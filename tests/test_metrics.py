@@ -1,4 +1,5 @@
-"""NON-PRIVATE evaluation metrics (CHECKS E1), in Python and as dp_eval_* macros, and `dpsql evaluate`."""
+"""NON-PRIVATE evaluation metrics (docs/proofs/reference_checks.md E1), in Python and as dp_eval_* macros,
+and `dpsql evaluate`."""
 from __future__ import annotations
 
 import io
@@ -15,7 +16,7 @@ from dpsql import metrics
 from dpsql.cli import main
 from dpsql.validation import DPParameterError
 
-TOY = {1: {"a", "b"}, 2: {"a"}, 3: {"a", "c"}}  # CHECKS E1: N = 5, N(a) = 3
+TOY = {1: {"a", "b"}, 2: {"a"}, 3: {"a", "c"}}  # docs/proofs/reference_checks.md E1: N = 5, N(a) = 3
 
 
 @pytest.fixture

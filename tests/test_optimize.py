@@ -1,5 +1,5 @@
 """Applications of the subsampling layer: max coverage, set cover (DPGreedyScaling), ThreshMonitor,
-partition-matroid coverage, k-median; SQL entry points (CHECKS A12, D4-D6, utility sanity)."""
+partition-matroid coverage, k-median; SQL entry points, utility sanity."""
 from __future__ import annotations
 
 import math
@@ -52,7 +52,7 @@ def load(con, name, **cols):
 
 
 # ---------------------------------------------------------------------------
-# Realised sensitivity (CHECKS D5)
+# Realised sensitivity
 # ---------------------------------------------------------------------------
 
 def test_coverage_greedy_realised_sensitivity_at_most_one():
@@ -131,7 +131,7 @@ def test_k_median_bicriteria_realised_sensitivity_at_most_one():
 
 
 # ---------------------------------------------------------------------------
-# DPGreedyScaling (CHECKS A12, D6)
+# DPGreedyScaling
 # ---------------------------------------------------------------------------
 
 def test_greedy_scaling_budget_is_below_half_epsilon():
@@ -234,7 +234,7 @@ def test_sql_max_coverage_custom_columns_and_candidates_without_rows():
     con.execute("CREATE TABLE t AS SELECT * FROM (VALUES (1, 10), (1, 11), (2, 11), (7, 12), (NULL, 13), (2, NULL))"
                 " v(grp, member)")
     con.execute("CREATE TABLE c AS SELECT * FROM (VALUES (1), (2), (3)) v(grp)")
-    out = con.sql("FROM dp_max_coverage('t', 'c', 5, set_col := 'grp', element_col := 'member')").fetchall()
+    out = con.sql("FROM dp_max_coverage('t', 'c', 5, 1.0, set_col := 'grp', element_col := 'member')").fetchall()
     # k > m: every candidate once; 3 has no rows (score 0), 7 and NULL are not candidates
     assert sorted(r[1] for r in out) == [1, 2, 3] and [r[0] for r in out] == [1, 2, 3]
 
@@ -258,22 +258,27 @@ def test_sql_empty_inputs():
     con = seeded(6)
     con.execute("CREATE TABLE t (set_id BIGINT, element BIGINT)")
     con.execute("CREATE TABLE c (set_id BIGINT)")
-    assert con.sql("FROM dp_max_coverage('t', 'c', 3)").fetchall() == []
-    assert con.sql("FROM dp_set_cover('t', 'c')").fetchall() == []
+    assert con.sql("FROM dp_max_coverage('t', 'c', 3, 1.0)").fetchall() == []
+    assert con.sql("FROM dp_set_cover('t', 'c', 1.0)").fetchall() == []
     # public candidates without any private row: still a (data-independent) choice among them
     con.execute("INSERT INTO c VALUES (5), (6)")
-    assert sorted(r[1] for r in con.sql("FROM dp_max_coverage('t', 'c', 1)").fetchall()) in ([5], [6])
-    assert [r[0] for r in con.sql("FROM dp_set_cover('t', 'c')").fetchall()] == [1, 2]
+    assert sorted(r[1] for r in con.sql("FROM dp_max_coverage('t', 'c', 1, 1.0)").fetchall()) in ([5], [6])
+    assert [r[0] for r in con.sql("FROM dp_set_cover('t', 'c', 1.0)").fetchall()] == [1, 2]
 
 
 @pytest.mark.parametrize("query, match", [
-    ("FROM dp_max_coverage('t', 'c', 2.5)", "k must be a whole number"),
-    ("FROM dp_max_coverage('t', 'c', 0)", "k must be a whole number"),
+    ("FROM dp_max_coverage('t', 'c', 2.5, 1.0)", "k must be a whole number"),
+    ("FROM dp_max_coverage('t', 'c', 0, 1.0)", "k must be a whole number"),
     ("FROM dp_max_coverage('t', 'c', 2, epsilon := -1)", "epsilon must be"),
     ("FROM dp_set_cover('t', 'c', epsilon := 0)", "epsilon must be"),
-    ("FROM dp_set_cover('t', 'c', tau_constant := -1)", "tau_constant"),
-    ("FROM dp_shifting_heavy_hitters('st', 'bk', 2)", "horizon must be given"),
-    ("FROM dp_shifting_heavy_hitters('st', 'bk', 2, horizon := 5, beta := 1.5)", "beta"),
+    ("FROM dp_set_cover('t', 'c', 1.0, tau_constant := -1)", "tau_constant"),
+    ("FROM dp_shifting_heavy_hitters('st', 'bk', 2, NULL, 1.0)", "horizon must be given"),
+    ("FROM dp_shifting_heavy_hitters('st', 'bk', 2, 5, 1.0, failure_probability := 1.5)", "failure_probability"),
+    # epsilon (and the public bounds horizon, n_bound) have no default: leaving one out is refused
+    ("FROM dp_max_coverage('t', 'c', 2)", "dp_max_coverage"),
+    ("FROM dp_set_cover('t', 'c')", "dp_set_cover"),
+    ("FROM dp_shifting_heavy_hitters('st', 'bk', 2, horizon := 5)", "dp_shifting_heavy_hitters"),
+    ("FROM dp_shifting_heavy_hitters('st', 'bk', 2, epsilon := 1.0)", "dp_shifting_heavy_hitters"),
 ])
 def test_sql_bad_parameters_fail_even_on_empty_input(query, match):
     con = seeded(7)
@@ -290,20 +295,20 @@ def test_python_api_bad_parameters():
     con = seeded(8)
     con.execute("CREATE TABLE t (set_id BIGINT, element BIGINT)")
     with pytest.raises(DPParameterError, match="not a column"):
-        optimize.max_coverage(con, "t", "t", 3, element_col="nope")
+        optimize.max_coverage(con, "t", "t", 3, 1.0, element_col="nope")
     with pytest.raises(DPParameterError, match="does not exist"):
-        optimize.set_cover(con, "missing", "t")
+        optimize.set_cover(con, "missing", "t", 1.0)
     with pytest.raises(DPParameterError, match="does not exist"):
-        optimize.set_cover(con, "t", "missing")
+        optimize.set_cover(con, "t", "missing", 1.0)
     con.execute("CREATE TABLE c2 (other BIGINT)")
     with pytest.raises(DPParameterError, match="set_col := 'set_id' is not a column of 'c2'"):
-        optimize.max_coverage(con, "t", "c2", 3)
+        optimize.max_coverage(con, "t", "c2", 3, 1.0)
     with pytest.raises(DPParameterError, match="k must"):
-        optimize._max_coverage_arrays(NoiseSource(1), [0], [0], 1, 1, True)
+        optimize._max_coverage_arrays(NoiseSource(1), [0], [0], 1, 1, True, 1.0)
 
 
 # ---------------------------------------------------------------------------
-# ThreshMonitor (CHECKS D4)
+# ThreshMonitor
 # ---------------------------------------------------------------------------
 
 def test_heavy_hitters_calibration_constants():
@@ -446,11 +451,11 @@ def test_k_median_returns_k_centres_and_beats_random():
 def test_k_median_bad_parameters():
     d = np.zeros((3, 3))
     with pytest.raises(DPParameterError, match="n_bound"):
-        optimize._k_median(NoiseSource(1), [0], d, 1)
+        optimize._k_median(NoiseSource(1), [0], d, 1, 1.0, None)
     with pytest.raises(DPParameterError, match="q must"):
-        optimize._k_median(NoiseSource(1), [0], d, 1, q=3, n_bound=10)
+        optimize._k_median(NoiseSource(1), [0], d, 1, 1.0, 10, q=3)
     with pytest.raises(DPParameterError, match="distances must lie"):
-        optimize._k_median(NoiseSource(1), [0], d + 2, 1, n_bound=10)
+        optimize._k_median(NoiseSource(1), [0], d + 2, 1, 1.0, 10)
 
 
 # ---------------------------------------------------------------------------
@@ -498,7 +503,8 @@ def test_sql_matroid_coverage_ignores_unlisted_sets_and_respects_zero_capacity()
     con.execute("CREATE TABLE parts AS SELECT * FROM (VALUES (1, 'a'), (2, 'a'), (3, 'b'), (4, 'c')) v(set_id, part)")
     con.execute("CREATE TABLE caps AS SELECT * FROM (VALUES ('a', 1), ('b', 5), ('c', 0)) v(part, capacity)")
     for _ in range(5):
-        ids = [r[1] for r in con.sql("FROM dp_matroid_coverage('sets', 'parts', 'caps', eta := 0.5)").fetchall()]
+        ids = [r[1] for r in con.sql("FROM dp_matroid_coverage('sets', 'parts', 'caps', 1.0, eta := 0.5)")
+               .fetchall()]
         assert 9 not in ids and 4 not in ids and 3 in ids and len([i for i in ids if i in (1, 2)]) == 1
 
 
@@ -545,11 +551,12 @@ def test_sql_k_median_equals_python_api_on_the_same_seed(q):
 def test_sql_k_median_custom_columns_and_all_candidates_branch():
     con = seeded(32)
     con.execute("CREATE TABLE cand AS SELECT 'c' || range AS name FROM range(5)")
-    con.execute("CREATE TABLE d AS SELECT a.name AS point, b.name AS candidate, "
-                "abs(a.name[2:]::INT - b.name[2:]::INT) / 4 AS distance FROM cand a, cand b")
+    con.execute("CREATE TABLE d AS SELECT a.name AS src, b.name AS dst, "
+                "abs(a.name[2:]::INT - b.name[2:]::INT) / 4 AS len FROM cand a, cand b")
     con.execute("CREATE TABLE pts AS SELECT CASE WHEN range % 2 = 0 THEN 'c0' ELSE 'c4' END AS loc FROM range(400)")
     out = con.sql("FROM dp_k_median('pts', 'cand', 'd', 2, epsilon := 5.0, n_bound := 1000, point_col := 'loc', "
-                  "candidate_col := 'name')").fetchall()
+                  "candidate_col := 'name', distance_point_col := 'src', distance_candidate_col := 'dst', "
+                  "distance_col := 'len')").fetchall()
     assert out == [(1, "c0"), (2, "c4")]  # 2 k ln n_bound >= 5: every candidate is a bicriteria centre
 
 
@@ -561,28 +568,34 @@ def test_sql_matroid_and_k_median_empty_inputs():
     con.execute("CREATE TABLE kp (point BIGINT)")
     con.execute("CREATE TABLE kc (candidate_id BIGINT)")
     con.execute("CREATE TABLE kd (point BIGINT, candidate BIGINT, distance DOUBLE)")
-    assert con.sql("FROM dp_matroid_coverage('t', 'pt', 'ct')").fetchall() == []
-    assert con.sql("FROM dp_k_median('kp', 'kc', 'kd', 3, n_bound := 100)").fetchall() == []
+    assert con.sql("FROM dp_matroid_coverage('t', 'pt', 'ct', 1.0)").fetchall() == []
+    assert con.sql("FROM dp_k_median('kp', 'kc', 'kd', 3, 1.0, n_bound := 100)").fetchall() == []
     # sets and candidates without any private record: still a valid (data-independent) answer
     con.execute("INSERT INTO pt VALUES (1, 'a'), (2, 'a')")
     con.execute("INSERT INTO ct VALUES ('a', 1)")
-    assert len(con.sql("FROM dp_matroid_coverage('t', 'pt', 'ct')").fetchall()) == 1
+    assert len(con.sql("FROM dp_matroid_coverage('t', 'pt', 'ct', 1.0)").fetchall()) == 1
     con.execute("INSERT INTO kc VALUES (1), (2)")
     con.execute("INSERT INTO kd VALUES (1, 1, 0), (1, 2, 1), (2, 1, 1), (2, 2, 0)")
-    assert len(con.sql("FROM dp_k_median('kp', 'kc', 'kd', 1, n_bound := 100)").fetchall()) == 1
+    assert len(con.sql("FROM dp_k_median('kp', 'kc', 'kd', 1, 1.0, n_bound := 100)").fetchall()) == 1
 
 
 @pytest.mark.parametrize("query, match", [
     ("FROM dp_matroid_coverage('t', 'pt', 'ct', epsilon := 0)", "epsilon must be"),
-    ("FROM dp_matroid_coverage('t', 'pt', 'ct', eta := 1.5)", "eta must be < 1"),
-    ("FROM dp_matroid_coverage('t', 'pt', 'ct', eta := -0.1)", "eta must be a finite number > 0"),
-    ("FROM dp_matroid_coverage('t', 'pt', 'ct', beta := 1.0)", "beta must be"),
-    ("FROM dp_matroid_coverage('t', 'pt', 'ct', samples := 2.5)", "samples must be a whole number"),
-    ("FROM dp_k_median('kp', 'kc', 'kd', 2)", "n_bound must be a public upper bound"),
-    ("FROM dp_k_median('kp', 'kc', 'kd', 2, n_bound := 2.5)", "n_bound must be a whole number"),
-    ("FROM dp_k_median('kp', 'kc', 'kd', 0, n_bound := 10)", "k must be a whole number"),
-    ("FROM dp_k_median('kp', 'kc', 'kd', 2, q := 3, n_bound := 10)", "q must be 1"),
+    ("FROM dp_matroid_coverage('t', 'pt', 'ct', 1.0, eta := 1.5)", "eta must be < 1"),
+    ("FROM dp_matroid_coverage('t', 'pt', 'ct', 1.0, eta := -0.1)", "eta must be a finite number > 0"),
+    ("FROM dp_matroid_coverage('t', 'pt', 'ct', 1.0, failure_probability := 1.0)", "failure_probability must be"),
+    ("FROM dp_matroid_coverage('t', 'pt', 'ct', 1.0, samples := 2.5)", "samples must be a whole number"),
+    ("FROM dp_k_median('kp', 'kc', 'kd', 2, 1.0, NULL)", "n_bound must be a public upper bound"),
+    ("FROM dp_k_median('kp', 'kc', 'kd', 2, 1.0, n_bound := 2.5)", "n_bound must be a whole number"),
+    ("FROM dp_k_median('kp', 'kc', 'kd', 0, 1.0, n_bound := 10)", "k must be a whole number"),
+    ("FROM dp_k_median('kp', 'kc', 'kd', 2, 1.0, q := 3, n_bound := 10)", "q must be 1"),
     ("FROM dp_k_median('kp', 'kc', 'kd', 2, epsilon := -1, n_bound := 10)", "epsilon must be"),
+    ("FROM dp_k_median('kp', 'kc', 'kd', 2, 1.0, n_bound := 10, distance_col := 'dist')",
+     "distance_col := 'dist' is not a column of 'kd'"),
+    # epsilon and n_bound have no default
+    ("FROM dp_matroid_coverage('t', 'pt', 'ct')", "dp_matroid_coverage"),
+    ("FROM dp_k_median('kp', 'kc', 'kd', 2, n_bound := 10)", "dp_k_median"),
+    ("FROM dp_k_median('kp', 'kc', 'kd', 2, epsilon := 1.0)", "dp_k_median"),
 ])
 def test_sql_matroid_and_k_median_bad_parameters_fail_even_on_empty_input(query, match):
     con = seeded(34)
@@ -597,16 +610,17 @@ def test_sql_matroid_and_k_median_bad_parameters_fail_even_on_empty_input(query,
 
 
 @pytest.mark.parametrize("setup, query, match", [
-    ("INSERT INTO pt VALUES (1, 'zz')", "FROM dp_matroid_coverage('t', 'pt', 'ct')", "has no capacity"),
+    ("INSERT INTO pt VALUES (1, 'zz')", "FROM dp_matroid_coverage('t', 'pt', 'ct', 1.0)", "has no capacity"),
     ("INSERT INTO ct VALUES ('a', 1), ('b', 1); INSERT INTO pt VALUES (1, 'a'), (1, 'b')",
-     "FROM dp_matroid_coverage('t', 'pt', 'ct')", "more than once"),
-    ("INSERT INTO ct VALUES ('a', 1.5)", "FROM dp_matroid_coverage('t', 'pt', 'ct')", "whole number >= 0"),
-    ("INSERT INTO ct VALUES ('a', 1), ('a', 2)", "FROM dp_matroid_coverage('t', 'pt', 'ct')", "more than one capacity"),
+     "FROM dp_matroid_coverage('t', 'pt', 'ct', 1.0)", "more than once"),
+    ("INSERT INTO ct VALUES ('a', 1.5)", "FROM dp_matroid_coverage('t', 'pt', 'ct', 1.0)", "whole number >= 0"),
+    ("INSERT INTO ct VALUES ('a', 1), ('a', 2)", "FROM dp_matroid_coverage('t', 'pt', 'ct', 1.0)",
+     "more than one capacity"),
     ("INSERT INTO kd VALUES (1, 1, 0), (1, 2, 2), (2, 1, 2), (2, 2, 0)",
-     "FROM dp_k_median('kp', 'kc', 'kd', 1, n_bound := 10)", "distances must lie in"),
+     "FROM dp_k_median('kp', 'kc', 'kd', 1, 1.0, n_bound := 10)", "distances must lie in"),
     ("INSERT INTO kd VALUES (1, 1, 0), (1, 2, 1), (2, 2, 0)",
-     "FROM dp_k_median('kp', 'kc', 'kd', 1, n_bound := 10)", "exactly one"),
-    ("INSERT INTO kd VALUES (1, 3, 0)", "FROM dp_k_median('kp', 'kc', 'kd', 1, n_bound := 10)", "not in kc"),
+     "FROM dp_k_median('kp', 'kc', 'kd', 1, 1.0, n_bound := 10)", "exactly one"),
+    ("INSERT INTO kd VALUES (1, 3, 0)", "FROM dp_k_median('kp', 'kc', 'kd', 1, 1.0, n_bound := 10)", "not in kc"),
 ])
 def test_sql_matroid_and_k_median_malformed_public_tables(setup, query, match):
     con = seeded(35)

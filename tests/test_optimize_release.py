@@ -1,4 +1,4 @@
-"""The release path of the optimisation family (sql/80_optimize.sql, dpsql/optimize.py).
+"""The release path of the optimisation family (sql/80_optimize.sql, dpsql/optimize/).
 
 Candidates come from public tables only (the support of an output does not depend on whether a
 set has private rows), every parameter is a constant checked before the charge, rows come out in
@@ -57,31 +57,99 @@ class Case:
     order_by: tuple[str, ...] = ("rank",)
 
 
-COVERAGE_ARGS = {"sets_tbl": "'sets'", "candidates_tbl": "'cands'", "epsilon": "1.0", "set_col": "'set_id'",
+COVERAGE_ARGS = {"tbl": "'sets'", "candidates_tbl": "'cands'", "epsilon": "1.0", "set_col": "'set_id'",
                  "element_col": "'element'"}
 CASES = {
-    "dp_max_coverage": Case(SETS, ("sets_tbl", "candidates_tbl", "k"), {**COVERAGE_ARGS, "k": "2"},
-                            {"sets_tbl": "'sets2'", "candidates_tbl": "'cands2'", "k": "3", "epsilon": "2.0"}),
-    "dp_set_cover": Case(SETS, ("sets_tbl", "candidates_tbl"), {**COVERAGE_ARGS, "tau_constant": "1.0"},
-                         {"sets_tbl": "'sets2'", "candidates_tbl": "'cands2'", "epsilon": "2.0",
+    "dp_max_coverage": Case(SETS, ("tbl", "candidates_tbl", "k", "epsilon"), {**COVERAGE_ARGS, "k": "2"},
+                            {"tbl": "'sets2'", "candidates_tbl": "'cands2'", "k": "3", "epsilon": "2.0"}),
+    "dp_set_cover": Case(SETS, ("tbl", "candidates_tbl", "epsilon"), {**COVERAGE_ARGS, "tau_constant": "1.0"},
+                         {"tbl": "'sets2'", "candidates_tbl": "'cands2'", "epsilon": "2.0",
                           "tau_constant": "1000.0"}, ("position",)),
-    "dp_shifting_heavy_hitters": Case(STREAM, ("stream_tbl", "buckets_tbl", "k"), {
-        "stream_tbl": "'st'", "buckets_tbl": "'bk'", "k": "2", "epsilon": "1.0", "beta": "0.05", "horizon": "3",
-        "user_col": "'user_id'", "time_col": "'t'", "bucket_col": "'bucket'"},
-        {"stream_tbl": "'st2'", "buckets_tbl": "'bk2'", "k": "1", "epsilon": "2.0", "beta": "0.1", "horizon": "4"},
+    "dp_shifting_heavy_hitters": Case(STREAM, ("tbl", "buckets_tbl", "k", "horizon", "epsilon"), {
+        "tbl": "'st'", "buckets_tbl": "'bk'", "k": "2", "epsilon": "1.0", "failure_probability": "0.05",
+        "horizon": "3", "user_col": "'user_id'", "time_col": "'t'", "bucket_col": "'bucket'"},
+        {"tbl": "'st2'", "buckets_tbl": "'bk2'", "k": "1", "epsilon": "2.0", "failure_probability": "0.1",
+         "horizon": "4"},
         ("t", "bucket")),
-    "dp_matroid_coverage": Case(SETS, ("sets_tbl", "parts_tbl", "capacities_tbl"), {
-        "sets_tbl": "'sets'", "parts_tbl": "'parts'", "capacities_tbl": "'caps'", "epsilon": "1.0", "eta": "0.5",
-        "beta": "0.05", "samples": "16", "set_col": "'set_id'", "element_col": "'element'", "part_col": "'part'",
-        "capacity_col": "'capacity'"},
-        {"sets_tbl": "'sets2'", "parts_tbl": "'parts2'", "capacities_tbl": "'caps2'", "epsilon": "2.0",
-         "eta": "0.25", "beta": "0.1", "samples": "8"}, ("set_id",)),
-    "dp_k_median": Case(METRIC, ("points_tbl", "candidates_tbl", "distances_tbl", "k"), {
-        "points_tbl": "'kp'", "candidates_tbl": "'kc'", "distances_tbl": "'kd'", "k": "2", "q": "1",
-        "epsilon": "1.0", "n_bound": "1000", "point_col": "'point'", "candidate_col": "'candidate_id'"},
-        {"points_tbl": "'kp2'", "candidates_tbl": "'kc2'", "distances_tbl": "'kd2'", "k": "3", "q": "2",
+    "dp_matroid_coverage": Case(SETS, ("tbl", "parts_tbl", "capacities_tbl", "epsilon"), {
+        "tbl": "'sets'", "parts_tbl": "'parts'", "capacities_tbl": "'caps'", "epsilon": "1.0", "eta": "0.5",
+        "failure_probability": "0.05", "samples": "16", "set_col": "'set_id'", "element_col": "'element'",
+        "part_col": "'part'", "capacity_col": "'capacity'"},
+        {"tbl": "'sets2'", "parts_tbl": "'parts2'", "capacities_tbl": "'caps2'", "epsilon": "2.0",
+         "eta": "0.25", "failure_probability": "0.1", "samples": "8"}, ("set_id",)),
+    "dp_k_median": Case(METRIC, ("tbl", "candidates_tbl", "distances_tbl", "k", "epsilon", "n_bound"), {
+        "tbl": "'kp'", "candidates_tbl": "'kc'", "distances_tbl": "'kd'", "k": "2", "q": "1",
+        "epsilon": "1.0", "n_bound": "1000", "point_col": "'point'", "candidate_col": "'candidate_id'",
+        "distance_point_col": "'point'", "distance_candidate_col": "'candidate'", "distance_col": "'distance'"},
+        {"tbl": "'kp2'", "candidates_tbl": "'kc2'", "distances_tbl": "'kd2'", "k": "3", "q": "2",
          "epsilon": "2.0", "n_bound": "100"}, ("candidate_id",)),
 }
+
+
+def macro_signature(name: str) -> list[tuple[str, str, str | None]]:
+    """``(name, type, default SQL text or None)`` of each parameter of macro ``name``, from its SQL text
+    (duckdb_functions() lists names and types, not defaults)."""
+    import re
+
+    from dpsql.registration import sql_files
+
+    for path in sql_files():
+        text = path.read_text(encoding="utf-8")
+        m = re.search(r"CREATE OR REPLACE TEMP MACRO " + re.escape(name) + r"\(", text)
+        if m:
+            break
+    else:
+        raise AssertionError(f"no macro {name}")
+    depth, i = 1, m.end()
+    parts, cur = [], ""
+    while depth:
+        ch = text[i]
+        i += 1
+        depth += (ch in "([") - (ch in ")]")
+        if depth == 1 and ch == ",":
+            parts.append(cur)
+            cur = ""
+        elif depth:
+            cur += ch
+    parts.append(cur)
+    out = []
+    for part in parts:
+        head, _, default = " ".join(part.split()).partition(":=")
+        pname, _, ptype = head.strip().partition(" ")
+        default = default.strip() or None
+        out.append((pname, ptype.strip(), default.lower() if default in ("NULL", "TRUE", "FALSE") else default))
+    return out
+
+
+def check_declaration(con, mech) -> None:
+    """A Mechanism declaration matches its registered macro: names, types and defaults, in SQL order."""
+    rows = con.execute("SELECT parameters, parameter_types FROM duckdb_functions() WHERE function_name = ? "
+                       "AND function_type = 'table_macro'", [mech.macro]).fetchall()
+    assert len(rows) == 1, mech.macro
+    declared = [(p.name, p.sql_type) for p in mech.params]
+    assert list(zip(*rows[0])) == declared, mech.name
+    defaults = [p.sql_default() for p in mech.params]
+    assert [(n, t, d) for n, t, d in macro_signature(mech.macro)] == \
+        [(n, t, None if d is None else d.lower() if d in ("NULL", "true", "false") else d)
+         for (n, t), d in zip(declared, defaults)], mech.name
+    assert mech.param("epsilon").required, mech.name  # a default would spend budget nobody typed
+    if "delta" in mech.param_names:
+        assert mech.param("delta").required, mech.name
+
+
+def test_declarations_match_the_registered_macros():
+    con = dpsql.connect()
+    assert {m.macro for m in optimize.MECHANISMS} == set(CASES)
+    for mech in optimize.MECHANISMS:
+        assert mech.family == "optimize" and mech.proof == mech.name and mech.unit == "record"
+        check_declaration(con, mech)
+        # each declared default is accepted by the parameter's own check
+        for p in mech.params:
+            if not p.required and p.default is not None and p.check is not None:
+                p.check(p.default)
+    with pytest.raises(dpsql.validation.DPParameterError, match="epsilon is required by dp_max_coverage"):
+        optimize.MECHANISMS[0].validate(tbl="sets", candidates_tbl="cands", k=2)
+    assert optimize.MECHANISMS[0].calibrate(epsilon=1.0) == pytest.approx(1 - math.exp(-1.0), rel=1e-15)
 
 
 def _params(con, name: str) -> list[str]:
@@ -231,6 +299,7 @@ RELEASE_CALLS = {
     "k_median": (METRIC, lambda con: optimize.k_median(con, "kp", "kc", "kd", 2, epsilon=0.8, n_bound=1000),
                  ("candidate_id",)),
 }
+# (set_cover, shifting_heavy_hitters and matroid_coverage pass epsilon by keyword: its name is the macro's.)
 
 
 def test_every_public_release_function_is_listed():
@@ -241,7 +310,7 @@ def test_every_public_release_function_is_listed():
     assert takes_con - {"eval_set_cover_cost"} == set(RELEASE_CALLS)  # the evaluation releases nothing private
     for name in dir(optimize):  # kernels that draw from a NoiseSource are private
         fn = getattr(optimize, name)
-        if inspect.isfunction(fn) and fn.__module__ == optimize.__name__ and not name.startswith("_") \
+        if inspect.isfunction(fn) and fn.__module__.startswith(optimize.__name__ + ".") and not name.startswith("_") \
                 and name != "udfs":  # udfs(source) registers the kernels behind the charging macros
             assert "source" not in inspect.signature(fn).parameters, name
 
@@ -262,18 +331,37 @@ def test_public_release_function_charges_once_and_matches_its_macro(name):
 def test_python_release_functions_validate_before_the_charge():
     con = dpsql.connect()
     con.execute(SETS + STREAM + METRIC)
-    bad = [lambda: optimize.max_coverage(con, "sets", "cands", 0),
-           lambda: optimize.max_coverage(con, "sets", "nope", 2),
+    bad = [lambda: optimize.max_coverage(con, "sets", "cands", 0, 1.0),
+           lambda: optimize.max_coverage(con, "sets", "nope", 2, 1.0),
            lambda: optimize.set_cover(con, "sets", "cands", epsilon=-1),
-           lambda: optimize.shifting_heavy_hitters(con, "st", "bk", 2, 0),
-           lambda: optimize.matroid_coverage(con, "sets", "parts", "caps", eta=2.0),
-           lambda: optimize.matroid_coverage(con, "sets", "parts", "caps", capacity_col="cap"),
-           lambda: optimize.k_median(con, "kp", "kc", "kd", 2),
-           lambda: optimize.k_median(con, "kp", "kc", "kd", 2, q=3, n_bound=10)]
+           lambda: optimize.shifting_heavy_hitters(con, "st", "bk", 2, 0, 1.0),
+           lambda: optimize.shifting_heavy_hitters(con, "st", "bk", 2, 3, 1.0, failure_probability=1.0),
+           lambda: optimize.matroid_coverage(con, "sets", "parts", "caps", 1.0, eta=2.0),
+           lambda: optimize.matroid_coverage(con, "sets", "parts", "caps", 1.0, capacity_col="cap"),
+           lambda: optimize.k_median(con, "kp", "kc", "kd", 2, 1.0, None),
+           lambda: optimize.k_median(con, "kp", "kc", "kd", 2, 1.0, 10, q=3),
+           lambda: optimize.k_median(con, "kp", "kc", "kd", 2, 1.0, 10, distance_col="dist")]
     for call in bad:
         with pytest.raises(dpsql.validation.DPParameterError):
             call()
     assert _n_releases(con) == 0
+
+
+@pytest.mark.parametrize("name", sorted(RELEASE_CALLS))
+def test_python_release_functions_require_epsilon_and_name_parameters_as_their_macro(name):
+    # epsilon has no default (a default would spend budget nobody typed), and every keyword of the
+    # Python function is a parameter of its macro, with the macro's default
+    import inspect
+
+    fn = getattr(optimize, name)
+    mech = {m.macro: m for m in optimize.MECHANISMS}[f"dp_{name}"]
+    params = dict(inspect.signature(fn).parameters)
+    assert params.pop("con").default is inspect.Parameter.empty
+    assert params["epsilon"].default is inspect.Parameter.empty
+    for pname, p in params.items():
+        decl = mech.param(pname)
+        if p.default is not inspect.Parameter.empty:
+            assert p.default == decl.default, (name, pname)
 
 
 # -- issue point 5: no private value in an error after the charge --------------------------------
@@ -341,22 +429,22 @@ def test_k_median_points_outside_the_metric_are_ignored():
 @pytest.mark.parametrize("name, setup, query", [
     ("set_col", "CREATE TABLE s AS SELECT * FROM (VALUES ('{s}', 1), ('12', 2)) v(set_id, element);"
                 "CREATE TABLE c AS SELECT * FROM (VALUES (12), (13)) v(set_id)",
-     "FROM dp_max_coverage('s', 'c', 2)"),
+     "FROM dp_max_coverage('s', 'c', 2, 1.0)"),
     ("set_col", "CREATE TABLE s AS SELECT * FROM (VALUES ('{s}', 1), ('12', 2)) v(set_id, element);"
                 "CREATE TABLE c AS SELECT * FROM (VALUES (12), (13)) v(set_id)",
-     "FROM dp_set_cover('s', 'c')"),
+     "FROM dp_set_cover('s', 'c', 1.0)"),
     ("set_col", "CREATE TABLE s AS SELECT * FROM (VALUES ('{s}', 1), ('12', 2)) v(set_id, element);"
                 "CREATE TABLE p AS SELECT * FROM (VALUES (12, 'a')) v(set_id, part);"
                 "CREATE TABLE cp AS SELECT 'a' AS part, 1 AS capacity",
-     "FROM dp_matroid_coverage('s', 'p', 'cp')"),
+     "FROM dp_matroid_coverage('s', 'p', 'cp', 1.0)"),
     ("bucket_col", "CREATE TABLE st AS SELECT * FROM (VALUES (1, 1, '{s}'), (2, 1, '3')) v(user_id, t, bucket);"
                    "CREATE TABLE bk AS SELECT * FROM (VALUES (3), (4)) v(bucket)",
-     "FROM dp_shifting_heavy_hitters('st', 'bk', 1, horizon := 3)"),
+     "FROM dp_shifting_heavy_hitters('st', 'bk', 1, horizon := 3, epsilon := 1.0)"),
     ("point_col", "CREATE TABLE kp AS SELECT * FROM (VALUES ('{s}'), ('1')) v(point);"
                   "CREATE TABLE kc AS SELECT * FROM (VALUES (1), (2)) v(candidate_id);"
                   "CREATE TABLE kd AS SELECT * FROM (VALUES (1, 1, 0.0), (1, 2, 1.0), (2, 1, 1.0), (2, 2, 0.0))"
                   " v(point, candidate, distance)",
-     "FROM dp_k_median('kp', 'kc', 'kd', 1, n_bound := 10)"),
+     "FROM dp_k_median('kp', 'kc', 'kd', 1, 1.0, n_bound := 10)"),
 ])
 def test_text_keys_against_typed_public_keys_never_quote_a_private_value(name, setup, query):
     # Before: DuckDB's join cast the private text ids to the public column's type after the charge and
@@ -373,7 +461,7 @@ def test_a_key_conversion_that_can_fail_is_refused_before_the_charge():
     con.execute("CREATE TABLE s AS SELECT (1e12)::BIGINT + range AS set_id, range AS element FROM range(3)")
     con.execute("CREATE TABLE c AS SELECT 1.5::DECIMAL(38, 30) AS set_id")
     with pytest.raises(duckdb.Error, match=r"dpsql: set_col has type BIGINT .* DECIMAL\(38,30\)") as info:
-        con.execute("FROM dp_max_coverage('s', 'c', 2)").fetchall()
+        con.execute("FROM dp_max_coverage('s', 'c', 2, 1.0)").fetchall()
     assert "1000000000000" not in str(info.value)
     assert _n_releases(con) == 0
     assert optimize.check_key_types("set_col", "INTEGER", "BIGINT")
@@ -384,7 +472,8 @@ def test_a_key_conversion_that_can_fail_is_refused_before_the_charge():
             optimize.check_key_types("set_col", private, common)
 
 
-@pytest.mark.parametrize("query", ["FROM dp_max_coverage('sets', 'cands', 2)", "FROM dp_set_cover('sets', 'cands')"])
+@pytest.mark.parametrize("query", ["FROM dp_max_coverage('sets', 'cands', 2, 1.0)",
+                                   "FROM dp_set_cover('sets', 'cands', 1.0)"])
 def test_public_candidate_errors_come_before_the_charge(query):
     con = seeded(51)
     con.execute(SETS)
@@ -392,3 +481,17 @@ def test_public_candidate_errors_come_before_the_charge(query):
     with pytest.raises(duckdb.Error, match=r"dpsql: column set_id of cands \(candidates_tbl\) contains NULL"):
         con.execute(query).fetchall()
     assert _n_releases(con) == 0
+
+
+@pytest.mark.slow
+def test_heavy_hitters_null_user_fails_before_the_charge():
+    # The NULL user is the stream's last row of 2M; the charge waits for the stream (as in every releasing
+    # macro), so the release fails before it. (Without the wait DuckDB happened to read the stream first
+    # here too, through the materialised user list: the wait makes the order a guarantee, not luck.)
+    con = dpsql.connect()
+    con.execute("CREATE TABLE bk AS SELECT 'b' || i AS bucket FROM range(5) r(i)")
+    con.execute("CREATE TABLE st AS SELECT CASE WHEN i = 1999999 THEN NULL ELSE i % 200000 END AS user_id, "
+                "1 + i % 3 AS t, 'b' || (i % 5) AS bucket FROM range(2000000) r(i)")
+    with pytest.raises(duckdb.Error, match=r"dpsql: column user_id \(user_col\) contains NULL"):
+        con.execute("FROM dp_shifting_heavy_hitters('st', 'bk', 2, 3, 1.0)").fetchall()
+    assert con.execute("SELECT count(*) FROM dp_releases()").fetchall()[0][0] == 0

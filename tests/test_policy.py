@@ -1,4 +1,5 @@
-"""Sequential policies: calibration, sensitivity on random neighbours (CHECKS B2-B5), kernels, macros."""
+"""Sequential policies: calibration, sensitivity on random neighbours (docs/proofs/reference_checks.md B2-B5),
+kernels, macros."""
 from __future__ import annotations
 
 import math
@@ -23,7 +24,7 @@ N_NOVEL = 10
 
 
 # ---------------------------------------------------------------------------
-# Calibration (CHECKS A4)
+# Calibration (docs/proofs/reference_checks.md A4)
 # ---------------------------------------------------------------------------
 
 def test_cutoffs_of_the_dpsu_setting():
@@ -72,7 +73,7 @@ def test_passes_is_validated(passes):
 
 
 # ---------------------------------------------------------------------------
-# Random neighbours (CHECKS "random neighbours")
+# Random neighbours (random neighbouring datasets)
 # ---------------------------------------------------------------------------
 
 def random_users(rng, max_items=30):
@@ -484,7 +485,7 @@ def test_release_only_considers_the_support():
 # Macros
 # ---------------------------------------------------------------------------
 
-POLICY_METHODS = ["policy_laplace", "policy_gaussian", "greedy_update"]
+POLICY_METHODS = list(policy.POLICIES)  # every sequential method
 
 
 def load_random(con, seed=5, n_users=400, n_items=300):
@@ -503,7 +504,8 @@ def load_random(con, seed=5, n_users=400, n_items=300):
 @pytest.mark.parametrize("method", POLICY_METHODS)
 def test_macros_release_only_input_items(method, seeded_con):
     universe = load_random(seeded_con)
-    got = dpsql.set_union(seeded_con, "t", method, epsilon=1.0, delta=1e-5, max_items=10).column("item").to_pylist()
+    cap = {} if method == "greedy_update" else {"max_items": 10}  # greedy_update has no cap
+    got = dpsql.set_union(seeded_con, "t", method, epsilon=1.0, delta=1e-5, **cap).column("item").to_pylist()
     assert got and set(got) <= universe and len(got) == len(set(got))
 
 
@@ -529,7 +531,7 @@ def test_macro_equals_a_direct_python_call(method, monkeypatch):
         load_random(con, seed=6)
         [(n_users, n_pairs)] = con.execute("SELECT count(DISTINCT user_id), count(DISTINCT (user_id, item)) "
                                            "FROM t").fetchall()
-        released = con.execute(f"SELECT item FROM dp_set_union_{method}('t', epsilon := 2, "
+        released = con.execute(f"SELECT item FROM dp_set_union_{method}('t', epsilon := 2, delta := 1e-5, "
                                + ("" if method == "greedy_update" else "max_items := 1000, passes := 2, ")
                                + "alpha := 4)").fetchall()
         before = seen["drawn_before_noise"]
@@ -557,11 +559,11 @@ def test_salts_and_noise_draws(seeded_con):
     src = source_of(seeded_con)
     [(n_items,)] = seeded_con.execute("SELECT count(DISTINCT item) FROM t").fetchall()
     before = src.samples_drawn
-    seeded_con.execute("SELECT * FROM dp_set_union_policy_gaussian('t')").fetchall()
+    seeded_con.execute("SELECT * FROM dp_set_union_policy_gaussian('t', epsilon := 1.0, delta := 1e-5)").fetchall()
     assert src.samples_drawn - before == 2 + n_items  # cap salt, order salt, one noise per item
     # GreedyUpdate: the order salt only (no cap), and noise only for the items that got weight.
     before = src.samples_drawn
-    seeded_con.execute("SELECT * FROM dp_set_union_greedy_update('t')").fetchall()
+    seeded_con.execute("SELECT * FROM dp_set_union_greedy_update('t', epsilon := 1.0, delta := 1e-5)").fetchall()
     assert 1 < src.samples_drawn - before < 1 + n_items
 
 
@@ -570,7 +572,7 @@ def test_greedy_update_fills_the_most_repeated_item_first(seeded_con):
     staged = pa.table({"user_id": pa.array([1] * 6 + [2] * 6, pa.int64()), "item": rows + rows})  # noqa: F841
     seeded_con.execute("CREATE TABLE g AS SELECT * FROM staged")
     # eps large: user 1 puts 1 on x, user 2 tops x up to Gamma > rho and gives the rest (< rho) to z.
-    got = seeded_con.execute("SELECT item FROM dp_set_union_greedy_update('g', epsilon := 1000, alpha := 10)"
+    got = seeded_con.execute("SELECT item FROM dp_set_union_greedy_update('g', epsilon := 1000, delta := 1e-5, alpha := 10)"
                              ).fetchall()
     assert got == [("x",)]
 
@@ -582,12 +584,12 @@ def test_dispatcher_and_python_api_match_the_macro():
         try:
             load_random(con)
             if how == "macro":
-                rows = con.execute("SELECT item FROM dp_set_union_policy_gaussian('t', max_items := 20)").fetchall()
+                rows = con.execute("SELECT item FROM dp_set_union_policy_gaussian('t', epsilon := 1.0, delta := 1e-5, max_items := 20)").fetchall()
             elif how == "dispatch":
                 rows = con.execute("SELECT item FROM dp_set_union('t', method := 'policy_gaussian', "
-                                   "max_items := 20)").fetchall()
+                                   "epsilon := 1.0, delta := 1e-5, max_items := 20)").fetchall()
             else:
-                rows = [(i,) for i in dpsql.set_union(con, "t", "policy_gaussian", max_items=20, alpha=5,
+                rows = [(i,) for i in dpsql.set_union(con, "t", "policy_gaussian", epsilon=1.0, delta=1e-5, max_items=20, alpha=5,
                                                       passes=1).column("item").to_pylist()]
             results.append(sorted(r[0] for r in rows))
         finally:
@@ -598,12 +600,13 @@ def test_dispatcher_and_python_api_match_the_macro():
 def test_api_passes_alpha_and_passes_and_reports_progress(seeded_con):
     load_random(seeded_con)
     seen = []
-    out = dpsql.set_union(seeded_con, "t", "policy_laplace", max_items=20, alpha=2, passes=3, progress=seen.append)
+    out = dpsql.set_union(seeded_con, "t", "policy_laplace", epsilon=1.0, delta=1e-5, max_items=20, alpha=2,
+                          passes=3, progress=seen.append)
     assert out.num_rows >= 0 and seen[-1] == 100.0 and seen == sorted(seen)
     with pytest.raises(DPParameterError, match="passes does not apply"):
-        dpsql.set_union(seeded_con, "t", "greedy_update", passes=2)
+        dpsql.set_union(seeded_con, "t", "greedy_update", epsilon=1.0, delta=1e-5, passes=2)
     with pytest.raises(DPParameterError, match="alpha"):
-        dpsql.set_union(seeded_con, "t", "policy_laplace", alpha=-1)
+        dpsql.set_union(seeded_con, "t", "policy_laplace", epsilon=1.0, delta=1e-5, alpha=-1)
 
 
 @pytest.mark.parametrize("bad,match", [("alpha := 0", "alpha"), ("passes := 1.5", "passes"),
@@ -611,21 +614,23 @@ def test_api_passes_alpha_and_passes_and_reports_progress(seeded_con):
                                        ("delta := 1", "delta"), ("max_items := 0", "max_items")])
 def test_macro_rejects_bad_parameters_even_on_empty_input(seeded_con, bad, match):
     seeded_con.execute("CREATE TABLE e (user_id BIGINT, item VARCHAR)")
+    name, value = bad.split(" := ")
+    args = ", ".join(f"{k} := {v}" for k, v in {"epsilon": "1.0", "delta": "1e-5", name: value}.items())
     with pytest.raises(Exception, match=match):
-        seeded_con.execute(f"SELECT * FROM dp_set_union_policy_laplace('e', {bad})").fetchall()
+        seeded_con.execute(f"SELECT * FROM dp_set_union_policy_laplace('e', {args})").fetchall()
 
 
 @pytest.mark.parametrize("method", POLICY_METHODS)
 def test_empty_input_releases_nothing(seeded_con, method):
     seeded_con.execute("CREATE TABLE e (user_id BIGINT, item VARCHAR)")
-    assert seeded_con.execute(f"SELECT * FROM dp_set_union_{method}('e')").fetchall() == []
+    assert seeded_con.execute(f"SELECT * FROM dp_set_union_{method}('e', epsilon := 1.0, delta := 1e-5)").fetchall() == []
 
 
 def test_null_items_are_an_error(seeded_con):
     seeded_con.execute("CREATE TABLE n AS SELECT 1::BIGINT AS user_id, NULL::VARCHAR AS item")
     for method in POLICY_METHODS:
         with pytest.raises(Exception, match="NULL"):
-            seeded_con.execute(f"SELECT * FROM dp_set_union_{method}('n')").fetchall()
+            seeded_con.execute(f"SELECT * FROM dp_set_union_{method}('n', epsilon := 1.0, delta := 1e-5)").fetchall()
 
 
 def test_cli_passes_alpha_and_passes(tmp_path):
@@ -664,7 +669,7 @@ def test_ids_map_back_to_the_right_items_with_several_threads(con):
     items = [f"pop{k}" if k < 3 else f"rare{u}" for u in range(n_users) for k in range(4)]
     staged = pa.table({"user_id": np.repeat(np.arange(n_users), 4), "item": items})  # noqa: F841
     con.execute("CREATE TABLE many AS SELECT * FROM staged")
-    got = {r[0] for r in con.execute("SELECT item FROM dp_set_union_policy_gaussian('many', epsilon := 5)"
+    got = {r[0] for r in con.execute("SELECT item FROM dp_set_union_policy_gaussian('many', epsilon := 5, delta := 1e-5)"
                                      ).fetchall()}
     popular = {"pop0", "pop1", "pop2"}
     assert popular <= got and len(got - popular) <= 5, got

@@ -1,4 +1,4 @@
-"""Private weighted sampling (CHECKS C1-C9): probability tables, DP inequalities, estimators, SbH, SQL macros."""
+"""Private weighted sampling: probability tables, DP inequalities, estimators, SbH, SQL macros."""
 from __future__ import annotations
 
 import math
@@ -16,7 +16,7 @@ from dpsql.validation import DPParameterError
 
 from conftest import seeded
 
-# delta giving L(0.1, delta) = 20 exactly (CHECKS C2)
+# delta giving L(0.1, delta) = 20 exactly (an integral L, where Lemma 3.2 applies as printed)
 DELTA_L20 = (math.exp(0.1) - 1) / (math.exp(0.1 * 20) * (math.exp(0.1) + 1) - 2)
 
 
@@ -40,7 +40,7 @@ def dp_excess(M: np.ndarray, eps: float) -> float:
 
 
 # ---------------------------------------------------------------------------
-# C1-C4: key reporting probabilities
+# docs/proofs/reference_checks.md C1-C4: key reporting probabilities
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("eps,delta,L,first_one", [(0.1, 0.01, 17.8270, 37), (0.01, 1e-6, 851.7384, 1705),
@@ -114,7 +114,7 @@ def test_key_table_with_settled_tail_equals_full_recursion(scheme, tau, power):
 
 
 # ---------------------------------------------------------------------------
-# C5: pi_{i,j}
+# docs/proofs/reference_checks.md C5: pi_{i,j}
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("eps,delta,tau,scheme", [(0.1, 0.01, None, "ppswor"), (1, 1e-3, None, "ppswor"),
@@ -181,7 +181,7 @@ def test_steady_rows_are_shifts():
 
 
 # ---------------------------------------------------------------------------
-# C6-C7: SbH
+# docs/proofs/reference_checks.md C6-C7: SbH
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("eps,delta,ratios", [(0.1, 0.01, {2: 3.8097, 5: 8.2694, 10: 13.2851, 17: 17.1773}),
@@ -203,7 +203,7 @@ def test_sbh_closed_forms_match_numerical_integration():
     assert pws.sbh_report_probability(1, eps, delta) == pytest.approx(delta / 2, rel=1e-12)
     for i, phi, E, mse in [(10, 0.0450086, 0.756842, 97.7699), (T + 2, 0.81606, 14.4582, 56.3323)]:
         num = pws.sbh_moments_numeric(i, eps, delta)
-        # reference numbers are printed to ~6 digits (CHECKS convention: 1e-4 relative)
+        # reference numbers are printed to ~6 digits: compared at 1e-4 relative
         assert pws.sbh_report_probability(i, eps, delta) == pytest.approx(phi, rel=1e-4)
         assert pws.sbh_expectation(i, eps, delta) == pytest.approx(E, rel=1e-5)
         assert pws.sbh_mse(i, eps, delta) == pytest.approx(mse, rel=1e-5)
@@ -220,7 +220,7 @@ def test_sbh_closed_forms_match_numerical_integration():
 
 
 # ---------------------------------------------------------------------------
-# C8: estimators
+# docs/proofs/reference_checks.md C8: estimators
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("eps,delta,min_a", [(0.1, 0.01, -2028.9168), (1, 1e-3, None)])
@@ -235,7 +235,7 @@ def test_unbiased_estimator_solves_triangular_system_exactly(eps, delta, min_a):
     if min_a is not None:
         assert float(min(a)) == pytest.approx(min_a, abs=1e-3)
     else:
-        # double precision breaks down here (CHECKS C8: residual of order 60-100 with entries ~1e27)
+        # double precision breaks down here (residual of order 60-100 with entries ~1e27)
         af = pws.estimator_coefficients(table, "identity", "unbiased", 60, exact=False)
         assert max(abs(x) for x in af) > 1e26
         resid = max(abs(sum(p * af[table.row(i)[0] + k] for k, p in enumerate(table.row(i)[1])) - i)
@@ -705,11 +705,11 @@ def test_sbh_released_numbers_are_exact_grid_points(seeded_con, eps, granularity
 def test_sbh_continuous_noise_is_refused_before_the_charge(con, args):
     load_frequencies(con, {5: 10, 6: 10})
     dpsql.set_budget(con, 5.0, 1e-2)
-    src, before = source_of(con), len(dpsql.ledger.releases(con))
+    src, before = source_of(con), len(dpsql.releases(con))
     drawn = src.samples_drawn
     with pytest.raises(Exception, match=r"dpsql: noise := 'continuous' was removed"):
         con.execute(f"SELECT * FROM dp_sbh_histogram('agg', 0.5, 1e-3, freq_col := 'frequency', {args})").fetchall()
-    assert len(dpsql.ledger.releases(con)) == before and src.samples_drawn == drawn
+    assert len(dpsql.releases(con)) == before and src.samples_drawn == drawn
     with pytest.raises(DPParameterError, match="noise := 'continuous'"):
         pws.check_sbh_noise("continuous")
     assert pws.SBH_NOISE_MODES == ("granular",)
@@ -724,7 +724,7 @@ def test_sbh_bad_noise_mode_or_granularity_errors_before_reading_data(con, args,
     con.execute("CREATE TABLE empty_t (key VARCHAR)")
     with pytest.raises(Exception, match=match):
         con.execute(f"SELECT * FROM dp_sbh_histogram('empty_t', 0.5, 1e-3, {args})").fetchall()
-    assert dpsql.ledger.releases(con) == []
+    assert dpsql.releases(con) == []
 
 
 def test_sbh_granularity_is_checked_against_the_noise_scale():
@@ -792,7 +792,7 @@ def test_parameter_limits_are_checked_before_the_charge(con, sql, match):
     with pytest.raises(Exception, match=match) as err:
         con.execute(f"SELECT * FROM {sql}").fetchall()
     assert "dpsql:" in str(err.value) and "1234" not in str(err.value)
-    assert dpsql.ledger.releases(con) == [] and src.samples_drawn == drawn
+    assert dpsql.releases(con) == [] and src.samples_drawn == drawn
 
 
 def test_frequency_range_check_matches_the_tables():
@@ -909,10 +909,10 @@ RELEASES = {
         dict(tbl="'agg'", tau="0.5", scheme="'ppswor'", power="1.0", key_col="'key'", freq_col="'frequency'",
              salt="7"), False),
     "dp_weighted_sample_estimate": (
-        "dp_weighted_sample_estimate({sample}, {epsilon}, {delta}, tau := {tau}, scheme := {scheme}, "
-        "power := {power}, g := {g}, estimator := {estimator})",
-        dict(sample="'smp'", epsilon="1.0", delta="1e-5", tau="0.5", scheme="'ppswor'", power="1.0", g="'count'",
-             estimator="'ml'"), False),
+        "dp_weighted_sample_estimate({sample_tbl}, {epsilon}, {delta}, tau := {tau}, scheme := {scheme}, "
+        "power := {power}, g := {g}, estimator := {estimator}, key_col := {key_col}, token_col := {token_col})",
+        dict(sample_tbl="'smp'", epsilon="1.0", delta="1e-5", tau="0.5", scheme="'ppswor'", power="1.0",
+             g="'count'", estimator="'ml'", key_col="'key'", token_col="'token'"), False),
 }
 
 
@@ -924,9 +924,9 @@ def test_a_volatile_parameter_is_refused_naming_it_with_nothing_charged(con, mac
     dpsql.set_budget(con, 5.0, 1e-2)
     src = source_of(con)
     con.execute(f"SELECT * FROM {template.format(**args)}").fetchall()  # the constant call works
-    assert len(dpsql.ledger.releases(con)) == (1 if charges else 0)
+    assert len(dpsql.releases(con)) == (1 if charges else 0)
     for param in args:
-        before, drawn = len(dpsql.ledger.releases(con)), src.samples_drawn
+        before, drawn = len(dpsql.releases(con)), src.samples_drawn
         bad = dict(args, **{param: VOLATILE.format(v=args[param])})
         # column names select columns through COLUMNS(lambda ...), which the binder itself refuses to bind to a
         # non-constant expression: the query fails before it is planned
@@ -934,4 +934,55 @@ def test_a_volatile_parameter_is_refused_naming_it_with_nothing_charged(con, mac
                    else rf"dpsql: {param} must be a constant expression")
         with pytest.raises(Exception, match=refusal):
             con.execute(f"SELECT * FROM {template.format(**bad)}").fetchall()
-        assert len(dpsql.ledger.releases(con)) == before and src.samples_drawn == drawn, param
+        assert len(dpsql.releases(con)) == before and src.samples_drawn == drawn, param
+
+
+def test_declarations_match_the_registered_macros(con):
+    from test_optimize_release import check_declaration
+
+    assert [m.macro for m in pws.MECHANISMS] == ["dp_weighted_sample", "dp_sbh_histogram"]
+    for mech in pws.MECHANISMS:
+        assert mech.family == "pws" and mech.unit == "element" and mech.proof == mech.name
+        check_declaration(con, mech)
+        for p in mech.params:  # each declared default passes its own check
+            if not p.required and p.default is not None and p.check is not None:
+                p.check(p.default)
+    with pytest.raises(DPParameterError, match="delta is required by dp_weighted_sample"):
+        pws.MECHANISMS[0].validate(tbl="t", epsilon=1.0)
+    with pytest.raises(DPParameterError, match="epsilon"):
+        pws.MECHANISMS[1].validate(tbl="t", epsilon=701.0, delta=1e-6)
+
+
+def test_python_weighted_sample_names_its_parameters_as_the_macro():
+    import inspect
+
+    params = dict(inspect.signature(pws.weighted_sample).parameters)
+    del params["con"]
+    mech = pws.MECHANISMS[0]
+    assert list(params) == list(mech.param_names)
+    for name, p in params.items():
+        expected = inspect.Parameter.empty if mech.param(name).required else mech.param(name).default
+        assert p.default == expected, name
+
+
+@pytest.mark.parametrize("eps, delta, granularity", [(0.5, 1e-6, None), (1.0, 1e-3, 0.125), (0.1, 1e-5, 1.0)])
+def test_sbh_calibration_is_the_macros_grid_and_threshold(con, eps, delta, granularity):
+    cal = pws.sbh_calibration(eps, delta, granularity=granularity)
+    g_sql = "NULL" if granularity is None else repr(granularity)
+    g, T = con.execute(f"SELECT dp__sbh_granularity({eps}, {delta}, NULL, 'ppswor', 1.0, 'granular', {g_sql}) AS g, "
+                       f"dp_discrete_laplace_threshold({1 / eps}, g, {delta / 2}, 1.0)").fetchall()[0]
+    assert cal == {"scale": 1 / eps, "granularity": g, "threshold": T}
+    assert pws.MECHANISMS[1].calibrate is pws.sbh_calibration
+
+
+def test_estimate_reads_configurable_sample_columns(con):
+    load_frequencies(con, {3: 20, 50: 20})
+    con.execute("CREATE TABLE s AS SELECT * FROM dp_weighted_sample('agg', 0.5, 1e-3, with_frequencies := true, "
+                "freq_col := 'frequency')")
+    con.execute("CREATE TABLE s2 AS SELECT key AS k, token AS j FROM s")
+    want = con.execute("SELECT key, token, estimate FROM dp_weighted_sample_estimate('s', 0.5, 1e-3)").fetchall()
+    got = con.execute("SELECT key, token, estimate FROM dp_weighted_sample_estimate(sample_tbl := 's2', "
+                      "epsilon := 0.5, delta := 1e-3, key_col := 'k', token_col := 'j')").fetchall()
+    assert got == want and len(got) > 0
+    with pytest.raises(Exception, match="token_col := 'token' is not a column of 's2'"):
+        con.execute("SELECT * FROM dp_weighted_sample_estimate('s2', 0.5, 1e-3, key_col := 'k')").fetchall()

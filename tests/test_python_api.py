@@ -35,21 +35,21 @@ def _charged(con) -> int:
 def test_a_file_path_is_accepted_as_the_table(con, tmp_path, fmt):
     path = str(tmp_path / f"events.{fmt}")
     con.execute(f"COPY t TO '{path}' (FORMAT {fmt})")
-    out = dpsql.set_union(con, path, "weighted_gaussian", epsilon=2.0)
+    out = dpsql.set_union(con, path, "weighted_gaussian", epsilon=2.0, delta=1e-5)
     assert "common" in out.column("item").to_pylist()
-    ranked = dpsql.top_k(con, path, 1, epsilon=2.0)
+    ranked = dpsql.top_k(con, path, 1, epsilon=2.0, delta=1e-5)
     assert ranked.column("item").to_pylist() == ["common"]
-    assert dpsql.hitting_set(con, path, 1, epsilon=2.0).num_rows == 1
-    assert dpsql.top_k_limited_domain(con, path, 1, 2, epsilon=2.0).column("item").to_pylist() == ["common"]
+    assert dpsql.hitting_set(con, path, 1, epsilon=2.0, delta=1e-5).num_rows == 1
+    assert dpsql.top_k_limited_domain(con, path, 1, 2, epsilon=2.0, delta=1e-5).column("item").to_pylist() == ["common"]
     # the SQL macro accepts the same string
-    assert con.sql(f"FROM dp_set_union_weighted_gaussian('{path}', epsilon := 2.0)").fetchall()
+    assert con.sql(f"FROM dp_set_union_weighted_gaussian('{path}', epsilon := 2.0, delta := 1e-5)").fetchall()
 
 
 def test_a_missing_file_or_table_is_refused_before_any_charge(con, tmp_path):
     with pytest.raises(DPParameterError, match=r"table '.*nope.parquet': DuckDB cannot read this file"):
-        dpsql.set_union(con, str(tmp_path / "nope.parquet"))
+        dpsql.set_union(con, str(tmp_path / "nope.parquet"), epsilon=1.0, delta=1e-5)
     with pytest.raises(DPParameterError, match=r"table 'nope' does not exist.*file path"):
-        dpsql.top_k(con, "nope", 3)
+        dpsql.top_k(con, "nope", 3, epsilon=1.0, delta=1e-5)
     assert _charged(con) == 0
 
 
@@ -59,17 +59,17 @@ def test_a_wrong_column_names_the_parameter_and_the_columns(con, tmp_path):
     for table in ("t", path):
         with pytest.raises(DPParameterError, match=r"user_col := 'uid' is not a column of .*its columns are "
                                                    r"user_id, item\. Pass user_col"):
-            dpsql.set_union(con, table, user_col="uid")
+            dpsql.set_union(con, table, epsilon=1.0, delta=1e-5, user_col="uid")
         with pytest.raises(DPParameterError, match=r"item_col := 'itm' is not a column"):
-            dpsql.top_k(con, table, 2, item_col="itm")
+            dpsql.top_k(con, table, 2, epsilon=1.0, delta=1e-5, item_col="itm")
     assert _charged(con) == 0
 
 
 def test_a_string_epsilon_is_named_as_a_string(con):
     with pytest.raises(DPParameterError, match=r"epsilon must be a finite number > 0 \(got '1', a string"):
-        dpsql.set_union(con, "t", epsilon="1")
+        dpsql.set_union(con, "t", epsilon="1", delta=1e-5)
     with pytest.raises(DPParameterError, match=r"delta must be .*got '1e-5', a string"):
-        dpsql.top_k(con, "t", 2, delta="1e-5")
+        dpsql.top_k(con, "t", 2, epsilon=1.0, delta="1e-5")
 
 
 def test_sql_column_check_macro(con):
@@ -97,9 +97,9 @@ def test_a_connection_without_macros_gets_a_dpsql_message():
     try:
         plain.execute("CREATE TABLE t AS SELECT 1 AS user_id, 'a' AS item")
         with pytest.raises(DPParameterError, match=r"no dpsql macros.*dpsql.register\(con\).*cursor"):
-            dpsql.set_union(plain, "t")
+            dpsql.set_union(plain, "t", epsilon=1.0, delta=1e-5)
         with pytest.raises(DPParameterError, match=r"no dpsql macros \(dp_top_k is missing\)"):
-            dpsql.top_k(plain, "t", 1)
+            dpsql.top_k(plain, "t", 1, epsilon=1.0, delta=1e-5)
     finally:
         plain.close()
 
@@ -107,12 +107,12 @@ def test_a_connection_without_macros_gets_a_dpsql_message():
 # -- item 4: the user's own values against the documented bounds ------------------------------------------
 
 def test_the_documented_minima_are_accepted_everywhere(con):
-    # README "Bad input and edge cases": 1e-200 <= epsilon, 1e-305 <= delta; shares below them are internal.
+    # README "Bad input and edge cases": 1e-200 <= epsilon, 1e-15 <= delta; shares below them are internal.
     for method in union.METHODS:
-        cal = union.calibrate(method, EPSILON_MIN, DELTA_MIN, 100)
+        cal = union.calibrate(method, epsilon=EPSILON_MIN, delta=DELTA_MIN, max_items=100)
         assert math.isfinite(cal.scale) and math.isfinite(cal.threshold), method
     assert con.sql(f"FROM dp_set_union('t', epsilon := {EPSILON_MIN!r}, delta := {DELTA_MIN!r})").fetchall() == []
-    assert dpsql.set_union(con, "t", "weighted_gaussian", delta=DELTA_MIN).num_rows >= 0
+    assert dpsql.set_union(con, "t", "weighted_gaussian", epsilon=1.0, delta=DELTA_MIN).num_rows >= 0
     # top-k gives half to its domain step: its documented minima are twice as large
     assert dpsql.top_k(con, "t", 1, epsilon=2 * EPSILON_MIN, delta=2 * DELTA_MIN).num_rows == 0
 
@@ -133,23 +133,23 @@ def test_the_smallest_split_keeps_every_calibration_finite():
 
 def test_messages_quote_the_value_the_user_passed(con):
     # delta below the minimum: the user's delta, not a share of it (was "got 5e-306")
-    with pytest.raises(duckdb.Error, match=r"delta must be >= 1e-305 \(got 1e-306\)"):
-        con.sql("FROM dp_set_union_weighted_gaussian('t', delta := 1e-306)").fetchall()
-    with pytest.raises(DPParameterError, match=r"delta must be >= 1e-305 \(got 1e-306\)"):
-        dpsql.set_union(con, "t", delta=1e-306)
+    with pytest.raises(duckdb.Error, match=r"delta must be >= 1e-15 \(got 1e-16\)"):
+        con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-16)").fetchall()
+    with pytest.raises(DPParameterError, match=r"delta must be >= 1e-15 \(got 1e-16\)"):
+        dpsql.set_union(con, "t", epsilon=1.0, delta=1e-16)
     # a tiny split fraction blames split (was: epsilon)
     with pytest.raises(duckdb.Error, match=r"every fraction of split must be >= 1e-06 \(got \[1e-300, 1.0\]\)"):
-        con.sql("FROM dp_set_union_mad2r('t', split := [1e-300, 1])").fetchall()
+        con.sql("FROM dp_set_union_mad2r('t', epsilon := 1.0, delta := 1e-5, split := [1e-300, 1])").fetchall()
     with pytest.raises(DPParameterError, match=r"every fraction of split must be >= 1e-06"):
         adaptive.sips_calibration(1.0, 1e-5, 10, [1e-9, 1 - 1e-9])
     # top-k names its own doubled minimum and the user's value
     with pytest.raises(DPParameterError, match=r"epsilon must be >= 2e-200 for top-k .*got 1e-200"):
-        dpsql.top_k(con, "t", 2, epsilon=1e-200)
-    with pytest.raises(DPParameterError, match=r"delta must be >= 2e-305 for top-k .*got 1e-305"):
-        dpsql.hitting_set(con, "t", 2, delta=1e-305)
+        dpsql.top_k(con, "t", 2, epsilon=1e-200, delta=1e-5)
+    with pytest.raises(DPParameterError, match=r"delta must be >= 2e-15 for top-k .*got 1e-15"):
+        dpsql.hitting_set(con, "t", 2, epsilon=1.0, delta=1e-15)
     # the SQL helper through which dp_top_k / dp_hitting_set hand each half to their domain step
-    with pytest.raises(duckdb.Error, match=r"delta must be >= 2e-305 for top-k .*got 1e-305"):
-        con.sql("SELECT dp__top_k_share('delta', 1e-305)").fetchall()
+    with pytest.raises(duckdb.Error, match=r"delta must be >= 2e-15 for top-k .*got 1e-15"):
+        con.sql("SELECT dp__top_k_share('delta', 1e-15)").fetchall()
     assert con.sql("SELECT dp__top_k_share('epsilon', 3.0)").fetchall() == [(1.5,)]
     assert _charged(con) == 0
 
@@ -157,8 +157,8 @@ def test_messages_quote_the_value_the_user_passed(con):
 def test_direct_calibration_functions_check_the_given_values():
     with pytest.raises(DPParameterError, match=r"epsilon must be >= 1e-200 \(got 1e-201\)"):
         check_epsilon(1e-201)
-    with pytest.raises(DPParameterError, match=r"delta must be >= 1e-305"):
-        adaptive.mad_round(1.0, 1e-306, 10)
+    with pytest.raises(DPParameterError, match=r"delta must be >= 1e-15"):
+        adaptive.mad_round(1.0, 1e-16, 10)
     assert math.isfinite(adaptive.mad_round(1.0, DELTA_MIN, 10).rho)  # its delta/2 is a share, not refused
     assert check_delta(DELTA_MIN) == DELTA_MIN
 
@@ -170,9 +170,9 @@ def test_weak_parameters_warn_and_still_release(con):
         out = dpsql.set_union(con, "t", "weighted_gaussian", epsilon=1e6, delta=0.5)
     assert "common" in out.column("item").to_pylist()
     with pytest.warns(WeakPrivacyWarning, match=r"epsilon = 50 > 10"):
-        con.sql("FROM dp_set_union_mad2r('t', epsilon := 50)").fetchall()
+        con.sql("FROM dp_set_union_mad2r('t', epsilon := 50, delta := 1e-5)").fetchall()
     with pytest.warns(WeakPrivacyWarning) as record:
-        dpsql.top_k(con, "t", 1, delta=0.01)
+        dpsql.top_k(con, "t", 1, epsilon=1.0, delta=0.01)
     # the user's delta, and the domain step's half of it, each named with its release
     messages = {str(w.message).split(":")[1] for w in record}
     assert " weak privacy parameters of dp_top_k / dp_hitting_set" in messages

@@ -54,7 +54,7 @@ def test_database_file_does_not_depend_on_dpsql(tmp_path):
     path = tmp_path / "events.duckdb"
     con = dpsql.connect(path)
     con.execute("CREATE TABLE user_items AS SELECT i % 10 AS user_id, 'w' || (i % 3) AS item FROM range(100) r(i)")
-    con.execute("CREATE TABLE out AS SELECT * FROM dp_set_union_weighted_gaussian('user_items', epsilon := 2.0)")
+    con.execute("CREATE TABLE out AS SELECT * FROM dp_set_union_weighted_gaussian('user_items', epsilon := 2.0, delta := 1e-5)")
     con.close()
     plain = duckdb.connect(str(path))
     try:
@@ -106,13 +106,13 @@ def test_read_only_connection(tmp_path):
     c.close()
     ro = dpsql.connect(path, read_only=True)
     try:
-        assert ro.execute("SELECT * FROM dp_set_union_weighted_gaussian('t')").fetchall() == [("common",)]
+        assert ro.execute("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5)").fetchall() == [("common",)]
     finally:
         ro.close()
 
 
 def _spend(con, epsilon):
-    con.sql(f"FROM dp_set_union_weighted_gaussian('t', epsilon := {epsilon})").fetchall()
+    con.sql(f"FROM dp_set_union_weighted_gaussian('t', epsilon := {epsilon}, delta := 1e-5)").fetchall()
 
 
 @pytest.fixture
@@ -128,19 +128,19 @@ def spent():
 
 def test_reregistering_keeps_the_ledger(spent):
     # A re-run notebook cell calls register again: the spent budget must stay spent.
-    ledger = dpsql.ledger.ledger_of(spent)
+    ledger = dpsql.state.ledger_of(spent)
     dpsql.register(spent)
     with pytest.warns(UserWarning):
         dpsql.register(spent, seed=1)
     dpsql.register(spent, ledger=ledger)  # the same ledger, named explicitly
-    assert dpsql.ledger.ledger_of(spent) is ledger
+    assert dpsql.state.ledger_of(spent) is ledger
     with pytest.raises(duckdb.Error, match="scope 'database' exceeded"):
         _spend(spent, 0.5)
     assert [(s.scope, s.epsilon_spent, s.releases) for s in dpsql.budget(spent)][0] == ("database", 0.75, 1)
 
 
 def test_reregistering_with_another_ledger_is_refused_while_it_holds_releases(spent, tmp_path):
-    ledger = dpsql.ledger.ledger_of(spent)
+    ledger = dpsql.state.ledger_of(spent)
     for other in (dpsql.ledger.Ledger(), tmp_path / "other.dpsql-ledger"):
         with pytest.raises(dpsql.DPParameterError, match="already charges its releases.*restart its spending"):
             dpsql.register(spent, ledger=other)
@@ -149,7 +149,7 @@ def test_reregistering_with_another_ledger_is_refused_while_it_holds_releases(sp
         dpsql.register(spent, seed=2, ledger=dpsql.ledger.Ledger())
     assert not source_of(spent).seeded  # a refused registration changed nothing
     assert spent.execute("SELECT current_setting('threads')").fetchall() == threads
-    assert dpsql.ledger.ledger_of(spent) is ledger and not (tmp_path / "other.dpsql-ledger").exists()
+    assert dpsql.state.ledger_of(spent) is ledger and not (tmp_path / "other.dpsql-ledger").exists()
     _spend(spent, 0.25)  # still charged to the first ledger, whose budget it exhausts
     assert ledger.status()[0].epsilon_spent == pytest.approx(1.0)
 
@@ -161,7 +161,7 @@ def test_an_empty_ledger_may_be_replaced(tmp_path):
         path = tmp_path / "chosen.dpsql-ledger"
         dpsql.register(con, ledger=path)
         dpsql.register(con, ledger=str(path))  # the same file: the same ledger object
-        assert dpsql.ledger.ledger_of(con).path == path
+        assert dpsql.state.ledger_of(con).path == path
         _spend(con, 0.5)
         assert [r.epsilon for r in dpsql.ledger.Ledger(path).releases()] == [0.5]
     finally:
@@ -194,17 +194,17 @@ def test_register_works_on_a_cursor_of_a_registered_connection(con):
     cur = con.cursor()
     try:
         assert dpsql.register(cur) is cur  # only its macros: the UDFs are the connection's
-        assert cur.execute("SELECT * FROM dp_set_union_weighted_gaussian('t')").fetchall() == [("x",)]
-        assert dpsql.ledger.ledger_of(cur) is dpsql.ledger.ledger_of(con)
+        assert cur.execute("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5)").fetchall() == [("x",)]
+        assert dpsql.state.ledger_of(cur) is dpsql.state.ledger_of(con)
         assert source_of(cur) is source_of(con)
         dpsql.register(con)  # the parent again, afterwards
         dpsql.register(cur)
-        assert cur.execute("SELECT * FROM dp_set_union('t')").fetchall() == [("x",)]
-        assert con.execute("SELECT * FROM dp_set_union('t')").fetchall() == [("x",)]
+        assert cur.execute("SELECT * FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5)").fetchall() == [("x",)]
+        assert con.execute("SELECT * FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5)").fetchall() == [("x",)]
         assert [r.mechanism for r in dpsql.releases(con)].count("dp_set_union_mad2r") == 2
     finally:
         cur.close()
-    assert con.execute("SELECT * FROM dp_set_union('t')").fetchall() == [("x",)]  # a closed cursor harms nothing
+    assert con.execute("SELECT * FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5)").fetchall() == [("x",)]  # a closed cursor harms nothing
 
 
 def test_a_cursor_registered_first_then_its_connection():
@@ -214,12 +214,12 @@ def test_a_cursor_registered_first_then_its_connection():
         cur = con.cursor()
         dpsql.register(cur)
         dpsql.register(con)  # used to raise "No function by the name of 'dp__check_constant'"
-        assert con.execute("SELECT * FROM dp_set_union('t')").fetchall() == [("x",)]
-        assert dpsql.ledger.ledger_of(con) is dpsql.ledger.ledger_of(cur)
+        assert con.execute("SELECT * FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5)").fetchall() == [("x",)]
+        assert dpsql.state.ledger_of(con) is dpsql.state.ledger_of(cur)
         assert len(dpsql.releases(cur)) == 1
         cur.close()
         # DuckDB dropped the closed cursor's references to the UDFs; dpsql keeps its own (this crashed)
-        assert con.execute("SELECT * FROM dp_set_union('t')").fetchall() == [("x",)]
+        assert con.execute("SELECT * FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5)").fetchall() == [("x",)]
         dpsql.register(con)
         assert len(dpsql.releases(con)) == 2
         with pytest.raises(dpsql.DPParameterError, match="seed applies to the whole database"):
@@ -234,9 +234,9 @@ def test_two_connections_to_one_file_share_the_functions_and_the_ledger(tmp_path
     a.execute("CREATE TABLE t AS SELECT i % 100 AS user_id, 'x' AS item FROM range(1000) r(i)")
     b = dpsql.connect(path)  # the same instance in this process: used to fail with "No function by the name"
     try:
-        assert dpsql.ledger.ledger_of(a) is dpsql.ledger.ledger_of(b)
+        assert dpsql.state.ledger_of(a) is dpsql.state.ledger_of(b)
         a.close()  # the owner of the UDFs; b calls them afterwards (this crashed the process)
-        assert b.execute("SELECT * FROM dp_set_union_weighted_gaussian('t')").fetchall() == [("x",)]
+        assert b.execute("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5)").fetchall() == [("x",)]
         assert [r.epsilon for r in dpsql.releases(b)] == [1.0]
     finally:
         b.close()
@@ -249,7 +249,7 @@ def test_a_seed_or_ledger_on_a_cursor_is_refused(con, tmp_path):
             dpsql.register(cur, seed=1)
         with pytest.raises(dpsql.DPParameterError, match="ledger applies to the whole database"):
             dpsql.register(cur, ledger=tmp_path / "other.dpsql-ledger")
-        dpsql.register(cur, ledger=dpsql.ledger.ledger_of(con))  # the same ledger is fine
+        dpsql.register(cur, ledger=dpsql.state.ledger_of(con))  # the same ledger is fine
         assert not source_of(con).seeded and not (tmp_path / "other.dpsql-ledger").exists()
     finally:
         cur.close()
@@ -279,7 +279,7 @@ def test_a_cursor_per_thread_charges_the_one_ledger(con):
         cur = con.cursor()
         try:
             dpsql.register(cur)
-            results.append(cur.execute("SELECT * FROM dp_set_union_weighted_gaussian('t')").fetchall())
+            results.append(cur.execute("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5)").fetchall())
         except Exception as exc:  # reported below
             errors.append(exc)
         finally:

@@ -66,7 +66,7 @@ class Case:
 def _union_case(extra: dict[str, str] | None = None) -> Case:
     args = {"tbl": "'t'", "epsilon": "1.0", "delta": "1e-5", "max_items": "10", "user_col": "'user_id'",
             "item_col": "'item'"}
-    return Case(USER_ITEMS, ("tbl",), {**args, **(extra or {})})
+    return Case(USER_ITEMS, ("tbl", "epsilon", "delta"), {**args, **(extra or {})})
 
 
 _MAD = {"max_adaptive_degree": "50", "beta": "2"}
@@ -92,12 +92,12 @@ CASES: dict[str, Case] = {
     "dp_set_union_sips": _union_case({"split": "[0.1, 0.9]"}),
     "dp_set_union_policy_laplace": _union_case(_POLICY),
     "dp_set_union_policy_gaussian": _union_case(_POLICY),
-    "dp_set_union_greedy_update": Case(USER_ITEMS, ("tbl",), {
+    "dp_set_union_greedy_update": Case(USER_ITEMS, ("tbl", "epsilon", "delta"), {
         "tbl": "'t'", "epsilon": "1.0", "delta": "1e-5", "alpha": "3", "user_col": "'user_id'",
         "item_col": "'item'"}),
-    "dp_top_k": Case(USER_ITEMS, ("tbl", "k"), {**_union_case().args, **_TOPK}, ("rank",)),
-    "dp_hitting_set": Case(USER_ITEMS, ("tbl", "k"), {**_union_case().args, **_TOPK}, ("rank",)),
-    "dp_top_k_limited_domain": Case(USER_ITEMS, ("tbl", "k", "k_bar"), {
+    "dp_top_k": Case(USER_ITEMS, ("tbl", "k", "epsilon", "delta"), {**_union_case().args, **_TOPK}, ("rank",)),
+    "dp_hitting_set": Case(USER_ITEMS, ("tbl", "k", "epsilon", "delta"), {**_union_case().args, **_TOPK}, ("rank",)),
+    "dp_top_k_limited_domain": Case(USER_ITEMS, ("tbl", "k", "k_bar", "epsilon", "delta"), {
         **_union_case().args, "k": "3", "k_bar": "5"}, ("rank",)),
     # Element-level (one row) PWS releases: the key is the item, the frequency a number per row.
     "dp_weighted_sample": Case(USER_ITEMS, ("tbl", "epsilon", "delta"), {
@@ -159,6 +159,21 @@ def test_every_case_parameter_is_a_macro_parameter(macro_con):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+def test_epsilon_and_delta_have_no_default(name):
+    # A default would spend budget nobody typed: leaving either out is the binder's error, nothing charged.
+    con = dpsql.connect()
+    case = CASES[name]
+    con.execute(case.setup)
+    params = _macros(con)[name][0]
+    for missing in [p for p in ("epsilon", "delta") if p in params]:
+        named = ", ".join(f"{p} := {case.args[p]}" for p in params if p != missing)
+        with pytest.raises(duckdb.BinderException, match="does not support the supplied arguments"):
+            con.execute(f"SELECT * FROM {name}({named})").fetchall()
+    assert _n_releases(con) == 0
+    con.close()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_volatile_parameter_is_refused_before_the_charge(name):
     con = dpsql.connect()
     case = CASES[name]
@@ -178,8 +193,8 @@ def test_volatile_parameter_is_refused_before_the_charge(name):
 def test_getvariable_and_prepared_parameters_are_constants(con):
     con.execute(USER_ITEMS)
     con.execute("SET VARIABLE eps = 0.5")
-    con.execute("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := getvariable('eps'))").fetchall()
-    con.execute("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := ?, max_items := ?)", [0.25, 7]).fetchall()
+    con.execute("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := getvariable('eps'), delta := 1e-5)").fetchall()
+    con.execute("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := ?, delta := 1e-5, max_items := ?)", [0.25, 7]).fetchall()
     assert [(r[0], r[1]) for r in con.execute("SELECT epsilon, parameters FROM dp_releases()").fetchall()] == [
         (0.5, "{'max_items': 100.0, 'user_col': user_id, 'item_col': item}"),
         (0.25, "{'max_items': 7.0, 'user_col': user_id, 'item_col': item}")]
@@ -192,7 +207,7 @@ def test_issue_attack_volatile_epsilon_and_cap_release_nothing(con):
     for _ in range(4):
         with pytest.raises(duckdb.Error, match="must be a constant expression"):
             con.execute("""SELECT count(*) FROM dp_set_union('t', method := 'count_gaussian',
-                           epsilon := CASE WHEN random() < 0.5 THEN 0.01 ELSE 1000 END,
+                           epsilon := CASE WHEN random() < 0.5 THEN 0.01 ELSE 1000 END, delta := 1e-5,
                            max_items := CASE WHEN random() < 0.5 THEN 1 ELSE 100000 END)""").fetchall()
     assert _n_releases(con) == 0
 
@@ -305,10 +320,12 @@ def _public_functions() -> dict[str, object]:
 NOT_RELEASES = {
     "dpsql.registration.register", "dpsql.registration.register_macros", "dpsql.registration.source_of",
     "dpsql.registration.register_functions",
-    "dpsql.ledger.set_budget", "dpsql.ledger.budget", "dpsql.ledger.releases", "dpsql.ledger.ledger_for",
-    "dpsql.ledger.ledger_of", "dpsql.ledger.attach", "dpsql.ledger.database_path",
+    "dpsql.ledger.ledger_for", "dpsql.ledger.database_path",
+    "dpsql.state.set_budget", "dpsql.state.budget", "dpsql.state.releases",
+    "dpsql.state.attach", "dpsql.state.state_of", "dpsql.state.source_of", "dpsql.state.ledger_of",
+    "dpsql.state.current_ledger",
     "dpsql.ledger.resolve_scope",
-    "dpsql.optimize.eval_set_cover_cost", "dpsql.metrics.evaluate",  # NON-private evaluation
+    "dpsql.optimize.baselines.eval_set_cover_cost", "dpsql.metrics.evaluate",  # NON-private evaluation
 }
 
 # Each public release function: the data it needs, a call at epsilon 0.8, and the column(s) its rows
@@ -317,29 +334,31 @@ def _optimize_calls() -> dict[str, tuple]:
     import test_optimize_release as opt
 
     return {
-        "dpsql.optimize.max_coverage": (opt.SETS, lambda con: optimize.max_coverage(con, "sets", "cands", 2,
-                                                                                     epsilon=0.8), ("rank",)),
-        "dpsql.optimize.set_cover": (opt.SETS, lambda con: optimize.set_cover(con, "sets", "cands", epsilon=0.8),
-                                     ("position",)),
-        "dpsql.optimize.shifting_heavy_hitters": (
+        "dpsql.optimize.max_coverage.max_coverage": (
+            opt.SETS, lambda con: optimize.max_coverage(con, "sets", "cands", 2, epsilon=0.8), ("rank",)),
+        "dpsql.optimize.set_cover.set_cover": (
+            opt.SETS, lambda con: optimize.set_cover(con, "sets", "cands", epsilon=0.8), ("position",)),
+        "dpsql.optimize.heavy_hitters.shifting_heavy_hitters": (
             opt.STREAM, lambda con: optimize.shifting_heavy_hitters(con, "st", "bk", 2, 3, epsilon=0.8),
             ("t", "bucket")),
-        "dpsql.optimize.matroid_coverage": (
+        "dpsql.optimize.matroid_coverage.matroid_coverage": (
             opt.SETS, lambda con: optimize.matroid_coverage(con, "sets", "parts", "caps", epsilon=0.8, eta=0.5),
             ("set_id",)),
-        "dpsql.optimize.k_median": (
+        "dpsql.optimize.k_median.k_median": (
             opt.METRIC, lambda con: optimize.k_median(con, "kp", "kc", "kd", 2, epsilon=0.8, n_bound=1000),
             ("candidate_id",)),
     }
 
 
 RELEASE_CALLS = {
-    "dpsql.union.set_union": (USER_ITEMS, lambda con: dpsql.set_union(con, "t", "mad2r", epsilon=0.8), ("item",)),
-    "dpsql.topk.top_k": (USER_ITEMS, lambda con: dpsql.top_k(con, "t", 3, epsilon=0.8), ("rank",)),
-    "dpsql.topk.hitting_set": (USER_ITEMS, lambda con: dpsql.hitting_set(con, "t", 3, epsilon=0.8), ("rank",)),
+    "dpsql.union.set_union": (
+        USER_ITEMS, lambda con: dpsql.set_union(con, "t", "mad2r", epsilon=0.8, delta=1e-5), ("item",)),
+    "dpsql.topk.top_k": (USER_ITEMS, lambda con: dpsql.top_k(con, "t", 3, epsilon=0.8, delta=1e-5), ("rank",)),
+    "dpsql.topk.hitting_set": (
+        USER_ITEMS, lambda con: dpsql.hitting_set(con, "t", 3, epsilon=0.8, delta=1e-5), ("rank",)),
     "dpsql.topk.top_k_limited_domain": (
-        USER_ITEMS, lambda con: dpsql.top_k_limited_domain(con, "t", 3, 5, epsilon=0.8), ("rank",)),
-    "dpsql.pws.weighted_sample": (USER_ITEMS, lambda con: dpsql.pws.weighted_sample(con, "t", 0.8, 1e-5,
+        USER_ITEMS, lambda con: dpsql.top_k_limited_domain(con, "t", 3, 5, epsilon=0.8, delta=1e-5), ("rank",)),
+    "dpsql.pws.api.weighted_sample": (USER_ITEMS, lambda con: dpsql.pws.weighted_sample(con, "t", 0.8, 1e-5,
                                                                                       key_col="item"), ("key",)),
     **_optimize_calls(),
 }
@@ -367,14 +386,14 @@ def test_progress_is_checked_before_the_charge_and_its_failure_loses_nothing(met
     con = dpsql.connect()
     con.execute(USER_ITEMS)
     with pytest.raises(DPParameterError, match="progress must be a function"):
-        dpsql.set_union(con, "t", method, progress=5)
+        dpsql.set_union(con, "t", method, epsilon=1.0, delta=1e-5, progress=5)
     assert _n_releases(con) == 0
 
     def broken(pct):
         raise OSError("stderr is closed")
 
     with pytest.warns(RuntimeWarning, match="progress callback failed"):
-        out = dpsql.set_union(con, "t", method, epsilon=5.0, progress=broken)
+        out = dpsql.set_union(con, "t", method, epsilon=5.0, delta=1e-5, progress=broken)
     assert _n_releases(con) == 1 and out.num_rows > 0  # charged once, and the rows reached the caller
     con.close()
 

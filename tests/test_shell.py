@@ -143,7 +143,7 @@ def test_database_file_persists(tmp_path):
 
 
 def test_dpsql_macros_and_parameter_errors():
-    r = shell(f"{SETUP} SELECT * FROM dp_set_union('t', epsilon := -1);")
+    r = shell(f"{SETUP} SELECT * FROM dp_set_union('t', epsilon := -1, delta := 1e-5);")
     assert r.returncode == 1
     assert r.stderr.strip().startswith("Error: ") and "epsilon" in r.stderr
     assert "\n" not in r.stderr.strip()
@@ -197,11 +197,11 @@ def test_is_complete(sql, complete):
 
 
 def test_bare_table_identifier_gets_a_hint_and_ledger_is_readable(tmp_path):
-    r = shell(f"{SETUP} SELECT * FROM dp_set_union(t);")
+    r = shell(f"{SETUP} SELECT * FROM dp_set_union(t, epsilon := 1.0, delta := 1e-5);")
     assert r.returncode == 1 and "quote it: dp_set_union('events'" in r.stderr
     assert "\n" not in r.stderr.strip()
     db = str(tmp_path / "b.duckdb")
-    r = shell(f"{SETUP} SELECT count(*) >= 0 AS ok FROM dp_set_union('t'); "
+    r = shell(f"{SETUP} SELECT count(*) >= 0 AS ok FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5); "
               "SELECT scope, epsilon_spent FROM dp_budget();", database=db)
     assert r.returncode == 0, r.stderr
     assert "database" in r.stdout and "1.0" in r.stdout
@@ -351,7 +351,7 @@ def test_readonly(tmp_path):
     out, err = io.StringIO(), io.StringIO()
     assert cli_main(["shell", db, "-readonly", "-c", "CREATE TABLE z (i INTEGER);"], out=out, err=err) == 1
     assert "read-only" in err.getvalue()
-    r = shell("SELECT count(*) AS n FROM dp_set_union('t', epsilon := 0.5);", database=db, readonly=True)
+    r = shell("SELECT count(*) AS n FROM dp_set_union('t', epsilon := 0.5, delta := 1e-5);", database=db, readonly=True)
     assert r.returncode == 0, r.stderr
     assert Ledger(db + ".dpsql-ledger").status()[0].epsilon_spent == 0.5  # a read-only database is charged
     r = shell("SELECT 1;", readonly=True)
@@ -361,7 +361,7 @@ def test_readonly(tmp_path):
 def test_in_memory_shell_reading_a_file_uses_an_in_memory_ledger_and_says_so(tmp_path):
     data = tmp_path / "f.parquet"
     assert shell(f"{SETUP} COPY t TO '{data}';").returncode == 0
-    release = f"SELECT count(*) AS n FROM dp_set_union('{data}', epsilon := 0.5);"
+    release = f"SELECT count(*) AS n FROM dp_set_union('{data}', epsilon := 0.5, delta := 1e-5);"
     r = shell(release + release)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("dpsql: note: this release read") == 1  # once per file
@@ -375,7 +375,7 @@ def test_ledger_flag_charges_the_file_the_cli_charges(tmp_path):
     sidecar = f"{data}.dpsql-ledger"
     out, err = io.StringIO(), io.StringIO()
     code = cli_main(["shell", "--ledger", sidecar, "-c",
-                     f"SELECT count(*) AS n FROM dp_set_union('{data}', epsilon := 0.5);"], out=out, err=err)
+                     f"SELECT count(*) AS n FROM dp_set_union('{data}', epsilon := 0.5, delta := 1e-5);"], out=out, err=err)
     assert (code, err.getvalue()) == (0, "")
     releases = Ledger(sidecar).releases()
     # The scope the CLI records for a file input: its absolute path.

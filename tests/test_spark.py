@@ -1,9 +1,10 @@
 """The Spark backend (dpsql.spark) against the DuckDB macros: the translated stages give the same
-pre-noise weights on the same capped data, the cap is uniform and per-user, releases have the
-distribution the calibration predicts on both engines, and bad input fails with the same errors.
-The session's Python workers cannot import duckdb or dpsql (dpsql's tasks are shipped by value), and
-a plain local session runs dpsql's tasks with the driver's interpreter whatever python3 PATH finds.
-Skips when pyspark or Java is missing (the translation tests only need sqlglot)."""
+pre-noise weights on the same capped data, the translated cap is uniform and per-user (its two
+forms give the same rows), releases have the distribution the calibration predicts on both
+engines, and bad input fails with the same errors. The session's Python workers cannot import
+duckdb or dpsql (dpsql's tasks are shipped by value), and a plain local session runs dpsql's tasks
+with the driver's interpreter whatever python3 PATH finds. Skips when pyspark or Java is missing;
+the translation itself is tested without them (tests/test_portable.py)."""
 from __future__ import annotations
 
 import json
@@ -45,34 +46,6 @@ def test_spark_extra_installs_a_pandas_pyspark_supports():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         require_minimum_pandas_version()
-
-
-# ---------------------------------------------------------------------------
-# Translation (sqlglot only)
-# ---------------------------------------------------------------------------
-
-def test_translated_stages_are_the_macros_with_bindings():
-    _need("sqlglot")
-    from dpsql.portable import TranslationError, macros, stage_sql
-
-    sql = stage_sql("dp__set_union_weights", {"dp__capped_user_items": "capped"}, {"weighting": "inverse_sqrt"})
-    assert "FROM capped" in sql and "'inverse_sqrt'" in sql
-    assert "CAST(1.0 AS DOUBLE)" in sql  # Spark would read 1.0 as a DECIMAL and round 1/d
-    assert "RAISE_ERROR" in sql.upper() and "ERROR(" not in sql.upper().replace("RAISE_ERROR(", "")
-    # b_min * b_max >= 1: DuckDB prunes the UDF branch of UserWeights, and so does the translation.
-    closed = stage_sql("dp__user_weight_rows", {"rows_rel": "rows"}, {"b_min": 0.5, "b_max": 2.0})
-    assert "dp__user_weights" not in closed.lower() and "UNION" not in closed.upper()
-    with pytest.raises(TranslationError, match="dp__user_weights"):
-        stage_sql("dp__user_weight_rows", {"rows_rel": "rows"}, {"b_min": 0.5, "b_max": 1.5})
-    with pytest.raises(TranslationError, match="b_min"):
-        stage_sql("dp__user_weight_rows", {"rows_rel": "rows"}, {"b_max": 2.0})
-    # A CTE of a release macro comes with what it reads and nothing else: no calibration, no noise.
-    items2 = stage_sql("dp_set_union_mad2r", {"dp__m2_noisy1": "noisy", "dp__m2_cal": "cal"},
-                       output="dp__m2_items2")
-    assert "calibration" not in items2.lower() and "noise" not in items2.lower()
-    assert "FROM noisy" in items2 and "cal AS dp__m2_cal" in items2
-    assert {"dp__set_union_weights", "dp__mad_stage", "dp__user_weight_rows", "dp__sips_round",
-            "dp_set_union_mad2r"} <= set(macros())
 
 
 # ---------------------------------------------------------------------------
@@ -274,6 +247,9 @@ def test_spark_cap_is_per_user_and_uniform(spark):
     assert {r[1] for r in alone} == sets[17]
     other_salt = dspark.capped_user_items(frame.where("user_id < 50"), cap, salt=999).collect()
     assert any({r[1] for r in other_salt if r[0] == u} != sets[u] for u in range(50))
+    # The macros' two forms (join for one read, window for the adaptive methods) cap alike for one salt.
+    window = dspark.capped_user_items(frame, cap, salt=12345, window=True).collect()
+    assert sorted(window) == sorted(got)
 
 
 # ---------------------------------------------------------------------------
@@ -355,7 +331,7 @@ def test_top_k_domain_is_the_set_union_at_half_budget(spark):
     assert topk.DEFAULT_DOMAIN_METHOD == "weighted_gaussian"
     assert abs(n - N_ITEMS * p) <= 4 * math.sqrt(N_ITEMS * p * (1 - p)), (n, N_ITEMS * p)
     with pytest.raises(DPParameterError, match="k must be a whole number"):
-        dspark.top_k_domain(frame, 2.5)
+        dspark.top_k_domain(frame, 2.5, epsilon=EPS, delta=DELTA)
 
 
 def test_release_is_drawn_once(spark):
@@ -377,15 +353,16 @@ def test_release_is_drawn_once(spark):
 # Bad input: the same errors as DuckDB
 # ---------------------------------------------------------------------------
 
+BUDGET = dict(epsilon=EPS, delta=DELTA)
 BAD = [
-    ("weighted_gaussian", dict(epsilon=0.0), {}),
-    ("weighted_gaussian", dict(delta=1.0), {}),
-    ("count_laplace", dict(max_items=2.5), {}),
-    ("mad", dict(), dict(beta=-1.0)),
-    ("mad2r", dict(), dict(split=[0.5, 0.6])),
-    ("mad2r", dict(), dict(b_min=0.2)),
-    ("sips", dict(), dict(split=[0.2, 0.2, 0.2, 0.2, 0.1, 0.1])),
-    ("mad", dict(), dict(max_adaptive_degree=1.5)),
+    ("weighted_gaussian", dict(BUDGET, epsilon=0.0), {}),
+    ("weighted_gaussian", dict(BUDGET, delta=1.0), {}),
+    ("count_laplace", dict(BUDGET, max_items=2.5), {}),
+    ("mad", BUDGET, dict(beta=-1.0)),
+    ("mad2r", BUDGET, dict(split=[0.5, 0.6])),
+    ("mad2r", BUDGET, dict(b_min=0.2)),
+    ("sips", BUDGET, dict(split=[0.2, 0.2, 0.2, 0.2, 0.1, 0.1])),
+    ("mad", BUDGET, dict(max_adaptive_degree=1.5)),
 ]
 
 
@@ -417,15 +394,15 @@ def test_bad_columns_and_methods(spark):
     frame = spark.createDataFrame(arrow([(1, "a")]))
     with pytest.raises(DPParameterError, match=r"user_col := 'uid' is not a column of the DataFrame; "
                                                r"its columns are user_id, item"):
-        dspark.set_union(frame, "mad2r", user_col="uid")
+        dspark.set_union(frame, "mad2r", user_col="uid", **BUDGET)
     with pytest.raises(DPParameterError, match="two different columns"):
-        dspark.set_union(frame, "mad2r", user_col="item")
+        dspark.set_union(frame, "mad2r", user_col="item", **BUDGET)
     with pytest.raises(DPParameterError, match="method must be one of"):
-        dspark.set_union(frame, "nope")
+        dspark.set_union(frame, "nope", **BUDGET)
     with pytest.raises(DPParameterError, match="sequential"):
-        dspark.set_union(frame, "policy_gaussian")
+        dspark.set_union(frame, "policy_gaussian", **BUDGET)
     with pytest.raises(DPParameterError, match="does not apply to method 'weighted_gaussian'"):
-        dspark.set_union(frame, "weighted_gaussian", beta=2.0)
+        dspark.set_union(frame, "weighted_gaussian", beta=2.0, **BUDGET)
 
 
 @pytest.mark.parametrize("column", ["user_id", "item"])
@@ -439,7 +416,7 @@ def test_null_users_and_items_fail_like_duckdb(spark, column, monkeypatch):
     try:
         con.execute("CREATE TABLE t AS FROM rows")
         with pytest.raises(Exception) as duck_err:
-            dpsql.set_union(con, "t", "weighted_gaussian")
+            dpsql.set_union(con, "t", "weighted_gaussian", **BUDGET)
     finally:
         con.close()
     message = "dpsql: " + str(duck_err.value).split("dpsql: ", 1)[1].splitlines()[0]
@@ -451,13 +428,13 @@ def test_null_users_and_items_fail_like_duckdb(spark, column, monkeypatch):
     frame = spark.createDataFrame(rows)
     for method in ("weighted_gaussian", "mad2r"):
         with pytest.raises(DPParameterError) as spark_err:  # a Python exception, not a Java stack trace
-            dspark.set_union(frame, method)
+            dspark.set_union(frame, method, **BUDGET)
         assert str(spark_err.value) == message
     assert drawn == []
     # both columns NULL: the user column is named, as DuckDB names it first
     both = spark.createDataFrame([(None, None), (1, "a")], "uid long, query string")
     with pytest.raises(DPParameterError, match=r"^dpsql: column uid \(user_col\) contains NULL"):
-        dspark.set_union(both, user_col="uid", item_col="query")
+        dspark.set_union(both, user_col="uid", item_col="query", **BUDGET)
 
 
 # ---------------------------------------------------------------------------

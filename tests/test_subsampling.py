@@ -1,5 +1,6 @@
 """The subsampling layer: Lemma 3.1 / Cor. 3.2 calibration, exact privacy of a subsampled greedy
-(CHECKS D1), Appendix C's counterexample (D2), Gumbel-max = softmax (D3), Repeated-AT noise (D4)."""
+(docs/proofs/reference_checks.md D1), Appendix C's counterexample (D2), Gumbel-max = softmax (D3),
+Repeated-AT noise (D4)."""
 from __future__ import annotations
 
 import itertools
@@ -20,7 +21,7 @@ LN2 = math.log(2.0)
 
 
 # ---------------------------------------------------------------------------
-# Calibration (CHECKS A11)
+# Calibration (docs/proofs/reference_checks.md A11)
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("eps, p", [(0.1, 0.0951626), (0.5, 0.3934693), (1.0, 0.6321206)])
@@ -66,7 +67,7 @@ def test_bad_probability_is_refused(p):
 
 
 # ---------------------------------------------------------------------------
-# Exact enumeration on the tiny instance (CHECKS D1)
+# Exact enumeration on the tiny instance (docs/proofs/reference_checks.md D1)
 # ---------------------------------------------------------------------------
 
 SETS = [{0, 1}, {1, 2, 3}, {3, 4}, {0, 4}, {2}]
@@ -140,7 +141,7 @@ def test_implementation_samples_the_enumerated_distribution():
 
 
 # ---------------------------------------------------------------------------
-# Appendix C counterexample (CHECKS D2; ERRATUM: the chain holds with ">")
+# Appendix C counterexample (docs/proofs/reference_checks.md D2; ERRATUM: the chain holds with ">")
 # ---------------------------------------------------------------------------
 
 def _app_c_ratio(eps: float, L: int, m: int) -> float:
@@ -166,7 +167,7 @@ def test_app_c_counterexample(eps, L, eps_prime, m, ratio):
 
 
 # ---------------------------------------------------------------------------
-# Exponential mechanism (CHECKS D3)
+# Exponential mechanism (docs/proofs/reference_checks.md D3)
 # ---------------------------------------------------------------------------
 
 def test_gumbel_max_matches_softmax_including_zero_scores():
@@ -192,7 +193,7 @@ def test_repeated_em_stops_when_no_candidate_is_left():
 
 
 # ---------------------------------------------------------------------------
-# Repeated-AT noise and Poisson subsampling (CHECKS D4)
+# Repeated-AT noise and Poisson subsampling (docs/proofs/reference_checks.md D4)
 # ---------------------------------------------------------------------------
 
 class RecordingSource(NoiseSource):

@@ -69,7 +69,7 @@ def recording_connection(seed=3):
 
 
 # ---------------------------------------------------------------------------
-# Calibration (CHECKS A9)
+# Calibration (docs/proofs/reference_checks.md A9)
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("k, expected", [(1, 0.5), (5, 0.100000), (10, 0.063360), (20, 0.044802),
@@ -129,7 +129,7 @@ def test_bad_k_errors_name_k_even_on_empty_input(con, macro, k, words, table):
     load(con, nested_rows())
     con.execute("CREATE OR REPLACE TABLE empty (user_id BIGINT, item VARCHAR)")
     with pytest.raises(duckdb.Error, match=rf"k must .*{words}"):
-        con.execute(f"SELECT * FROM {macro}('{table}', {k})").fetchall()
+        con.execute(f"SELECT * FROM {macro}('{table}', {k}, epsilon := 1.0, delta := 1e-5)").fetchall()
 
 
 @pytest.mark.parametrize("k, words", BAD_K[:3])
@@ -137,16 +137,17 @@ def test_bad_k_errors_in_python(con, k, words):
     load(con, nested_rows())
     for fn in (topk.top_k, topk.hitting_set):
         with pytest.raises(DPParameterError, match=rf"k must .*{words}"):
-            fn(con, "t", k)
+            fn(con, "t", k, epsilon=1.0, delta=1e-5)
     with pytest.raises(DPParameterError, match="k must"):
-        topk.top_k(con, "t", True)
+        topk.top_k(con, "t", True, epsilon=1.0, delta=1e-5)
 
 
 def test_bad_parameters_of_the_limited_domain_baseline(con):
     load(con, nested_rows())
-    cases = [("5, 3", "k_bar must be >= k"), ("5, 2.5", "k_bar must be a whole number"),
-             ("0, 5", "k must be >= 1"), ("5, 'infinity'::DOUBLE", "needs a finite max_items"),
-             ("5, 10, epsilon := 0", "epsilon"), ("5, 10, max_items := 0", "max_items")]
+    budget = "epsilon := 1.0, delta := 1e-5"
+    cases = [(f"5, 3, {budget}", "k_bar must be >= k"), (f"5, 2.5, {budget}", "k_bar must be a whole number"),
+             (f"0, 5, {budget}", "k must be >= 1"), (f"5, 'infinity'::DOUBLE, {budget}", "needs a finite max_items"),
+             ("5, 10, epsilon := 0, delta := 1e-5", "epsilon"), (f"5, 10, {budget}, max_items := 0", "max_items")]
     for args, words in cases:
         with pytest.raises(duckdb.Error, match=words):
             con.execute(f"SELECT * FROM dp_top_k_limited_domain('t', {args})").fetchall()
@@ -155,11 +156,11 @@ def test_bad_parameters_of_the_limited_domain_baseline(con):
 def test_bad_domain_method_and_budget(con):
     load(con, nested_rows())
     with pytest.raises(duckdb.Error, match="domain_method must be one of"):
-        con.execute("SELECT * FROM dp_top_k('t', 3, domain_method := 'nope')").fetchall()
+        con.execute("SELECT * FROM dp_top_k('t', 3, epsilon := 1.0, delta := 1e-5, domain_method := 'nope')").fetchall()
     with pytest.raises(duckdb.Error, match="delta"):
-        con.execute("SELECT * FROM dp_hitting_set('t', 3, delta := 1.5)").fetchall()
+        con.execute("SELECT * FROM dp_hitting_set('t', 3, epsilon := 1.0, delta := 1.5)").fetchall()
     with pytest.raises(DPParameterError, match="user_col"):
-        topk.top_k(con, "t", 3, user_col="nope")
+        topk.top_k(con, "t", 3, epsilon=1.0, delta=1e-5, user_col="nope")
 
 
 # ---------------------------------------------------------------------------
@@ -191,7 +192,7 @@ def test_domain_method_is_dispatched_with_half_the_budget():
     con, source = recording_connection()
     try:
         load(con, nested_rows())
-        con.execute("SELECT * FROM dp_top_k('t', 5, epsilon := 2.0, domain_method := 'weighted_laplace')").fetchall()
+        con.execute("SELECT * FROM dp_top_k('t', 5, epsilon := 2.0, delta := 1e-5, domain_method := 'weighted_laplace')").fetchall()
         assert source.scales("gaussian").size == 0
         assert np.all(source.scales("laplace") == 1.0)  # Lap(1/(eps/2)) with eps = 2
         assert np.all(source.scales("gumbel") == 1.0 / topk.peeling_epsilon(1.0, 5e-6, 5))
@@ -208,7 +209,7 @@ def test_vanishing_noise_gives_the_exact_top_k(k):
     con = seeded(7)
     try:
         load(con, nested_rows())
-        out = topk.top_k(con, "t", k, epsilon=1000.0)
+        out = topk.top_k(con, "t", k, epsilon=1000.0, delta=1e-5)
     finally:
         con.close()
     assert out.column("rank").to_pylist() == list(range(1, k + 1))
@@ -219,8 +220,8 @@ def test_domain_smaller_than_k_returns_the_whole_domain_in_noisy_order():
     con = seeded(8)
     try:
         load(con, nested_rows(n_items=6))
-        out = topk.top_k(con, "t", 50, epsilon=1000.0)
-        hs = topk.hitting_set(con, "t", 50, epsilon=1000.0)
+        out = topk.top_k(con, "t", 50, epsilon=1000.0, delta=1e-5)
+        hs = topk.hitting_set(con, "t", 50, epsilon=1000.0, delta=1e-5)
     finally:
         con.close()
     assert out.column("item").to_pylist() == [f"i{j:02d}" for j in range(6)]
@@ -265,7 +266,7 @@ def test_vanishing_noise_user_peeling_equals_the_non_private_greedy():
     con = seeded(9)
     try:
         load(con, [(u, x) for u, s in users.items() for x in sorted(s)])
-        out = topk.hitting_set(con, "t", k, epsilon=1000.0)
+        out = topk.hitting_set(con, "t", k, epsilon=1000.0, delta=1e-5)
     finally:
         con.close()
     assert out.column("item").to_pylist() == metrics.greedy_hitting_set(users, k)
@@ -278,7 +279,7 @@ def test_user_peeling_runs_min_k_domain_rounds_with_fresh_noise():
     con, source = recording_connection()
     try:
         load(con, rows)
-        out = con.execute("SELECT rank, item FROM dp_hitting_set('t', 10, epsilon := 50.0)").fetchall()
+        out = con.execute("SELECT rank, item FROM dp_hitting_set('t', 10, epsilon := 50.0, delta := 1e-5)").fetchall()
         draws = source.scales("gumbel").size
     finally:
         con.close()
@@ -307,9 +308,9 @@ def test_output_is_sound_and_ranked(macro):
     con = seeded(12)
     try:
         load(con, rows)
-        out = con.execute(f"SELECT rank, item FROM {macro}('t', 15, epsilon := 4.0)").fetchall()
+        out = con.execute(f"SELECT rank, item FROM {macro}('t', 15, epsilon := 4.0, delta := 1e-5)").fetchall()
         items = {r[0] for r in con.execute("SELECT DISTINCT item FROM t").fetchall()}
-        types = con.execute(f"SELECT typeof(rank), typeof(item) FROM {macro}('t', 3, epsilon := 4.0)").fetchall()
+        types = con.execute(f"SELECT typeof(rank), typeof(item) FROM {macro}('t', 3, epsilon := 4.0, delta := 1e-5)").fetchall()
     finally:
         con.close()
     assert [r for r, _ in out] == list(range(1, len(out) + 1))
@@ -322,7 +323,7 @@ def test_item_type_is_preserved():
     try:
         con.execute("CREATE TABLE b AS SELECT (i % 50)::BIGINT AS user_id, (i % 3)::BIGINT AS item FROM range(150) r(i)")
         for macro, extra in (("dp_top_k", ""), ("dp_hitting_set", ""), ("dp_top_k_limited_domain", ", 3")):
-            [(t,)] = con.execute(f"SELECT DISTINCT typeof(item) FROM {macro}('b', 2{extra}, epsilon := 10.0)").fetchall()
+            [(t,)] = con.execute(f"SELECT DISTINCT typeof(item) FROM {macro}('b', 2{extra}, epsilon := 10.0, delta := 1e-5)").fetchall()
             assert t == "BIGINT"
     finally:
         con.close()
@@ -341,7 +342,7 @@ def test_one_shot_gumbel_top_k_has_the_sequential_peeling_distribution():
         seen = {}
         for _ in range(runs):
             out = tuple(r[0] for r in con.execute(
-                f"SELECT item FROM dp_top_k('t', {k}, epsilon := {eps}) ORDER BY rank").fetchall())
+                f"SELECT item FROM dp_top_k('t', {k}, epsilon := {eps}, delta := 1e-5) ORDER BY rank").fetchall())
             seen[out] = seen.get(out, 0) + 1
     finally:
         con.close()
@@ -364,9 +365,9 @@ def test_limited_domain_with_vanishing_noise_returns_the_top_k():
         load(con, nested_rows())
         # k_bar = 6: h_bot = N_(7) + ~1.07 = 26.07 lies below N_(5) = 27. (With k_bar = k = 5,
         # h_bot = N_(6) + 1.07 = 27.07 and the 5th item would correctly miss it: the "+1" of [DR19].)
-        out = topk.top_k_limited_domain(con, "t", 5, 6, epsilon=1000.0)
-        at_k = topk.top_k_limited_domain(con, "t", 5, 5, epsilon=1000.0)
-        inf = topk.top_k_limited_domain(con, "t", 5, math.inf, epsilon=1000.0, max_items=100)
+        out = topk.top_k_limited_domain(con, "t", 5, 6, epsilon=1000.0, delta=1e-5)
+        at_k = topk.top_k_limited_domain(con, "t", 5, 5, epsilon=1000.0, delta=1e-5)
+        inf = topk.top_k_limited_domain(con, "t", 5, math.inf, epsilon=1000.0, delta=1e-5, max_items=100)
     finally:
         con.close()
     assert out.column("item").to_pylist() == [f"i{j:02d}" for j in range(5)]
@@ -381,7 +382,7 @@ def test_limited_domain_only_outputs_items_of_the_true_top_k_bar():
         seen = set()
         for _ in range(20):
             seen |= {r[0] for r in con.execute(
-                "SELECT item FROM dp_top_k_limited_domain('t', 3, 4, epsilon := 5.0)").fetchall()}
+                "SELECT item FROM dp_top_k_limited_domain('t', 3, 4, epsilon := 5.0, delta := 1e-5)").fetchall()}
     finally:
         con.close()
     assert seen <= {"i00", "i01", "i02", "i03"}
@@ -392,6 +393,6 @@ def test_limited_domain_releases_nothing_when_counts_are_below_the_threshold():
     con = seeded(16)
     try:
         load(con, [(u, f"s{u}") for u in range(10)])
-        assert con.execute("SELECT * FROM dp_top_k_limited_domain('t', 3, 3)").fetchall() == []
+        assert con.execute("SELECT * FROM dp_top_k_limited_domain('t', 3, 3, epsilon := 1.0, delta := 1e-5)").fetchall() == []
     finally:
         con.close()

@@ -55,7 +55,7 @@ def capped(con, table="t", max_items=5):
 
 
 # ---------------------------------------------------------------------------
-# Contribution bounding (CHECKS B11)
+# Contribution bounding (docs/proofs/reference_checks.md B11)
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("max_items", [1, 3, 10, 100])
@@ -149,7 +149,7 @@ STORED = {
 def test_release_stores_only_what_it_rereads(con, method):
     load(con, random_rows(random.Random(3)))
     plan = "\n".join(r[1] for r in con.execute(
-        f"EXPLAIN SELECT count(*) FROM dp_set_union('t', method := '{method}')").fetchall())
+        f"EXPLAIN SELECT count(*) FROM dp_set_union('t', method := '{method}', epsilon := 1.0, delta := 1e-5)").fetchall())
     assert set(re.findall(r"CTE Name: (\w+)", plan)) == STORED[method]
 
 
@@ -170,7 +170,7 @@ def test_window_cap_keeps_the_same_rows_as_the_join_cap(seed, max_items):
 
 
 # ---------------------------------------------------------------------------
-# Pre-noise weights: sensitivity on random neighbouring datasets (CHECKS B1)
+# Pre-noise weights: sensitivity on random neighbouring datasets (docs/proofs/reference_checks.md B1)
 # ---------------------------------------------------------------------------
 
 def weights(con, weighting, max_items, table="t"):
@@ -221,6 +221,7 @@ def test_neighbour_sensitivity_of_weights(seed, new_deg, max_items, novel):
 # ---------------------------------------------------------------------------
 
 def released(con, method, table="t", **params):
+    params = {"epsilon": 1.0, "delta": 1e-5, **params}
     args = "".join(f", {k} := {v!r}" for k, v in params.items())
     return [r[0] for r in con.execute(f"SELECT * FROM dp_set_union_{method}('{table}'{args})").fetchall()]
 
@@ -248,7 +249,7 @@ def test_soundness_released_items_are_in_the_capped_input(method):
                                                ("DOUBLE", 1.5)])
 def test_output_is_one_item_column_of_the_input_type(con, item_type, value):
     load(con, [(u, value) for u in range(200)], item_type=item_type)
-    rel = con.sql("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := 5.0)")
+    rel = con.sql("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := 5.0, delta := 1e-5)")
     assert rel.columns == ["item"]
     assert str(rel.types[0]) == item_type
     assert len(rel.fetchall()) == 1
@@ -259,20 +260,20 @@ def test_custom_column_names_and_identifier_forms(con):
                 "FROM range(3000) r(i)")
     for tbl in ("'ev'", "'EV'", """'"memory"."main"."ev"'""", "'main.ev'"):
         out = con.execute(f"SELECT item FROM dp_set_union_weighted_gaussian({tbl}, epsilon := 5.0, "
-                          "user_col := 'person', item_col := 'WORD')").fetchall()
+                          "delta := 1e-5, user_col := 'person', item_col := 'WORD')").fetchall()
         assert sorted(r[0] for r in out) == ["w0", "w1", "w2"]
     # The table is named by a string: the ledger records that name. A bare identifier is refused by
     # the binder (it would be a column reference), before anything is read or charged.
     for tbl in ("ev", '"memory"."main"."ev"'):
         with pytest.raises(duckdb.BinderException):
-            con.execute(f"SELECT item FROM dp_set_union_weighted_gaussian({tbl})").fetchall()
+            con.execute(f"SELECT item FROM dp_set_union_weighted_gaussian({tbl}, epsilon := 1.0, delta := 1e-5)").fetchall()
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_empty_input_returns_empty_result(con, method):
     load(con, [])
     assert released(con, method) == []
-    assert con.execute(f"SELECT * FROM dp_set_union('t', method := '{method}')").fetchall() == []
+    assert con.execute(f"SELECT * FROM dp_set_union('t', method := '{method}', epsilon := 1.0, delta := 1e-5)").fetchall() == []
 
 
 def test_views_work_and_python_api_matches_sql():
@@ -283,9 +284,9 @@ def test_views_work_and_python_api_matches_sql():
             load(c, rows, name="raw")
             c.execute("CREATE VIEW v AS SELECT user_id AS uid, item AS thing FROM raw")
         sql = sorted(r[0] for r in a.execute(
-            "SELECT * FROM dp_set_union_weighted_laplace('v', epsilon := 4.0, user_col := 'uid', "
+            "SELECT * FROM dp_set_union_weighted_laplace('v', epsilon := 4.0, delta := 1e-5, user_col := 'uid', "
             "item_col := 'thing')").fetchall())
-        py = dpsql.set_union(b, "v", "weighted_laplace", epsilon=4.0, user_col="uid", item_col="thing")
+        py = dpsql.set_union(b, "v", "weighted_laplace", epsilon=4.0, delta=1e-5, user_col="uid", item_col="thing")
     finally:
         a.close()
         b.close()
@@ -297,7 +298,7 @@ def test_views_work_and_python_api_matches_sql():
 def test_python_api_reports_progress(con):
     load(con, random_rows(random.Random(1)))
     seen = []
-    dpsql.set_union(con, "t", progress=seen.append)
+    dpsql.set_union(con, "t", epsilon=1.0, delta=1e-5, progress=seen.append)
     assert seen and seen[-1] == 100.0
 
 
@@ -308,7 +309,7 @@ def test_release_probability_matches_calibration(method):
     # known weight c * f(4) (f = 1, 1/4 or 1/2). Its release probability must equal
     # Pr[w + noise > threshold] for the method's noise and threshold.
     eps, delta, cap = 1.0, 1e-5, 4
-    c_cal = union.calibrate(method, eps, delta, cap)
+    c_cal = union.calibrate(method, epsilon=eps, delta=delta, max_items=cap)
     per_user = {"count_laplace": 1.0, "count_gaussian": 1.0, "weighted_laplace": 0.25, "weighted_gaussian": 0.5}[method]
     # Choose user counts so the weights sweep the threshold region.
     noise_sd = c_cal.scale * (math.sqrt(2) if c_cal.noise == "laplace" else 1.0)
@@ -360,7 +361,7 @@ def test_dispatcher_runs_only_the_chosen_method(seeded_con, method):
     src = source_of(seeded_con)
     before = src.samples_drawn
     via_dispatch = sorted(r[0] for r in seeded_con.execute(
-        f"SELECT * FROM dp_set_union('t', method := '{method}', epsilon := 1e4, max_items := 10)").fetchall())
+        f"SELECT * FROM dp_set_union('t', method := '{method}', epsilon := 1e4, delta := 1e-5, max_items := 10)").fetchall())
     draws = src.samples_drawn - before
     # One salt for the cap plus one noise value per distinct item: the other branches drew nothing.
     assert draws == n_items + 1
@@ -373,7 +374,7 @@ def test_dispatcher_default_method_is_the_registry_default(seeded_con):
     load(seeded_con, random_rows(random.Random(8)))
     src = source_of(seeded_con)
     before = src.samples_drawn
-    seeded_con.execute("SELECT * FROM dp_set_union('t')").fetchall()
+    seeded_con.execute("SELECT * FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5)").fetchall()
     assert src.samples_drawn - before > 0
     assert union.DEFAULT_METHOD in dpsql.METHODS
 
@@ -383,23 +384,23 @@ def test_dispatcher_default_method_is_the_registry_default(seeded_con):
 # ---------------------------------------------------------------------------
 
 BAD_SQL = [
-    ("dp_set_union_weighted_gaussian('t', epsilon := 0)", "epsilon"),
-    ("dp_set_union_weighted_gaussian('t', epsilon := -1)", "epsilon"),
-    ("dp_set_union_weighted_gaussian('t', epsilon := 'inf'::DOUBLE)", "epsilon"),
-    ("dp_set_union_weighted_gaussian('t', epsilon := 'nan'::DOUBLE)", "epsilon"),
-    ("dp_set_union_weighted_gaussian('t', epsilon := NULL)", "epsilon"),
-    ("dp_set_union_count_laplace('t', delta := 0)", "delta"),
-    ("dp_set_union_count_gaussian('t', delta := 1)", "delta"),
-    ("dp_set_union_weighted_laplace('t', delta := 1.5)", "delta"),
-    ("dp_set_union_weighted_gaussian('t', max_items := 0)", "max_items"),
-    ("dp_set_union_weighted_gaussian('t', max_items := 2.5)", "max_items"),
-    ("dp_set_union_weighted_gaussian('t', max_items := NULL)", "max_items"),
-    ("dp_set_union_weighted_gaussian('t', user_col := 'item')", "different columns"),
-    ("dp_set_union_weighted_gaussian('t', user_col := 'nope')", "dpsql: user_col := 'nope' is not a column of 't'"),
-    ("dp_set_union_weighted_gaussian('t', epsilon := 'abc')", "does not support the supplied arguments"),
-    ("dp_set_union_weighted_gaussian(['t', 't'])", "does not support the supplied arguments"),
-    ("dp_set_union_weighted_gaussian('missing_table')", "does not exist"),
-    ("dp_set_union('t', method := 'nope')", "method must be one of"),
+    ("dp_set_union_weighted_gaussian('t', epsilon := 0, delta := 1e-5)", "epsilon"),
+    ("dp_set_union_weighted_gaussian('t', epsilon := -1, delta := 1e-5)", "epsilon"),
+    ("dp_set_union_weighted_gaussian('t', epsilon := 'inf'::DOUBLE, delta := 1e-5)", "epsilon"),
+    ("dp_set_union_weighted_gaussian('t', epsilon := 'nan'::DOUBLE, delta := 1e-5)", "epsilon"),
+    ("dp_set_union_weighted_gaussian('t', epsilon := NULL, delta := 1e-5)", "epsilon"),
+    ("dp_set_union_count_laplace('t', epsilon := 1.0, delta := 0)", "delta"),
+    ("dp_set_union_count_gaussian('t', epsilon := 1.0, delta := 1)", "delta"),
+    ("dp_set_union_weighted_laplace('t', epsilon := 1.0, delta := 1.5)", "delta"),
+    ("dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5, max_items := 0)", "max_items"),
+    ("dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5, max_items := 2.5)", "max_items"),
+    ("dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5, max_items := NULL)", "max_items"),
+    ("dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5, user_col := 'item')", "different columns"),
+    ("dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5, user_col := 'nope')", "dpsql: user_col := 'nope' is not a column of 't'"),
+    ("dp_set_union_weighted_gaussian('t', epsilon := 'abc', delta := 1e-5)", "does not support the supplied arguments"),
+    ("dp_set_union_weighted_gaussian(['t', 't'], epsilon := 1.0, delta := 1e-5)", "does not support the supplied arguments"),
+    ("dp_set_union_weighted_gaussian('missing_table', epsilon := 1.0, delta := 1e-5)", "does not exist"),
+    ("dp_set_union('t', epsilon := 1.0, delta := 1e-5, method := 'nope')", "method must be one of"),
 ]
 
 
@@ -440,7 +441,7 @@ def test_bad_python_input_fails_before_any_draw(con, kwargs, msg):
     load(con, [(u, "a") for u in range(500)])
     src = source_of(con)
     before = src.samples_drawn
-    args = dict(table="t")
+    args = dict(table="t", epsilon=1.0, delta=1e-5)
     args.update(kwargs)
     table = args.pop("table")
     with pytest.raises(DPParameterError, match=msg):

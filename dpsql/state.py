@@ -1,0 +1,76 @@
+"""Per-connection state, in one place: the noise source and the ledger of each registered connection.
+
+A connection or cursor registered with :func:`dpsql.register` draws its noise from one
+:class:`~dpsql.noise.NoiseSource` and charges one :class:`~dpsql.ledger.Ledger`; cursors share
+their connection's. The maps hold connections weakly: a closed, collected connection drops out.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Optional
+
+import duckdb
+
+from dpsql.errors import ParameterError
+from dpsql.ledger import DATABASE_SCOPE, Budget, Ledger, Release, ScopeStatus, resolve_scope
+from dpsql.noise import NoiseSource
+
+__all__ = ["ConnectionState", "attach", "state_of", "source_of", "ledger_of", "current_ledger",
+           "set_budget", "budget", "releases"]
+
+
+@dataclass
+class ConnectionState:
+    """What dpsql keeps for one registered connection or cursor."""
+
+    source: NoiseSource
+    ledger: Ledger
+
+
+_STATES: "weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, ConnectionState]" = weakref.WeakKeyDictionary()
+
+
+def attach(con: duckdb.DuckDBPyConnection, source: NoiseSource, ledger: Ledger) -> None:
+    """Record (or replace) the noise source and ledger of ``con``."""
+    _STATES[con] = ConnectionState(source, ledger)
+
+
+def state_of(con: duckdb.DuckDBPyConnection) -> ConnectionState:
+    try:
+        return _STATES[con]
+    except (KeyError, TypeError):
+        raise ParameterError("this connection is not registered with dpsql; call dpsql.register(con) first "
+                             "(or open it with dpsql.connect())") from None
+
+
+def source_of(con: duckdb.DuckDBPyConnection) -> NoiseSource:
+    """The noise source whose draws the connection's UDFs use (for tests and audits)."""
+    return state_of(con).source
+
+
+def ledger_of(con: duckdb.DuckDBPyConnection) -> Ledger:
+    """The ledger that ``con``'s releases are charged to."""
+    return state_of(con).ledger
+
+
+def current_ledger(con: duckdb.DuckDBPyConnection) -> Optional[Ledger]:
+    """The ledger of ``con`` if it is registered, else None."""
+    state = _STATES.get(con)
+    return state.ledger if state is not None else None
+
+
+def set_budget(con: duckdb.DuckDBPyConnection, epsilon: float, delta: float,
+               scope: str = DATABASE_SCOPE) -> Budget:
+    """Set the total (epsilon, delta) of ``scope`` ('database' or a table name, resolved on ``con``)."""
+    return ledger_of(con).set_budget(epsilon, delta, resolve_scope(con, scope))
+
+
+def budget(con: duckdb.DuckDBPyConnection) -> list[ScopeStatus]:
+    """Spent and remaining budget per scope (the rows of ``SELECT * FROM dp_budget()``)."""
+    return ledger_of(con).status()
+
+
+def releases(con: duckdb.DuckDBPyConnection) -> list[Release]:
+    """Every charged release, oldest first (the rows of ``SELECT * FROM dp_releases()``)."""
+    return ledger_of(con).releases()

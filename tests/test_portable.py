@@ -1,0 +1,242 @@
+"""The SQL stages other engines translate (dpsql.portable), checked without Java or pyspark.
+
+A stage another engine may translate is marked ``-- dpsql:portable <name>`` directly above its
+definition in ``sql/*.sql``. Here: every mark names the macro or CTE below it, every stage the
+Spark backend addresses is marked (read from dpsql/spark.py's source, so a new call cannot skip
+the mark), each marked stage translates to Spark SQL that sqlglot parses, unmarked stages and
+bindings that are not inputs are refused, and the Spark backend's method list, options and
+required budget come from the mechanism declarations. Skips only when sqlglot is missing."""
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+sqlglot = pytest.importorskip("sqlglot")
+
+import dpsql  # noqa: E402
+from dpsql import portable, union  # noqa: E402
+from dpsql import spark as dspark  # noqa: E402  (importable without pyspark: pyspark is imported lazily)
+from dpsql.mechanisms import set_union_methods  # noqa: E402
+from dpsql.portable import MARKER, Stage, TranslationError, macros, stage_sql, stages  # noqa: E402
+from dpsql.registration import sql_files  # noqa: E402
+from dpsql.validation import DPParameterError  # noqa: E402
+
+
+def _body(macro: str):
+    return sqlglot.parse_one(macros()[macro].body, read="duckdb")
+
+
+def _ctes(tree) -> dict:
+    return {c.alias: c for c in tree.find_all(sqlglot.exp.CTE)}
+
+
+def _relation_params(macro: str) -> set[str]:
+    """Parameters read as relations (``query_table(param)``)."""
+    found = set()
+    for fn in _body(macro).find_all(sqlglot.exp.Anonymous):
+        if fn.name.lower() == "query_table" and fn.expressions and isinstance(fn.expressions[0], sqlglot.exp.Column):
+            found.add(fn.expressions[0].name)
+    return found & set(macros()[macro].params)
+
+
+def _constants(macro: str, bound) -> dict:
+    # Any number translates; 2.0 keeps b_min * b_max >= 1 (UserWeights' closed form, the translatable branch).
+    return {p: 2.0 for p in macros()[macro].params if p not in bound}
+
+
+# ---------------------------------------------------------------------------
+# The marks
+# ---------------------------------------------------------------------------
+
+def test_every_mark_names_the_macro_or_cte_below_it():
+    marks = portable._marks()
+    assert marks
+    for file, line, name, stage in marks:
+        assert stage is not None, f"{file}:{line}: {MARKER} {name} is not directly above {name}'s definition"
+        assert stage.macro in macros(), (file, line)
+        if stage.cte is not None:
+            assert stage.cte in _ctes(_body(stage.macro)), (file, line, stage.name)
+    # every line that looks like a mark is one (a typo or an indented mark would be silently ignored)
+    looks = [(p.name, i + 1) for p in sql_files() for i, text in enumerate(p.read_text().splitlines())
+             if text.lstrip().startswith(MARKER)]
+    assert looks == [(f, ln) for f, ln, _, _ in marks]
+    assert len(stages()) == len(marks)  # no stage is marked twice
+
+
+def _spark_calls() -> list[tuple[str, frozenset, str | None]]:
+    """Every (macro, relation keys, output) that dpsql/spark.py translates, read from its source.
+
+    A call whose macro, output or relation keys are not literals fails here: the stages the
+    backend addresses must be visible to this test.
+    """
+    tree = ast.parse(Path(dspark.__file__).read_text())
+    calls = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_run_stage"):
+            continue
+        first, rels = node.args[0], node.args[1]
+        if isinstance(first, ast.Constant):
+            names = [first.value]
+        else:
+            assert isinstance(first, ast.IfExp), ast.unparse(node)
+            names = [first.body.value, first.orelse.value]
+        assert isinstance(rels, ast.Dict) and all(isinstance(k, ast.Constant) for k in rels.keys), ast.unparse(node)
+        output = None
+        for kw in node.keywords:
+            if kw.arg == "output":
+                assert isinstance(kw.value, ast.Constant), ast.unparse(node)
+                output = kw.value.value
+        calls += [(name, frozenset(k.value for k in rels.keys), output) for name in names]
+    return calls
+
+
+def test_every_stage_the_spark_backend_translates_is_marked_and_translates():
+    calls = _spark_calls()
+    assert len(calls) >= 10
+    used = {Stage(macro, output).name for macro, _, output in calls}
+    # the contribution bounding is translated too, not re-implemented
+    assert {"dp__user_items", "dp__capped_user_items", "dp__capped_user_items_window"} <= used
+    assert used <= set(stages()), sorted(used - set(stages()))
+    for macro, keys, output in calls:
+        sql = stage_sql(macro, {k: f"rel_{i}" for i, k in enumerate(sorted(keys))}, _constants(macro, keys),
+                        output=output)
+        sqlglot.parse_one(sql, read="spark")
+
+
+def test_every_marked_stage_translates_to_spark_sql():
+    for stage in stages().values():
+        tree = _body(stage.macro)
+        inputs = portable._inputs(sqlglot.exp, tree, stage.cte)
+        ctes = _ctes(tree)
+        # Bind what only DuckDB can compute: nested macros, and input CTEs that call a dpsql UDF.
+        udf_ctes = {name for name in inputs & set(ctes)
+                    if any(f.name.lower().startswith("dp_") for f in ctes[name].find_all(sqlglot.exp.Anonymous))}
+        bound = _relation_params(stage.macro) | (inputs - set(ctes)) | udf_ctes
+        sql = stage_sql(stage.macro, {k: f"rel_{i}" for i, k in enumerate(sorted(bound))},
+                        _constants(stage.macro, bound), output=stage.cte)
+        parsed = sqlglot.parse_one(sql, read="spark")
+        assert parsed.find(sqlglot.exp.Select) is not None, stage.name
+        assert "noise" not in sql.lower() and "calibration" not in sql.lower(), stage.name
+
+
+def test_unmarked_stages_and_stray_bindings_are_refused():
+    with pytest.raises(TranslationError, match=r"the CTE dp__m2_noisy1 of dp_set_union_mad2r is not an exported stage"):
+        stage_sql("dp_set_union_mad2r", {}, output="dp__m2_noisy1")
+    with pytest.raises(TranslationError, match=r"the macro dp_set_union_mad2r is not an exported stage"):
+        stage_sql("dp_set_union_mad2r", {"dp__capped_user_items_window": "c"})
+    with pytest.raises(TranslationError, match=r"cannot bind 'dp__m2_p1', which is neither a relation parameter "
+                                               r"nor an input"):
+        stage_sql("dp_set_union_mad2r", {"dp__m2_noisy1": "n", "dp__m2_p1": "p"}, output="dp__m2_items2")
+    with pytest.raises(TranslationError, match="no table macro named"):
+        stage_sql("dp__nope", {})
+
+
+def test_a_misplaced_mark_is_an_error(monkeypatch, tmp_path):
+    bad = tmp_path / "99_bad.sql"
+    bad.write_text("CREATE OR REPLACE TEMP MACRO dp__x(rel VARCHAR) AS TABLE\n"
+                   "-- dpsql:portable dp__y\n"
+                   "WITH dp__z AS (SELECT 1 AS a) FROM dp__z;\n")
+    monkeypatch.setattr("dpsql.registration.sql_files", lambda: [bad])
+    portable.stages.cache_clear()
+    try:
+        with pytest.raises(TranslationError, match=r"99_bad.sql:2: the mark -- dpsql:portable dp__y is not directly "
+                                                   r"above the definition"):
+            portable.stages()
+    finally:
+        portable.stages.cache_clear()
+
+
+# ---------------------------------------------------------------------------
+# What the translation makes explicit
+# ---------------------------------------------------------------------------
+
+def test_translated_stages_are_the_macros_with_bindings():
+    sql = stage_sql("dp__set_union_weights", {"dp__capped_user_items": "capped"}, {"weighting": "inverse_sqrt"})
+    assert "FROM capped" in sql and "'inverse_sqrt'" in sql
+    assert "CAST(1.0 AS DOUBLE)" in sql  # Spark would read 1.0 as a DECIMAL and round 1/d
+    assert "RAISE_ERROR" in sql.upper() and "ERROR(" not in sql.upper().replace("RAISE_ERROR(", "")
+    # b_min * b_max >= 1: DuckDB prunes the UDF branch of UserWeights, and so does the translation.
+    closed = stage_sql("dp__user_weight_rows", {"rows_rel": "rows"}, {"b_min": 0.5, "b_max": 2.0})
+    assert "dp__user_weights" not in closed.lower() and "UNION" not in closed.upper()
+    with pytest.raises(TranslationError, match="dp__user_weights"):
+        stage_sql("dp__user_weight_rows", {"rows_rel": "rows"}, {"b_min": 0.5, "b_max": 1.5})
+    with pytest.raises(TranslationError, match="b_min"):
+        stage_sql("dp__user_weight_rows", {"rows_rel": "rows"}, {"b_max": 2.0})
+    # A CTE of a release macro comes with what it reads and nothing else: no calibration, no noise.
+    items2 = stage_sql("dp_set_union_mad2r", {"dp__m2_noisy1": "noisy", "dp__m2_cal": "cal"},
+                       output="dp__m2_items2")
+    assert "calibration" not in items2.lower() and "noise" not in items2.lower()
+    assert "FROM noisy" in items2 and "cal AS dp__m2_cal" in items2
+
+
+def test_the_cap_is_the_macro_with_a_64_bit_hash_and_the_bound_salt():
+    for macro in ("dp__capped_user_items", "dp__capped_user_items_window"):
+        sql = stage_sql(macro, {"dp__user_items": "pairs", "dp__salt": "salt"}, {"max_items": 3})
+        # DuckDB's hash is 64 bits; Spark's hash is a 32-bit murmur3, whose ties would bias the ranking
+        assert "XXHASH64(XXHASH64(user_id, item) ^ s)" in sql, sql
+        assert not re.search(r"(?<!XX)HASH\(", sql.upper())
+        assert "salt AS dp__salt" in sql and "secret" not in sql.lower()
+        assert "ROW_NUMBER() OVER (PARTITION BY user_id ORDER BY" in sql
+        sqlglot.parse_one(sql, read="spark")
+
+
+# ---------------------------------------------------------------------------
+# The Spark backend's methods and parameters come from the declarations
+# ---------------------------------------------------------------------------
+
+SPARK_METHODS = {"count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian", "mad", "mad2r", "sips"}
+COMMON = {"tbl", "epsilon", "delta", "max_items", "user_col", "item_col"}
+
+
+def test_spark_methods_and_options_are_the_declarations():
+    declared = set_union_methods()
+    assert dspark.PARALLEL_METHODS == tuple(n for n, m in declared.items() if m.spark)
+    assert set(dspark.PARALLEL_METHODS) == SPARK_METHODS
+    assert set(dspark._WEIGHTING) | set(dspark._ADAPTIVE) == set(dspark.PARALLEL_METHODS)  # a release for each
+    for name in dspark.PARALLEL_METHODS:
+        assert dspark._options_of(name) == tuple(n for n in declared[name].param_names if n not in COMMON)
+    assert dspark._options_of("mad2r") == ("split", "max_adaptive_degree", "beta", "b_min", "b_max", "c_lb", "c_ub")
+
+
+@pytest.mark.parametrize("fn", [dspark.set_union, dspark.top_k_domain])
+def test_spark_releases_require_epsilon_and_delta(fn):
+    params = inspect.signature(fn).parameters
+    for name in ("epsilon", "delta"):
+        assert params[name].default is inspect.Parameter.empty, name
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
+    with pytest.raises(TypeError, match="epsilon"):
+        fn(None, *(() if fn is dspark.set_union else (10,)), delta=1e-5)
+
+
+@pytest.mark.parametrize("method,kwargs", [
+    ("weighted_gaussian", dict(beta=2.0)),
+    ("mad", dict(split=[0.5, 0.5])),
+    ("sips", dict(tbl="t")),
+    ("mad2r", dict(b_min=0.2)),
+    ("mad2r", dict(split=[0.5, 0.6])),
+    ("mad", dict(max_adaptive_degree=1.5)),
+    ("count_laplace", dict(max_items=2.5)),
+    ("weighted_gaussian", dict(epsilon=0.0)),
+    ("policy_gaussian", dict()),
+])
+def test_spark_parameter_errors_are_dpsql_set_union_errors(method, kwargs):
+    """Refused before the DataFrame is touched (here: None), with dpsql.set_union's message."""
+    given = {"epsilon": 1.0, "delta": 1e-5, **kwargs}
+    with pytest.raises(DPParameterError) as spark_err:
+        dspark.set_union(None, method, **given)
+    if method not in dspark.PARALLEL_METHODS:
+        assert "sequential" in str(spark_err.value)
+        return
+    con = dpsql.connect()
+    try:
+        con.execute("CREATE TABLE t (user_id BIGINT, item VARCHAR)")
+        with pytest.raises(Exception) as duck_err:  # some checks run in the macro's calibration UDF
+            union.set_union(con, "t", method, **given)
+    finally:
+        con.close()
+    assert str(spark_err.value).startswith("dpsql: ")
+    assert str(spark_err.value) in str(duck_err.value)
