@@ -203,6 +203,7 @@ _UDF_PREFIX = "Python exception occurred while executing the UDF: "
 
 
 _UNBOUND_NAME = re.compile(r'Referenced (column|table) "[^"]+" (was )?not found')
+_DPSQL_SIGNATURE = re.compile(r"Macro dp_\w+\(\) does not support the supplied arguments")
 
 
 def error_line(exc: BaseException) -> str:
@@ -223,6 +224,11 @@ def error_line(exc: BaseException) -> str:
         # The usual cause with dpsql: a table passed to a macro as a bare identifier, which the
         # binder takes for a column. Macros take the table's name as a string (the ledger records it).
         text += " (if this names a table passed to a dpsql macro, quote it: dp_set_union('events', ...))"
+    elif _DPSQL_SIGNATURE.search(text):
+        # The binder matched no typed signature: a parameter of the wrong type or a missing
+        # required one (epsilon and delta have no default).
+        text += (" (dpsql: pass tables and columns as quoted strings, numbers such as epsilon := 1.0 unquoted,"
+                 " and always epsilon and delta)")
     return f"Error: {text}"
 
 

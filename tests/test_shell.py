@@ -196,6 +196,18 @@ def test_is_complete(sql, complete):
     assert is_complete(sql) is complete
 
 
+@pytest.mark.parametrize("call", [
+    "dp_set_union('t', epsilon := '1', delta := 1e-5)",   # a string epsilon
+    "dp_set_union('t', epsilon := 1.0)",                   # delta left out
+    "dp_top_k('t', epsilon := 1.0, delta := 1e-5, k := 'ten')",
+])
+def test_wrong_typed_or_missing_parameter_gets_a_dpsql_hint(call):
+    r = shell(f"{SETUP} SELECT * FROM {call};")
+    assert r.returncode == 1 and "does not support the supplied arguments" in r.stderr
+    assert "(dpsql: pass tables and columns as quoted strings" in r.stderr
+    assert "\n" not in r.stderr.strip()
+
+
 def test_bare_table_identifier_gets_a_hint_and_ledger_is_readable(tmp_path):
     r = shell(f"{SETUP} SELECT * FROM dp_set_union(t, epsilon := 1.0, delta := 1e-5);")
     assert r.returncode == 1 and "quote it: dp_set_union('events'" in r.stderr
