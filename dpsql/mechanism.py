@@ -14,8 +14,8 @@ and :mod:`dpsql.mechanisms` collects them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 __all__ = ["REQUIRED", "Param", "Mechanism", "PRIVACY_UNITS"]
 
@@ -102,10 +102,8 @@ class Mechanism:
     proof: str
     calibrate: Optional[Callable[..., Any]] = None
     rounds: int = 1
-    # The parameters dp_set_union passes on (a set-union method's common signature) -- the others
-    # keep their defaults there and are reached through the method's own macro.
+    # Whether the Spark backend runs it (dpsql.spark translates its marked SQL stages).
     spark: bool = False
-    aliases: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.unit not in PRIVACY_UNITS:

@@ -16,6 +16,7 @@ from scipy import stats
 import dpsql
 from dpsql import adaptive, audit
 from dpsql.validation import DPParameterError
+from dpsql.errors import DpsqlError
 
 
 @pytest.mark.parametrize("k,n,alpha", [(0, 10, 0.05), (3, 10, 0.05), (10, 10, 0.05), (1, 1000, 0.01),
@@ -149,9 +150,9 @@ def test_mad_min_variant_exceeds_the_l2_sensitivity(d_max):
 
 
 def test_variant_builder_refuses_changed_sql():
-    with pytest.raises(RuntimeError, match="exactly one"):
+    with pytest.raises(DpsqlError, match="exactly one"):
         audit._substitute("SELECT a FROM b", "no such text", "x")
-    with pytest.raises(RuntimeError, match="not found"):
+    with pytest.raises(DpsqlError, match="not found"):
         audit._macro_statement("SELECT 1;\n", "dp_no_such_macro")
 
 

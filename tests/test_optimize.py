@@ -268,7 +268,7 @@ def test_sql_empty_inputs():
 
 @pytest.mark.parametrize("query, match", [
     ("FROM dp_max_coverage('t', 'c', 2.5, 1.0)", "k must be a whole number"),
-    ("FROM dp_max_coverage('t', 'c', 0, 1.0)", "k must be a whole number"),
+    ("FROM dp_max_coverage('t', 'c', 0, 1.0)", "k must be >= 1"),
     ("FROM dp_max_coverage('t', 'c', 2, epsilon := -1)", "epsilon must be"),
     ("FROM dp_set_cover('t', 'c', epsilon := 0)", "epsilon must be"),
     ("FROM dp_set_cover('t', 'c', 1.0, tau_constant := -1)", "tau_constant"),
@@ -587,7 +587,7 @@ def test_sql_matroid_and_k_median_empty_inputs():
     ("FROM dp_matroid_coverage('t', 'pt', 'ct', 1.0, samples := 2.5)", "samples must be a whole number"),
     ("FROM dp_k_median('kp', 'kc', 'kd', 2, 1.0, NULL)", "n_bound must be a public upper bound"),
     ("FROM dp_k_median('kp', 'kc', 'kd', 2, 1.0, n_bound := 2.5)", "n_bound must be a whole number"),
-    ("FROM dp_k_median('kp', 'kc', 'kd', 0, 1.0, n_bound := 10)", "k must be a whole number"),
+    ("FROM dp_k_median('kp', 'kc', 'kd', 0, 1.0, n_bound := 10)", "k must be >= 1"),
     ("FROM dp_k_median('kp', 'kc', 'kd', 2, 1.0, q := 3, n_bound := 10)", "q must be 1"),
     ("FROM dp_k_median('kp', 'kc', 'kd', 2, epsilon := -1, n_bound := 10)", "epsilon must be"),
     ("FROM dp_k_median('kp', 'kc', 'kd', 2, 1.0, n_bound := 10, distance_col := 'dist')",
