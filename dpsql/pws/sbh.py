@@ -45,7 +45,7 @@ def check_sbh_noise(noise: object) -> str:
             "low-order bits of the released numbers (Mironov 2012); use noise := 'granular' (the default)")
     if noise not in SBH_NOISE_MODES:
         raise DPParameterError(f"noise must be 'granular' (got {noise!r}); leave it out for the default")
-    return cast(str, noise)  # equal to 'granular' here, which `in` cannot narrow
+    return str(noise)  # equal to 'granular' here
 
 
 def sbh_granularity(epsilon: object, delta: object, tau: object = None, scheme: object = "ppswor",
