@@ -167,6 +167,9 @@ def laplace_threshold(scale: float, delta_novel: float, max_items: int,
 class RoundCalibration:
     """One round of a multi-round (or adaptive) release: its share of the budget and its calibration.
 
+    In a multi-round release ``epsilon``/``delta`` are the round's nominal share (split fraction times
+    the total); the rounds are composed by a privacy accountant, not by adding these shares.
+
     ``adaptive_threshold`` is MAD's truncation level tau (None for Basic rounds).
     """
 
@@ -175,6 +178,23 @@ class RoundCalibration:
     scale: float
     threshold: float
     adaptive_threshold: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """Total privacy loss of a multi-round release, as computed by a privacy accountant (``dpsql.accounting``).
+
+    ``accountant``: ``"gaussian"`` (rounds composed exactly as one Gaussian mechanism), ``"zcdp"``
+    (zCDP added up, converted by the RDP accountant) or ``"basic"`` (rounds' budgets added).
+    ``delta`` is the total delta at the charged epsilon, ``mechanism_delta + event_delta``;
+    ``epsilon`` is the total epsilon at the charged delta. Both are <= the charged values.
+    """
+
+    accountant: str
+    epsilon: float
+    delta: float
+    mechanism_delta: float  # the accountant's delta of the composed noise mechanisms at the charged epsilon
+    event_delta: float  # sum of the rounds' failure probabilities (novel items released)
 
 
 @dataclass(frozen=True)
@@ -192,6 +212,7 @@ class SetUnionCalibration:
     scale: float
     threshold: float
     rounds: tuple[RoundCalibration, ...] = ()
+    accounting: Optional[Accounting] = None  # multi-round methods: the accountant's total
 
 
 def _checked(epsilon: float, delta: float, max_items: int) -> tuple[float, float, int]:
