@@ -9,7 +9,8 @@ the *composed* mechanisms, so the rounds can be composed tightly instead of addi
 
 * Gaussian rounds with l2 sensitivity 1 and standard deviations ``sigma_r``, composed adaptively,
   are exactly one Gaussian mechanism with ``mu = sqrt(sum_r 1/sigma_r^2)`` ([GDP] Cor. 3.3); its
-  curve is the analytic Gaussian one [BW18, Thm 8]. Accountant ``"gaussian"``.
+  curve is the analytic Gaussian one [BW18, Thm 8] (``dpsql.calibration``, checked against
+  dp-accounting's in the tests). Accountant ``"gaussian"``.
 * A Gaussian round is ``1/(2 sigma^2)``-zCDP, an exponential mechanism with range bounded by
   ``eps0`` is ``eps0^2/8``-zCDP [CR21, Lemma 3.4]; zCDP adds up, and dp-accounting's RDP accountant
   converts the sum to ``(epsilon, delta)`` [CKS20, Prop. 12]. Accountant ``"zcdp"``.
@@ -19,7 +20,8 @@ ICML 2018; [CR21] Cesar & Rogers, "Bounding, Concentrating, and Truncating: Unif
 Composition for Data Analytics", ALT 2021; [CKS20] Canonne, Kamath & Steinke, "The Discrete
 Gaussian for Differential Privacy", NeurIPS 2020.
 
-dp-accounting imports scipy.stats (about a second), so it is imported on first use only.
+dp-accounting imports scipy.stats (about a second), so it is imported on first use of the zCDP
+accountant only.
 """
 from __future__ import annotations
 
@@ -69,19 +71,18 @@ def gaussian_rounds_sigmas(epsilon: float, delta_mechanism: float, fractions: Se
 
 def account_gaussian_rounds(sigmas: Sequence[float], delta_events: float, epsilon: float,
                             delta: float) -> Accounting:
-    """Total privacy loss of Gaussian rounds (l2 sensitivity 1) plus delta events, by the analytic Gaussian accountant.
+    """Total privacy loss of Gaussian rounds (l2 sensitivity 1) plus delta events: the analytic Gaussian accountant.
 
-    ``delta(epsilon) = delta_gauss(1/mu, epsilon) + delta_events`` (dp-accounting's analytic
-    Gaussian privacy loss); ``epsilon(delta)`` = dp-accounting's exact Gaussian epsilon of ``1/mu`` at
-    ``delta - delta_events``.
+    ``delta(epsilon) = delta_gauss(1/mu, epsilon) + delta_events`` and ``epsilon(delta)`` = the
+    Gaussian epsilon of ``1/mu`` at ``delta - delta_events``, both exact [BW18, Thm 8] in log space
+    (``calibration.gaussian_delta`` / ``gaussian_epsilon``; the tests check them against
+    dp-accounting's analytic Gaussian and PLD accountants). No dp-accounting import on this path: it
+    would cost the default set-union method (MAD2R) a second per process.
     """
-    import dp_accounting
-    from dp_accounting.pld import privacy_loss_mechanism
-
     s = composed_gaussian_sigma(sigmas)
-    mechanism_delta = float(privacy_loss_mechanism.GaussianPrivacyLoss(s, sensitivity=1.0)
-                            .get_delta_for_epsilon(epsilon))
-    total_epsilon = float(dp_accounting.get_epsilon_gaussian(s, delta - delta_events))
+    with derived_budget():  # shares of a checked budget
+        mechanism_delta = calibration.gaussian_delta(s, epsilon)
+        total_epsilon = calibration.gaussian_epsilon(s, delta - delta_events)
     return Accounting(GAUSSIAN, total_epsilon, mechanism_delta + delta_events, mechanism_delta, delta_events)
 
 

@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 import numpy as np
 # scipy.special only: scipy.stats takes most of a second to import, on every CLI call.
-from scipy.special import log_ndtr, ndtri
+from scipy.special import log_ndtr, ndtr, ndtri
 
 from dpsql.validation import (
     DPParameterError,
@@ -109,6 +109,33 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> fl
         else:
             hi = mid
     return sensitivity * hi
+
+
+def gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:
+    """Smallest epsilon (to 1e-12 relative) at which ``N(0, sigma^2)`` is (epsilon, delta)-DP [BW18, Thm 8].
+
+    ``gaussian_delta`` decreases in epsilon: bisection, returning the upper end (it always meets
+    delta); 0 when the mechanism is (0, delta)-DP already.
+    """
+    sigma, delta = check_positive("sigma", sigma), check_delta(delta)
+    sensitivity = check_positive("sensitivity", sensitivity)
+    s = sigma / sensitivity
+
+    def d(e: float) -> float:  # _gaussian_delta at epsilon 0 is Phi(1/(2s)) - Phi(-1/(2s)), no check needed
+        return _gaussian_delta(s, e, 1.0) if e > 0 else float(ndtr(0.5 / s) - ndtr(-0.5 / s))
+
+    if d(0.0) <= delta:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while d(hi) > delta:
+        lo, hi = hi, 2.0 * hi
+    while hi - lo > 1e-12 * hi:
+        mid = 0.5 * (lo + hi)
+        if d(mid) > delta:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:

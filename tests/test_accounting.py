@@ -46,9 +46,15 @@ def test_gaussian_rounds_compose_to_the_target(eps, delta, split):
 def test_account_gaussian_rounds_is_within_the_charge(eps, delta):
     sigmas = accounting.gaussian_rounds_sigmas(eps, delta / 2, (0.1, 0.9))
     acc = accounting.account_gaussian_rounds(sigmas, delta / 2, eps, delta)
+    import dp_accounting
+    from dp_accounting.pld import privacy_loss_mechanism
     assert acc.accountant == accounting.GAUSSIAN
-    assert acc.mechanism_delta == pytest.approx(calibration.gaussian_delta(1 / accounting.gaussian_mu(sigmas), eps),
-                                                rel=1e-6, abs=1e-22)
+    mu = accounting.gaussian_mu(sigmas)
+    assert acc.mechanism_delta == pytest.approx(analytic_gaussian_delta(mu, eps), rel=1e-9)
+    # dp-accounting's analytic Gaussian (not in log space: loose at tiny delta) and its exact epsilon
+    assert acc.mechanism_delta == pytest.approx(
+        privacy_loss_mechanism.GaussianPrivacyLoss(1 / mu).get_delta_for_epsilon(eps), rel=1e-6, abs=1e-17)
+    assert acc.epsilon == pytest.approx(dp_accounting.get_epsilon_gaussian(1 / mu, delta / 2), rel=1e-9)
     assert acc.delta == acc.mechanism_delta + delta / 2
     assert acc.delta <= delta and acc.epsilon <= eps
     assert acc.delta == pytest.approx(delta, rel=1e-6) and acc.epsilon == pytest.approx(eps, rel=1e-6)
