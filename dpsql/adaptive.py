@@ -27,23 +27,25 @@ set -- and even the noisy weights extended by pure noise outside the union,
   ``<= b_max/sqrt(t)`` (Lemma 5.3) if ``tau >= 1``, ``d_max > 1`` and
   ``d_max >= 4`` or ``2 alpha/sqrt(d_max) <= b_max``, and ``0.5 <= b_min <= 1 <= b_max``.
   With ``b_max = 1`` MAD has exactly the sigma and rho of Basic (Cor. 5.2).
-* **MAD2R** ([MAD] Alg. 4): round 1 is MAD at ``(f1 eps, f1 delta)``; round 2
-  runs biased MAD at ``(f2 eps, f2 delta)`` with ``h(t) = b_max/sqrt(t)`` on the
-  same capped sets minus the items released in round 1 and the items whose upper
-  confidence bound ``w~1 + C_ub sigma1`` is below ``rho2``, with biases
-  ``b = min(1, rho2 / max(0, w~1 - C_lb sigma1))``. Round 2 reads only round 1's
-  ``w~_ext`` on items of the union (post-processing), so basic composition gives
-  ``(eps, delta)``. ERRATUM: rho1/rho2 use delta1/delta2, not delta.
-* **DP-SIPS** (Swanberg et al. 2023, as in [MAD]): Basic (``1/sqrt(d)``) in each
-  round at ``(f_r eps, f_r delta)`` on the capped sets minus every item released
-  earlier (post-processing); basic composition.
+* **MAD2R** ([MAD] Alg. 4): round 1 is unbiased MAD, round 2 runs biased MAD with
+  ``h(t) = b_max/sqrt(t)`` on the same capped sets minus the items released in round 1 and the
+  items whose upper confidence bound ``w~1 + C_ub sigma1`` is below ``rho2``, with biases
+  ``b = min(1, rho2 / max(0, w~1 - C_lb sigma1))``. Round 2 reads only round 1's ``w~_ext`` on items
+  of the union (post-processing). ERRATUM: rho1/rho2 use each round's novel-item delta, not delta.
+* **DP-SIPS** (Swanberg et al. 2023, as in [MAD]): Basic (``1/sqrt(d)``) in each round on the
+  capped sets minus every item released earlier (post-processing).
 
-Decisions (README, "Privacy accounting of multi-round methods"): delta is split
-with the same fractions as epsilon; the ``max_items`` cap is drawn once per
-query (one secret salt) and every round works on those capped sets.
-``max_adaptive_degree`` is used as ``max(2, min(max_adaptive_degree, max_items))``:
-after the cap no user has more than ``max_items`` items ([MAD] takes
-``d_max in (1, Delta_0]``), and a smaller d_max reroutes more weight.
+Composition (:func:`multi_round_noise`, docs/proofs/mad2r.md section 5): every round is a Gaussian
+mechanism of l2 sensitivity 1 on the extended coordinates plus the event that a novel item passes.
+The Gaussian rounds compose exactly to one Gaussian mechanism with ``mu = sqrt(sum 1/sigma_r^2)``
+(calibrated to ``(eps, delta/2)``), the events add up to ``delta/2``; the split gives round r the
+share ``f_r`` of ``mu^2`` and of the events' ``delta/2``. Each round has less noise than with basic
+composition of ``(f_r eps, f_r delta)``.
+
+Decisions: the ``max_items`` cap is drawn once per query (one secret salt) and every round works on
+those capped sets. ``max_adaptive_degree`` is used as ``max(2, min(max_adaptive_degree, max_items))``:
+after the cap no user has more than ``max_items`` items ([MAD] takes ``d_max in (1, Delta_0]``), and
+a smaller d_max reroutes more weight.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Top-k", ICML 2022, Lemma 4.2 (= [MM] Lemma B.1).
 
 Privacy unit: user-level add/remove (one user with an arbitrary item set).
 
-``dp_top_k`` ([MM] Alg. 2 with Alg. 3). Privacy argument (basic composition):
+``dp_top_k`` ([MM] Alg. 2 with Alg. 3). Privacy argument (docs/proofs/top_k.md):
 
 1. the domain ``D`` is the release of a set-union method (any of
    :data:`dpsql.union.METHODS`) at ``(epsilon/2, delta/2)``;
@@ -17,12 +17,14 @@ Privacy unit: user-level add/remove (one user with an arbitrary item set).
    ``D`` by the *uncapped* user counts ``N(x)``. Adding a user raises every
    ``N(x)`` by 0 or 1 (monotone, sensitivity 1), so each of the k peeling
    steps is the exponential mechanism ``exp(eps0 * N(x))``, which is
-   eps0-DP with range bounded by eps0; k such steps composed are
-   ``(epsilon/2, delta/2)``-DP with eps0 from :func:`peeling_epsilon`
-   (Lemma B.1). The k steps are run as one-shot Gumbel top-k: adding
-   ``Gumbel(1/eps0)`` to every count and keeping the k largest has exactly
-   the distribution of k-fold peeling;
-3. basic composition: ``(epsilon, delta)``.
+   eps0-DP with range bounded by eps0, hence ``eps0^2/8``-zCDP. The k steps are
+   run as one-shot Gumbel top-k: adding ``Gumbel(1/eps0)`` to every count and
+   keeping the k largest has exactly the distribution of k-fold peeling;
+3. composition: with a Gaussian domain (:data:`GAUSSIAN_DOMAIN_METHODS`, a
+   ``1/(2 sigma_D^2)``-zCDP mechanism plus ``delta/4`` of novel items) the zCDP of
+   both steps adds up and the RDP accountant converts it to ``(epsilon, delta)``
+   (:func:`tight_peeling_epsilon`); or basic composition of ``(epsilon/2, delta/2)``
+   twice with eps0 from :func:`peeling_epsilon` (Lemma B.1). The larger eps0 is used.
 
 When ``|D| < k`` all of ``D`` is output in noisy order (fewer than k rows; the
 privacy argument only needs "at most k" steps).
@@ -31,8 +33,7 @@ privacy argument only needs "at most k" steps).
 Then ``min(k, |D|)`` rounds, each an exponential mechanism with fresh
 ``Gumbel(1/eps0)`` noise on ``H_j(x)`` = number of not-yet-hit users holding
 ``x``; adding a user changes each ``H_j`` by 0 or 1 in the same direction, so
-each round is eps0-DP with bounded range and Lemma B.1 composes the rounds to
-``(epsilon/2, delta/2)``; basic composition gives ``(epsilon, delta)``. The
+each round is eps0-DP with bounded range, composed with the domain as for ``dp_top_k``. The
 number of rounds depends only on ``k`` and the (already released) ``|D|``:
 stopping when no user is left would make it data-dependent.
 

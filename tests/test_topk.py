@@ -236,6 +236,14 @@ def test_tight_selection_composes_within_the_charge(eps, delta, k, method):
     assert cal.gumbel_scale == 1 / cal.step_epsilon
 
 
+@pytest.mark.parametrize("k, eps, delta, expected", [(10, 1.0, 1e-5, 0.129935), (100, 1.0, 1e-5, 0.041089),
+                                                     (10, 3.0, math.exp(-10), 0.375530),
+                                                     (100, 3.0, math.exp(-10), 0.118753)])
+def test_tight_selection_reference_numbers(k, eps, delta, expected):
+    # docs/proofs/reference_checks.md A9b
+    assert topk.top_k_calibration(k, eps, delta, 100).step_epsilon == pytest.approx(expected, abs=5e-7)
+
+
 def test_basic_composition_where_it_is_better_or_the_domain_is_not_gaussian():
     # k = 1: Lemma B.1's basic term eps/2 beats the zCDP route
     cal = topk.top_k_calibration(1, 1.0, 1e-5, 100)
