@@ -103,8 +103,15 @@ def _rdp_accountant(rho: float):
 
 
 def zcdp_delta(rho: float, epsilon: float) -> float:
-    """Smallest delta at epsilon of a rho-zCDP mechanism by dp-accounting's RDP accountant ([CKS20] Prop. 12)."""
-    return float(_rdp_accountant(rho).get_delta(epsilon))
+    """Smallest delta at epsilon of a rho-zCDP mechanism by dp-accounting's RDP accountant ([CKS20] Prop. 12).
+
+    1 (no guarantee, always true) where the accountant's arithmetic fails: at rho so small that
+    ``exp(-rho * alpha)`` rounds to 1 it raises ValueError; callers then use basic composition.
+    """
+    try:
+        return float(_rdp_accountant(rho).get_delta(epsilon))
+    except ValueError:
+        return 1.0
 
 
 def zcdp_epsilon(rho: float, delta: float) -> float:
@@ -123,6 +130,8 @@ def zcdp_budget(epsilon: float, delta_mechanism: float) -> float:
         lo, hi = hi, 2.0 * hi
     while hi - lo > 1e-12 * hi:
         mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:  # float resolution (a tiny epsilon allows rho below the smallest double)
+            break
         if zcdp_delta(mid, epsilon) <= target:
             lo = mid
         else:

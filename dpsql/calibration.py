@@ -131,6 +131,8 @@ def gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> fl
         lo, hi = hi, 2.0 * hi
     while hi - lo > 1e-12 * hi:
         mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
         if d(mid) > delta:
             lo = mid
         else:
