@@ -27,23 +27,25 @@ set -- and even the noisy weights extended by pure noise outside the union,
   ``<= b_max/sqrt(t)`` (Lemma 5.3) if ``tau >= 1``, ``d_max > 1`` and
   ``d_max >= 4`` or ``2 alpha/sqrt(d_max) <= b_max``, and ``0.5 <= b_min <= 1 <= b_max``.
   With ``b_max = 1`` MAD has exactly the sigma and rho of Basic (Cor. 5.2).
-* **MAD2R** ([MAD] Alg. 4): round 1 is MAD at ``(f1 eps, f1 delta)``; round 2
-  runs biased MAD at ``(f2 eps, f2 delta)`` with ``h(t) = b_max/sqrt(t)`` on the
-  same capped sets minus the items released in round 1 and the items whose upper
-  confidence bound ``w~1 + C_ub sigma1`` is below ``rho2``, with biases
-  ``b = min(1, rho2 / max(0, w~1 - C_lb sigma1))``. Round 2 reads only round 1's
-  ``w~_ext`` on items of the union (post-processing), so basic composition gives
-  ``(eps, delta)``. ERRATUM: rho1/rho2 use delta1/delta2, not delta.
-* **DP-SIPS** (Swanberg et al. 2023, as in [MAD]): Basic (``1/sqrt(d)``) in each
-  round at ``(f_r eps, f_r delta)`` on the capped sets minus every item released
-  earlier (post-processing); basic composition.
+* **MAD2R** ([MAD] Alg. 4): round 1 is unbiased MAD, round 2 runs biased MAD with
+  ``h(t) = b_max/sqrt(t)`` on the same capped sets minus the items released in round 1 and the
+  items whose upper confidence bound ``w~1 + C_ub sigma1`` is below ``rho2``, with biases
+  ``b = min(1, rho2 / max(0, w~1 - C_lb sigma1))``. Round 2 reads only round 1's ``w~_ext`` on items
+  of the union (post-processing). ERRATUM: rho1/rho2 use each round's novel-item delta, not delta.
+* **DP-SIPS** (Swanberg et al. 2023, as in [MAD]): Basic (``1/sqrt(d)``) in each round on the
+  capped sets minus every item released earlier (post-processing).
 
-Decisions (README, "Privacy accounting of multi-round methods"): delta is split
-with the same fractions as epsilon; the ``max_items`` cap is drawn once per
-query (one secret salt) and every round works on those capped sets.
-``max_adaptive_degree`` is used as ``max(2, min(max_adaptive_degree, max_items))``:
-after the cap no user has more than ``max_items`` items ([MAD] takes
-``d_max in (1, Delta_0]``), and a smaller d_max reroutes more weight.
+Composition (:func:`multi_round_noise`, docs/proofs/mad2r.md section 5): every round is a Gaussian
+mechanism of l2 sensitivity 1 on the extended coordinates plus the event that a novel item passes.
+The Gaussian rounds compose exactly to one Gaussian mechanism with ``mu = sqrt(sum 1/sigma_r^2)``
+(calibrated to ``(eps, delta/2)``), the events add up to ``delta/2``; the split gives round r the
+share ``f_r`` of ``mu^2`` and of the events' ``delta/2``. Each round has less noise than with basic
+composition of ``(f_r eps, f_r delta)``.
+
+Decisions: the ``max_items`` cap is drawn once per query (one secret salt) and every round works on
+those capped sets. ``max_adaptive_degree`` is used as ``max(2, min(max_adaptive_degree, max_items))``:
+after the cap no user has more than ``max_items`` items ([MAD] takes ``d_max in (1, Delta_0]``), and
+a smaller d_max reroutes more weight.
 """
 from __future__ import annotations
 
@@ -61,8 +63,8 @@ import pyarrow.compute as pc
 from duckdb.sqltypes import DOUBLE, VARCHAR
 
 from dpsql.errors import ParameterError
-from dpsql import calibration
-from dpsql.calibration import RoundCalibration, SetUnionCalibration
+from dpsql import accounting, calibration
+from dpsql.calibration import Accounting, RoundCalibration, SetUnionCalibration
 from dpsql.mechanism import Mechanism, Param, user_item_params
 from dpsql.udf import Udf, scalar
 from dpsql.validation import (DPParameterError, check_column_pair, check_delta, check_epsilon, check_max_items, derived_budget,
@@ -73,7 +75,7 @@ __all__ = [
     "mad_parameters",
     "MadRound", "Mad2rCalibration", "MAX_SIPS_ROUNDS", "NORM_TOLERANCE", "SMALL_TOLERANCE",
     "reroute_discount", "min_adaptive_degree", "check_split", "check_mad_conditions",
-    "mad_round", "mad_calibration", "mad2r_calibration", "sips_calibration",
+    "mad_round", "mad_calibration", "multi_round_noise", "mad2r_calibration", "sips_calibration", "sips_accounting",
     "mad_set_union_calibration", "mad2r_set_union_calibration", "sips_set_union_calibration",
     "user_weights", "user_weights_batch", "udfs",
 ]
@@ -243,16 +245,24 @@ def effective_max_adaptive_degree(max_adaptive_degree: int, max_items: int) -> i
 def mad_round(epsilon: float, delta: float, max_items: int, max_adaptive_degree: int = 50, beta: float = 2.0,
               b_min: float = 1.0, b_max: float = 1.0) -> MadRound:
     """One MAD round at ``(epsilon, delta)`` with novel-item bound ``h(t) = b_max/sqrt(t)`` ([MAD] Alg. 1, 3, 4)."""
-    epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
+    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    sigma = calibration.gaussian_sigma(epsilon, delta / 2.0)
+    return _mad_round_at(sigma, delta / 2.0, epsilon, delta, max_items, max_adaptive_degree, beta, b_min, b_max)
+
+
+def _mad_round_at(sigma: float, delta_novel: float, epsilon_share: float, delta_share: float, max_items: int,
+                  max_adaptive_degree: int, beta: float, b_min: float, b_max: float) -> MadRound:
+    """A MAD round of noise ``sigma`` whose novel items pass with probability ``<= delta_novel``."""
+    max_items = check_max_items(max_items)
     d_max = effective_max_adaptive_degree(check_max_adaptive_degree(max_adaptive_degree), max_items)
     beta = check_beta(beta)
     b_min, b_max = check_bias_bounds(b_min, b_max)
-    sigma = calibration.gaussian_sigma(epsilon, delta / 2.0)
-    rho = calibration.gaussian_threshold(sigma, delta / 2.0, max_items, lambda t: b_max / math.sqrt(t))
+    rho = calibration.gaussian_threshold(sigma, delta_novel, max_items, lambda t: b_max / math.sqrt(t))
     tau = rho + beta * sigma
     alpha = reroute_discount(d_max, b_min)
     check_mad_conditions(tau, d_max, alpha, b_min, b_max)
-    return MadRound(epsilon, delta, sigma, rho, tau, alpha, min_adaptive_degree(b_min), d_max, b_min, b_max)
+    return MadRound(epsilon_share, delta_share, sigma, rho, tau, alpha, min_adaptive_degree(b_min), d_max,
+                    b_min, b_max)
 
 
 def mad_calibration(epsilon: float, delta: float, max_items: int, max_adaptive_degree: int = 50,
@@ -263,12 +273,13 @@ def mad_calibration(epsilon: float, delta: float, max_items: int, max_adaptive_d
 
 @dataclass(frozen=True)
 class Mad2rCalibration:
-    """Both rounds of MAD2R plus the confidence-bound offsets ``C_lb sigma1`` and ``C_ub sigma1``."""
+    """Both rounds of MAD2R, the confidence-bound offsets ``C_lb sigma1`` and ``C_ub sigma1``, and the accountant's total."""
 
     round1: MadRound
     round2: MadRound
     c_lb: float
     c_ub: float
+    accounting: Accounting
 
     @property
     def lower_offset(self) -> float:
@@ -279,34 +290,80 @@ class Mad2rCalibration:
         return self.c_ub * self.round1.sigma
 
 
+def multi_round_noise(epsilon: float, delta: float, fractions: Sequence[float]) -> tuple[tuple[float, ...],
+                                                                                          tuple[float, ...]]:
+    """Per-round ``(sigma_r, delta_novel_r)`` of Gaussian rounds sharing ``(epsilon, delta)``, composed tightly.
+
+    Half of delta covers the novel items, split like the budget: ``delta_novel_r = w_r delta/2``
+    (``w_r = f_r / sum(f)``); the other half is the delta of the composed Gaussian rounds,
+    ``sigma_r = s/sqrt(w_r)`` with ``s = gaussian_sigma(epsilon, delta/2)`` (up to
+    :data:`dpsql.accounting.FLOAT_MARGIN`): :func:`dpsql.accounting.gaussian_rounds_sigmas`.
+    Proof: docs/proofs/mad2r.md, section 5.
+    """
+    total = math.fsum(fractions)
+    sigmas = accounting.gaussian_rounds_sigmas(epsilon, delta / 2.0, fractions)
+    return sigmas, tuple(f / total * delta / 2.0 for f in fractions)
+
+
 def mad2r_calibration(epsilon: float, delta: float, max_items: int, split: Optional[Sequence[float]] = (0.1, 0.9),
                       max_adaptive_degree: int = 50, beta: float = 2.0, b_min: float = 0.5, b_max: float = 2.0,
                       c_lb: float = 1.0, c_ub: float = 3.0) -> Mad2rCalibration:
-    """MAD2R ([MAD] Alg. 4): ``(eps_r, delta_r) = (f_r eps, f_r delta)``; round 1 unbiased, round 2 biased."""
+    """MAD2R ([MAD] Alg. 4), rounds composed tightly: :func:`multi_round_noise`; round 1 unbiased, round 2 biased."""
+    return _mad2r_calibration(*_mad2r_key(epsilon, delta, max_items, split, max_adaptive_degree, beta, b_min, b_max,
+                                          c_lb, c_ub))
+
+
+def _mad2r_key(epsilon, delta, max_items, split, max_adaptive_degree, beta, b_min, b_max, c_lb, c_ub) -> tuple:
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
-    f1, f2 = check_split(split, min_rounds=2, max_rounds=2)
+    fractions = check_split(split, min_rounds=2, max_rounds=2)
     c_lb, c_ub = _check_nonnegative("c_lb", c_lb), _check_nonnegative("c_ub", c_ub)
-    check_bias_bounds(b_min, b_max)
-    check_max_items(max_items)
-    check_beta(beta)
-    check_max_adaptive_degree(max_adaptive_degree)
+    b_min, b_max = check_bias_bounds(b_min, b_max)
+    max_items = check_max_items(max_items)
+    beta = check_beta(beta)
+    return (epsilon, delta, max_items, fractions, check_max_adaptive_degree(max_adaptive_degree), beta,
+            b_min, b_max, c_lb, c_ub)
+
+
+# The accountant costs milliseconds and dp-accounting's import a second: once per parameter set.
+@lru_cache(maxsize=256)
+def _mad2r_calibration(epsilon: float, delta: float, max_items: int, fractions: tuple[float, ...],
+                       max_adaptive_degree: int, beta: float, b_min: float, b_max: float, c_lb: float,
+                       c_ub: float) -> Mad2rCalibration:
+    (s1, s2), (n1, n2) = multi_round_noise(epsilon, delta, fractions)
+    f1, f2 = fractions
     with derived_budget():  # f * epsilon, f * delta are shares of the values checked above
-        r1 = mad_round(f1 * epsilon, f1 * delta, max_items, max_adaptive_degree, beta, 1.0, 1.0)
-        r2 = mad_round(f2 * epsilon, f2 * delta, max_items, max_adaptive_degree, beta, b_min, b_max)
-    return Mad2rCalibration(r1, r2, c_lb, c_ub)
+        r1 = _mad_round_at(s1, n1, f1 * epsilon, f1 * delta, max_items, max_adaptive_degree, beta, 1.0, 1.0)
+        r2 = _mad_round_at(s2, n2, f2 * epsilon, f2 * delta, max_items, max_adaptive_degree, beta, b_min, b_max)
+    return Mad2rCalibration(r1, r2, c_lb, c_ub, accounting.account_gaussian_rounds((s1, s2), n1 + n2, epsilon, delta))
 
 
 def sips_calibration(epsilon: float, delta: float, max_items: int,
                      split: Optional[Sequence[float]] = (0.1, 0.9)) -> tuple[RoundCalibration, ...]:
-    """DP-SIPS: one Basic (weighted Gaussian) calibration per round at ``(f_r eps, f_r delta)``."""
-    epsilon, delta, max_items = check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
-    fractions = check_split(split)
-    rounds = []
-    with derived_budget():  # f * epsilon, f * delta are shares of the values checked above
-        for f in fractions:
-            cal = calibration.weighted_gaussian_calibration(f * epsilon, f * delta, max_items)
-            rounds.append(RoundCalibration(f * epsilon, f * delta, cal.scale, cal.threshold))
-    return tuple(rounds)
+    """DP-SIPS: one Basic (weighted Gaussian) round per fraction, composed tightly (:func:`multi_round_noise`).
+
+    Round r: ``sigma_r``, ``rho_r = max_t 1/sqrt(t) + sigma_r PhiInv((1 - delta_novel_r)^(1/t))``.
+    """
+    return _sips_calibration(*_sips_key(epsilon, delta, max_items, split))[0]
+
+
+def sips_accounting(epsilon: float, delta: float, max_items: int,
+                    split: Optional[Sequence[float]] = (0.1, 0.9)) -> Accounting:
+    """The accountant's total privacy loss of DP-SIPS at these parameters."""
+    return _sips_calibration(*_sips_key(epsilon, delta, max_items, split))[1]
+
+
+def _sips_key(epsilon, delta, max_items, split) -> tuple:
+    return check_epsilon(epsilon), check_delta(delta), check_max_items(max_items), check_split(split)
+
+
+@lru_cache(maxsize=256)
+def _sips_calibration(epsilon: float, delta: float, max_items: int,
+                      fractions: tuple[float, ...]) -> tuple[tuple[RoundCalibration, ...], Accounting]:
+    sigmas, novel = multi_round_noise(epsilon, delta, fractions)
+    with derived_budget():  # the rounds' delta_novel are shares of the checked delta
+        rounds = tuple(RoundCalibration(f * epsilon, f * delta, s, calibration.gaussian_threshold(s, n, max_items))
+                       for f, s, n in zip(fractions, sigmas, novel))
+    return rounds, accounting.account_gaussian_rounds(sigmas, math.fsum(novel), epsilon, delta)
 
 
 def mad_set_union_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
@@ -320,13 +377,15 @@ def mad_set_union_calibration(epsilon: float, delta: float, max_items: int) -> S
 def mad2r_set_union_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
     """MAD2R with its defaults; ``scale``/``threshold`` are round two's."""
     c = mad2r_calibration(epsilon, delta, max_items)
-    return SetUnionCalibration("gaussian", c.round2.sigma, c.round2.rho, (c.round1.as_round(), c.round2.as_round()))
+    return SetUnionCalibration("gaussian", c.round2.sigma, c.round2.rho, (c.round1.as_round(), c.round2.as_round()),
+                               c.accounting)
 
 
 def sips_set_union_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
     """DP-SIPS with its default split; ``scale``/``threshold`` are the last round's."""
     rounds = sips_calibration(epsilon, delta, max_items)
-    return SetUnionCalibration("gaussian", rounds[-1].scale, rounds[-1].threshold, rounds)
+    return SetUnionCalibration("gaussian", rounds[-1].scale, rounds[-1].threshold, rounds,
+                               sips_accounting(epsilon, delta, max_items))
 
 
 # --------------------------------------------------------------------------
@@ -462,6 +521,10 @@ def mad_parameters(tau: object, max_adaptive_degree: object, max_items: object, 
             "max_degree": float(d_max), "b_min": b_min, "b_max": b_max}
 
 
+def _accounting_row(a: Accounting) -> dict:
+    return {"accountant": a.accountant, "total_epsilon": a.epsilon, "total_delta": a.delta}
+
+
 def udfs(source) -> list[Udf]:
     """Calibration/validation UDFs of the adaptive macros and the UserWeights UDF (all pure)."""
 
@@ -476,12 +539,15 @@ def udfs(source) -> list[Udf]:
     def _mad2r_row(epsilon, delta, max_items, split, *rest):
         c = mad2r_calibration(epsilon, delta, max_items, list(split) if split is not None else None, *rest)
         return {**c.round1.sql_row("1"), **c.round2.sql_row("2"), "min_bias": c.round2.b_min,
-                "max_bias": c.round2.b_max, "lower_offset": c.lower_offset, "upper_offset": c.upper_offset}
+                "max_bias": c.round2.b_max, "lower_offset": c.lower_offset, "upper_offset": c.upper_offset,
+                **_accounting_row(c.accounting)}
 
     @lru_cache(maxsize=128)
     def _sips_row(epsilon, delta, max_items, split):
-        rounds = sips_calibration(epsilon, delta, max_items, list(split) if split is not None else None)
-        return {"sigma": [r.scale for r in rounds], "rho": [r.threshold for r in rounds]}
+        split = list(split) if split is not None else None
+        rounds = sips_calibration(epsilon, delta, max_items, split)
+        return {"sigma": [r.scale for r in rounds], "rho": [r.threshold for r in rounds],
+                **_accounting_row(sips_accounting(epsilon, delta, max_items, split))}
 
     def _key(split):
         return tuple(split) if isinstance(split, list) else split
@@ -506,7 +572,7 @@ def udfs(source) -> list[Udf]:
         check_column_pair(user_col, item_col)
         row = _sips_row(epsilon, delta, max_items, _key(split))
         warn_weak_parameters(epsilon, delta, what="dp_set_union_sips", stacklevel=1)
-        return {"sigma": list(row["sigma"]), "rho": list(row["rho"])}
+        return {**row, "sigma": list(row["sigma"]), "rho": list(row["rho"])}
 
     d, v = DOUBLE, VARCHAR
     dl = duckdb.list_type(DOUBLE)
@@ -515,13 +581,15 @@ def udfs(source) -> list[Udf]:
         return duckdb.struct_type({n: DOUBLE for n in names})
 
     round_fields = ["sigma", "rho", "tau", "alpha", "min_degree", "max_degree"]
+    accounting_fields = {"accountant": VARCHAR, "total_epsilon": DOUBLE, "total_delta": DOUBLE}
     return [
         Udf("dp__mad_calibration", scalar(mad_cal), (d, d, d, d, d, v, v), struct(round_fields)),
         Udf("dp__mad2r_calibration", scalar(mad2r_cal), (d, d, d, dl, d, d, d, d, d, d, v, v),
-            struct([f + "1" for f in round_fields] + [f + "2" for f in round_fields]
-                   + ["min_bias", "max_bias", "lower_offset", "upper_offset"])),
+            duckdb.struct_type({**{n: DOUBLE for n in [f + "1" for f in round_fields] + [f + "2" for f in round_fields]
+                                   + ["min_bias", "max_bias", "lower_offset", "upper_offset"]},
+                                **accounting_fields})),
         Udf("dp__sips_calibration", scalar(sips_cal), (d, d, d, dl, v, v),
-            duckdb.struct_type({"sigma": dl, "rho": dl})),
+            duckdb.struct_type({"sigma": dl, "rho": dl, **accounting_fields})),
         Udf("dp__mad_parameters", scalar(mad_parameters), (d, d, d, d, d),
             struct(["tau", "alpha", "min_degree", "max_degree", "b_min", "b_max"])),
         Udf("dp__user_weights", _user_weights_udf, (dl, d, d), dl),

@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 import numpy as np
 # scipy.special only: scipy.stats takes most of a second to import, on every CLI call.
-from scipy.special import log_ndtr, ndtri
+from scipy.special import log_ndtr, ndtr, ndtri
 
 from dpsql.validation import (
     DPParameterError,
@@ -111,6 +111,35 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> fl
     return sensitivity * hi
 
 
+def gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:
+    """Smallest epsilon (to 1e-12 relative) at which ``N(0, sigma^2)`` is (epsilon, delta)-DP [BW18, Thm 8].
+
+    ``gaussian_delta`` decreases in epsilon: bisection, returning the upper end (it always meets
+    delta); 0 when the mechanism is (0, delta)-DP already.
+    """
+    sigma, delta = check_positive("sigma", sigma), check_delta(delta)
+    sensitivity = check_positive("sensitivity", sensitivity)
+    s = sigma / sensitivity
+
+    def d(e: float) -> float:  # _gaussian_delta at epsilon 0 is Phi(1/(2s)) - Phi(-1/(2s)), no check needed
+        return _gaussian_delta(s, e, 1.0) if e > 0 else float(ndtr(0.5 / s) - ndtr(-0.5 / s))
+
+    if d(0.0) <= delta:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while d(hi) > delta:
+        lo, hi = hi, 2.0 * hi
+    while hi - lo > 1e-12 * hi:
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if d(mid) > delta:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
 def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
     """The textbook bound ``D sqrt(2 ln(1.25/delta)) / eps`` (valid for eps < 1); for comparison only."""
     check_epsilon(epsilon)
@@ -167,6 +196,9 @@ def laplace_threshold(scale: float, delta_novel: float, max_items: int,
 class RoundCalibration:
     """One round of a multi-round (or adaptive) release: its share of the budget and its calibration.
 
+    In a multi-round release ``epsilon``/``delta`` are the round's nominal share (split fraction times
+    the total); the rounds are composed by a privacy accountant, not by adding these shares.
+
     ``adaptive_threshold`` is MAD's truncation level tau (None for Basic rounds).
     """
 
@@ -175,6 +207,23 @@ class RoundCalibration:
     scale: float
     threshold: float
     adaptive_threshold: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """Total privacy loss of a multi-round release, as computed by a privacy accountant (``dpsql.accounting``).
+
+    ``accountant``: ``"gaussian"`` (rounds composed exactly as one Gaussian mechanism), ``"zcdp"``
+    (zCDP added up, converted by the RDP accountant) or ``"basic"`` (rounds' budgets added).
+    ``delta`` is the total delta at the charged epsilon, ``mechanism_delta + event_delta``;
+    ``epsilon`` is the total epsilon at the charged delta. Both are <= the charged values.
+    """
+
+    accountant: str
+    epsilon: float
+    delta: float
+    mechanism_delta: float  # the accountant's delta of the composed noise mechanisms at the charged epsilon
+    event_delta: float  # sum of the rounds' failure probabilities (novel items released)
 
 
 @dataclass(frozen=True)
@@ -192,6 +241,7 @@ class SetUnionCalibration:
     scale: float
     threshold: float
     rounds: tuple[RoundCalibration, ...] = ()
+    accounting: Optional[Accounting] = None  # multi-round methods: the accountant's total
 
 
 def _checked(epsilon: float, delta: float, max_items: int) -> tuple[float, float, int]:

@@ -9,7 +9,7 @@ Top-k", ICML 2022, Lemma 4.2 (= [MM] Lemma B.1).
 
 Privacy unit: user-level add/remove (one user with an arbitrary item set).
 
-``dp_top_k`` ([MM] Alg. 2 with Alg. 3). Privacy argument (basic composition):
+``dp_top_k`` ([MM] Alg. 2 with Alg. 3). Privacy argument (docs/proofs/top_k.md):
 
 1. the domain ``D`` is the release of a set-union method (any of
    :data:`dpsql.union.METHODS`) at ``(epsilon/2, delta/2)``;
@@ -17,12 +17,14 @@ Privacy unit: user-level add/remove (one user with an arbitrary item set).
    ``D`` by the *uncapped* user counts ``N(x)``. Adding a user raises every
    ``N(x)`` by 0 or 1 (monotone, sensitivity 1), so each of the k peeling
    steps is the exponential mechanism ``exp(eps0 * N(x))``, which is
-   eps0-DP with range bounded by eps0; k such steps composed are
-   ``(epsilon/2, delta/2)``-DP with eps0 from :func:`peeling_epsilon`
-   (Lemma B.1). The k steps are run as one-shot Gumbel top-k: adding
-   ``Gumbel(1/eps0)`` to every count and keeping the k largest has exactly
-   the distribution of k-fold peeling;
-3. basic composition: ``(epsilon, delta)``.
+   eps0-DP with range bounded by eps0, hence ``eps0^2/8``-zCDP. The k steps are
+   run as one-shot Gumbel top-k: adding ``Gumbel(1/eps0)`` to every count and
+   keeping the k largest has exactly the distribution of k-fold peeling;
+3. composition: with a Gaussian domain (:data:`GAUSSIAN_DOMAIN_METHODS`, a
+   ``1/(2 sigma_D^2)``-zCDP mechanism plus ``delta/4`` of novel items) the zCDP of
+   both steps adds up and the RDP accountant converts it to ``(epsilon, delta)``
+   (:func:`tight_peeling_epsilon`); or basic composition of ``(epsilon/2, delta/2)``
+   twice with eps0 from :func:`peeling_epsilon` (Lemma B.1). The larger eps0 is used.
 
 When ``|D| < k`` all of ``D`` is output in noisy order (fewer than k rows; the
 privacy argument only needs "at most k" steps).
@@ -31,8 +33,7 @@ privacy argument only needs "at most k" steps).
 Then ``min(k, |D|)`` rounds, each an exponential mechanism with fresh
 ``Gumbel(1/eps0)`` noise on ``H_j(x)`` = number of not-yet-hit users holding
 ``x``; adding a user changes each ``H_j`` by 0 or 1 in the same direction, so
-each round is eps0-DP with bounded range and Lemma B.1 composes the rounds to
-``(epsilon/2, delta/2)``; basic composition gives ``(epsilon, delta)``. The
+each round is eps0-DP with bounded range, composed with the domain as for ``dp_top_k``. The
 number of rounds depends only on ``k`` and the (already released) ``|D|``:
 stopping when no user is left would make it data-dependent.
 
@@ -55,7 +56,8 @@ import pyarrow as pa
 from duckdb.sqltypes import BIGINT, DOUBLE, VARCHAR
 
 from dpsql.errors import InputError, ParameterError
-from dpsql import union
+from dpsql import accounting, calibration, union
+from dpsql.calibration import Accounting
 from dpsql.mechanism import (REQUIRED, Mechanism, Param, column_param, delta_param, epsilon_param,
                              max_items_param, tbl_param)
 from dpsql.udf import Udf, scalar
@@ -77,7 +79,8 @@ from dpsql.validation import (
     warn_weak_parameters,
 )
 
-__all__ = ["K_LIMIT", "check_k", "peeling_epsilon", "TopKCalibration", "top_k_calibration",
+__all__ = ["K_LIMIT", "check_k", "peeling_epsilon", "TopKCalibration", "top_k_calibration", "GAUSSIAN_DOMAIN_METHODS",
+           "tight_peeling_epsilon",
            "limited_domain_composed_epsilon", "limited_domain_epsilon", "LimitedDomainCalibration",
            "limited_domain_calibration", "user_peeling", "top_k", "hitting_set", "top_k_limited_domain", "udfs",
            "MECHANISMS"]
@@ -106,7 +109,7 @@ def peeling_epsilon(epsilon: float, delta: float, k: int) -> float:
 
 @dataclass(frozen=True)
 class TopKCalibration:
-    """Budget split of dp_top_k / dp_hitting_set: (domain) + (selection) = (epsilon, delta)."""
+    """Budget split of dp_top_k / dp_hitting_set: (domain) + (selection), composed to (epsilon, delta) by ``accounting``."""
 
     k: int
     domain_method: str
@@ -114,8 +117,32 @@ class TopKCalibration:
     domain_delta: float
     select_epsilon: float
     select_delta: float
-    step_epsilon: float  # eps0 of Lemma B.1 for (select_epsilon, select_delta, k)
+    step_epsilon: float  # eps0 of the k selection steps
     gumbel_scale: float  # 1/eps0
+    accounting: Accounting
+
+
+# Domain methods whose release is a Gaussian mechanism (or Gaussian rounds composing to one) of
+# mu = 1/gaussian_sigma(eps_D, delta_D/2) plus novel items released with probability <= delta_D/2
+# (their proof notes, "Calibration"); count_gaussian's sqrt(max_items) scales sigma and sensitivity alike.
+GAUSSIAN_DOMAIN_METHODS = frozenset({"weighted_gaussian", "count_gaussian", "policy_gaussian", "mad", "mad2r", "sips"})
+
+
+def tight_peeling_epsilon(epsilon: float, delta: float, k: int, domain_epsilon: float,
+                          domain_delta: float) -> tuple[float, Accounting]:
+    """eps0 of the k selection steps composed with a Gaussian domain step by zCDP (docs/proofs/top_k.md).
+
+    The domain (``sigma_D = gaussian_sigma(domain_epsilon, domain_delta/2)``, novel items
+    ``domain_delta/2``) is ``rho_D = 1/(2 sigma_D^2)``-zCDP; k exponential mechanisms of range eps0
+    are ``k eps0^2/8``-zCDP; ``rho_max`` = the largest rho the RDP accountant converts to
+    ``(epsilon, delta - domain_delta/2)``; ``eps0 = sqrt(8 (rho_max - rho_D)/k)`` (0 if negative).
+    """
+    events = domain_delta / 2.0
+    sigma_d = calibration.gaussian_sigma(domain_epsilon, events)
+    rho_d = 1.0 / (2.0 * sigma_d * sigma_d)
+    rho_s = accounting.zcdp_budget(epsilon, delta - events) - rho_d
+    eps0 = math.sqrt(8.0 * rho_s / k) if rho_s > 0 else 0.0
+    return eps0, accounting.account_zcdp(rho_d + k * eps0 * eps0 / 8.0, events, epsilon, delta)
 
 
 @lru_cache(maxsize=256)
@@ -124,7 +151,14 @@ def _top_k_calibration(k: int, epsilon: float, delta: float, max_items: int, met
     with derived_budget():  # the halves are shares of the checked epsilon and delta
         union.calibrate(method, half_eps, half_delta, max_items)  # validates the domain step too
         eps0 = peeling_epsilon(half_eps, half_delta, k)
-    return TopKCalibration(k, method, half_eps, half_delta, half_eps, half_delta, eps0, 1.0 / eps0)
+        # basic composition: each step's delta includes its events
+        acc = Accounting(accounting.BASIC, epsilon, delta, delta, 0.0)
+        if method in GAUSSIAN_DOMAIN_METHODS:
+            # Both calibrations are valid; which one is used depends on public parameters only.
+            tight_eps0, tight = tight_peeling_epsilon(epsilon, delta, k, half_eps, half_delta)
+            if tight_eps0 > eps0:
+                eps0, acc = tight_eps0, tight
+    return TopKCalibration(k, method, half_eps, half_delta, half_eps, half_delta, eps0, 1.0 / eps0, acc)
 
 
 def top_k_calibration(k: object, epsilon: object, delta: object, max_items: object,
@@ -326,7 +360,8 @@ def udfs(source) -> list[Udf]:
         check_column_pair(user_col, item_col)
         cal = top_k_calibration(k, epsilon, delta, max_items, domain_method)
         warn_weak_parameters(epsilon, delta, what="dp_top_k / dp_hitting_set", stacklevel=1)
-        return {"k": cal.k, "gumbel_scale": cal.gumbel_scale}
+        return {"k": cal.k, "gumbel_scale": cal.gumbel_scale, "accountant": cal.accounting.accountant,
+                "total_epsilon": cal.accounting.epsilon, "total_delta": cal.accounting.delta}
 
     def limited_cal(k, k_bar, epsilon, delta, max_items, user_col, item_col):
         check_column_pair(user_col, item_col)
@@ -370,7 +405,8 @@ def udfs(source) -> list[Udf]:
         return pa.array(out, type=pa.list_(pa.int64()))
 
     d = DOUBLE
-    top_k_type = duckdb.struct_type({"k": BIGINT, "gumbel_scale": DOUBLE})
+    top_k_type = duckdb.struct_type({"k": BIGINT, "gumbel_scale": DOUBLE, "accountant": VARCHAR,
+                                     "total_epsilon": DOUBLE, "total_delta": DOUBLE})
     limited_type = duckdb.struct_type({"k": BIGINT, "k_bar": DOUBLE, "max_items": DOUBLE,
                                        "gumbel_scale": DOUBLE, "offset": DOUBLE})
     return [

@@ -13,12 +13,12 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scipy import stats
+from scipy import special, stats
 
 import dpsql
 from dpsql import adaptive, calibration, union
 from dpsql.registration import source_of
-from dpsql.validation import DPParameterError
+from dpsql.validation import DPParameterError, derived_budget
 
 from conftest import seeded
 
@@ -185,31 +185,97 @@ def test_reroute_discount(d_max, b_min, alpha):
     assert adaptive.reroute_discount(d_max, b_min) == pytest.approx(alpha, abs=5e-7)
 
 
+def analytic_gaussian_delta(mu: float, eps: float) -> float:
+    """[BW18] Thm 8 / [GDP] Cor. 2.13 with scipy: delta(eps) of the Gaussian mechanism of sensitivity/sigma = mu."""
+    # log space (scipy's log_ndtr): deltas down to 1e-15 keep their relative precision
+    la = special.log_ndtr(-eps / mu + mu / 2)
+    lb = eps + special.log_ndtr(-eps / mu - mu / 2)
+    return math.exp(la) * -math.expm1(lb - la)
+
+
+def tight_sigmas(eps: float, delta: float, split) -> list[float]:
+    """Per-round sigmas recomputed from the math: the composed Gaussian mu = sqrt(sum 1/sigma_r^2) has
+    delta(eps) = delta/2 and round r gets the share f_r of mu^2 (docs/proofs/mad2r.md, section 4)."""
+    from scipy.optimize import brentq
+    mu = brentq(lambda m: analytic_gaussian_delta(m, eps) - delta / 2, 1e-3, 50, xtol=1e-14, rtol=1e-14)
+    return [1 / (mu * math.sqrt(f)) for f in split]
+
+
 def test_mad2r_calibration_splits_epsilon_and_delta():
+    # The rounds compose tightly (one Gaussian mechanism plus delta/2 of novel items), so the
+    # sigmas are no longer sigma(f_r eps, f_r delta/2) (37.867164, 4.303919: additive composition).
     c = adaptive.mad2r_calibration(1.0, 1e-5, 100)
     r1, r2 = c.round1, c.round2
     assert (r1.epsilon, r2.epsilon) == pytest.approx((0.1, 0.9))
     assert (r1.delta, r2.delta) == pytest.approx((1e-6, 9e-6))
-    assert r1.sigma == pytest.approx(37.867164, abs=5e-6)
-    assert r1.rho == pytest.approx(217.1064, abs=5e-5)
-    assert r1.tau == pytest.approx(292.8408, abs=5e-5)
-    assert r2.sigma == pytest.approx(4.303919, abs=5e-6)
-    assert r2.rho == pytest.approx(23.2080, abs=5e-5)   # h(t) = b_max/sqrt(t), b_max = 2
-    assert r2.tau == pytest.approx(31.8159, abs=5e-5)
+    assert [r1.sigma, r2.sigma] == pytest.approx(tight_sigmas(1.0, 1e-5, (0.1, 0.9)), rel=1e-8)
+    assert r1.sigma == pytest.approx(12.282732, abs=5e-6)
+    assert r1.rho == pytest.approx(70.48900, abs=5e-5)
+    assert r1.tau == pytest.approx(95.05447, abs=5e-5)
+    assert r2.sigma == pytest.approx(4.094244, abs=5e-6)
+    assert r2.rho == pytest.approx(22.08716, abs=5e-5)   # h(t) = b_max/sqrt(t), b_max = 2
+    assert r2.tau == pytest.approx(30.27565, abs=5e-5)
+    assert r1.tau == pytest.approx(r1.rho + 2 * r1.sigma) and r2.tau == pytest.approx(r2.rho + 2 * r2.sigma)
     assert (r1.b_min, r1.b_max, r1.min_adaptive_degree) == (1.0, 1.0, 1)
     assert (r2.b_min, r2.b_max, r2.min_adaptive_degree) == (0.5, 2.0, 4)
     assert r2.alpha == pytest.approx(0.429289, abs=5e-7)
     assert (c.lower_offset, c.upper_offset) == pytest.approx((r1.sigma, 3 * r1.sigma))
-    # Round two's novel items have weight <= b_max/sqrt(t): every t meets the delta_2/2 budget.
-    for t in range(1, 101):
-        p = 1 - stats.norm.cdf((r2.rho - 2 / math.sqrt(t)) / r2.sigma) ** t
-        assert p <= r2.delta / 2 * (1 + 1e-9)
+    # Each round's novel items have weight <= b_max/sqrt(t): every t meets its f_r delta/2 budget.
+    for r, b_max in ((r1, 1), (r2, 2)):
+        for t in range(1, 101):
+            p = 1 - stats.norm.cdf((r.rho - b_max / math.sqrt(t)) / r.sigma) ** t
+            assert p <= r.delta / 2 * (1 + 1e-9)
+    a = c.accounting
+    assert a.accountant == "gaussian"
+    assert a.event_delta == pytest.approx(5e-6, rel=1e-12)
+    mu = math.sqrt(r1.sigma ** -2 + r2.sigma ** -2)
+    assert a.mechanism_delta == pytest.approx(analytic_gaussian_delta(mu, 1.0), rel=1e-8)
+    assert a.delta <= 1e-5 and a.epsilon <= 1.0
+    assert a.delta == pytest.approx(1e-5, rel=1e-8) and a.epsilon == pytest.approx(1.0, rel=1e-8)
+
+
+@pytest.mark.parametrize("eps, delta", [(1.0, 1e-5), (3.0, math.exp(-10)), (0.1, 1e-10), (20.0, 1e-15)])
+@pytest.mark.parametrize("split", [(0.1, 0.9), (0.5, 0.5), (0.05, 0.15, 0.8), (0.2,) * 5])
+def test_tight_rounds_have_less_noise_and_compose_to_the_charged_budget(eps, delta, split):
+    rounds = adaptive.sips_calibration(eps, delta, 100, split)
+    acc = adaptive.sips_accounting(eps, delta, 100, split)
+    sigmas = [r.scale for r in rounds]
+    assert sigmas == pytest.approx(tight_sigmas(eps, delta, split), rel=1e-7)
+    for f, r in zip(split, rounds):
+        with derived_budget():  # the additive calibration of the same split (f delta may be < 1e-15)
+            additive = calibration.weighted_gaussian_calibration(f * eps, f * delta, 100)
+            assert r.threshold == calibration.gaussian_threshold(r.scale, f * delta / 2, 100)
+        assert r.scale < additive.scale and r.threshold < additive.threshold
+    # The accountant's total (dp-accounting, analytic Gaussian of mu) is within the charge.
+    assert acc.delta <= delta and acc.epsilon <= eps
+    assert acc.event_delta == pytest.approx(delta / 2, rel=1e-9)
+    mu = math.sqrt(sum(s ** -2 for s in sigmas))
+    assert acc.mechanism_delta == pytest.approx(analytic_gaussian_delta(mu, eps), rel=1e-6, abs=1e-20)
+    m2 = adaptive.mad2r_calibration(eps, delta, 100, split) if len(split) == 2 else None
+    if m2 is not None:
+        assert (m2.round1.sigma, m2.round2.sigma) == tuple(sigmas)
+        assert m2.accounting.delta <= delta and m2.accounting.epsilon <= eps
+
+
+def test_composed_rounds_checked_with_the_pld_accountant():
+    """dp-accounting's PLD accountant (pessimistic discretisation) composes the rounds to the same curve."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+    for eps, delta, split in [(1.0, 1e-5, (0.1, 0.9)), (3.0, math.exp(-10), (0.05, 0.15, 0.8))]:
+        rounds = adaptive.sips_calibration(eps, delta, 100, split)
+        acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+        for r in rounds:
+            acc.compose(dp_accounting.GaussianDpEvent(r.scale))
+        pld_delta = acc.get_delta(eps)
+        # an upper bound on the exact curve, within the discretisation error
+        assert delta / 2 * (1 - 1e-8) <= pld_delta <= delta / 2 * (1 + 1e-5)
 
 
 def test_sips_calibration():
     rounds = adaptive.sips_calibration(1.0, 1e-5, 100, [0.05, 0.15, 0.8])
-    assert [r.scale for r in rounds] == pytest.approx([75.62346, 25.28164, 4.82858], abs=5e-5)
-    assert [r.threshold for r in rounds] == pytest.approx([442.2834, 143.2336, 26.0156], abs=5e-4)
+    assert [r.scale for r in rounds] == pytest.approx(tight_sigmas(1.0, 1e-5, (0.05, 0.15, 0.8)), rel=1e-8)
+    assert [r.scale for r in rounds] == pytest.approx([17.37041, 10.02881, 4.34260], abs=5e-5)
+    assert [r.threshold for r in rounds] == pytest.approx([101.6678, 56.8787, 23.4073], abs=5e-4)
     assert [r.epsilon for r in rounds] == pytest.approx([0.05, 0.15, 0.8])
     assert [r.delta for r in rounds] == pytest.approx([5e-7, 1.5e-6, 8e-6])
 
@@ -226,7 +292,8 @@ def test_registry_and_sql_report_the_rounds(con):
     cal = union.calibrate("mad2r", epsilon=1.0, delta=1e-5, max_items=100)
     assert [r.epsilon for r in cal.rounds] == pytest.approx([0.1, 0.9])
     assert (cal.scale, cal.threshold) == (cal.rounds[1].scale, cal.rounds[1].threshold)
-    assert cal.rounds[0].adaptive_threshold == pytest.approx(292.8408, abs=5e-5)
+    assert cal.rounds[0].adaptive_threshold == pytest.approx(95.05447, abs=5e-5)
+    assert cal.accounting == adaptive.mad2r_calibration(1.0, 1e-5, 100).accounting
     mad = union.calibrate("mad", epsilon=1.0, delta=1e-5, max_items=100)
     assert mad.rounds[0].adaptive_threshold == pytest.approx(28.55803, abs=5e-6)
     assert len(union.calibrate("sips", epsilon=1.0, delta=1e-5, max_items=100).rounds) == 2
@@ -235,8 +302,11 @@ def test_registry_and_sql_report_the_rounds(con):
         "dp__mad2r_calibration(1.0, 1e-5, 100, [0.1, 0.9], 50, 2, 0.5, 2.0, 1.0, 3.0, 'u', 'i'), "
         "dp__sips_calibration(1.0, 1e-5, 100, [0.05, 0.15, 0.8], 'u', 'i')").fetchall()
     assert mad["tau"] == pytest.approx(28.55803, abs=5e-6)
-    assert (m2["rho1"], m2["rho2"], m2["tau2"]) == pytest.approx((217.1064, 23.2080, 31.8159), abs=5e-5)
-    assert sips["sigma"] == pytest.approx([75.62346, 25.28164, 4.82858], abs=5e-5)
+    assert (m2["rho1"], m2["rho2"], m2["tau2"]) == pytest.approx((70.48900, 22.08716, 30.27565), abs=5e-5)
+    assert sips["sigma"] == pytest.approx([17.37041, 10.02881, 4.34260], abs=5e-5)
+    acc = adaptive.sips_accounting(1.0, 1e-5, 100, [0.05, 0.15, 0.8])
+    assert (sips["accountant"], sips["total_epsilon"], sips["total_delta"]) == ("gaussian", acc.epsilon, acc.delta)
+    assert m2["accountant"] == "gaussian" and m2["total_epsilon"] <= 1.0 and m2["total_delta"] <= 1e-5
 
 
 BAD_CALIBRATION = [
@@ -823,6 +893,6 @@ def test_cli_json_lists_the_rounds(tmp_path):
     rounds = doc["calibration_rounds"]
     assert [r["epsilon"] for r in rounds] == pytest.approx([0.1, 0.9])
     assert [r["delta"] for r in rounds] == pytest.approx([1e-6, 9e-6])
-    assert rounds[1]["threshold"] == pytest.approx(23.2080, abs=5e-5) == doc["calibration"]["threshold"]
-    assert rounds[0]["adaptive_threshold"] == pytest.approx(292.8408, abs=5e-5)
+    assert rounds[1]["threshold"] == pytest.approx(22.08716, abs=5e-5) == doc["calibration"]["threshold"]
+    assert rounds[0]["adaptive_threshold"] == pytest.approx(95.05447, abs=5e-5)
     assert set(doc["items"]) <= {r[1] for r in rows}

@@ -39,8 +39,20 @@ def test_analytic_beats_classical_at_eps_one():
     assert cal.gaussian_sigma(1.0, 5e-6) < cal.classical_gaussian_sigma(1.0, 5e-6)
 
 
+@pytest.mark.parametrize("sigma, delta", [(3.884141, 5e-6), (1.332791, math.exp(-10) / 2), (40.0, 1e-15),
+                                          (0.3, 1e-3)])
+def test_gaussian_epsilon_inverts_gaussian_delta(sigma, delta):
+    import dp_accounting
+    e = cal.gaussian_epsilon(sigma, delta)
+    assert cal.gaussian_delta(sigma, e) <= delta
+    assert cal.gaussian_delta(sigma, e * (1 - 1e-9)) > delta
+    assert e == pytest.approx(dp_accounting.get_epsilon_gaussian(sigma, delta), rel=1e-9)
+    assert cal.gaussian_epsilon(2 * sigma, delta, 2.0) == pytest.approx(e, rel=1e-12)
+    assert cal.gaussian_epsilon(sigma, 0.99) == 0.0  # (0, 0.99)-DP already
+
+
 def test_gaussian_delta_cross_check_with_dp_accounting():
-    pld = pytest.importorskip("dp_accounting.pld.privacy_loss_distribution")
+    from dp_accounting.pld import privacy_loss_distribution as pld  # a core dependency
     dist = pld.from_gaussian_mechanism(3.884141)
     assert dist.get_delta_for_epsilon(1.0) == pytest.approx(5e-6, rel=1e-3)
     assert cal.gaussian_delta(3.884141, 1.0) == pytest.approx(5e-6, rel=1e-5)

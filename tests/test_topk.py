@@ -90,6 +90,14 @@ def test_lemma_b1_is_the_max_of_its_two_terms():
         assert topk.peeling_epsilon(eps, delta, k) >= eps / k
 
 
+def test_sql_calibration_states_the_accountant(con):
+    [(c,)] = con.execute("SELECT dp__top_k_calibration(10, 1.0, 1e-5, 100, 'weighted_gaussian', 'u', 'i')").fetchall()
+    cal = topk.top_k_calibration(10, 1.0, 1e-5, 100)
+    assert c == {"k": 10, "gumbel_scale": cal.gumbel_scale, "accountant": "zcdp",
+                 "total_epsilon": cal.accounting.epsilon, "total_delta": cal.accounting.delta}
+    assert c["total_epsilon"] <= 1.0 and c["total_delta"] <= 1e-5
+
+
 def test_sql_calibration_functions_match_python(con):
     [(a, b)] = con.execute("SELECT dp_peeling_epsilon(0.5, 5e-6, 10), "
                            "dp_limited_domain_epsilon(1.0, 5e-6, 10)").fetchall()
@@ -182,10 +190,69 @@ def test_budget_split_is_exactly_half_and_half(macro, eps, delta, k):
     # Domain: WGM at (eps/2, delta/2), i.e. sigma(eps/2, delta/4) ([DPSU] Thm 5.1 at half budget).
     assert np.all(sigma == calibration.weighted_gaussian_calibration(eps / 2, delta / 2, 50).scale)
     assert sigma[0] == calibration.gaussian_sigma(eps / 2, delta / 4)
-    # Selection: Gumbel(1/eps0) with eps0 of Lemma B.1 at (eps/2, delta/2).
+    # Selection: Gumbel(1/eps0), eps0 composed with the Gaussian domain by zCDP (docs/proofs/top_k.md),
+    # larger than Lemma B.1's at (eps/2, delta/2) of basic composition (the old calibration).
     assert gumbel.size > 0
-    assert np.all(gumbel == 1.0 / topk.peeling_epsilon(eps / 2, delta / 2, k))
+    eps0 = selection_epsilon(eps, delta, k)
+    assert np.all(gumbel == pytest.approx(1.0 / eps0, rel=2e-3))
+    assert np.all(gumbel == 1.0 / topk.top_k_calibration(k, eps, delta, 50).step_epsilon)
+    assert eps0 > topk.peeling_epsilon(eps / 2, delta / 2, k)
     assert len(out) <= k
+
+
+def zcdp_delta_continuous(rho: float, eps: float) -> float:
+    """[CKS20] Prop. 12 for a rho-zCDP curve, minimised over all orders alpha > 1 with scipy."""
+    from scipy.optimize import minimize_scalar
+    f = lambda a: (a - 1) * (a * rho - eps + math.log1p(-1 / a)) - math.log(a)  # noqa: E731
+    return math.exp(minimize_scalar(f, bounds=(1.0001, 1e5), method="bounded", options={"xatol": 1e-10}).fun)
+
+
+def selection_epsilon(eps: float, delta: float, k: int) -> float:
+    """eps0 recomputed from the math: the WGM domain at (eps/2, delta/2) is 1/(2 sigma_D^2)-zCDP plus
+    delta/4 of novel items; k peeling steps are k eps0^2/8-zCDP; the total rho converts to (eps, 3 delta/4)."""
+    from scipy.optimize import brentq
+    sigma_d = calibration.gaussian_sigma(eps / 2, delta / 4)
+    rho = brentq(lambda r: zcdp_delta_continuous(r, eps) - 0.75 * delta, 1e-12, eps, xtol=1e-15, rtol=1e-12)
+    return math.sqrt(8 * (rho - 1 / (2 * sigma_d ** 2)) / k)
+
+
+@pytest.mark.parametrize("eps, delta, k", [(1.0, 1e-5, 10), (1.0, 1e-5, 100), (3.0, math.exp(-10), 100),
+                                           (0.3, 1e-7, 3)])
+@pytest.mark.parametrize("method", sorted(topk.GAUSSIAN_DOMAIN_METHODS))
+def test_tight_selection_composes_within_the_charge(eps, delta, k, method):
+    cal = topk.top_k_calibration(k, eps, delta, 100, method)
+    acc = cal.accounting
+    assert acc.accountant == "zcdp"
+    assert (cal.domain_epsilon, cal.domain_delta, cal.select_epsilon, cal.select_delta) == (
+        eps / 2, delta / 2, eps / 2, delta / 2)  # the ledger's charges: the user's (eps, delta) once
+    # The accountant's total is within the charge; recomputed over all Renyi orders it is too.
+    assert acc.delta <= delta and acc.epsilon <= eps
+    assert acc.event_delta == delta / 4
+    rho = 1 / (2 * calibration.gaussian_sigma(eps / 2, delta / 4) ** 2) + k * cal.step_epsilon ** 2 / 8
+    assert zcdp_delta_continuous(rho, eps) + delta / 4 <= delta
+    # within 0.2% of the largest eps0 the conversion allows, and better than basic composition
+    assert cal.step_epsilon == pytest.approx(selection_epsilon(eps, delta, k), rel=2e-3)
+    assert cal.step_epsilon > topk.peeling_epsilon(eps / 2, delta / 2, k)
+    assert cal.gumbel_scale == 1 / cal.step_epsilon
+
+
+@pytest.mark.parametrize("k, eps, delta, expected", [(10, 1.0, 1e-5, 0.129935), (100, 1.0, 1e-5, 0.041089),
+                                                     (10, 3.0, math.exp(-10), 0.375530),
+                                                     (100, 3.0, math.exp(-10), 0.118753)])
+def test_tight_selection_reference_numbers(k, eps, delta, expected):
+    # docs/proofs/reference_checks.md A9b
+    assert topk.top_k_calibration(k, eps, delta, 100).step_epsilon == pytest.approx(expected, abs=5e-7)
+
+
+def test_basic_composition_where_it_is_better_or_the_domain_is_not_gaussian():
+    # k = 1: Lemma B.1's basic term eps/2 beats the zCDP route
+    cal = topk.top_k_calibration(1, 1.0, 1e-5, 100)
+    assert cal.accounting.accountant == "basic" and cal.step_epsilon == 0.5
+    # a Laplace domain is pure-DP at eps/2: its zCDP cost (eps/2)^2/2 exceeds what the route saves
+    cal = topk.top_k_calibration(10, 1.0, 1e-5, 100, "weighted_laplace")
+    assert cal.accounting.accountant == "basic"
+    assert cal.step_epsilon == topk.peeling_epsilon(0.5, 5e-6, 10)
+    assert (cal.accounting.epsilon, cal.accounting.delta) == (1.0, 1e-5)
 
 
 def test_domain_method_is_dispatched_with_half_the_budget():
