@@ -870,6 +870,8 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             # Adaptive / multi-round methods: every round's budget share, noise scale, release
             # threshold and (MAD) truncation level; "calibration" then holds the last round's.
             **({"calibration_rounds": [dataclasses.asdict(r) for r in cal.rounds]} if cal.rounds else {}),
+            # How the rounds compose: the accountant and the total (epsilon, delta) it computes.
+            **({"accounting": dataclasses.asdict(cal.accounting)} if cal.accounting else {}),
             **options,
         }
         code = _finish(args, released, output, macro, doc, "items",

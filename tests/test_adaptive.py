@@ -895,4 +895,8 @@ def test_cli_json_lists_the_rounds(tmp_path):
     assert [r["delta"] for r in rounds] == pytest.approx([1e-6, 9e-6])
     assert rounds[1]["threshold"] == pytest.approx(22.08716, abs=5e-5) == doc["calibration"]["threshold"]
     assert rounds[0]["adaptive_threshold"] == pytest.approx(95.05447, abs=5e-5)
+    accounting = doc["accounting"]  # the rounds compose as one Gaussian within the charged budget
+    assert accounting["accountant"] == "gaussian"
+    assert accounting["epsilon"] <= 1.0 and accounting["delta"] <= 1e-5
+    assert accounting["mechanism_delta"] + accounting["event_delta"] == pytest.approx(accounting["delta"])
     assert set(doc["items"]) <= {r[1] for r in rows}
