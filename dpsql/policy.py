@@ -11,7 +11,8 @@ histogram's support gets noise and is released if it exceeds a threshold.
   user's items towards ``(Gamma, ..., Gamma)``.
 * ``greedy_update`` (Carvalho et al. 2022, as used by [MAD] and [MM]): the user
   fills its items one after another in a fixed order (most frequent in the
-  user's own rows first) up to ``Gamma`` with l1 budget 1. No ``max_items`` cap.
+  user's own rows first, then one keyed global order of the items, the same for
+  every user) up to ``Gamma`` with l1 budget 1. No ``max_items`` cap.
   Released with the windowed rule of point 5, not the support rule of point 4.
 
 Privacy argument (user-level add/remove, [DPSU] Thm 1.1, 4.1, 5.1):
@@ -20,7 +21,8 @@ Privacy argument (user-level add/remove, [DPSU] Thm 1.1, 4.1, 5.1):
    salt): adding or removing a user does not change the relative order of the
    others. Which items a user keeps (the uniform ``max_items`` sample of
    ``dp__capped_user_items``) and the order greedy_update fills them in depend
-   only on that user's rows. The order salt is a separate draw from the cap
+   only on that user's rows (the fill order ranks them by a keyed hash of the
+   item alone: one global order, fixed before the data is read). The order salt is a separate draw from the cap
    salt (secrecy is not needed for privacy, only data independence; a fresh salt
    per query makes runs differ like the paper's shuffles). Equal hashes are
    ordered by the user id, so two users are never merged into one.

@@ -29,8 +29,10 @@ WHERE method = 'greedy_update';
 -- dp__capped_user_items draws itself); ties of the hash are broken by the user id, so two users
 -- are never merged. Items get dense ids 0.. in the engine. Each entry is packed into one BIGINT
 -- (user ordinal << 32 | item id): one flat list is much cheaper to hand to Python than two.
--- Within a user, GreedyUpdate fills items by decreasing multiplicity, ties in keyed-hash order
--- (a function of the user's own rows and the salt only).
+-- Within a user, GreedyUpdate fills items by decreasing multiplicity, ties in ONE global order of
+-- the items: hash(item) keyed with the order salt, then the item itself (hash collisions). The
+-- same order for every user makes users fill the same items (the budget a user frees lands where
+-- the others also spend); a user's order still depends only on its own rows and the salt.
 CREATE OR REPLACE TEMP MACRO dp__policy_run(tbl VARCHAR, method VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE, alpha DOUBLE, passes DOUBLE, user_col VARCHAR, item_col VARCHAR) AS TABLE
 WITH dp__cal AS (
@@ -53,7 +55,7 @@ dp__users AS (
           FROM (SELECT DISTINCT user_id FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col))
           CROSS JOIN dp__order_salt)),
 dp__entries AS NOT MATERIALIZED (
-    SELECT (ord << 32) | iid AS k, m, hash(xor(hash(user_id, item), s)) AS tie
+    SELECT (ord << 32) | iid AS k, m, hash(xor(hash(item), s)) AS tie, item
     FROM dp__policy_entries(tbl, method, max_items := max_items, user_col := user_col, item_col := item_col)
     JOIN dp__users USING (user_id) JOIN dp__items USING (item) CROSS JOIN dp__order_salt),
 -- One row for the method's branch (HAVING: an aggregate over the pruned branch's empty input would
@@ -61,7 +63,7 @@ dp__entries AS NOT MATERIALIZED (
 dp__lists AS (
     SELECT list(k) AS keys FROM dp__entries WHERE method <> 'greedy_update' HAVING count(*) > 0
     UNION ALL
-    SELECT list(k ORDER BY k >> 32, m DESC, tie) AS keys FROM dp__entries WHERE method = 'greedy_update'
+    SELECT list(k ORDER BY k >> 32, m DESC, tie, item) AS keys FROM dp__entries WHERE method = 'greedy_update'
     HAVING count(*) > 0),
 -- One charge per release (sql/05_ledger.sql); the public macros below are thin wrappers of this one.
 -- Charged after the entries are read (sql/00_release.sql): a NULL user fails before the charge.
@@ -89,7 +91,8 @@ CREATE OR REPLACE TEMP MACRO dp_set_union_policy_gaussian(tbl VARCHAR, epsilon D
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 FROM dp__policy_run(tbl, 'policy_gaussian', epsilon, delta, max_items, alpha, passes, user_col, item_col);
 
--- GreedyUpdate (Carvalho et al. 2022): no cap; each user fills its items, most repeated rows first,
+-- GreedyUpdate (Carvalho et al. 2022): no cap; each user fills its items, most repeated rows first
+-- and otherwise in one keyed global order of the items,
 -- up to Gamma = max(rho + alpha/epsilon, 1) with l1 budget 1; Lap(1/epsilon) noise;
 -- windowed release: rho - weight < L <= rho, L ~ Lap(1/epsilon), rho = max(1, ln((e^epsilon - 1)/(2 delta))/epsilon)
 -- (dpsql/policy.py; docs/proofs/greedy_update.md). One pass.

@@ -378,6 +378,83 @@ def test_l1_policies_keep_the_invariant_set(kind):
 
 
 # ---------------------------------------------------------------------------
+# Negative control: the "L1" policy of the [MM] reference code and its idealisation MaxSum
+# (l2 water-filling) are NOT l2-contractive, so the Gaussian calibration (l2 sensitivity 1) does not
+# cover them (docs/proofs/policy_maxsum.md)
+# ---------------------------------------------------------------------------
+
+def maxsum_step(h, items, gamma):
+    """MaxSum: increments d_i = min(c, gap_i) with sum d_i^2 = 1 (max sum d_i s.t. ||d||_2 <= 1, d <= gap)."""
+    open_items = [i for i in items if h[i] < gamma]
+    gaps = sorted(gamma - h[i] for i in open_items)
+    budget, c = 1.0, math.inf
+    for j, g in enumerate(gaps):
+        if g * g * (len(gaps) - j) <= budget:
+            budget -= g * g
+        else:
+            c = math.sqrt(budget / (len(gaps) - j))
+            break
+    for i in open_items:
+        h[i] = min(h[i] + c, gamma)
+
+
+def reference_l1_step(h, items, gamma):
+    """The [MM] reference's "L1" step: items in one global order, squared gaps charged, the rest spread."""
+    open_items = sorted(i for i in items if h[i] < gamma)
+    budget, k = 1.0, len(open_items)
+    for j, i in enumerate(open_items):
+        g = gamma - h[i]
+        if g * g * (k - j) < budget:
+            h[i] = gamma
+            budget -= g * g
+        else:
+            for x in open_items[j:]:
+                h[x] += budget / math.sqrt(k - j)
+            break
+
+
+def run_steps(step, users, n, gamma, initial=None):
+    h = np.zeros(n) if initial is None else np.array(initial, float)
+    for items in users:
+        step(h, items, gamma)
+    return h
+
+
+@pytest.mark.parametrize("step,ratio", [(maxsum_step, 1.2889), (reference_l1_step, 1.58)])
+def test_maxsum_and_reference_l1_steps_expand_l2_distances(step, ratio):
+    # Four items just below Gamma get filled and free budget for a fifth: moving the four 0.01 closer
+    # to Gamma (l2 distance 0.02) moves the fifth by more than 0.02 (policy_maxsum.md section 2).
+    gamma = 10.0
+    g2 = np.array([gamma - 0.4] * 4 + [0.0])
+    g1 = g2 + np.array([0.01] * 4 + [0.0])
+    a, b = g1.copy(), g2.copy()
+    step(a, range(5), gamma)
+    step(b, range(5), gamma)
+    assert np.all(a >= b)
+    assert np.linalg.norm(a - b) / np.linalg.norm(g1 - g2) == pytest.approx(ratio, abs=1e-4)
+    # l2-descent (Policy Gaussian) does not expand the same pair.
+    h1 = policy.run_policy(L2, *csr([np.arange(5)]), 5, gamma, kernel="python", initial=g1)
+    h2 = policy.run_policy(L2, *csr([np.arange(5)]), 5, gamma, kernel="python", initial=g2)
+    assert np.linalg.norm(h1 - h2) <= np.linalg.norm(g1 - g2) + TOL
+
+
+@pytest.mark.parametrize("step,gamma,before,v,after,dist", [
+    (maxsum_step, 3.0, [[0, 1], [0, 1]], [0, 1, 2, 3, 4, 5], [[1], [1, 2], [0, 1, 2], [0, 1, 2]], 1.0502),
+    (reference_l1_step, 1.5, [[2, 4, 5], [1, 2, 3, 4, 5], [1, 3], [0, 1, 2, 3, 4, 5]], [1, 2, 3, 4, 5, 7, 8],
+     [[0, 1, 2, 3, 4, 5]], 1.3361)])
+def test_maxsum_and_reference_l1_histograms_have_l2_sensitivity_above_one(step, gamma, before, v, after, dist):
+    # Neighbouring datasets found by a random search over small instances (policy_maxsum.md section 2).
+    n = 10
+    h = run_steps(step, before + after, n, gamma)
+    h2 = run_steps(step, before + [v] + after, n, gamma)
+    assert np.linalg.norm(h2 - h) == pytest.approx(dist, abs=1e-4)
+    # Policy Gaussian's l2-descent on the same neighbours stays within 1.
+    a = policy.run_policy(L2, *csr([np.array(x) for x in before + [v] + after]), n, gamma, kernel="python")
+    b = policy.run_policy(L2, *csr([np.array(x) for x in before + after]), n, gamma, kernel="python")
+    assert np.linalg.norm(a - b) <= 1 + TOL
+
+
+# ---------------------------------------------------------------------------
 # Negative control: the greedy policy of [DPSU] App. C (Alg. 9), NOT private
 # ---------------------------------------------------------------------------
 
@@ -575,6 +652,47 @@ def test_greedy_update_fills_the_most_repeated_item_first(seeded_con):
     got = seeded_con.execute("SELECT item FROM dp_set_union_greedy_update('g', epsilon := 1000, delta := 1e-5, alpha := 10)"
                              ).fetchall()
     assert got == [("x",)]
+
+
+def _greedy_lists(monkeypatch, seed, table):
+    """The per-user item lists (dense ids, fill order) the greedy_update macro hands to the kernel."""
+    seen = {}
+    real_run = policy.run_policy
+
+    def spy_run(kind, indptr, indices, *a, **kw):
+        seen["lists"] = [indices[indptr[u]:indptr[u + 1]].tolist() for u in range(len(indptr) - 1)]
+        return real_run(kind, indptr, indices, *a, **kw)
+
+    monkeypatch.setattr(policy, "run_policy", spy_run)
+    con = seeded(seed)
+    try:
+        load_random(con, seed=5)
+        con.execute(f"CREATE TABLE {table} AS SELECT DISTINCT user_id, item FROM t")
+        con.execute(f"SELECT * FROM dp_set_union_greedy_update('{table}', epsilon := 1.0, delta := 1e-5)").fetchall()
+    finally:
+        con.close()
+    return seen["lists"]
+
+
+def test_greedy_update_fills_in_one_global_item_order(monkeypatch):
+    # Distinct pairs (all multiplicities 1): every user's fill order is the restriction of ONE order of
+    # the items (docs/proofs/greedy_update.md section 5, "Fill order"), so any two items held by two
+    # users come in the same relative order for both.
+    for seed in (1, 2):
+        lists = _greedy_lists(monkeypatch, seed, "d")
+        rank: dict = {}
+        pairs_checked = 0
+        for items in lists:
+            pos = {x: j for j, x in enumerate(items)}
+            for x in items:
+                for y in items:
+                    if x < y:
+                        before = pos[x] < pos[y]
+                        pairs_checked += (x, y) in rank
+                        assert rank.setdefault((x, y), before) == before
+        assert pairs_checked > 1000  # the users share many items: the check has power
+    # A fresh salt per release: the global order differs between two seeds.
+    assert _greedy_lists(monkeypatch, 1, "d") != _greedy_lists(monkeypatch, 2, "d")
 
 
 def test_dispatcher_and_python_api_match_the_macro():
