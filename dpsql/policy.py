@@ -94,8 +94,8 @@ from dpsql.calibration import SetUnionCalibration
 from dpsql.noise import NoiseSource
 from dpsql.mechanism import Mechanism, Param, user_item_params
 from dpsql.udf import Udf, scalar
-from dpsql.validation import (DPParameterError, check_column_pair, check_delta, check_epsilon, check_max_items, user_budget,
-                              warn_weak_parameters)
+from dpsql.validation import (DPParameterError, check_column_pair, check_delta, check_epsilon, check_identifier,
+                              check_max_items, check_table_name, user_budget, warn_weak_parameters)
 
 __all__ = [
     "MECHANISMS",
@@ -671,6 +671,21 @@ def _alpha(method: str) -> Param:
 
 _PASSES = Param("passes", "DOUBLE", 1, check_passes, "passes over the users")
 
+
+def check_order_tbl(value: object) -> Optional[str]:
+    """None, or the name of a PUBLIC table of items (e.g. an earlier DP release) greedy_update fills first."""
+    return None if value is None else check_table_name(value)
+
+
+def check_order_col(value: object) -> Optional[str]:
+    """None, or the column of ``order_tbl`` whose ascending values order its items (e.g. ``rank``)."""
+    return None if value is None else check_identifier("order_col", value)
+
+
+_ORDER = (Param("order_tbl", "VARCHAR", None, check_order_tbl,
+                "public table of items filled first (not the private table)"),
+          Param("order_col", "VARCHAR", None, check_order_col, "column of order_tbl: fill its items by ascending value"))
+
 MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         name="policy_laplace", family="set_union", macro="dp_set_union_policy_laplace", unit="user",
@@ -684,8 +699,8 @@ MECHANISMS: tuple[Mechanism, ...] = (
         proof="policy_gaussian", calibrate=policy_gaussian_calibration, rounds=1),
     Mechanism(
         name="greedy_update", family="set_union", macro="dp_set_union_greedy_update", unit="user",
-        params=user_item_params(_alpha("greedy_update"), cap=False),
-        description="sequential greedy fill, most repeated items first, no max_items cap, Laplace noise "
-                    "(Carvalho et al. 2022)",
+        params=user_item_params(_alpha("greedy_update"), *_ORDER, cap=False),
+        description="sequential greedy fill, most repeated items first, then one keyed global item order "
+                    "(or a public order_tbl), no max_items cap, Laplace noise (Carvalho et al. 2022)",
         proof="greedy_update", calibrate=greedy_update_calibration, rounds=1),
 )

@@ -695,6 +695,51 @@ def test_greedy_update_fills_in_one_global_item_order(monkeypatch):
     assert _greedy_lists(monkeypatch, 1, "d") != _greedy_lists(monkeypatch, 2, "d")
 
 
+def _three_items(con):
+    staged = pa.table({"user_id": pa.array([1, 1, 1, 2, 2, 2], pa.int64()), "item": ["x", "y", "z"] * 2})  # noqa: F841
+    con.execute("CREATE TABLE g3 AS SELECT * FROM staged")
+
+
+@pytest.mark.parametrize("order,col,first", [
+    ([("z", 1)], None, "z"),                          # listed items first (membership only)
+    ([("y", 1), ("z", 2)], None, None),               # two listed items: their keyed order decides
+    ([("x", 3), ("y", 1), ("z", 2)], "r", "y"),      # ascending order_col
+    ([("x", 1), ("y", 1.5), ("z", 1.2)], "r", "x")])
+def test_greedy_update_fills_the_public_order_first(seeded_con, order, col, first):
+    # eps large: user 1 puts 1 on its first item, user 2 tops it up to Gamma > rho and leaves the rest
+    # (< rho) on its second item: only the first item of the fill order is released.
+    _three_items(seeded_con)
+    staged = pa.table({"item": [i for i, _ in order], "r": [float(r) for _, r in order]})  # noqa: F841
+    seeded_con.execute("CREATE TABLE o AS SELECT * FROM staged")
+    extra = ", order_tbl := 'o'" + (f", order_col := '{col}'" if col else "")
+    got = seeded_con.execute("SELECT item FROM dp_set_union_greedy_update('g3', epsilon := 1000, delta := 1e-5, "
+                             f"alpha := 10{extra})").fetchall()
+    if first is None:
+        assert got in ([("y",)], [("z",)])
+    else:
+        assert got == [(first,)]
+    api = dpsql.set_union(seeded_con, "g3", "greedy_update", epsilon=1000, delta=1e-5, alpha=10, order_tbl="o",
+                          order_col=col).column("item").to_pylist()
+    assert len(api) == 1 and (first is None or api == [first])
+
+
+@pytest.mark.parametrize("args,match", [
+    ("order_tbl := 'o', order_col := 'nope'", "order_col := 'nope' is not a column of 'o'"),
+    ("order_tbl := 'o', item_col := 'word'", "item_col := 'word' is not a column of"),
+    ("order_col := 'r'", "order_col := 'r' needs order_tbl"),
+])
+def test_greedy_update_order_parameters_are_checked_before_the_charge(seeded_con, args, match):
+    _three_items(seeded_con)
+    seeded_con.execute("CREATE TABLE o AS SELECT 'x' AS item, 1.0 AS r")
+    with pytest.raises(Exception, match=match):
+        seeded_con.execute(f"SELECT * FROM dp_set_union_greedy_update('g3', epsilon := 1, delta := 1e-5, {args})"
+                           ).fetchall()
+    assert seeded_con.execute("SELECT count(*) FROM dp_releases()").fetchone()[0] == 0
+    with pytest.raises(Exception, match="apply to greedy_update only"):
+        seeded_con.execute("SELECT * FROM dp__policy_run('g3', 'policy_laplace', 1, 1e-5, 10, 5, 1, 'user_id', "
+                           "'item', order_tbl := 'o')").fetchall()
+
+
 def test_dispatcher_and_python_api_match_the_macro():
     results = []
     for how in ("macro", "dispatch", "api"):
