@@ -4,6 +4,9 @@ Methods (means over ``--runs`` runs, each a fresh seed):
 
 * ``policy_laplace``, ``policy_gaussian``, ``greedy_update``: the macros (default alpha), through
   ``dpsql.set_union``; greedy_update fills each user's items in one keyed global order of the items.
+* ``greedy_update_public_rank`` (zipf200k only): greedy_update with ``order_tbl`` = every item with
+  ``rank`` = its id. The synthetic ids ARE popularity ranks (zipf_data.py), so this stands for a
+  public popularity prior (e.g. a public frequency list); the real datasets have none, so it is skipped.
 * ``greedy_update_user_order``: GreedyUpdate with the previous fill order, a keyed hash of the
   (user, item) pair per user (most repeated items first in both). Built here from the same
   kernels (``policy.run_policy``, ``policy.release`` with the windowed rule) to compare the orders.
@@ -38,7 +41,8 @@ FILES = {
     "debian": "debian_bookworm_descriptions/package_description_tokens.parquet",
 }
 SETTINGS = {"a": (1.0, 1e-5, 100), "b": (3.0, math.exp(-10), 100)}
-METHODS = ["policy_laplace", "policy_gaussian", "greedy_update_user_order", "greedy_update"]
+METHODS = ["policy_laplace", "policy_gaussian", "greedy_update_user_order", "greedy_update",
+           "greedy_update_public_rank"]
 ZIPF_USERS, ZIPF_ROWS = 200_000, 4_000_000
 
 
@@ -99,6 +103,10 @@ def released(con, method: str, seed: int, epsilon: float, delta: float, max_item
 
     if method == "greedy_update_user_order":
         return greedy_user_order(con, seed, epsilon, delta)
+    if method == "greedy_update_public_rank":
+        con.execute("CREATE OR REPLACE TABLE public_rank AS SELECT DISTINCT item, item AS rank FROM t")
+        return dpsql.set_union(con, "t", "greedy_update", epsilon=epsilon, delta=delta, order_tbl="public_rank",
+                               order_col="rank").num_rows
     cap = {} if method == "greedy_update" else {"max_items": max_items}
     return dpsql.set_union(con, "t", method, epsilon=epsilon, delta=delta, **cap).num_rows
 
@@ -126,6 +134,8 @@ def main() -> None:
             epsilon, delta, max_items = SETTINGS[setting]
             row = {"dataset": name, "setting": setting}
             for method in args.methods.split(","):
+                if method == "greedy_update_public_rank" and name != "zipf200k":
+                    continue  # no public popularity prior for the real datasets
                 counts, t0 = [], time.perf_counter()
                 for run in range(args.runs):
                     con = dpsql.connect(seed=1000 + run)

@@ -11,8 +11,9 @@ histogram's support gets noise and is released if it exceeds a threshold.
   user's items towards ``(Gamma, ..., Gamma)``.
 * ``greedy_update`` (Carvalho et al. 2022, as used by [MAD] and [MM]): the user
   fills its items one after another in a fixed order (most frequent in the
-  user's own rows first, then one keyed global order of the items, the same for
-  every user) up to ``Gamma`` with l1 budget 1. No ``max_items`` cap.
+  user's own rows first, then one global order of the items, the same for every
+  user: the items of a public ``order_tbl`` first, by ``order_col``, then a keyed
+  hash of the item) up to ``Gamma`` with l1 budget 1. No ``max_items`` cap.
   Released with the windowed rule of point 5, not the support rule of point 4.
 
 Privacy argument (user-level add/remove, [DPSU] Thm 1.1, 4.1, 5.1):

@@ -166,6 +166,32 @@ def test_greedy_update_sensitivity_on_random_neighbours():
         assert np.count_nonzero(h2[novel]) <= 1 and h2[novel].max(initial=0) <= 1 + TOL
 
 
+def test_greedy_update_sensitivity_on_random_neighbours_in_one_global_order():
+    # The macro's fill order: every list sorted by one order of the items (a random permutation here,
+    # as the keyed hash), v's list by the same order. Users then fill the same items and cascades are
+    # more frequent; Lemma 1 of docs/proofs/greedy_update.md still holds.
+    rng = np.random.default_rng(37)
+    worst, cascades = 0.0, 0
+    for _ in range(200):
+        rank = rng.permutation(N_BASE_ITEMS + N_NOVEL)
+        users = [u[np.argsort(rank[u], kind="stable")] for u in random_users(rng)]
+        gamma = float(rng.uniform(1.0, 6.0))
+        h = hist(GREEDY, users, gamma)
+        for _ in range(5):
+            v, novel = new_user(rng)
+            v = v[np.argsort(rank[v], kind="stable")]
+            pos = int(rng.integers(0, len(users) + 1))
+            h2 = hist(GREEDY, users[:pos] + [v] + users[pos:], gamma)
+            diff = h2 - h
+            assert np.abs(diff).sum() <= 1 + TOL
+            assert np.all(diff >= -TOL)
+            assert h2.max() <= gamma
+            assert np.count_nonzero(h2[novel]) <= 1
+            worst = max(worst, np.abs(diff).sum())
+            cascades += int(np.count_nonzero((h == 0) & (h2 > 0)) > np.count_nonzero(h2[novel]))
+    assert worst > 0.99 and cascades > 0  # the bound is attained and zero-weight union items do turn positive
+
+
 # ---------------------------------------------------------------------------
 # GreedyUpdate's windowed release (policy.py point 5; docs/proofs/greedy_update.md)
 # ---------------------------------------------------------------------------
