@@ -20,7 +20,9 @@ Privacy argument (user-level add/remove, [DPSU] Thm 1.1, 4.1, 5.1):
 
 1. The visiting order is a keyed hash of the user id alone (secret per-query
    salt): adding or removing a user does not change the relative order of the
-   others. Which items a user keeps (the uniform ``max_items`` sample of
+   others (greedy_update visits users by their number of distinct items first,
+   a function of each user's own rows: the others' relative order is still
+   unchanged). Which items a user keeps (the uniform ``max_items`` sample of
    ``dp__capped_user_items``) and the order greedy_update fills them in depend
    only on that user's rows (the fill order ranks them by a keyed hash of the
    item alone: one global order, fixed before the data is read). The order salt is a separate draw from the cap

@@ -54,7 +54,9 @@ GROUP BY item;
 -- One sequential-policy release. Users are visited in the order of hash(user_id) keyed with a
 -- secret salt drawn for this query (independent of the capping salt, which
 -- dp__capped_user_items draws itself); ties of the hash are broken by the user id, so two users
--- are never merged. Items get dense ids 0.. in the engine. Each entry is packed into one BIGINT
+-- are never merged. GreedyUpdate visits users with fewer distinct items first (then the keyed
+-- hash): a function of each user's own rows, so adding a user still leaves the others' relative
+-- order unchanged (docs/proofs/greedy_update.md section 5). Items get dense ids 0.. in the engine. Each entry is packed into one BIGINT
 -- (user ordinal << 32 | item id): one flat list is much cheaper to hand to Python than two.
 -- Within a user, GreedyUpdate fills items by decreasing multiplicity, ties in ONE global order of
 -- the items: hash(item) keyed with the order salt, then the item itself (hash collisions). The
@@ -81,8 +83,10 @@ dp__items AS MATERIALIZED (
 dp__users AS (
     SELECT user_id, CASE WHEN n < 2147483648 THEN n
                          ELSE error('dpsql: more than 2^31 users; the policy methods cannot number them') END AS ord
-    FROM (SELECT user_id, row_number() OVER (ORDER BY hash(xor(hash(user_id), s)), user_id) - 1 AS n
-          FROM (SELECT DISTINCT user_id FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col))
+    FROM (SELECT user_id, row_number() OVER (ORDER BY CASE WHEN method = 'greedy_update' THEN d END,
+                                                      hash(xor(hash(user_id), s)), user_id) - 1 AS n
+          FROM (SELECT user_id, count(DISTINCT item) AS d
+                FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col) GROUP BY user_id)
           CROSS JOIN dp__order_salt)),
 -- GreedyUpdate's public order (order_tbl: public, or an earlier DP release): its items are filled
 -- first, by ascending order_col (when given), before the items it does not list.

@@ -721,6 +721,12 @@ def test_greedy_update_fills_in_one_global_item_order(monkeypatch):
     assert _greedy_lists(monkeypatch, 1, "d") != _greedy_lists(monkeypatch, 2, "d")
 
 
+def test_greedy_update_visits_users_with_fewer_items_first(monkeypatch):
+    # The user order is (number of distinct items, keyed hash): a function of each user's own rows.
+    lengths = [len(items) for items in _greedy_lists(monkeypatch, 3, "d")]
+    assert lengths == sorted(lengths) and len(set(lengths)) > 10
+
+
 def _three_items(con):
     staged = pa.table({"user_id": pa.array([1, 1, 1, 2, 2, 2], pa.int64()), "item": ["x", "y", "z"] * 2})  # noqa: F841
     con.execute("CREATE TABLE g3 AS SELECT * FROM staged")
