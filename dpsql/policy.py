@@ -24,11 +24,12 @@ Privacy argument (user-level add/remove, [DPSU] Thm 1.1, 4.1, 5.1):
    a function of each user's own rows: the others' relative order is still
    unchanged). Which items a user keeps (the uniform ``max_items`` sample of
    ``dp__capped_user_items``) and the order greedy_update fills them in depend
-   only on that user's rows (the fill order ranks them by a keyed hash of the
-   item alone: one global order, fixed before the data is read). The order salt is a separate draw from the cap
-   salt (secrecy is not needed for privacy, only data independence; a fresh salt
-   per query makes runs differ like the paper's shuffles). Equal hashes are
-   ordered by the user id, so two users are never merged into one.
+   only on that user's rows (the fill order ranks them by a public order_tbl
+   and a keyed hash of the item alone: one global order, fixed before the data
+   is read). The order salt is a separate draw from the cap salt (secrecy is
+   not needed for privacy, only data independence; a fresh salt per query makes
+   runs differ like the paper's shuffles). Equal hashes are ordered by the user
+   id, so two users are never merged into one.
 2. Each policy is contractive: l1-descent and greedy_update for the invariant
    set ``{(G1, G2): G1 >= G2, ||G1 - G2||_1 <= 1}`` ([DPSU] Lemma 4.1; for
    greedy_update the fill order does not depend on the histogram, so with

@@ -56,10 +56,12 @@ GROUP BY item;
 -- dp__capped_user_items draws itself); ties of the hash are broken by the user id, so two users
 -- are never merged. GreedyUpdate visits users with fewer distinct items first (then the keyed
 -- hash): a function of each user's own rows, so adding a user still leaves the others' relative
--- order unchanged (docs/proofs/greedy_update.md section 5). Items get dense ids 0.. in the engine. Each entry is packed into one BIGINT
--- (user ordinal << 32 | item id): one flat list is much cheaper to hand to Python than two.
+-- order unchanged (docs/proofs/greedy_update.md section 5). Items get dense ids 0.. in the
+-- engine. Each entry is packed into one BIGINT (user ordinal << 32 | item id): one flat list is
+-- much cheaper to hand to Python than two.
 -- Within a user, GreedyUpdate fills items by decreasing multiplicity, ties in ONE global order of
--- the items: hash(item) keyed with the order salt, then the item itself (hash collisions). The
+-- the items: those of the public order_tbl first (by ascending order_col), then hash(item) keyed
+-- with the order salt, then the item itself (hash collisions). The
 -- same order for every user makes users fill the same items (the budget a user frees lands where
 -- the others also spend); a user's order still depends only on its own rows and the salt.
 CREATE OR REPLACE TEMP MACRO dp__policy_run(tbl VARCHAR, method VARCHAR, epsilon DOUBLE, delta DOUBLE,
@@ -101,13 +103,14 @@ dp__entries AS NOT MATERIALIZED (
 dp__lists AS (
     SELECT list(k) AS keys FROM dp__entries WHERE method <> 'greedy_update' HAVING count(*) > 0
     UNION ALL
-    SELECT list(k ORDER BY k >> 32, m DESC, listed NULLS LAST, r NULLS LAST, tie, item) AS keys FROM dp__entries WHERE method = 'greedy_update'
-    HAVING count(*) > 0),
+    SELECT list(k ORDER BY k >> 32, m DESC, listed NULLS LAST, r NULLS LAST, tie, item) AS keys
+    FROM dp__entries WHERE method = 'greedy_update' HAVING count(*) > 0),
 -- One charge per release (sql/05_ledger.sql); the public macros below are thin wrappers of this one.
 -- Charged after the entries are read (sql/00_release.sql): a NULL user fails before the charge.
 dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_' || method, 'user', tbl, epsilon, delta,
         {'max_items': max_items, 'alpha': alpha, 'passes': passes, 'user_col': user_col,
-         'item_col': item_col, 'order_tbl': order_tbl, 'order_col': order_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal WHERE (SELECT count(*) FROM dp__lists) >= 0),
+         'item_col': item_col, 'order_tbl': order_tbl, 'order_col': order_col}::VARCHAR, dp__cal::VARCHAR) AS paid
+    FROM dp__cal WHERE (SELECT count(*) FROM dp__lists) >= 0),
 dp__released AS (
     SELECT unnest(dp__policy_release(method, keys, noise, scale, threshold, gamma, n_passes)) AS iid
     FROM dp__lists CROSS JOIN dp__cal)
@@ -129,9 +132,9 @@ CREATE OR REPLACE TEMP MACRO dp_set_union_policy_gaussian(tbl VARCHAR, epsilon D
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 FROM dp__policy_run(tbl, 'policy_gaussian', epsilon, delta, max_items, alpha, passes, user_col, item_col);
 
--- GreedyUpdate (Carvalho et al. 2022): no cap; each user fills its items, most repeated rows first
--- and otherwise in one keyed global order of the items,
--- up to Gamma = max(rho + alpha/epsilon, 1) with l1 budget 1; Lap(1/epsilon) noise;
+-- GreedyUpdate (Carvalho et al. 2022): no cap; users with fewer distinct items first; each fills
+-- its items, most repeated rows first and otherwise in one global order of the items (order_tbl's
+-- items first, by order_col; then a keyed hash), up to Gamma = max(rho + alpha/epsilon, 1) with l1 budget 1; Lap(1/epsilon) noise;
 -- windowed release: rho - weight < L <= rho, L ~ Lap(1/epsilon), rho = max(1, ln((e^epsilon - 1)/(2 delta))/epsilon)
 -- (dpsql/policy.py; docs/proofs/greedy_update.md). One pass.
 CREATE OR REPLACE TEMP MACRO dp_set_union_greedy_update(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
