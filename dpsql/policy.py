@@ -11,19 +11,25 @@ histogram's support gets noise and is released if it exceeds a threshold.
   user's items towards ``(Gamma, ..., Gamma)``.
 * ``greedy_update`` (Carvalho et al. 2022, as used by [MAD] and [MM]): the user
   fills its items one after another in a fixed order (most frequent in the
-  user's own rows first) up to ``Gamma`` with l1 budget 1. No ``max_items`` cap.
+  user's own rows first, then one global order of the items, the same for every
+  user: the items of a public ``order_tbl`` first, by ``order_col``, then a keyed
+  hash of the item) up to ``Gamma`` with l1 budget 1. No ``max_items`` cap.
   Released with the windowed rule of point 5, not the support rule of point 4.
 
 Privacy argument (user-level add/remove, [DPSU] Thm 1.1, 4.1, 5.1):
 
 1. The visiting order is a keyed hash of the user id alone (secret per-query
    salt): adding or removing a user does not change the relative order of the
-   others. Which items a user keeps (the uniform ``max_items`` sample of
+   others (greedy_update visits users by their number of distinct items first,
+   a function of each user's own rows: the others' relative order is still
+   unchanged). Which items a user keeps (the uniform ``max_items`` sample of
    ``dp__capped_user_items``) and the order greedy_update fills them in depend
-   only on that user's rows. The order salt is a separate draw from the cap
-   salt (secrecy is not needed for privacy, only data independence; a fresh salt
-   per query makes runs differ like the paper's shuffles). Equal hashes are
-   ordered by the user id, so two users are never merged into one.
+   only on that user's rows (the fill order ranks them by a public order_tbl
+   and a keyed hash of the item alone: one global order, fixed before the data
+   is read). The order salt is a separate draw from the cap salt (secrecy is
+   not needed for privacy, only data independence; a fresh salt per query makes
+   runs differ like the paper's shuffles). Equal hashes are ordered by the user
+   id, so two users are never merged into one.
 2. Each policy is contractive: l1-descent and greedy_update for the invariant
    set ``{(G1, G2): G1 >= G2, ||G1 - G2||_1 <= 1}`` ([DPSU] Lemma 4.1; for
    greedy_update the fill order does not depend on the histogram, so with
@@ -92,8 +98,8 @@ from dpsql.calibration import SetUnionCalibration
 from dpsql.noise import NoiseSource
 from dpsql.mechanism import Mechanism, Param, user_item_params
 from dpsql.udf import Udf, scalar
-from dpsql.validation import (DPParameterError, check_column_pair, check_delta, check_epsilon, check_max_items, user_budget,
-                              warn_weak_parameters)
+from dpsql.validation import (DPParameterError, check_column_pair, check_delta, check_epsilon, check_identifier,
+                              check_max_items, check_table_name, user_budget, warn_weak_parameters)
 
 __all__ = [
     "MECHANISMS",
@@ -669,6 +675,21 @@ def _alpha(method: str) -> Param:
 
 _PASSES = Param("passes", "DOUBLE", 1, check_passes, "passes over the users")
 
+
+def check_order_tbl(value: object) -> Optional[str]:
+    """None, or the name of a PUBLIC table of items (e.g. an earlier DP release) greedy_update fills first."""
+    return None if value is None else check_table_name(value)
+
+
+def check_order_col(value: object) -> Optional[str]:
+    """None, or the column of ``order_tbl`` whose ascending values order its items (e.g. ``rank``)."""
+    return None if value is None else check_identifier("order_col", value)
+
+
+_ORDER = (Param("order_tbl", "VARCHAR", None, check_order_tbl,
+                "public table of items filled first (not the private table)"),
+          Param("order_col", "VARCHAR", None, check_order_col, "column of order_tbl: fill its items by ascending value"))
+
 MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         name="policy_laplace", family="set_union", macro="dp_set_union_policy_laplace", unit="user",
@@ -682,8 +703,8 @@ MECHANISMS: tuple[Mechanism, ...] = (
         proof="policy_gaussian", calibrate=policy_gaussian_calibration, rounds=1),
     Mechanism(
         name="greedy_update", family="set_union", macro="dp_set_union_greedy_update", unit="user",
-        params=user_item_params(_alpha("greedy_update"), cap=False),
-        description="sequential greedy fill, most repeated items first, no max_items cap, Laplace noise "
-                    "(Carvalho et al. 2022)",
+        params=user_item_params(_alpha("greedy_update"), *_ORDER, cap=False),
+        description="sequential greedy fill, most repeated items first, then one keyed global item order "
+                    "(or a public order_tbl), no max_items cap, Laplace noise (Carvalho et al. 2022)",
         proof="greedy_update", calibrate=greedy_update_calibration, rounds=1),
 )

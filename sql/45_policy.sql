@@ -24,21 +24,57 @@ SELECT user_id, item, m
 FROM dp__user_item_multiplicities(tbl, user_col := user_col, item_col := item_col)
 WHERE method = 'greedy_update';
 
+-- TRUE, or an error: order_tbl/order_col belong to greedy_update only, order_col needs order_tbl, and
+-- the named columns must exist (checked on the schema, before any row is read).
+CREATE OR REPLACE TEMP MACRO dp__policy_check_order(method, order_tbl, order_col, item_col, tbl) AS
+    CASE WHEN order_tbl IS NULL AND order_col IS NULL THEN true
+         WHEN method <> 'greedy_update'
+             THEN error('dpsql: order_tbl and order_col apply to greedy_update only')
+         WHEN order_tbl IS NULL
+             THEN error('dpsql: order_col := ''' || order_col || ''' needs order_tbl := ''<public table of items>''')
+         -- (bound to tbl's schema when order_tbl is NULL: query_table needs a name; that branch is not taken)
+         ELSE dp__check_column_list(coalesce(order_tbl, tbl), ['item_col', 'order_col'],
+                                    [item_col, coalesce(order_col, item_col)])
+    END;
+
+-- (item, listed, r) of a public order table: one row per item it lists, r = min(order_col) (NULL
+-- without order_col). Empty when order_tbl is NULL: the source is then bound to `tbl` (a table that
+-- exists and has item_col) under a constant false filter, so no row of it is read. dp__absent_* (as in
+-- dp__eval_released_items) make a missing column dp__check_column's error.
+CREATE OR REPLACE TEMP MACRO dp__policy_public_order(order_tbl, order_col, item_col, tbl) AS TABLE
+SELECT item, 0 AS listed, min(r) AS r
+FROM (SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent_item')) AS item,
+             coalesce(*COLUMNS(lambda c: lower(c) = lower(coalesce(order_col, '')) OR c = 'dp__absent_rank')) AS r
+      FROM (SELECT *, NULL AS dp__absent_item, NULL AS dp__absent_rank
+            FROM query_table(coalesce(order_tbl, tbl))
+            WHERE order_tbl IS NOT NULL))
+WHERE item IS NOT NULL
+GROUP BY item;
+
 -- One sequential-policy release. Users are visited in the order of hash(user_id) keyed with a
 -- secret salt drawn for this query (independent of the capping salt, which
 -- dp__capped_user_items draws itself); ties of the hash are broken by the user id, so two users
--- are never merged. Items get dense ids 0.. in the engine. Each entry is packed into one BIGINT
--- (user ordinal << 32 | item id): one flat list is much cheaper to hand to Python than two.
--- Within a user, GreedyUpdate fills items by decreasing multiplicity, ties in keyed-hash order
--- (a function of the user's own rows and the salt only).
+-- are never merged. GreedyUpdate visits users with fewer distinct items first (then the keyed
+-- hash): a function of each user's own rows, so adding a user still leaves the others' relative
+-- order unchanged (docs/proofs/greedy_update.md section 5). Items get dense ids 0.. in the
+-- engine. Each entry is packed into one BIGINT (user ordinal << 32 | item id): one flat list is
+-- much cheaper to hand to Python than two.
+-- Within a user, GreedyUpdate fills items by decreasing multiplicity, ties in ONE global order of
+-- the items: those of the public order_tbl first (by ascending order_col), then hash(item) keyed
+-- with the order salt, then the item itself (hash collisions). The
+-- same order for every user makes users fill the same items (the budget a user frees lands where
+-- the others also spend); a user's order still depends only on its own rows and the salt.
 CREATE OR REPLACE TEMP MACRO dp__policy_run(tbl VARCHAR, method VARCHAR, epsilon DOUBLE, delta DOUBLE,
-        max_items DOUBLE, alpha DOUBLE, passes DOUBLE, user_col VARCHAR, item_col VARCHAR) AS TABLE
+        max_items DOUBLE, alpha DOUBLE, passes DOUBLE, user_col VARCHAR, item_col VARCHAR,
+        order_tbl VARCHAR := NULL, order_col VARCHAR := NULL) AS TABLE
 WITH dp__cal AS (
     SELECT unnest(dp__policy_calibration(method, epsilon, delta, max_items, alpha, passes, user_col, item_col))
     WHERE dp__constant('tbl', tbl) AND dp__constant('method', method) AND dp__constant('epsilon', epsilon)
       AND dp__constant('delta', delta) AND dp__constant('max_items', max_items) AND dp__constant('alpha', alpha)
       AND dp__constant('passes', passes) AND dp__constant('user_col', user_col)
-      AND dp__constant('item_col', item_col)),
+      AND dp__constant('item_col', item_col) AND dp__constant('order_tbl', order_tbl)
+      AND dp__constant('order_col', order_col)
+      AND dp__policy_check_order(method, order_tbl, order_col, item_col, tbl)),
 dp__order_salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 -- Materialised: row_number() OVER () is not reproducible, and the ids are used twice.
 dp__items AS MATERIALIZED (
@@ -49,25 +85,32 @@ dp__items AS MATERIALIZED (
 dp__users AS (
     SELECT user_id, CASE WHEN n < 2147483648 THEN n
                          ELSE error('dpsql: more than 2^31 users; the policy methods cannot number them') END AS ord
-    FROM (SELECT user_id, row_number() OVER (ORDER BY hash(xor(hash(user_id), s)), user_id) - 1 AS n
-          FROM (SELECT DISTINCT user_id FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col))
+    FROM (SELECT user_id, row_number() OVER (ORDER BY CASE WHEN method = 'greedy_update' THEN d END,
+                                                      hash(xor(hash(user_id), s)), user_id) - 1 AS n
+          FROM (SELECT user_id, count(DISTINCT item) AS d
+                FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col) GROUP BY user_id)
           CROSS JOIN dp__order_salt)),
+-- GreedyUpdate's public order (order_tbl: public, or an earlier DP release): its items are filled
+-- first, by ascending order_col (when given), before the items it does not list.
+dp__public_order AS MATERIALIZED (FROM dp__policy_public_order(order_tbl, order_col, item_col, tbl)),
 dp__entries AS NOT MATERIALIZED (
-    SELECT (ord << 32) | iid AS k, m, hash(xor(hash(user_id, item), s)) AS tie
+    SELECT (ord << 32) | iid AS k, m, hash(xor(hash(item), s)) AS tie, item, o.listed, o.r
     FROM dp__policy_entries(tbl, method, max_items := max_items, user_col := user_col, item_col := item_col)
-    JOIN dp__users USING (user_id) JOIN dp__items USING (item) CROSS JOIN dp__order_salt),
+    JOIN dp__users USING (user_id) JOIN dp__items USING (item) CROSS JOIN dp__order_salt
+    LEFT JOIN dp__public_order o USING (item)),
 -- One row for the method's branch (HAVING: an aggregate over the pruned branch's empty input would
 -- add a second row with an empty list).
 dp__lists AS (
     SELECT list(k) AS keys FROM dp__entries WHERE method <> 'greedy_update' HAVING count(*) > 0
     UNION ALL
-    SELECT list(k ORDER BY k >> 32, m DESC, tie) AS keys FROM dp__entries WHERE method = 'greedy_update'
-    HAVING count(*) > 0),
+    SELECT list(k ORDER BY k >> 32, m DESC, listed NULLS LAST, r NULLS LAST, tie, item) AS keys
+    FROM dp__entries WHERE method = 'greedy_update' HAVING count(*) > 0),
 -- One charge per release (sql/05_ledger.sql); the public macros below are thin wrappers of this one.
 -- Charged after the entries are read (sql/00_release.sql): a NULL user fails before the charge.
 dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_' || method, 'user', tbl, epsilon, delta,
         {'max_items': max_items, 'alpha': alpha, 'passes': passes, 'user_col': user_col,
-         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal WHERE (SELECT count(*) FROM dp__lists) >= 0),
+         'item_col': item_col, 'order_tbl': order_tbl, 'order_col': order_col}::VARCHAR, dp__cal::VARCHAR) AS paid
+    FROM dp__cal WHERE (SELECT count(*) FROM dp__lists) >= 0),
 dp__released AS (
     SELECT unnest(dp__policy_release(method, keys, noise, scale, threshold, gamma, n_passes)) AS iid
     FROM dp__lists CROSS JOIN dp__cal)
@@ -89,10 +132,13 @@ CREATE OR REPLACE TEMP MACRO dp_set_union_policy_gaussian(tbl VARCHAR, epsilon D
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 FROM dp__policy_run(tbl, 'policy_gaussian', epsilon, delta, max_items, alpha, passes, user_col, item_col);
 
--- GreedyUpdate (Carvalho et al. 2022): no cap; each user fills its items, most repeated rows first,
--- up to Gamma = max(rho + alpha/epsilon, 1) with l1 budget 1; Lap(1/epsilon) noise;
+-- GreedyUpdate (Carvalho et al. 2022): no cap; users with fewer distinct items first; each fills
+-- its items, most repeated rows first and otherwise in one global order of the items (order_tbl's
+-- items first, by order_col; then a keyed hash), up to Gamma = max(rho + alpha/epsilon, 1) with l1 budget 1; Lap(1/epsilon) noise;
 -- windowed release: rho - weight < L <= rho, L ~ Lap(1/epsilon), rho = max(1, ln((e^epsilon - 1)/(2 delta))/epsilon)
 -- (dpsql/policy.py; docs/proofs/greedy_update.md). One pass.
 CREATE OR REPLACE TEMP MACRO dp_set_union_greedy_update(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
-        alpha DOUBLE := 3, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
-FROM dp__policy_run(tbl, 'greedy_update', epsilon, delta, 1, alpha, 1, user_col, item_col);
+        alpha DOUBLE := 3, order_tbl VARCHAR := NULL, order_col VARCHAR := NULL,
+        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+FROM dp__policy_run(tbl, 'greedy_update', epsilon, delta, 1, alpha, 1, user_col, item_col,
+                    order_tbl := order_tbl, order_col := order_col);

@@ -166,6 +166,32 @@ def test_greedy_update_sensitivity_on_random_neighbours():
         assert np.count_nonzero(h2[novel]) <= 1 and h2[novel].max(initial=0) <= 1 + TOL
 
 
+def test_greedy_update_sensitivity_on_random_neighbours_in_one_global_order():
+    # The macro's fill order: every list sorted by one order of the items (a random permutation here,
+    # as the keyed hash), v's list by the same order. Users then fill the same items and cascades are
+    # more frequent; Lemma 1 of docs/proofs/greedy_update.md still holds.
+    rng = np.random.default_rng(37)
+    worst, cascades = 0.0, 0
+    for _ in range(200):
+        rank = rng.permutation(N_BASE_ITEMS + N_NOVEL)
+        users = [u[np.argsort(rank[u], kind="stable")] for u in random_users(rng)]
+        gamma = float(rng.uniform(1.0, 6.0))
+        h = hist(GREEDY, users, gamma)
+        for _ in range(5):
+            v, novel = new_user(rng)
+            v = v[np.argsort(rank[v], kind="stable")]
+            pos = int(rng.integers(0, len(users) + 1))
+            h2 = hist(GREEDY, users[:pos] + [v] + users[pos:], gamma)
+            diff = h2 - h
+            assert np.abs(diff).sum() <= 1 + TOL
+            assert np.all(diff >= -TOL)
+            assert h2.max() <= gamma
+            assert np.count_nonzero(h2[novel]) <= 1
+            worst = max(worst, np.abs(diff).sum())
+            cascades += int(np.count_nonzero((h == 0) & (h2 > 0)) > np.count_nonzero(h2[novel]))
+    assert worst > 0.99 and cascades > 0  # the bound is attained and zero-weight union items do turn positive
+
+
 # ---------------------------------------------------------------------------
 # GreedyUpdate's windowed release (policy.py point 5; docs/proofs/greedy_update.md)
 # ---------------------------------------------------------------------------
@@ -378,6 +404,83 @@ def test_l1_policies_keep_the_invariant_set(kind):
 
 
 # ---------------------------------------------------------------------------
+# Negative control: the "L1" policy of the [MM] reference code and its idealisation MaxSum
+# (l2 water-filling) are NOT l2-contractive, so the Gaussian calibration (l2 sensitivity 1) does not
+# cover them (docs/proofs/policy_maxsum.md)
+# ---------------------------------------------------------------------------
+
+def maxsum_step(h, items, gamma):
+    """MaxSum: increments d_i = min(c, gap_i) with sum d_i^2 = 1 (max sum d_i s.t. ||d||_2 <= 1, d <= gap)."""
+    open_items = [i for i in items if h[i] < gamma]
+    gaps = sorted(gamma - h[i] for i in open_items)
+    budget, c = 1.0, math.inf
+    for j, g in enumerate(gaps):
+        if g * g * (len(gaps) - j) <= budget:
+            budget -= g * g
+        else:
+            c = math.sqrt(budget / (len(gaps) - j))
+            break
+    for i in open_items:
+        h[i] = min(h[i] + c, gamma)
+
+
+def reference_l1_step(h, items, gamma):
+    """The [MM] reference's "L1" step: items in one global order, squared gaps charged, the rest spread."""
+    open_items = sorted(i for i in items if h[i] < gamma)
+    budget, k = 1.0, len(open_items)
+    for j, i in enumerate(open_items):
+        g = gamma - h[i]
+        if g * g * (k - j) < budget:
+            h[i] = gamma
+            budget -= g * g
+        else:
+            for x in open_items[j:]:
+                h[x] += budget / math.sqrt(k - j)
+            break
+
+
+def run_steps(step, users, n, gamma, initial=None):
+    h = np.zeros(n) if initial is None else np.array(initial, float)
+    for items in users:
+        step(h, items, gamma)
+    return h
+
+
+@pytest.mark.parametrize("step,ratio", [(maxsum_step, 1.2889), (reference_l1_step, 1.58)])
+def test_maxsum_and_reference_l1_steps_expand_l2_distances(step, ratio):
+    # Four items just below Gamma get filled and free budget for a fifth: moving the four 0.01 closer
+    # to Gamma (l2 distance 0.02) moves the fifth by more than 0.02 (policy_maxsum.md section 2).
+    gamma = 10.0
+    g2 = np.array([gamma - 0.4] * 4 + [0.0])
+    g1 = g2 + np.array([0.01] * 4 + [0.0])
+    a, b = g1.copy(), g2.copy()
+    step(a, range(5), gamma)
+    step(b, range(5), gamma)
+    assert np.all(a >= b)
+    assert np.linalg.norm(a - b) / np.linalg.norm(g1 - g2) == pytest.approx(ratio, abs=1e-4)
+    # l2-descent (Policy Gaussian) does not expand the same pair.
+    h1 = policy.run_policy(L2, *csr([np.arange(5)]), 5, gamma, kernel="python", initial=g1)
+    h2 = policy.run_policy(L2, *csr([np.arange(5)]), 5, gamma, kernel="python", initial=g2)
+    assert np.linalg.norm(h1 - h2) <= np.linalg.norm(g1 - g2) + TOL
+
+
+@pytest.mark.parametrize("step,gamma,before,v,after,dist", [
+    (maxsum_step, 3.0, [[0, 1], [0, 1]], [0, 1, 2, 3, 4, 5], [[1], [1, 2], [0, 1, 2], [0, 1, 2]], 1.0502),
+    (reference_l1_step, 1.5, [[2, 4, 5], [1, 2, 3, 4, 5], [1, 3], [0, 1, 2, 3, 4, 5]], [1, 2, 3, 4, 5, 7, 8],
+     [[0, 1, 2, 3, 4, 5]], 1.3361)])
+def test_maxsum_and_reference_l1_histograms_have_l2_sensitivity_above_one(step, gamma, before, v, after, dist):
+    # Neighbouring datasets found by a random search over small instances (policy_maxsum.md section 2).
+    n = 10
+    h = run_steps(step, before + after, n, gamma)
+    h2 = run_steps(step, before + [v] + after, n, gamma)
+    assert np.linalg.norm(h2 - h) == pytest.approx(dist, abs=1e-4)
+    # Policy Gaussian's l2-descent on the same neighbours stays within 1.
+    a = policy.run_policy(L2, *csr([np.array(x) for x in before + [v] + after]), n, gamma, kernel="python")
+    b = policy.run_policy(L2, *csr([np.array(x) for x in before + after]), n, gamma, kernel="python")
+    assert np.linalg.norm(a - b) <= 1 + TOL
+
+
+# ---------------------------------------------------------------------------
 # Negative control: the greedy policy of [DPSU] App. C (Alg. 9), NOT private
 # ---------------------------------------------------------------------------
 
@@ -575,6 +678,98 @@ def test_greedy_update_fills_the_most_repeated_item_first(seeded_con):
     got = seeded_con.execute("SELECT item FROM dp_set_union_greedy_update('g', epsilon := 1000, delta := 1e-5, alpha := 10)"
                              ).fetchall()
     assert got == [("x",)]
+
+
+def _greedy_lists(monkeypatch, seed, table):
+    """The per-user item lists (dense ids, fill order) the greedy_update macro hands to the kernel."""
+    seen = {}
+    real_run = policy.run_policy
+
+    def spy_run(kind, indptr, indices, *a, **kw):
+        seen["lists"] = [indices[indptr[u]:indptr[u + 1]].tolist() for u in range(len(indptr) - 1)]
+        return real_run(kind, indptr, indices, *a, **kw)
+
+    monkeypatch.setattr(policy, "run_policy", spy_run)
+    con = seeded(seed)
+    try:
+        load_random(con, seed=5)
+        con.execute(f"CREATE TABLE {table} AS SELECT DISTINCT user_id, item FROM t")
+        con.execute(f"SELECT * FROM dp_set_union_greedy_update('{table}', epsilon := 1.0, delta := 1e-5)").fetchall()
+    finally:
+        con.close()
+    return seen["lists"]
+
+
+def test_greedy_update_fills_in_one_global_item_order(monkeypatch):
+    # Distinct pairs (all multiplicities 1): every user's fill order is the restriction of ONE order of
+    # the items (docs/proofs/greedy_update.md section 5, "Fill order"), so any two items held by two
+    # users come in the same relative order for both.
+    for seed in (1, 2):
+        lists = _greedy_lists(monkeypatch, seed, "d")
+        rank: dict = {}
+        pairs_checked = 0
+        for items in lists:
+            pos = {x: j for j, x in enumerate(items)}
+            for x in items:
+                for y in items:
+                    if x < y:
+                        before = pos[x] < pos[y]
+                        pairs_checked += (x, y) in rank
+                        assert rank.setdefault((x, y), before) == before
+        assert pairs_checked > 1000  # the users share many items: the check has power
+    # A fresh salt per release: the global order differs between two seeds.
+    assert _greedy_lists(monkeypatch, 1, "d") != _greedy_lists(monkeypatch, 2, "d")
+
+
+def test_greedy_update_visits_users_with_fewer_items_first(monkeypatch):
+    # The user order is (number of distinct items, keyed hash): a function of each user's own rows.
+    lengths = [len(items) for items in _greedy_lists(monkeypatch, 3, "d")]
+    assert lengths == sorted(lengths) and len(set(lengths)) > 10
+
+
+def _three_items(con):
+    staged = pa.table({"user_id": pa.array([1, 1, 1, 2, 2, 2], pa.int64()), "item": ["x", "y", "z"] * 2})  # noqa: F841
+    con.execute("CREATE TABLE g3 AS SELECT * FROM staged")
+
+
+@pytest.mark.parametrize("order,col,first", [
+    ([("z", 1)], None, "z"),                          # listed items first (membership only)
+    ([("y", 1), ("z", 2)], None, None),               # two listed items: their keyed order decides
+    ([("x", 3), ("y", 1), ("z", 2)], "r", "y"),      # ascending order_col
+    ([("x", 1), ("y", 1.5), ("z", 1.2)], "r", "x")])
+def test_greedy_update_fills_the_public_order_first(seeded_con, order, col, first):
+    # eps large: user 1 puts 1 on its first item, user 2 tops it up to Gamma > rho and leaves the rest
+    # (< rho) on its second item: only the first item of the fill order is released.
+    _three_items(seeded_con)
+    staged = pa.table({"item": [i for i, _ in order], "r": [float(r) for _, r in order]})  # noqa: F841
+    seeded_con.execute("CREATE TABLE o AS SELECT * FROM staged")
+    extra = ", order_tbl := 'o'" + (f", order_col := '{col}'" if col else "")
+    got = seeded_con.execute("SELECT item FROM dp_set_union_greedy_update('g3', epsilon := 1000, delta := 1e-5, "
+                             f"alpha := 10{extra})").fetchall()
+    if first is None:
+        assert got in ([("y",)], [("z",)])
+    else:
+        assert got == [(first,)]
+    api = dpsql.set_union(seeded_con, "g3", "greedy_update", epsilon=1000, delta=1e-5, alpha=10, order_tbl="o",
+                          order_col=col).column("item").to_pylist()
+    assert len(api) == 1 and (first is None or api == [first])
+
+
+@pytest.mark.parametrize("args,match", [
+    ("order_tbl := 'o', order_col := 'nope'", "order_col := 'nope' is not a column of 'o'"),
+    ("order_tbl := 'o', item_col := 'word'", "item_col := 'word' is not a column of"),
+    ("order_col := 'r'", "order_col := 'r' needs order_tbl"),
+])
+def test_greedy_update_order_parameters_are_checked_before_the_charge(seeded_con, args, match):
+    _three_items(seeded_con)
+    seeded_con.execute("CREATE TABLE o AS SELECT 'x' AS item, 1.0 AS r")
+    with pytest.raises(Exception, match=match):
+        seeded_con.execute(f"SELECT * FROM dp_set_union_greedy_update('g3', epsilon := 1, delta := 1e-5, {args})"
+                           ).fetchall()
+    assert seeded_con.execute("SELECT count(*) FROM dp_releases()").fetchone()[0] == 0
+    with pytest.raises(Exception, match="apply to greedy_update only"):
+        seeded_con.execute("SELECT * FROM dp__policy_run('g3', 'policy_laplace', 1, 1e-5, 10, 5, 1, 'user_id', "
+                           "'item', order_tbl := 'o')").fetchall()
 
 
 def test_dispatcher_and_python_api_match_the_macro():

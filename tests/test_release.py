@@ -48,6 +48,9 @@ def releasing_macros(con) -> set[str]:
     return {m for m in charging if not m.startswith("dp__")}
 
 
+# A public order of items (greedy_update's order_tbl), independent of t: i16 .. i0 by rank.
+PUBLIC_ORDER = "CREATE TABLE o AS SELECT 'i' || j AS item, 16 - j AS rank FROM range(17) b(j)"
+
 # -- one valid call per releasing macro ----------------------------------------------------------
 
 # 300 users; user u holds items i0 .. i(u % 17): popularity falls from 300 users (i0) to 17 (i16).
@@ -92,9 +95,9 @@ CASES: dict[str, Case] = {
     "dp_set_union_sips": _union_case({"split": "[0.1, 0.9]"}),
     "dp_set_union_policy_laplace": _union_case(_POLICY),
     "dp_set_union_policy_gaussian": _union_case(_POLICY),
-    "dp_set_union_greedy_update": Case(USER_ITEMS, ("tbl", "epsilon", "delta"), {
-        "tbl": "'t'", "epsilon": "1.0", "delta": "1e-5", "alpha": "3", "user_col": "'user_id'",
-        "item_col": "'item'"}),
+    "dp_set_union_greedy_update": Case(USER_ITEMS + "; " + PUBLIC_ORDER, ("tbl", "epsilon", "delta"), {
+        "tbl": "'t'", "epsilon": "1.0", "delta": "1e-5", "alpha": "3", "order_tbl": "'o'", "order_col": "'rank'",
+        "user_col": "'user_id'", "item_col": "'item'"}),
     "dp_top_k": Case(USER_ITEMS, ("tbl", "k", "epsilon", "delta"), {**_union_case().args, **_TOPK}, ("rank",)),
     "dp_hitting_set": Case(USER_ITEMS, ("tbl", "k", "epsilon", "delta"), {**_union_case().args, **_TOPK}, ("rank",)),
     "dp_top_k_limited_domain": Case(USER_ITEMS, ("tbl", "k", "k_bar", "epsilon", "delta"), {
@@ -231,6 +234,7 @@ def test_null_user_fails_before_the_charge(name):
     con = dpsql.connect()
     con.execute("CREATE TABLE t AS SELECT CASE WHEN i = 2999999 THEN NULL ELSE i % 300000 END AS user_id, "
                 "'i' || (i % 1700) AS item FROM range(3000000) r(i)")
+    con.execute(PUBLIC_ORDER)  # greedy_update's order_tbl
     case = CASES[name]
     with pytest.raises(duckdb.Error, match=r"dpsql: column user_id \(user_col\) contains NULL"):
         con.execute(_call(name, case, _macros(con)[name][0])).fetchall()
