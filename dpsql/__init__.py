@@ -9,7 +9,7 @@ from dpsql.union import DEFAULT_METHOD, METHODS, calibrate, set_union
 from dpsql.errors import BudgetError, DPParameterError, DpsqlError, InputError, LedgerIOError, ParameterError
 from dpsql.pws import weighted_sample  # ELEMENT-level privacy (one row), not user-level
 from dpsql.topk import hitting_set, top_k, top_k_limited_domain
-from dpsql.group_by import group_by
+from dpsql.groupby import group_by
 from dpsql.ledger import BudgetExceededError
 from dpsql.state import budget, releases, set_budget
 from dpsql import optimize, subsampling

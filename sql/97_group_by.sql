@@ -1,4 +1,4 @@
--- Private GROUP BY item (dpsql/group_by.py; privacy argument: docs/proofs/group_by.md).
+-- Private GROUP BY item (dpsql/groupby.py; privacy argument: docs/proofs/group_by.md).
 -- dp_group_by: the items a set-union method selects at (epsilon * split, delta), then granular Laplace
 -- count / sum / mean of each selected item at (epsilon * (1 - split), 0). dp_group_by_public: every item
 -- of a public table items_tbl, no selection, at (epsilon, 0). Loads after 90_dispatch.sql: the selection
@@ -51,9 +51,12 @@ dp__totals AS (
     GROUP BY r.user_id, r.item),
 dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 -- Each user keeps at most max_items of its selected items (salted hash of its own rows, as
--- dp__capped_user_items) and its total per item is clamped to [lower, upper].
+-- dp__capped_user_items); its total per item is clamped to [lower, upper] and rounded to the grid g of
+-- the sum's noise, so each item's sum is an exact integer number of steps (no floating-point rounding
+-- that depends on the order of summation; |rounded cell| <= M + g/2, docs/proofs/group_by.md).
 dp__stats AS MATERIALIZED (
-    SELECT item, count(*) AS n, sum(greatest(dp__cal.lower, least(dp__cal.upper, v))) AS s
+    SELECT item, count(*) AS n,
+           sum(round(greatest(dp__cal.lower, least(dp__cal.upper, v)) / dp__cal.sum_granularity)::BIGINT) AS s_steps
     FROM (SELECT user_id, item, v FROM dp__totals CROSS JOIN dp__salt
           QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s))) <= max_items)
     CROSS JOIN dp__cal
@@ -69,7 +72,7 @@ dp__noisy AS MATERIALIZED (
            CASE WHEN c.count_scale IS NOT NULL
                 THEN coalesce(t.n, 0) + dp_granular_laplace_noise(c.count_scale, c.count_granularity) END AS n_noisy,
            CASE WHEN c.sum_scale IS NOT NULL
-                THEN dp_round_to_grid(greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.s, 0.0))), c.sum_granularity)
+                THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.s_steps, 0)))::DOUBLE * c.sum_granularity
                      + dp_granular_laplace_noise(c.sum_scale, c.sum_granularity) END AS s_noisy
     FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item CROSS JOIN dp__cal AS c CROSS JOIN dp__paid
     WHERE paid)
@@ -110,7 +113,8 @@ dp__totals AS (
     GROUP BY r.user_id, r.item),
 dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 dp__stats AS MATERIALIZED (
-    SELECT item, count(*) AS n, sum(greatest(dp__cal.lower, least(dp__cal.upper, v))) AS s
+    SELECT item, count(*) AS n,
+           sum(round(greatest(dp__cal.lower, least(dp__cal.upper, v)) / dp__cal.sum_granularity)::BIGINT) AS s_steps
     FROM (SELECT user_id, item, v FROM dp__totals CROSS JOIN dp__salt
           QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s))) <= max_items)
     CROSS JOIN dp__cal
@@ -125,7 +129,7 @@ dp__noisy AS MATERIALIZED (
            CASE WHEN c.count_scale IS NOT NULL
                 THEN coalesce(t.n, 0) + dp_granular_laplace_noise(c.count_scale, c.count_granularity) END AS n_noisy,
            CASE WHEN c.sum_scale IS NOT NULL
-                THEN dp_round_to_grid(greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.s, 0.0))), c.sum_granularity)
+                THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.s_steps, 0)))::DOUBLE * c.sum_granularity
                      + dp_granular_laplace_noise(c.sum_scale, c.sum_granularity) END AS s_noisy
     FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item CROSS JOIN dp__cal AS c CROSS JOIN dp__paid
     WHERE paid)

@@ -371,7 +371,7 @@ RELEASE_CALLS = {
     "dpsql.pws.api.weighted_sample": (USER_ITEMS, lambda con: dpsql.pws.weighted_sample(con, "t", 0.8, 1e-5,
                                                                                       key_col="item"), ("key",)),
     **_optimize_calls(),
-    "dpsql.group_by.group_by": (
+    "dpsql.groupby.group_by": (
         USER_ITEMS, lambda con: dpsql.group_by(con, "t", epsilon=0.8, delta=1e-5, max_items=10), ("item",)),
 }
 

@@ -246,9 +246,9 @@ _CAL_FIELDS = {"count_granularity": DOUBLE, "count_scale": DOUBLE, "count_ci": D
 
 
 def _cal_row(cal: GroupByCalibration) -> dict[str, Optional[float]]:
-    # sum_limit: item sums are clamped to +-2^50 g (1-Lipschitz, so the sensitivity holds) so that
-    # rounded sum + noise stays an exact multiple of g in a double (no error after the charge).
-    limit = math.ldexp(cal.sum_granularity, 50) if cal.sum_granularity is not None else None
+    # sum_limit (in grid steps): item sums are clamped to +-2^50 steps (1-Lipschitz, so the sensitivity
+    # holds) so that sum + noise stays an exact multiple of g in a double (no error after the charge).
+    limit = float(2 ** 50) if cal.sum_granularity is not None else None
     return {"count_granularity": cal.count_granularity, "count_scale": cal.count_scale, "count_ci": cal.count_ci,
             "sum_granularity": cal.sum_granularity, "sum_scale": cal.sum_scale, "sum_ci": cal.sum_ci,
             "sum_limit": limit, "mean_count_ci": cal.mean_count_ci, "mean_sum_ci": cal.mean_sum_ci,
