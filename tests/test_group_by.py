@@ -307,3 +307,46 @@ def test_capping_keeps_at_most_max_items_per_user_among_released_items():
     con.close()
     diffs = [r[1] - b[1] for r, b in zip(out, base)]
     assert sorted(diffs) == [0.0] * 37 + [1.0] * 3
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+def _cli(*argv):
+    import io
+    import json
+
+    from dpsql import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), out=out, err=err)
+    text = out.getvalue()
+    return code, (json.loads(text) if "--json" in argv and code == 0 else text), err.getvalue()
+
+
+def test_cli_group_by_selection_and_public_list(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    con = duckdb.connect()
+    con.execute(f"COPY ({ROWS_SQL.split(' AS ', 1)[1]}) TO 'data.parquet'")
+    con.execute("COPY (SELECT 'i' || j AS item FROM range(3) r(j) UNION ALL SELECT 'nobody') TO 'items.csv'")
+    con.close()
+    code, doc, err = _cli("group-by", "data.parquet", "--epsilon", "1", "--delta", "1e-5", "--max-items", "10",
+                          "--aggregates", "count,mean", "--value-col", "v", "--lower", "0", "--upper", "6",
+                          "--selection", "weighted_gaussian", "--json")
+    assert code == 0, err
+    assert doc["mechanism"] == "dp_group_by" and doc["calibration"]["count_scale"] == 40.0
+    assert list(doc["rows"][0]) == ["item", "count", "count_scale", "count_ci", "mean", "mean_ci"]
+    code, doc, err = _cli("group-by", "data.parquet", "--epsilon", "1", "--items", "items.csv", "--max-items", "10",
+                          "--json")
+    assert code == 0, err
+    assert [r["item"] for r in doc["rows"]] == ["i0", "i1", "i2", "nobody"]
+    code, _, err = _cli("group-by", "data.parquet", "--epsilon", "1", "--items", "items.csv", "--delta", "1e-5")
+    assert code == 2 and "--delta does not apply with --items" in err
+    code, _, err = _cli("group-by", "data.parquet", "--epsilon", "1", "--delta", "1e-5", "--aggregates", "sum")
+    assert code == 2 and "value_col" in err
+    code, _, err = _cli("group-by", "data.parquet", "--epsilon", "1")
+    assert code == 2 and "--delta" in err
+    code, text, err = _cli("budget", "releases", "data.parquet")
+    # three ledger rows: the selection (under its method's name), the aggregates, the public release
+    assert code == 0 and [line.split()[-1] for line in text.splitlines()[1:]] == [
+        "dp_set_union_weighted_gaussian", "(aggregates)", "dp_group_by_public"]
