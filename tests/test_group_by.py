@@ -350,3 +350,17 @@ def test_cli_group_by_selection_and_public_list(tmp_path, monkeypatch):
     # three ledger rows: the selection (under its method's name), the aggregates, the public release
     assert code == 0 and [line.split()[-1] for line in text.splitlines()[1:]] == [
         "dp_set_union_weighted_gaussian", "(aggregates)", "dp_group_by_public"]
+
+
+# -- empirical audit -----------------------------------------------------------------------------
+
+
+def test_audit_of_the_aggregate_step_is_tight_and_does_not_refute():
+    from dpsql import audit
+
+    # 3 users vs 4 on 2 public items, max_items 2: P["both noisy counts >= 4"] is e^epsilon times
+    # likelier with the added user, so a correct calibration gives a bound near, never above, epsilon;
+    # twice the sensitivity (or half the noise) would give about 2 epsilon.
+    r = audit.audit("group_by_count", epsilon=1.0, delta=1e-5, runs=5000, confidence=0.95, seed=5)
+    assert (r.claimed_epsilon, r.delta) == (1.0, 0.0)
+    assert not r.refuted and 0.6 < r.epsilon_lower_bound <= 1.0
