@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 import duckdb
 import pyarrow as pa
@@ -300,7 +300,7 @@ def _sql_value(value: object) -> str:
         return sql_string(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_sql_value(v) for v in value) + "]"
-    return repr(float(value))
+    return repr(float(cast(float, value)))  # a number: the calibration checked it
 
 
 def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delta: Optional[float] = None,
@@ -333,7 +333,7 @@ def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delt
               f"value_col := {_sql_value(value_col)}, lower := {_sql_value(lower)}, upper := {_sql_value(upper)}, ")
     tail = f"confidence := {float(confidence)!r}, user_col := {sql_string(user_col)}, item_col := {sql_string(item_col)}"
     if items_tbl is None:
-        call = (f"dp_group_by({sql_string(table)}, epsilon := {float(epsilon)!r}, delta := {float(delta)!r}, "
+        call = (f"dp_group_by({sql_string(table)}, epsilon := {float(epsilon)!r}, delta := {_sql_value(delta)}, "
                 f"{common}selection := {sql_string(selection)}, split := {float(split)!r}, {tail})")
     else:
         call = (f"dp_group_by_public({sql_string(table)}, {sql_string(items_tbl)}, epsilon := {float(epsilon)!r}, "
