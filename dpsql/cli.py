@@ -930,12 +930,12 @@ def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise UsageError("--delta does not apply with --items (a public list of items spends no delta); leave it out")
     names: list[tuple[str, Callable]] = [("epsilon", float), ("max_items", _whole), ("confidence", float)]
     if args.items is None:
-        names += [("delta", float), ("selection", str), ("split", float)]
+        names += [("delta", float), ("selection", str), ("split", float), ("pre_threshold", _whole)]
     _fill_defaults(args, macro, names)
     aggregates = groupby.check_aggregates(args.aggregates or ["count"])
     cal = groupby.group_by_calibration(args.epsilon, args.delta, args.max_items, aggregates, args.value_col,
                                        args.lower, args.upper, args.selection if args.items is None else None,
-                                       args.split, args.confidence)
+                                       args.split, args.confidence, args.pre_threshold or 1)
     user_col = check_identifier("--user-col", args.user_col)
     item_col = check_identifier("--item-col", args.item_col)
     columns = [("--user-col", user_col), ("--item-col", item_col)]
@@ -950,6 +950,7 @@ def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                               value_col=args.value_col, lower=args.lower, upper=args.upper,
                               max_items=args.max_items, selection=args.selection or dpsql.DEFAULT_METHOD,
                               split=args.split if args.split is not None else groupby.DEFAULT_SPLIT,
+                              pre_threshold=args.pre_threshold or 1,
                               confidence=args.confidence, items_tbl=args.items, user_col=user_col,
                               item_col=item_col)
 
@@ -1341,6 +1342,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"set-union method that selects the items ({_default_help('dp_group_by', 'selection')})")
     gb.add_argument("--split", type=float, help=f"share of epsilon spent on selection "
                                                 f"({_default_help('dp_group_by', 'split')})")
+    gb.add_argument("--pre-threshold", type=int, help="least number of users an item needs to be selected (with "
+                                                      "--selection count_* or weighted_*; default: 1, none)")
     gb.add_argument("--confidence", type=float, help=f"coverage of the intervals "
                                                      f"({_default_help('dp_group_by', 'confidence')})")
     gb.add_argument("--items", metavar="FILE", help="public list of items (Parquet/CSV with the item column): no "

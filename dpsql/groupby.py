@@ -22,6 +22,12 @@ Privacy unit: user-level add/remove (one user with all its rows). Proof note:
    aggregate step is DP for every fixed ``S``, so it may read the data again with its own cap
    (adaptive composition needs no shared capping).
 
+``pre_threshold`` T > 1: step 1 is ``dp__group_by_pre_selection`` instead, for the one-shot weighting
+methods only (:data:`PRE_THRESHOLD_METHODS`): items with at least T capped users, weight shifted by
+``T - 1`` before the method's own noise and threshold. Every user's weight is at most 1, so an item
+the added user makes eligible has shifted weight at most that user's own weight: the novel-item
+case the threshold's delta covers (proof note, section 8).
+
 ``dp_group_by_public`` (public domain ``items_tbl``): no selection; step 2 at the whole
 ``epsilon`` over the listed items, every listed item gets a row: ``(epsilon, 0)``-DP.
 
@@ -49,7 +55,8 @@ from dpsql.validation import (EPSILON_MIN, DPParameterError, check_column_pair, 
                               check_identifier, check_max_items, check_table_name, derived_budget, sql_string,
                               warn_weak_parameters)
 
-__all__ = ["AGGREGATES", "DEFAULT_SPLIT", "DEFAULT_CONFIDENCE", "GroupByCalibration", "group_by_calibration",
+__all__ = ["AGGREGATES", "DEFAULT_SPLIT", "DEFAULT_CONFIDENCE", "PRE_THRESHOLD_METHODS", "GroupByCalibration",
+           "group_by_calibration", "check_aggregates", "check_split", "check_confidence", "check_pre_threshold",
            "laplace_ci", "group_by", "udfs", "MECHANISMS"]
 
 AGGREGATES = ("count", "sum", "mean")
@@ -113,6 +120,7 @@ class GroupByCalibration:
     sum_ci: Optional[float] = None
     mean_count_ci: Optional[float] = None
     mean_sum_ci: Optional[float] = None
+    pre_threshold: int = 1
 
 
 def check_aggregates(aggregates: object) -> tuple[str, ...]:
@@ -137,6 +145,21 @@ def _check_fraction(name: str, value: object, hint: str) -> float:
 
 def check_split(split: object) -> float:
     return _check_fraction("split", split, f"it is the share of epsilon spent on selection, e.g. {DEFAULT_SPLIT}")
+
+
+# The selections whose pre-threshold has a proof (docs/proofs/group_by.md): one-shot weighting, each
+# user's weight per item <= 1.
+PRE_THRESHOLD_METHODS = ("count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian")
+
+
+def check_pre_threshold(pre_threshold: object) -> int:
+    """A whole number >= 1 (1: no pre-threshold)."""
+    if pre_threshold is None or isinstance(pre_threshold, bool) or not isinstance(pre_threshold, (int, float)) \
+            or not math.isfinite(float(pre_threshold)) or float(pre_threshold) != int(pre_threshold) \
+            or pre_threshold < 1:
+        raise DPParameterError(f"pre_threshold must be a whole number >= 1 (got {pre_threshold!r}); it is the "
+                               f"least number of users an item needs to be selected (1: no pre-threshold)")
+    return int(pre_threshold)
 
 
 def check_confidence(confidence: object) -> float:
@@ -172,7 +195,7 @@ def _check_bounds(needs_values: bool, value_col: object, lower: object, upper: o
 @lru_cache(maxsize=256)
 def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[float], max_items: int,
                  lower: Optional[float], upper: Optional[float], selection: Optional[str], split: float,
-                 confidence: float) -> GroupByCalibration:
+                 confidence: float, pre_threshold: int = 1) -> GroupByCalibration:
     if selection is None:
         sel_eps, sel_delta, agg_eps = 0.0, 0.0, epsilon
     else:
@@ -199,20 +222,22 @@ def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[fl
             out.update(sum_epsilon=share, sum_bound=bound, sum_granularity=g, sum_scale=b,
                        sum_ci=laplace_ci(b, g, confidence),
                        mean_sum_ci=laplace_ci(b, g, half) if "mean" in aggregates else None)
-    return GroupByCalibration(aggregates, selection, sel_eps, sel_delta, agg_eps, confidence, lower, upper, **out)
+    return GroupByCalibration(aggregates, selection, sel_eps, sel_delta, agg_eps, confidence, lower, upper, **out,
+                              pre_threshold=pre_threshold)
 
 
 def group_by_calibration(epsilon: object, delta: object, max_items: object = 100,
                          aggregates: Sequence[str] = ("count",), value_col: object = None, lower: object = None,
                          upper: object = None, selection: object = union.DEFAULT_METHOD,
-                         split: object = DEFAULT_SPLIT, confidence: object = DEFAULT_CONFIDENCE
-                         ) -> GroupByCalibration:
+                         split: object = DEFAULT_SPLIT, confidence: object = DEFAULT_CONFIDENCE,
+                         pre_threshold: object = 1) -> GroupByCalibration:
     """Validate the parameters of dp_group_by and split the budget (``selection=None``: public domain).
 
     Selection ``(epsilon split, delta)``; the aggregates ``(epsilon (1 - split), 0)``, shared
     equally by the count and sum measurements the aggregates need. Count: ``b = max_items / eps_c``
     on a grid ``g <= 1`` (exact for a power-of-two ``g``); sum: ``b = g (floor(max_items M / g)
     + max_items) / eps_s`` with ``M = max(|lower|, |upper|)`` (rounded sensitivity).
+    ``pre_threshold > 1`` needs a selection of :data:`PRE_THRESHOLD_METHODS` (not a public domain).
     """
     aggs = check_aggregates(aggregates)
     epsilon = check_epsilon(epsilon)
@@ -226,13 +251,18 @@ def group_by_calibration(epsilon: object, delta: object, max_items: object = 100
     max_items = check_max_items(max_items)
     conf = check_confidence(confidence)
     lo, hi = _check_bounds("sum" in aggs or "mean" in aggs, value_col, lower, upper)
+    pre = check_pre_threshold(pre_threshold)
+    if pre > 1 and selection not in PRE_THRESHOLD_METHODS:
+        where = "a public list of items needs no selection" if selection is None else f"selection is {selection!r}"
+        raise DPParameterError(f"pre_threshold > 1 needs selection := one of {', '.join(PRE_THRESHOLD_METHODS)} "
+                               f"({where}); the adaptive and sequential methods have no proof for it")
     if selection is not None:
         for part, share in (("selection", epsilon * split_value), ("aggregates", epsilon * (1.0 - split_value))):
             if share < EPSILON_MIN:
                 raise DPParameterError(f"epsilon * split is too small for the {part} (got {share!r}); pass a larger "
                                        f"epsilon or a split nearer 0.5")
     return _calibration(aggs, epsilon, delta_value, max_items, lo, hi, selection,
-                        split_value if selection is not None else 0.0, conf)
+                        split_value if selection is not None else 0.0, conf, pre)
 
 
 # --------------------------------------------------------------------------
@@ -258,11 +288,11 @@ def _cal_row(cal: GroupByCalibration) -> dict[str, Optional[float]]:
 def udfs(source: object) -> list[Udf]:
     """Calibration UDFs of dp_group_by (pure: folded while planning, so their checks run first)."""
 
-    def cal_udf(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split, confidence,
-                user_col, item_col):
+    def cal_udf(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split, pre_threshold,
+                confidence, user_col, item_col):
         check_column_pair(user_col, item_col)
         cal = group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection,
-                                   split, confidence)
+                                   split, confidence, pre_threshold)
         warn_weak_parameters(epsilon, delta, what="dp_group_by", stacklevel=1)
         return _cal_row(cal)
 
@@ -273,19 +303,31 @@ def udfs(source: object) -> list[Udf]:
         warn_weak_parameters(epsilon, what="dp_group_by_public", stacklevel=1)
         return _cal_row(cal)
 
-    def share(name, epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split, confidence):
+    def share(name, epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split, pre_threshold,
+              confidence):
         # The selection's epsilon: every parameter is checked here, so a bad one fails before the
         # selection (which charges its own share) runs.
         cal = group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection,
-                                   split, confidence)
+                                   split, confidence, pre_threshold)
         return cal.selection_epsilon if name == "epsilon" else cal.selection_delta
+
+    def pre_cal(method, epsilon, delta, max_items, pre_threshold):
+        # the pre-thresholded selection (dp__group_by_pre_selection): the method's own noise and threshold
+        sel = union.calibrate(method, epsilon, delta, max_items)
+        weighting = {"count_laplace": "count", "count_gaussian": "count", "weighted_laplace": "inverse",
+                     "weighted_gaussian": "inverse_sqrt"}[method]
+        return {"weighting": weighting, "gaussian": sel.noise == "gaussian", "scale": sel.scale,
+                "threshold": sel.threshold, "shift": float(check_pre_threshold(pre_threshold) - 1)}
 
     d, v, vl = DOUBLE, VARCHAR, duckdb.list_type(VARCHAR)
     cal_type = duckdb.struct_type(_CAL_FIELDS)
     return [
-        Udf("dp__group_by_calibration", scalar(cal_udf), (d, d, d, vl, v, d, d, v, d, d, v, v), cal_type),
+        Udf("dp__group_by_calibration", scalar(cal_udf), (d, d, d, vl, v, d, d, v, d, d, d, v, v), cal_type),
         Udf("dp__group_by_public_calibration", scalar(public_cal_udf), (d, d, vl, v, d, d, d, v, v), cal_type),
-        Udf("dp__group_by_share", scalar(share), (v, d, d, d, vl, v, d, d, v, d, d), DOUBLE),
+        Udf("dp__group_by_share", scalar(share), (v, d, d, d, vl, v, d, d, v, d, d, d), DOUBLE),
+        Udf("dp__group_by_pre_calibration", scalar(pre_cal), (v, d, d, d, d),
+            duckdb.struct_type({"weighting": VARCHAR, "gaussian": duckdb.sqltypes.BOOLEAN, "scale": DOUBLE,
+                                "threshold": DOUBLE, "shift": DOUBLE})),
     ]
 
 
@@ -306,7 +348,7 @@ def _sql_value(value: object) -> str:
 def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delta: Optional[float] = None,
              aggregates: Sequence[str] = ("count",), value_col: Optional[str] = None,
              lower: Optional[float] = None, upper: Optional[float] = None, max_items: int = 100,
-             selection: str = union.DEFAULT_METHOD, split: float = DEFAULT_SPLIT,
+             selection: str = union.DEFAULT_METHOD, split: float = DEFAULT_SPLIT, pre_threshold: int = 1,
              confidence: float = DEFAULT_CONFIDENCE, items_tbl: Optional[str] = None,
              user_col: str = "user_id", item_col: str = "item") -> pa.Table:
     """Private GROUP BY item: an Arrow table ``item`` plus, per aggregate, its value, noise scale and interval.
@@ -321,20 +363,23 @@ def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delt
     user_col, item_col = check_identifier("user_col", user_col), check_identifier("item_col", item_col)
     aggs = check_aggregates(list(aggregates) if isinstance(aggregates, tuple) else aggregates)
     if items_tbl is None:
-        group_by_calibration(epsilon, delta, max_items, aggs, value_col, lower, upper, selection, split, confidence)
+        group_by_calibration(epsilon, delta, max_items, aggs, value_col, lower, upper, selection, split, confidence,
+                             pre_threshold)
     else:
         if delta is not None:
             raise DPParameterError("delta does not apply with items_tbl (a public domain spends no delta); "
                                    "leave it out")
         items_tbl = check_table_name(items_tbl)
-        group_by_calibration(epsilon, None, max_items, aggs, value_col, lower, upper, None, None, confidence)
+        group_by_calibration(epsilon, None, max_items, aggs, value_col, lower, upper, None, None, confidence,
+                             pre_threshold)
     union._check_columns(con, table, user_col, item_col)
     common = (f"max_items := {int(max_items)}, aggregates := {_sql_value(list(aggs))}, "
               f"value_col := {_sql_value(value_col)}, lower := {_sql_value(lower)}, upper := {_sql_value(upper)}, ")
     tail = f"confidence := {float(confidence)!r}, user_col := {sql_string(user_col)}, item_col := {sql_string(item_col)}"
     if items_tbl is None:
         call = (f"dp_group_by({sql_string(table)}, epsilon := {float(epsilon)!r}, delta := {_sql_value(delta)}, "
-                f"{common}selection := {sql_string(selection)}, split := {float(split)!r}, {tail})")
+                f"{common}selection := {sql_string(selection)}, split := {float(split)!r}, "
+                f"pre_threshold := {int(pre_threshold)}, {tail})")
     else:
         call = (f"dp_group_by_public({sql_string(table)}, {sql_string(items_tbl)}, epsilon := {float(epsilon)!r}, "
                 f"{common}{tail})")
@@ -362,14 +407,17 @@ MECHANISMS: tuple[Mechanism, ...] = (
                 Param("selection", "VARCHAR", union.DEFAULT_METHOD, union.check_method,
                       "set-union method that selects the items"),
                 Param("split", "DOUBLE", DEFAULT_SPLIT, check_split, "share of epsilon spent on selection"),
+                Param("pre_threshold", "DOUBLE", 1, check_pre_threshold,
+                      "least number of users an item needs to be selected"),
                 _confidence_param(), column_param("user_col", "user_id"), column_param("item_col", "item")),
         description="private GROUP BY: a set-union selection at (epsilon split, delta), then granular Laplace "
                     "count / sum / mean of the selected items at epsilon (1 - split)",
         proof="group_by",
         calibrate=lambda epsilon, delta, max_items=100, aggregates=("count",), value_col=None, lower=None,
-        upper=None, selection=union.DEFAULT_METHOD, split=DEFAULT_SPLIT, confidence=DEFAULT_CONFIDENCE, **_:
+        upper=None, selection=union.DEFAULT_METHOD, split=DEFAULT_SPLIT, confidence=DEFAULT_CONFIDENCE,
+        pre_threshold=1, **_:
         group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
-                             confidence),
+                             confidence, pre_threshold),
         rounds=2),
     Mechanism(
         name="group_by_public", family="group_by", macro="dp_group_by_public", unit="user",

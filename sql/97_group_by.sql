@@ -23,26 +23,59 @@ FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
       WHERE dp__check_column_list(tbl, ['user_col', 'item_col', 'value_col'],
                                   [user_col, item_col, coalesce(value_col, user_col)]));
 
+-- The pre-thresholded selection of dp_group_by (pre_threshold T > 1; docs/proofs/group_by.md):
+-- the one-shot weighting of `method` (count_*, weighted_*) over the capped rows; an item with n >= T
+-- capped users is released when w - (T - 1) + noise > the method's threshold. Every user's weight per
+-- item is <= 1, so an item that reaches T users with the added user has w - (T - 1) <= that user's own
+-- weight: exactly the novel-item case the threshold's delta covers. Charges its own (epsilon, delta)
+-- (the selection share) once; the noisy weights never leave it.
+CREATE OR REPLACE TEMP MACRO dp__group_by_pre_selection(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, max_items DOUBLE,
+        method VARCHAR, pre_threshold DOUBLE, user_col VARCHAR, item_col VARCHAR) AS TABLE
+WITH dp__cal AS (SELECT unnest(dp__group_by_pre_calibration(method, epsilon, delta, max_items, pre_threshold))),
+dp__weights AS MATERIALIZED (
+    SELECT item, count(*) AS n,
+           sum(CASE c.weighting WHEN 'count' THEN 1.0 WHEN 'inverse' THEN 1.0 / d ELSE 1.0 / sqrt(d) END) AS w
+    FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
+    CROSS JOIN dp__cal AS c
+    GROUP BY item),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_group_by (selection)', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'selection': method, 'pre_threshold': pre_threshold, 'user_col': user_col,
+         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
+    FROM dp__cal WHERE (SELECT count(*) FROM dp__weights) >= 0)
+SELECT item FROM dp__weights CROSS JOIN dp__cal AS c CROSS JOIN dp__paid
+WHERE paid AND n >= pre_threshold
+  AND w - c.shift + CASE WHEN c.gaussian THEN dp_gaussian_noise(c.scale) ELSE dp_laplace_noise(c.scale) END > c.threshold
+ORDER BY item;
+
 CREATE OR REPLACE TEMP MACRO dp_group_by(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, max_items DOUBLE := 100,
         aggregates VARCHAR[] := ['count'], value_col VARCHAR := NULL, lower DOUBLE := NULL, upper DOUBLE := NULL,
-        selection VARCHAR := 'mad2r', split DOUBLE := 0.5, confidence DOUBLE := 0.95,
+        selection VARCHAR := 'mad2r', split DOUBLE := 0.5, pre_threshold DOUBLE := 1, confidence DOUBLE := 0.95,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__cal AS (
     SELECT unnest(dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection,
-                                           split, confidence, user_col, item_col))
+                                           split, pre_threshold, confidence, user_col, item_col))
     WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
       AND dp__constant('max_items', max_items) AND dp__constant('aggregates', aggregates)
       AND dp__constant('value_col', value_col) AND dp__constant('lower', lower) AND dp__constant('upper', upper)
       AND dp__constant('selection', selection) AND dp__constant('split', split)
-      AND dp__constant('confidence', confidence) AND dp__constant('user_col', user_col)
+      AND dp__constant('pre_threshold', pre_threshold) AND dp__constant('confidence', confidence) AND dp__constant('user_col', user_col)
       AND dp__constant('item_col', item_col)),
--- Selection: dp_set_union charges its own (epsilon * split, delta). dp__group_by_share checks every
+-- Selection: dp_set_union (or, with pre_threshold > 1, dp__group_by_pre_selection) charges its own
+-- (epsilon * split, delta). The constant filters fold while planning and prune the branch not taken
+-- (nothing drawn or charged there), as in dp_set_union's dispatcher. dp__group_by_share checks every
 -- parameter of dp_group_by, so a bad one fails before the selection runs.
 dp__selected AS MATERIALIZED (
     SELECT item FROM dp_set_union(tbl, method := selection,
         epsilon := dp__group_by_share('epsilon', epsilon, delta, max_items, aggregates, value_col, lower, upper,
-                                      selection, split, confidence),
-        delta := delta, max_items := max_items, user_col := user_col, item_col := item_col)),
+                                      selection, split, pre_threshold, confidence),
+        delta := delta, max_items := max_items, user_col := user_col, item_col := item_col)
+    WHERE pre_threshold = 1
+    UNION ALL
+    SELECT item FROM dp__group_by_pre_selection(tbl,
+        dp__group_by_share('epsilon', epsilon, delta, max_items, aggregates, value_col, lower, upper,
+                           selection, split, pre_threshold, confidence),
+        delta, max_items, selection, pre_threshold, user_col, item_col)
+    WHERE pre_threshold > 1),
 -- Per (user, item of the selection): the user's total of the item's values.
 dp__totals AS (
     SELECT r.user_id, r.item, sum(r.v) AS v
@@ -64,7 +97,8 @@ dp__stats AS MATERIALIZED (
 -- Charged after the data is read (sql/00_release.sql): the aggregate step's share, pure DP.
 dp__paid AS MATERIALIZED (SELECT dp__charge('dp_group_by (aggregates)', 'user', tbl, aggregate_epsilon, 0.0,
         {'max_items': max_items, 'aggregates': aggregates, 'value_col': value_col, 'lower': lower, 'upper': upper,
-         'selection': selection, 'split': split, 'confidence': confidence, 'user_col': user_col,
+         'selection': selection, 'split': split, 'pre_threshold': pre_threshold, 'confidence': confidence,
+         'user_col': user_col,
          'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
     FROM dp__cal WHERE (SELECT count(*) FROM dp__stats) >= 0),
 dp__noisy AS MATERIALIZED (

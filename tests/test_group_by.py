@@ -364,3 +364,76 @@ def test_audit_of_the_aggregate_step_is_tight_and_does_not_refute():
     r = audit.audit("group_by_count", epsilon=1.0, delta=1e-5, runs=5000, confidence=0.95, seed=5)
     assert (r.claimed_epsilon, r.delta) == (1.0, 0.0)
     assert not r.refuted and 0.6 < r.epsilon_lower_bound <= 1.0
+
+
+# -- pre_threshold -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"pre_threshold": 5}, "needs selection := one of count_laplace"),  # mad2r: no proof
+    ({"pre_threshold": 5, "selection": "policy_laplace"}, "needs selection := one of"),
+    ({"pre_threshold": 2.5, "selection": "weighted_gaussian"}, "pre_threshold must be a whole number"),
+    ({"pre_threshold": 0, "selection": "weighted_gaussian"}, "pre_threshold must be a whole number"),
+])
+def test_pre_threshold_is_refused_where_it_has_no_proof(kwargs, match):
+    with pytest.raises(DPParameterError, match=match):
+        gb.group_by_calibration(1.0, 1e-5, 10, **kwargs)
+    with pytest.raises(DPParameterError, match="needs selection"):
+        gb.group_by_calibration(1.0, None, 10, selection=None, pre_threshold=3)  # public domain
+
+
+def _shifted_weights(rows, weighting, t):
+    """Reference: w'(x) = w(x) - (t - 1) for items with >= t users, absent otherwise (no cap needed here)."""
+    items_of: dict = {}
+    for u, x in rows:
+        items_of.setdefault(u, set()).add(x)
+    w: dict = {}
+    n: dict = {}
+    for u, xs in items_of.items():
+        for x in xs:
+            c = {"count": 1.0, "inverse": 1.0 / len(xs), "inverse_sqrt": 1.0 / math.sqrt(len(xs))}[weighting]
+            w[x] = w.get(x, 0.0) + c
+            n[x] = n.get(x, 0) + 1
+    return {x: w[x] - (t - 1) for x in w if n[x] >= t}
+
+
+@pytest.mark.parametrize("trial", range(40))
+def test_shifted_weight_of_a_newly_eligible_item_is_at_most_the_new_users_weight(trial):
+    # The lemma the pre-threshold's privacy rests on (docs/proofs/group_by.md): adding user u moves an
+    # item eligible before by exactly u's weight, and gives an item that becomes eligible a shifted
+    # weight <= u's weight (the novel-item case); nothing else changes.
+    rnd = random.Random(trial)
+    t = rnd.randint(2, 6)
+    items = [f"x{k}" for k in range(12)]
+    rows = [(u, rnd.choice(items)) for u in range(rnd.randint(5, 40)) for _ in range(rnd.randint(1, 5))]
+    new = {rnd.choice(items) for _ in range(rnd.randint(1, 6))}
+    for weighting in ("count", "inverse", "inverse_sqrt"):
+        c = {"count": 1.0, "inverse": 1.0 / len(new), "inverse_sqrt": 1.0 / math.sqrt(len(new))}[weighting]
+        before = _shifted_weights(rows, weighting, t)
+        after = _shifted_weights(rows + [(999, x) for x in new], weighting, t)
+        assert set(before) <= set(after) and set(after) - set(before) <= new
+        for x, w in after.items():
+            if x in before:
+                assert w - before[x] == pytest.approx(c if x in new else 0.0, abs=1e-12)
+            else:
+                assert w <= c + 1e-12
+
+
+def test_pre_threshold_releases_only_items_with_enough_users_and_charges_its_selection():
+    # no user holds more than max_items items, so no cap: n(x) is the true number of users
+    rnd = random.Random(7)
+    # ~75 users per item (sd ~ 8.6); T = 70: shifted counts n - 69 reach the threshold (~9.9) from n ~ 79
+    rows = [(u, f"x{rnd.randint(0, 59)}", 1.0) for u in range(1500) for _ in range(3)]
+    users = {}
+    for u, x, _ in rows:
+        users.setdefault(x, set()).add(u)
+    con = dpsql.connect()
+    load(con, rows)
+    out = dpsql.group_by(con, "t", epsilon=8.0, delta=1e-5, max_items=3, selection="count_laplace",
+                         pre_threshold=70)
+    released = out.column("item").to_pylist()
+    assert released and all(len(users[x]) >= 70 for x in released)
+    assert any(len(users[x]) < 70 for x in users)  # the filter had something to remove
+    assert con.execute("SELECT mechanism, epsilon, delta FROM dp_releases() ORDER BY release_id").fetchall() == [
+        ("dp_group_by (selection)", 4.0, 1e-5), ("dp_group_by (aggregates)", 4.0, 0.0)]
+    con.close()

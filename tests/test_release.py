@@ -109,7 +109,7 @@ CASES: dict[str, Case] = {
     **_optimize_cases(),
     "dp_group_by": Case(USER_ITEMS, ("tbl", "epsilon", "delta"), {
         **_union_case().args, "aggregates": "['count', 'sum', 'mean']", "value_col": "'user_id'", "lower": "0",
-        "upper": "10", "selection": "'weighted_gaussian'", "split": "0.5", "confidence": "0.9"}),
+        "upper": "10", "selection": "'weighted_gaussian'", "split": "0.5", "pre_threshold": "1", "confidence": "0.9"}),
     # items_tbl: the table itself stands in for a public list (the tests below create only `t`).
     "dp_group_by_public": Case(USER_ITEMS, ("tbl", "items_tbl", "epsilon"), {
         "tbl": "'t'", "items_tbl": "'t'", "epsilon": "1.0", "max_items": "10", "aggregates": "['count', 'mean']",
