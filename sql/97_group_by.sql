@@ -6,6 +6,14 @@
 -- Output: item, then per requested aggregate its value, its noise scale (Laplace b; none for the mean)
 -- and the half-width of a `confidence` interval; rows sorted by item.
 
+-- The calibration of dp_group_by without running it (dpsql.groupby.group_by_calibration): the noise
+-- scale, grid and interval half-width of each measurement, from the public parameters only.
+CREATE OR REPLACE TEMP MACRO dp_group_by_calibration(epsilon DOUBLE, delta DOUBLE, max_items DOUBLE := 100,
+        aggregates VARCHAR[] := ['count'], value_col VARCHAR := NULL, lower DOUBLE := NULL, upper DOUBLE := NULL,
+        selection VARCHAR := 'mad2r', split DOUBLE := 0.5, pre_threshold DOUBLE := 1, confidence DOUBLE := 0.95) AS
+    dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
+                             pre_threshold, confidence, 'user_id', 'item');
+
 -- (user_id, item, v) per input row; v = value_col as DOUBLE (NULL when value_col is NULL). A NULL or
 -- non-numeric value is an error naming the parameter (try_cast: a cast error would quote the value).
 CREATE OR REPLACE TEMP MACRO dp__user_item_value_rows(tbl VARCHAR, value_col VARCHAR, user_col VARCHAR := 'user_id',

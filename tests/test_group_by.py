@@ -437,3 +437,25 @@ def test_pre_threshold_releases_only_items_with_enough_users_and_charges_its_sel
     assert con.execute("SELECT mechanism, epsilon, delta FROM dp_releases() ORDER BY release_id").fetchall() == [
         ("dp_group_by (selection)", 4.0, 1e-5), ("dp_group_by (aggregates)", 4.0, 0.0)]
     con.close()
+
+
+def test_dbt_plugin_treats_both_macros_as_releases():
+    # dbt models may only store a release as a table (the plugin refuses views over a release)
+    dbt_plugin = pytest.importorskip("dpsql.dbt", reason="dbt is not installed")
+    con = dpsql.connect()
+    found = dbt_plugin.release_macros(con)
+    assert {"dp_group_by", "dp_group_by_public", "dp__group_by_pre_selection"} <= found
+    con.close()
+
+
+def test_sql_calibration_function_gives_the_python_numbers():
+    con = dpsql.connect()
+    row = con.execute("SELECT dp_group_by_calibration(1.0, 1e-5, 10, aggregates := ['count', 'sum', 'mean'], "
+                      "value_col := 'v', lower := 0, upper := 6, selection := 'weighted_gaussian')").fetchall()[0][0]
+    assert (row["count_scale"], row["count_ci"]) == (40.0, gb.laplace_ci(40.0, 2.0 ** -11, 0.95))
+    assert (row["sum_scale"], row["sum_ci"]) == (240.078125, 719.208984375)
+    assert row["aggregate_epsilon"] == 0.5
+    with pytest.raises(duckdb.Error, match="lower must be <= upper"):
+        con.execute("SELECT dp_group_by_calibration(1.0, 1e-5, aggregates := ['sum'], value_col := 'v', "
+                    "lower := 1, upper := 0)").fetchall()
+    con.close()
