@@ -9,6 +9,7 @@ from dpsql.union import DEFAULT_METHOD, METHODS, calibrate, set_union
 from dpsql.errors import BudgetError, DPParameterError, DpsqlError, InputError, LedgerIOError, ParameterError
 from dpsql.pws import weighted_sample  # ELEMENT-level privacy (one row), not user-level
 from dpsql.topk import hitting_set, top_k, top_k_limited_domain
+from dpsql.groupby import group_by
 from dpsql.ledger import BudgetExceededError
 from dpsql.state import budget, releases, set_budget
 from dpsql import optimize, subsampling
@@ -16,6 +17,6 @@ from dpsql import optimize, subsampling
 __version__ = "0.1.0"
 
 __all__ = ["connect", "register", "register_macros", "set_union", "calibrate", "METHODS", "DEFAULT_METHOD",
-           "DPParameterError", "__version__", "top_k", "hitting_set", "top_k_limited_domain", "weighted_sample",
+           "DPParameterError", "__version__", "top_k", "hitting_set", "top_k_limited_domain", "group_by", "weighted_sample",
            "set_budget", "budget", "releases", "BudgetExceededError", "DpsqlError", "ParameterError", "InputError",
            "BudgetError", "LedgerIOError"]

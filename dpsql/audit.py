@@ -28,6 +28,8 @@ every event on one copy's audited items. Per method:
   weights are deterministic and the copies exactly independent.
 * ``dp_top_k``: with k = every item of the table, the released set is the (epsilon/2, delta/2)
   domain (the Gumbel step only ranks it), audited against (epsilon/2, delta/2).
+* ``dp_group_by`` (``group_by_count``): its aggregate step over a public domain; an item counts as
+  released when its noisy count reaches n + 1 (post-processing of the release).
 * ``dp_weighted_sample`` and ``dp_sbh_histogram`` are ELEMENT level: one draw per key, so each
   key is a copy; D has a key of frequency i, D' of frequency i + 1.
 
@@ -415,6 +417,14 @@ _REPLICA_MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
               lambda e, d: (f"SELECT item FROM dp_top_k('{{tbl}}', {{n_items}}, "
                             f"epsilon := {e!r}, delta := {d!r}, max_items := 100)"),
               lambda e, d: (e / 2, d / 2), _top_k_pairs, note="k = all items: the domain step at (eps/2, delta/2)"),
+    # dp_group_by's aggregate step (the selection is a set-union release, audited above): 3 users hold
+    # 2 public items, the added user both; an item is "released" when its noisy count is >= 4 = n + 1,
+    # so "2 of 2 released" has probability ratio e^(2 epsilon / max_items) = e^epsilon at max_items 2.
+    Mechanism("group_by_count",
+              lambda e, d: (f"SELECT item FROM dp_group_by_public('{{tbl}}', '{{tbl}}', epsilon := {e!r}, "
+                            f"max_items := 2) WHERE \"count\" >= 4"),
+              lambda e, d: (e, 0.0), lambda e, d: _single_item_pairs([3], 2),
+              note="public domain, max_items 2; event: noisy count >= n + 1"),
     Mechanism("pws_weighted_sample",
               lambda e, d: f"SELECT key AS item FROM dp_weighted_sample('{{tbl}}', {e!r}, {d!r}, "
                            f"key_col := 'item', freq_col := 'n')",

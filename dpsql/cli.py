@@ -1,5 +1,5 @@
 """The ``dpsql`` command line: ``shell``, the releases (``set-union``, ``top-k``, ``hitting-set``,
-``weighted-sample``), ``budget``, ``evaluate`` and ``demo``.
+``weighted-sample``, ``group-by``), ``budget``, ``evaluate`` and ``demo``.
 
 Exit codes: 0 success; 1 a failure while running (an engine or I/O error);
 2 a bad argument, parameter or input description (the message names it).
@@ -919,6 +919,61 @@ def cmd_hitting_set(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return _cmd_ranked("dp_hitting_set", dpsql.hitting_set, args, out, err)
 
 
+def _aggregate_list(text: str) -> list[str]:
+    return [a.strip() for a in text.split(",") if a.strip()]
+
+
+def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Private GROUP BY item of INPUT (``dp_group_by``, or ``dp_group_by_public`` with --items)."""
+    from dpsql import groupby
+
+    macro = "dp_group_by" if args.items is None else "dp_group_by_public"
+    if args.items is not None and args.delta is not None:
+        raise UsageError("--delta does not apply with --items (a public list of items spends no delta); leave it out")
+    names: list[tuple[str, Callable]] = [("epsilon", float), ("max_items", _whole), ("confidence", float)]
+    if args.items is None:
+        names += [("delta", float), ("selection", str), ("split", float), ("pre_threshold", _whole)]
+    _fill_defaults(args, macro, names)
+    aggregates = groupby.check_aggregates(args.aggregates or ["count"])
+    cal = groupby.group_by_calibration(args.epsilon, args.delta, args.max_items, aggregates, args.value_col,
+                                       args.lower, args.upper, args.selection if args.items is None else None,
+                                       args.split, args.confidence, args.pre_threshold or 1)
+    user_col = check_identifier("--user-col", args.user_col)
+    item_col = check_identifier("--item-col", args.item_col)
+    columns = [("--user-col", user_col), ("--item-col", item_col)]
+    if args.value_col is not None:
+        columns.append(("--value-col", check_identifier("--value-col", args.value_col)))
+    if args.items is not None and not Path(args.items).is_file():
+        raise UsageError(f"--items file {args.items!r} does not exist")
+    public_delta = args.items is not None
+
+    def run(con: duckdb.DuckDBPyConnection) -> pa.Table:
+        return dpsql.group_by(con, _VIEW, epsilon=args.epsilon, delta=None if public_delta else args.delta, aggregates=list(aggregates),
+                              value_col=args.value_col, lower=args.lower, upper=args.upper,
+                              max_items=args.max_items, selection=args.selection or dpsql.DEFAULT_METHOD,
+                              split=args.split if args.split is not None else groupby.DEFAULT_SPLIT,
+                              pre_threshold=args.pre_threshold or 1,
+                              confidence=args.confidence, items_tbl=args.items, user_col=user_col,
+                              item_col=item_col)
+
+    probe = [f"{_quote_ident(item_col)} AS item"]
+    for agg in aggregates:
+        probe += [f"0.0::DOUBLE AS {_quote_ident(agg)}"] + ([f"0.0::DOUBLE AS {agg}_scale"] if agg != "mean" else [])
+        probe.append(f"0.0::DOUBLE AS {agg}_ci")
+    with _Interrupts(err) as interrupts:
+        released, output, _ = _release(args, err, interrupts, columns,
+                                       f"SELECT {', '.join(probe)} FROM {_VIEW} LIMIT 0", run)
+        if public_delta:
+            args.delta = 0.0  # what dp_group_by_public charges (the file metadata records it)
+        doc = {"mechanism": macro, "aggregates": list(aggregates), "epsilon": float(args.epsilon),
+               **({"delta": float(args.delta)} if args.items is None else {"items": args.items}),
+               "max_items": int(args.max_items), "input": args.input, "table": args.table,
+               "user_col": user_col, "item_col": item_col, "value_col": args.value_col,
+               "lower": args.lower, "upper": args.upper, "calibration": dataclasses.asdict(cal)}
+        return _finish(args, released, output, macro, doc, "rows", lambda rows: rows.to_pylist(), out, err,
+                       interrupts)
+
+
 def _add_input_options(p: argparse.ArgumentParser) -> None:
     """INPUT, --table and DuckDB's CSV reader options (for an input read as CSV)."""
     p.add_argument("input", metavar="INPUT",
@@ -1268,6 +1323,39 @@ def build_parser() -> argparse.ArgumentParser:
                        "(dp_top_k: a set-union release at (epsilon/2, delta/2) is the domain, then k-fold peeling "
                        "at (epsilon/2, delta/2)). Prints the items one per line in rank order, unless --output "
                        "(columns rank, item) or --json is given. A flag left out takes the SQL macro's default.")
+    gb = sub.add_parser("group-by", help="private GROUP BY item: count, sum, mean per item, user-level DP",
+                        description="Release, per item of INPUT, the noisy number of users holding it and the sum "
+                                    "and mean of a value, under user-level (epsilon, delta)-DP (dp_group_by: a "
+                                    "set-union selection at (epsilon split, delta), then granular Laplace aggregates "
+                                    "at epsilon (1 - split)); with --items, every item of that public list at "
+                                    "(epsilon, 0) (dp_group_by_public). Each value comes with its noise scale and "
+                                    "the half-width of a --confidence interval. A flag left out takes the SQL "
+                                    "macro's default. " + PLAIN_OUTPUT)
+    _add_input_options(gb)
+    gb.add_argument("--epsilon", type=float, help=f"privacy parameter epsilon > 0 ({_default_help('dp_group_by', 'epsilon')})")
+    gb.add_argument("--delta", type=float, help="privacy parameter 0 < delta < 1, spent by the selection "
+                                                "(required without --items)")
+    gb.add_argument("--aggregates", type=_aggregate_list, help="comma-separated count,sum,mean (default: count)")
+    gb.add_argument("--value-col", help="column of numbers for sum and mean")
+    gb.add_argument("--lower", type=float, help="lower clamp of each user's total per item (sum, mean)")
+    gb.add_argument("--upper", type=float, help="upper clamp of each user's total per item (sum, mean)")
+    gb.add_argument("--max-items", type=int, help=f"items counted per user ({_default_help('dp_group_by', 'max_items')})")
+    gb.add_argument("--selection", choices=list(dpsql.METHODS),
+                    help=f"set-union method that selects the items ({_default_help('dp_group_by', 'selection')})")
+    gb.add_argument("--split", type=float, help=f"share of epsilon spent on selection "
+                                                f"({_default_help('dp_group_by', 'split')})")
+    gb.add_argument("--pre-threshold", type=int, help="least number of users an item needs to be selected (with "
+                                                      "--selection count_* or weighted_*; default: 1, none)")
+    gb.add_argument("--confidence", type=float, help=f"coverage of the intervals "
+                                                     f"({_default_help('dp_group_by', 'confidence')})")
+    gb.add_argument("--items", metavar="FILE", help="public list of items (Parquet/CSV with the item column): no "
+                                                    "selection, every listed item gets a row")
+    gb.add_argument("--user-col", default=_default("dp_group_by", "user_col", str),
+                    help=f"user column ({_default_help('dp_group_by', 'user_col')})")
+    gb.add_argument("--item-col", default=_default("dp_group_by", "item_col", str),
+                    help=f"item column ({_default_help('dp_group_by', 'item_col')})")
+    _add_release_options(gb, rows="rows")
+    gb.set_defaults(func=cmd_group_by)
     _add_ranked_parser(sub, "hitting-set", "dp_hitting_set", cmd_hitting_set,
                        "release k items that together hit many users, user-level DP, unknown domain",
                        "Release at most k items of INPUT, in the order they were picked, that together are held "

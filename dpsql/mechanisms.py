@@ -10,14 +10,14 @@ from __future__ import annotations
 from functools import lru_cache
 from types import ModuleType
 
-from dpsql import optimize, pws, topk, union
+from dpsql import groupby, optimize, pws, topk, union
 from dpsql.mechanism import Mechanism
 
 __all__ = ["FAMILY_MODULES", "all_mechanisms", "set_union_methods", "by_macro", "families"]
 
 # The modules declaring the other families' mechanisms (``MECHANISMS``); registration also registers
 # their ``udfs``. The set-union modules are :data:`dpsql.union.FAMILY_MODULES`.
-FAMILY_MODULES: tuple[ModuleType, ...] = (topk, pws, optimize)
+FAMILY_MODULES: tuple[ModuleType, ...] = (topk, pws, optimize, groupby)
 
 
 def set_union_methods() -> dict[str, Mechanism]:

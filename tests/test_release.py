@@ -110,6 +110,14 @@ CASES: dict[str, Case] = {
         "tbl": "'t'", "epsilon": "1.0", "delta": "1e-5", "tau": "0.5", "scheme": "'ppswor'", "power": "1.0",
         "key_col": "'item'", "freq_col": "'user_id'", "noise": "'granular'", "granularity": "0.5"}, ("key",)),
     **_optimize_cases(),
+    "dp_group_by": Case(USER_ITEMS, ("tbl", "epsilon", "delta"), {
+        **_union_case().args, "aggregates": "['count', 'sum', 'mean']", "value_col": "'user_id'", "lower": "0",
+        "upper": "10", "selection": "'weighted_gaussian'", "split": "0.5", "pre_threshold": "1", "confidence": "0.9"}),
+    # items_tbl: the table itself stands in for a public list (the tests below create only `t`).
+    "dp_group_by_public": Case(USER_ITEMS, ("tbl", "items_tbl", "epsilon"), {
+        "tbl": "'t'", "items_tbl": "'t'", "epsilon": "1.0", "max_items": "10", "aggregates": "['count', 'mean']",
+        "value_col": "'user_id'", "lower": "0", "upper": "10", "confidence": "0.9", "user_col": "'user_id'",
+        "item_col": "'item'"}),
 }
 
 
@@ -128,13 +136,15 @@ def _volatile(valid: str) -> str:
 
 def _refusal(name: str, param: str) -> str:
     """The error a volatile ``param`` of macro ``name`` must raise (a regular expression)."""
-    if param.endswith("_col"):
+    if param.endswith("_col") or param == "aggregates":  # dp_group_by selects its columns by aggregates
         # Column names select columns through COLUMNS(lambda ...), which DuckDB's binder itself refuses
         # to bind to an expression that is not constant: the query fails before it is planned.
         return "Binder Error: Unsupported expression in COLUMNS"
     names = [param]
     if param in {"method", "domain_method"}:
         names.append("epsilon")  # dp_set_union's branches see a volatile method as epsilon (90_dispatch.sql)
+    if name == "dp_group_by":
+        names.append("epsilon")  # its selection's epsilon is computed from every parameter (sql/97_group_by.sql)
     return rf"dpsql: ({'|'.join(names)}) must be a constant expression"
 
 
@@ -365,6 +375,8 @@ RELEASE_CALLS = {
     "dpsql.pws.api.weighted_sample": (USER_ITEMS, lambda con: dpsql.pws.weighted_sample(con, "t", 0.8, 1e-5,
                                                                                       key_col="item"), ("key",)),
     **_optimize_calls(),
+    "dpsql.groupby.group_by": (
+        USER_ITEMS, lambda con: dpsql.group_by(con, "t", epsilon=0.8, delta=1e-5, max_items=10), ("item",)),
 }
 
 

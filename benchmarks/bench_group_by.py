@@ -1,0 +1,181 @@
+"""Benchmark: dp_group_by (count per item) against PipelineDP's aggregate and against dp_set_union.
+
+Three modes:
+
+* ``real`` (dpsql): on each real dataset (Parquet ``user_id, item``, one row per distinct pair),
+  ``reps`` releases of ``dp_group_by(..., aggregates := ['count'])`` at (epsilon, delta,
+  max_items), selection ``--selection`` (default the project's default method) at split 0.5;
+  reports items released and the median relative error ``|noisy - true| / true`` of the counts
+  (true = distinct users per item, uncapped). Also ``count_laplace`` selection (count
+  thresholding, what the peers do) through the same macro.
+* ``pipeline-dp`` (run with an interpreter that has ``pipeline-dp`` and ``pyarrow``): PipelineDP's
+  ``DPEngine.aggregate`` with ``PRIVACY_ID_COUNT``, Laplace noise, private partition selection
+  (``TRUNCATED_GEOMETRIC``), ``max_partitions_contributed = max_items``,
+  ``max_contributions_per_partition = 1``, ``NaiveBudgetAccountant(epsilon, delta)`` (which splits
+  epsilon equally between the selection and the count: the same split as dp_group_by's default).
+  Same two numbers.
+* ``cost`` (dpsql): ``dp_set_union`` (default method) against ``dp_group_by`` (count; and count,
+  sum, mean of a value column) on the Zipfian table of ``zipf_data.py``, interleaved, after one
+  warm-up each; median seconds.
+
+    python benchmarks/bench_group_by.py real --data DIR [--max-items 10 100] [--reps 3]
+    PYDP_PYTHON benchmarks/bench_group_by.py pipeline-dp --data DIR [--max-items 10 100] [--reps 3]
+    python benchmarks/bench_group_by.py cost [--rows 10000000] [--reps 3]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+DATASETS = ("reddit_askreddit_1pct/unigrams", "reddit_askreddit_1pct/bigrams", "health_news_tweets/tweet_tokens",
+            "debian_bookworm_descriptions/package_description_tokens")
+
+
+def _median_rel_error(noisy: dict, truth: dict, among=None) -> float:
+    errs = [abs(v - truth[k]) / truth[k] for k, v in noisy.items() if truth.get(k) and (among is None or k in among)]
+    return statistics.median(errs) if errs else float("nan")
+
+
+def _top(truth: dict, n: int = 20) -> set:
+    """The n items most users hold (ties by name): a set on which every engine's error is comparable."""
+    return {k for k, _ in sorted(truth.items(), key=lambda kv: (-kv[1], str(kv[0])))[:n]}
+
+
+def run_real(args) -> list[dict]:
+    sys.path.insert(0, str(HERE.parent))
+    import dpsql
+
+    out = []
+    for name in args.datasets:
+        path = Path(args.data) / f"{name}.parquet"
+        con = dpsql.connect()
+        con.execute(f"CREATE TABLE t AS SELECT user_id, item FROM read_parquet('{path}')")
+        truth = dict(con.execute("SELECT item, count(DISTINCT user_id) FROM t GROUP BY item").fetchall())
+        top = _top(truth)
+        for max_items in args.max_items:
+            for selection in (args.selection, "count_laplace"):
+                released, errors, top_errors, seconds = [], [], [], []
+                for _ in range(args.reps):
+                    started = time.perf_counter()
+                    rows = con.execute(
+                        f"SELECT item, \"count\" FROM dp_group_by('t', epsilon := {args.epsilon}, delta := {args.delta}, "
+                        f"max_items := {max_items}, selection := '{selection}')").fetchall()
+                    seconds.append(time.perf_counter() - started)
+                    released.append(len(rows))
+                    errors.append(_median_rel_error(dict(rows), truth))
+                    top_errors.append(_median_rel_error(dict(rows), truth, top))
+                out.append({"engine": "dpsql", "dataset": name, "max_items": max_items, "selection": selection,
+                            "released": statistics.mean(released), "median_rel_error": statistics.mean(errors),
+                            "median_rel_error_top20": statistics.mean(top_errors),
+                            "seconds": statistics.median(seconds)})
+                print(json.dumps(out[-1]), flush=True)
+        con.close()
+    return out
+
+
+def run_pipeline_dp(args) -> list[dict]:
+    import pipeline_dp
+    import pyarrow.parquet as pq
+
+    out = []
+    for name in args.datasets:
+        table = pq.read_table(Path(args.data) / f"{name}.parquet", columns=["user_id", "item"])
+        rows = list(zip(table.column("user_id").to_pylist(), table.column("item").to_pylist()))
+        truth: dict = {}
+        for _, item in set(rows):
+            truth[item] = truth.get(item, 0) + 1
+        top = _top(truth)
+        for max_items in args.max_items:
+            released, errors, top_errors, seconds = [], [], [], []
+            for _ in range(args.reps):
+                started = time.perf_counter()
+                accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=args.epsilon, total_delta=args.delta)
+                engine = pipeline_dp.DPEngine(accountant, pipeline_dp.LocalBackend())
+                params = pipeline_dp.AggregateParams(
+                    noise_kind=pipeline_dp.NoiseKind.LAPLACE, metrics=[pipeline_dp.Metrics.PRIVACY_ID_COUNT],
+                    max_partitions_contributed=max_items, max_contributions_per_partition=1,
+                    partition_selection_strategy=pipeline_dp.PartitionSelectionStrategy.TRUNCATED_GEOMETRIC)
+                extractors = pipeline_dp.DataExtractors(privacy_id_extractor=lambda r: r[0],
+                                                        partition_extractor=lambda r: r[1],
+                                                        value_extractor=lambda r: 0)
+                result = engine.aggregate(rows, params, extractors)
+                accountant.compute_budgets()
+                noisy = {k: v.privacy_id_count for k, v in result}
+                seconds.append(time.perf_counter() - started)
+                released.append(len(noisy))
+                errors.append(_median_rel_error(noisy, truth))
+                top_errors.append(_median_rel_error(noisy, truth, top))
+            out.append({"engine": "pipeline_dp", "dataset": name, "max_items": max_items,
+                        "selection": "truncated_geometric", "released": statistics.mean(released),
+                        "median_rel_error": statistics.mean(errors),
+                            "median_rel_error_top20": statistics.mean(top_errors), "seconds": statistics.median(seconds)})
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+COST_QUERIES = {
+    "set_union": "SELECT count(*) FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5, max_items := 100)",
+    "group_by_count": "SELECT count(*) FROM dp_group_by('t', epsilon := 1.0, delta := 1e-5, max_items := 100)",
+    "group_by_count_sum_mean": (
+        "SELECT count(*) FROM dp_group_by('t', epsilon := 1.0, delta := 1e-5, max_items := 100, "
+        "aggregates := ['count', 'sum', 'mean'], value_col := 'v', lower := 0, upper := 100)"),
+}
+
+
+def run_cost(args) -> list[dict]:
+    sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(HERE))
+    import dpsql
+    import zipf_data
+
+    con = dpsql.connect()
+    con.execute("SET enable_progress_bar = false")
+    zipf_data.generate(con, "t_generated", args.rows)
+    con.execute("CREATE TABLE t AS SELECT user_id, item, (hash(user_id, item) % 101)::DOUBLE AS v FROM t_generated")
+    con.execute("DROP TABLE t_generated")
+    times: dict[str, list[float]] = {k: [] for k in COST_QUERIES}
+    for rep in range(args.reps + 1):
+        for name, sql in COST_QUERIES.items():
+            started = time.perf_counter()
+            con.execute(sql).fetchall()
+            if rep:  # rep 0 is the warm-up
+                times[name].append(time.perf_counter() - started)
+    con.close()
+    base = statistics.median(times["set_union"])
+    out = [{"query": k, "median_s": statistics.median(v), "vs_set_union": statistics.median(v) / base, "runs": v}
+           for k, v in times.items()]
+    for row in out:
+        print(json.dumps(row), flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["real", "pipeline-dp", "cost"])
+    ap.add_argument("--data", help="folder of the real datasets (<dataset>/<file>.parquet)")
+    ap.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    ap.add_argument("--max-items", type=int, nargs="+", default=[10, 100])
+    ap.add_argument("--epsilon", type=float, default=1.0)
+    ap.add_argument("--delta", type=float, default=1e-5)
+    ap.add_argument("--selection", default="mad2r")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    args = ap.parse_args(argv)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    result = {"real": run_real, "pipeline-dp": run_pipeline_dp, "cost": run_cost}[args.mode](args)
+    print(json.dumps({"mode": args.mode, "started": started, "machine": platform.machine(),
+                      "cpus": os.cpu_count(), "load": os.getloadavg(), "results": result}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+-- Private GROUP BY item (dpsql/groupby.py; privacy argument: docs/proofs/group_by.md).
+-- dp_group_by: the items a set-union method selects at (epsilon * split, delta), then granular Laplace
+-- count / sum / mean of each selected item at (epsilon * (1 - split), 0). dp_group_by_public: every item
+-- of a public table items_tbl, no selection, at (epsilon, 0). Loads after 90_dispatch.sql: the selection
+-- step calls dp_set_union (a table macro binds against the macros that exist when it is created).
+-- Output: item, then per requested aggregate its value, its noise scale (Laplace b; none for the mean)
+-- and the half-width of a `confidence` interval; rows sorted by item.
+
+-- The calibration of dp_group_by without running it (dpsql.groupby.group_by_calibration): the noise
+-- scale, grid and interval half-width of each measurement, from the public parameters only.
+CREATE OR REPLACE TEMP MACRO dp_group_by_calibration(epsilon DOUBLE, delta DOUBLE, max_items DOUBLE := 100,
+        aggregates VARCHAR[] := ['count'], value_col VARCHAR := NULL, lower DOUBLE := NULL, upper DOUBLE := NULL,
+        selection VARCHAR := 'mad2r', split DOUBLE := 0.5, pre_threshold DOUBLE := 1, confidence DOUBLE := 0.95) AS
+    dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
+                             pre_threshold, confidence, 'user_id', 'item');
+
+-- (user_id, item, v) per input row; v = value_col as DOUBLE (NULL when value_col is NULL). A NULL or
+-- non-numeric value is an error naming the parameter (try_cast: a cast error would quote the value).
+CREATE OR REPLACE TEMP MACRO dp__user_item_value_rows(tbl VARCHAR, value_col VARCHAR, user_col VARCHAR := 'user_id',
+        item_col VARCHAR := 'item') AS TABLE
+SELECT
+    coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(user_col) OR c = 'dp__absent')),
+             error('dpsql: column ' || user_col || ' (user_col) contains NULL; filter NULL users out first, e.g. with a view')) AS user_id,
+    coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent')),
+             error('dpsql: column ' || item_col || ' (item_col) contains NULL; filter NULL items out first, e.g. with a view')) AS item,
+    coalesce(try_cast(coalesce(*COLUMNS(lambda c: lower(c) = lower(value_col) OR c = 'dp__absent')) AS DOUBLE),
+             CASE WHEN coalesce(value_col, '') <> ''
+                  THEN error('dpsql: column ' || value_col || ' (value_col) contains NULL or a value that is not a '
+                             || 'number; filter or convert it first, e.g. with a view') END) AS v
+FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
+      WHERE dp__check_column_list(tbl, ['user_col', 'item_col', 'value_col'],
+                                  [user_col, item_col, coalesce(value_col, user_col)]));
+
+-- The pre-thresholded selection of dp_group_by (pre_threshold T > 1; docs/proofs/group_by.md):
+-- the one-shot weighting of `method` (count_*, weighted_*) over the capped rows; an item with n >= T
+-- capped users is released when w - (T - 1) + noise > the method's threshold. Every user's weight per
+-- item is <= 1, so an item that reaches T users with the added user has w - (T - 1) <= that user's own
+-- weight: exactly the novel-item case the threshold's delta covers. Charges its own (epsilon, delta)
+-- (the selection share) once; the noisy weights never leave it.
+CREATE OR REPLACE TEMP MACRO dp__group_by_pre_selection(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, max_items DOUBLE,
+        method VARCHAR, pre_threshold DOUBLE, user_col VARCHAR, item_col VARCHAR) AS TABLE
+WITH dp__cal AS (SELECT unnest(dp__group_by_pre_calibration(method, epsilon, delta, max_items, pre_threshold))),
+dp__weights AS MATERIALIZED (
+    SELECT item, count(*) AS n,
+           sum(CASE c.weighting WHEN 'count' THEN 1.0 WHEN 'inverse' THEN 1.0 / d ELSE 1.0 / sqrt(d) END) AS w
+    FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
+    CROSS JOIN dp__cal AS c
+    GROUP BY item),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_group_by (selection)', 'user', tbl, epsilon, delta,
+        {'max_items': max_items, 'selection': method, 'pre_threshold': pre_threshold, 'user_col': user_col,
+         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
+    FROM dp__cal WHERE (SELECT count(*) FROM dp__weights) >= 0)
+SELECT item FROM dp__weights CROSS JOIN dp__cal AS c CROSS JOIN dp__paid
+WHERE paid AND n >= pre_threshold
+  AND w - c.shift + CASE WHEN c.gaussian THEN dp_gaussian_noise(c.scale) ELSE dp_laplace_noise(c.scale) END > c.threshold
+ORDER BY item;
+
+CREATE OR REPLACE TEMP MACRO dp_group_by(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, max_items DOUBLE := 100,
+        aggregates VARCHAR[] := ['count'], value_col VARCHAR := NULL, lower DOUBLE := NULL, upper DOUBLE := NULL,
+        selection VARCHAR := 'mad2r', split DOUBLE := 0.5, pre_threshold DOUBLE := 1, confidence DOUBLE := 0.95,
+        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+WITH dp__cal AS (
+    SELECT unnest(dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection,
+                                           split, pre_threshold, confidence, user_col, item_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
+      AND dp__constant('max_items', max_items) AND dp__constant('aggregates', aggregates)
+      AND dp__constant('value_col', value_col) AND dp__constant('lower', lower) AND dp__constant('upper', upper)
+      AND dp__constant('selection', selection) AND dp__constant('split', split)
+      AND dp__constant('pre_threshold', pre_threshold) AND dp__constant('confidence', confidence) AND dp__constant('user_col', user_col)
+      AND dp__constant('item_col', item_col)),
+-- Selection: dp_set_union (or, with pre_threshold > 1, dp__group_by_pre_selection) charges its own
+-- (epsilon * split, delta). The constant filters fold while planning and prune the branch not taken
+-- (nothing drawn or charged there), as in dp_set_union's dispatcher. dp__group_by_share checks every
+-- parameter of dp_group_by, so a bad one fails before the selection runs.
+dp__selected AS MATERIALIZED (
+    SELECT item FROM dp_set_union(tbl, method := selection,
+        epsilon := dp__group_by_share('epsilon', epsilon, delta, max_items, aggregates, value_col, lower, upper,
+                                      selection, split, pre_threshold, confidence),
+        delta := delta, max_items := max_items, user_col := user_col, item_col := item_col)
+    WHERE pre_threshold = 1
+    UNION ALL
+    SELECT item FROM dp__group_by_pre_selection(tbl,
+        dp__group_by_share('epsilon', epsilon, delta, max_items, aggregates, value_col, lower, upper,
+                           selection, split, pre_threshold, confidence),
+        delta, max_items, selection, pre_threshold, user_col, item_col)
+    WHERE pre_threshold > 1),
+-- Per (user, item of the selection): the user's total of the item's values.
+dp__totals AS (
+    SELECT r.user_id, r.item, sum(r.v) AS v
+    FROM dp__user_item_value_rows(tbl, value_col, user_col := user_col, item_col := item_col) AS r
+    SEMI JOIN dp__selected AS s ON r.item = s.item
+    GROUP BY r.user_id, r.item),
+dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
+-- Each user keeps at most max_items of its selected items (salted hash of its own rows, as
+-- dp__capped_user_items); its total per item is clamped to [lower, upper] and rounded to the grid g of
+-- the sum's noise, so each item's sum is an exact integer number of steps (no floating-point rounding
+-- that depends on the order of summation; |rounded cell| <= M + g/2, docs/proofs/group_by.md).
+dp__stats AS MATERIALIZED (
+    SELECT item, count(*) AS n,
+           sum(round(greatest(dp__cal.lower, least(dp__cal.upper, v)) / dp__cal.sum_granularity)::BIGINT) AS s_steps
+    FROM (SELECT user_id, item, v FROM dp__totals CROSS JOIN dp__salt
+          QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s))) <= max_items)
+    CROSS JOIN dp__cal
+    GROUP BY item),
+-- Charged after the data is read (sql/00_release.sql): the aggregate step's share, pure DP.
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_group_by (aggregates)', 'user', tbl, aggregate_epsilon, 0.0,
+        {'max_items': max_items, 'aggregates': aggregates, 'value_col': value_col, 'lower': lower, 'upper': upper,
+         'selection': selection, 'split': split, 'pre_threshold': pre_threshold, 'confidence': confidence,
+         'user_col': user_col,
+         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
+    FROM dp__cal WHERE (SELECT count(*) FROM dp__stats) >= 0),
+dp__noisy AS MATERIALIZED (
+    SELECT d.item,
+           CASE WHEN c.count_scale IS NOT NULL
+                THEN coalesce(t.n, 0) + dp_granular_laplace_noise(c.count_scale, c.count_granularity) END AS n_noisy,
+           CASE WHEN c.sum_scale IS NOT NULL
+                THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.s_steps, 0)))::DOUBLE * c.sum_granularity
+                     + dp_granular_laplace_noise(c.sum_scale, c.sum_granularity) END AS s_noisy
+    FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item CROSS JOIN dp__cal AS c CROSS JOIN dp__paid
+    WHERE paid)
+SELECT item, COLUMNS(lambda c: list_contains(aggregates, split_part(c, '_', 1)))
+FROM (SELECT item, n_noisy AS "count", count_scale AS count_scale, count_ci AS count_ci,
+             s_noisy AS "sum", sum_scale AS sum_scale, sum_ci AS sum_ci,
+             -- post-processing of the released count and sum; the interval holds w.p. >= confidence
+             -- (union bound over both at (1 + confidence)/2) whenever the true count is >= 1.
+             CASE WHEN n_noisy > 0 THEN greatest(lower, least(upper, s_noisy / n_noisy)) END AS mean,
+             CASE WHEN n_noisy > 0 THEN least(upper - lower,
+                  (mean_sum_ci + greatest(abs(lower), abs(upper)) * mean_count_ci) / n_noisy) END AS mean_ci
+      FROM dp__noisy CROSS JOIN dp__cal)
+ORDER BY item;
+
+CREATE OR REPLACE TEMP MACRO dp_group_by_public(tbl VARCHAR, items_tbl VARCHAR, epsilon DOUBLE,
+        max_items DOUBLE := 100, aggregates VARCHAR[] := ['count'], value_col VARCHAR := NULL,
+        lower DOUBLE := NULL, upper DOUBLE := NULL, confidence DOUBLE := 0.95,
+        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+WITH dp__cal AS (
+    SELECT unnest(dp__group_by_public_calibration(epsilon, max_items, aggregates, value_col, lower, upper,
+                                                  confidence, user_col, item_col))
+    WHERE dp__constant('tbl', tbl) AND dp__constant('items_tbl', items_tbl) AND dp__constant('epsilon', epsilon)
+      AND dp__constant('max_items', max_items) AND dp__constant('aggregates', aggregates)
+      AND dp__constant('value_col', value_col) AND dp__constant('lower', lower) AND dp__constant('upper', upper)
+      AND dp__constant('confidence', confidence) AND dp__constant('user_col', user_col)
+      AND dp__constant('item_col', item_col)),
+-- The public domain: the distinct items of items_tbl's item_col column (public: its errors may name values).
+dp__selected AS MATERIALIZED (
+    SELECT DISTINCT coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent')),
+                             error('dpsql: column ' || item_col || ' (item_col) of items_tbl contains NULL; '
+                                   || 'filter it out first')) AS item
+    FROM (SELECT *, NULL AS dp__absent FROM query_table(items_tbl)
+          WHERE dp__check_column_list(items_tbl, ['item_col'], [item_col]))),
+dp__totals AS (
+    SELECT r.user_id, r.item, sum(r.v) AS v
+    FROM dp__user_item_value_rows(tbl, value_col, user_col := user_col, item_col := item_col) AS r
+    SEMI JOIN dp__selected AS s ON r.item = s.item
+    GROUP BY r.user_id, r.item),
+dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
+dp__stats AS MATERIALIZED (
+    SELECT item, count(*) AS n,
+           sum(round(greatest(dp__cal.lower, least(dp__cal.upper, v)) / dp__cal.sum_granularity)::BIGINT) AS s_steps
+    FROM (SELECT user_id, item, v FROM dp__totals CROSS JOIN dp__salt
+          QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s))) <= max_items)
+    CROSS JOIN dp__cal
+    GROUP BY item),
+dp__paid AS MATERIALIZED (SELECT dp__charge('dp_group_by_public', 'user', tbl, aggregate_epsilon, 0.0,
+        {'items_tbl': items_tbl, 'max_items': max_items, 'aggregates': aggregates, 'value_col': value_col,
+         'lower': lower, 'upper': upper, 'confidence': confidence, 'user_col': user_col,
+         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
+    FROM dp__cal WHERE (SELECT count(*) FROM dp__stats) + (SELECT count(*) FROM dp__selected) >= 0),
+dp__noisy AS MATERIALIZED (
+    SELECT d.item,
+           CASE WHEN c.count_scale IS NOT NULL
+                THEN coalesce(t.n, 0) + dp_granular_laplace_noise(c.count_scale, c.count_granularity) END AS n_noisy,
+           CASE WHEN c.sum_scale IS NOT NULL
+                THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.s_steps, 0)))::DOUBLE * c.sum_granularity
+                     + dp_granular_laplace_noise(c.sum_scale, c.sum_granularity) END AS s_noisy
+    FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item CROSS JOIN dp__cal AS c CROSS JOIN dp__paid
+    WHERE paid)
+SELECT item, COLUMNS(lambda c: list_contains(aggregates, split_part(c, '_', 1)))
+FROM (SELECT item, n_noisy AS "count", count_scale AS count_scale, count_ci AS count_ci,
+             s_noisy AS "sum", sum_scale AS sum_scale, sum_ci AS sum_ci,
+             CASE WHEN n_noisy > 0 THEN greatest(lower, least(upper, s_noisy / n_noisy)) END AS mean,
+             CASE WHEN n_noisy > 0 THEN least(upper - lower,
+                  (mean_sum_ci + greatest(abs(lower), abs(upper)) * mean_count_ci) / n_noisy) END AS mean_ci
+      FROM dp__noisy CROSS JOIN dp__cal)
+ORDER BY item;
