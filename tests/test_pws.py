@@ -433,12 +433,12 @@ def test_bad_parameters_python_and_other_macros(con):
         pws.sampling_probabilities([1], 0.1, "uniform")
     with pytest.raises(DPParameterError, match="delta"):
         pws.L_value(0.5, 1.0)
-    con.execute("CREATE TABLE e2 (key VARCHAR, n BIGINT)")
+    con.execute("CREATE TABLE e2 (key VARCHAR, token VARCHAR, n BIGINT)")  # every column, so one error per call
     with pytest.raises(Exception, match="tau"):
         con.execute("SELECT * FROM dp_threshold_sample('e2', NULL)").fetchall()
     with pytest.raises(Exception, match="estimator"):
         con.execute("SELECT * FROM dp_weighted_sample_estimate('e2', 0.5, 1e-3, estimator := 'mean')").fetchall()
-    con.execute("INSERT INTO e2 VALUES ('a', -2)")
+    con.execute("INSERT INTO e2 VALUES ('a', 't', -2)")
     with pytest.raises(Exception, match="freq_col"):
         con.execute("SELECT * FROM dp_weighted_sample('e2', 0.5, 1e-3, freq_col := 'n')").fetchall()
 
