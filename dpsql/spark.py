@@ -3,12 +3,14 @@
 ``set_union(df, method, ...)`` runs ``count_laplace``, ``count_gaussian``,
 ``weighted_laplace``, ``weighted_gaussian``, ``mad``, ``mad2r`` and ``sips`` and
 returns a Spark DataFrame with one column ``item`` (the released items);
-``top_k_domain`` is the domain step of ``dp_top_k`` / ``dp_hitting_set``.
+``top_k_domain`` is the domain step of ``dp_top_k`` / ``dp_hitting_set``;
+``group_by`` is ``dp_group_by`` / ``dp_group_by_public`` (selection by a parallel
+method, then granular Laplace count / sum / mean per item, as :func:`dpsql.group_by`).
 The sequential policies have no parallel form: run them with DuckDB.
 
 One definition of every stage: the contribution bounding and the pre-noise
 weights are the stages of ``sql/20_contribution_bounding.sql``,
-``sql/30_set_union.sql`` and ``sql/40_adaptive.sql`` marked
+``sql/30_set_union.sql``, ``sql/40_adaptive.sql`` and ``sql/97_group_by.sql`` marked
 ``-- dpsql:portable <name>``, translated to Spark SQL by :mod:`dpsql.portable`
 (which refuses unmarked stages); the methods and their options are the
 declarations of :mod:`dpsql.mechanisms` (``Mechanism.spark``); validation and
@@ -17,7 +19,7 @@ calibration are the declarations' checks and the functions of
 noise is :class:`dpsql.noise.NoiseSource`, drawn in vectorised Arrow batches.
 
 Privacy argument: the same as the DuckDB macros (``dpsql.union``,
-``dpsql.adaptive``), given the three properties it relies on, kept here:
+``dpsql.adaptive``, ``dpsql.groupby``), given the three properties it relies on, kept here:
 
 * **cap**: each user's distinct items are capped to ``max_items`` by ranking them
   with a 64-bit hash keyed with a secret salt from the secure source (one salt
@@ -76,7 +78,7 @@ from dpsql.mechanisms import set_union_methods
 from dpsql.noise import NOT_PRIVATE_WARNING, NoiseSource, secure_source
 from dpsql.portable import stage_sql
 from dpsql.validation import (DPParameterError, check_column_pair, check_identifier, check_max_items,
-                              derived_budget)
+                              derived_budget, warn_weak_parameters)
 
 __all__ = ["PARALLEL_METHODS", "set_union", "top_k_domain", "capped_user_items", "set_union_weights",
            "mad_weights", "mad_biased_weights", "sips_round_weights", "group_by", "group_by_stats"]
@@ -656,8 +658,11 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
     or with ``pre_threshold > 1`` the pre-thresholded one-shot weighting) at ``(epsilon split,
     delta)``; ``items`` is a DataFrame of public items (column ``item_col``): every listed item gets
     a row at ``(epsilon, 0)`` and ``delta`` must be left out. Every parameter is validated before
-    any row is read. No ledger: as :func:`set_union`, nothing is charged (keep the account
-    yourself: the call spends ``(epsilon, delta)``, or ``(epsilon, 0)`` with ``items``).
+    any row is read; then one scan refuses a NULL user or item, or a NULL or non-numeric
+    ``value_col`` value in any row (DuckDB checks the values of the selected or listed items only),
+    with DuckDB's text before anything is drawn. No ledger: as :func:`set_union`, nothing is
+    charged (keep the account yourself: the call spends ``(epsilon, delta)``, or ``(epsilon, 0)``
+    with ``items``). The aggregates' cap has its own salt (as the macro's ``dp__salt``).
     ``seed`` is for tests only: the release is then NOT private.
     """
     public = items is not None
@@ -678,6 +683,7 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
             raise DPParameterError(f"selection {cal.selection!r} is sequential and has no Spark form; the Spark "
                                    f"backend selects with {', '.join(PARALLEL_METHODS)} (run selection := "
                                    f"'{cal.selection}' with DuckDB's dp_group_by)")
+    warn_weak_parameters(epsilon, None if public else delta, what=mech.macro, stacklevel=2)
     max_items = values["max_items"]
     rows = _checked_rows(df, values["user_col"], values["item_col"], values["value_col"])
     if public:
