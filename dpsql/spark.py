@@ -565,11 +565,17 @@ def _group_by_task(cal: groupby.GroupByCalibration, seed: Optional[int],
     from dpsql.noise import _granular_noise
 
     columns = _group_by_columns(cal.aggregates)
-    count_scale, count_g, sum_scale, sum_g = cal.count_scale, cal.count_granularity, cal.sum_scale, cal.sum_granularity
-    lower, upper = cal.lower, cal.upper
+    # (scale, grid) of each measurement made; None when the aggregates do not need it
+    count = None if cal.count_scale is None else (float(cal.count_scale), float(cal.count_granularity or 0.0))
+    total = None if cal.sum_scale is None else (float(cal.sum_scale), float(cal.sum_granularity or 0.0))
+    mean = None
+    if "mean" in cal.aggregates:
+        assert cal.lower is not None and cal.upper is not None
+        assert cal.mean_sum_ci is not None and cal.mean_count_ci is not None
+        # (lower, upper, the numerator of mean_ci): the macro's mean and mean_ci
+        mean = (cal.lower, cal.upper, cal.mean_sum_ci + max(abs(cal.lower), abs(cal.upper)) * cal.mean_count_ci)
     constants = {"count_scale": cal.count_scale, "count_ci": cal.count_ci, "sum_scale": cal.sum_scale,
                  "sum_ci": cal.sum_ci}
-    mean_count_ci, mean_sum_ci = cal.mean_count_ci, cal.mean_sum_ci
     limit = float(2 ** 50)  # groupby._cal_row's sum_limit, in grid steps
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -587,22 +593,21 @@ def _group_by_task(cal: groupby.GroupByCalibration, seed: Optional[int],
             def noise(scale: float, g: float) -> np.ndarray:
                 return granular(pa.array(np.full(size, scale)), pa.array(np.full(size, g))).to_numpy()
 
-            n_noisy = s_noisy = None
-            if count_scale is not None:
-                n_noisy = steps("n").astype(np.float64) + noise(count_scale, count_g)
+            n_noisy = s_noisy = np.zeros(size)
+            if count is not None:
+                n_noisy = steps("n").astype(np.float64) + noise(*count)
                 out["count"] = n_noisy
-            if sum_scale is not None:
-                s = np.clip(steps("s_steps"), -limit, limit).astype(np.float64) * sum_g
-                s_noisy = s + noise(sum_scale, sum_g)
+            if total is not None:
+                s = np.clip(steps("s_steps"), -limit, limit).astype(np.float64) * total[1]
+                s_noisy = s + noise(*total)
                 out["sum"] = s_noisy
-            if "mean" in columns:
+            if mean is not None:
                 # post-processing of the released count and sum (the macro's CASE WHEN n_noisy > 0)
+                lower, upper, ci = mean
                 positive = n_noisy > 0
                 safe = np.where(positive, n_noisy, 1.0)
-                bound = max(abs(lower), abs(upper))
                 out["mean"] = pa.array(np.clip(s_noisy / safe, lower, upper), pa.float64(), mask=~positive)
-                out["mean_ci"] = pa.array(np.minimum(upper - lower, (mean_sum_ci + bound * mean_count_ci) / safe),
-                                          pa.float64(), mask=~positive)
+                out["mean_ci"] = pa.array(np.minimum(upper - lower, ci / safe), pa.float64(), mask=~positive)
             for name, value in constants.items():
                 out[name] = np.full(size, value, dtype=np.float64) if value is not None else None
             names = ["item", *columns]

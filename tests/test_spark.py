@@ -648,6 +648,37 @@ def test_group_by_columns_order_and_calibration_are_dpsql_group_by_s(spark, aggr
         assert all(((r["count"] - truth[r["item"]][0]) / cal.count_granularity).is_integer() for r in got)
     if "mean" in aggregates:
         assert all(r["mean"] is None or -1.0 <= r["mean"] <= 5.0 for r in got)
+    if {"count", "sum", "mean"} <= set(aggregates):
+        # the macro's post-processing of the released count and sum
+        ci = cal.mean_sum_ci + 5.0 * cal.mean_count_ci
+        for r in got:
+            if r["count"] > 0:
+                assert r["mean"] == min(5.0, max(-1.0, r["sum"] / r["count"]))
+                assert r["mean_ci"] == min(6.0, ci / r["count"])
+            else:
+                assert r["mean"] is None and r["mean_ci"] is None
+
+
+def test_group_by_count_noise_has_the_calibrated_scale(spark):
+    """Released - true count over 400 public items (no cap): on the grid, E|Z| = b, the interval covers."""
+    from dpsql import groupby as gb
+    from dpsql import spark as dspark
+
+    n_items, conf = 400, 0.8
+    rows = [(k * 100 + u, f"x{k:03d}", 1.0) for k in range(n_items) for u in range(k % 7)]
+    items = spark.createDataFrame([(f"x{k:03d}",) for k in range(n_items)], "item string")
+    out = dspark.group_by(spark.createDataFrame(gb_arrow(rows)), epsilon=1.0, items=items, max_items=2,
+                          confidence=conf, seed=20261124).collect()
+    z = np.array([r["count"] - (int(r["item"][1:]) % 7) for r in out])
+    cal = gb.group_by_calibration(1.0, None, 2, ["count"], selection=None, confidence=conf)
+    b, g = out[0]["count_scale"], cal.count_granularity
+    assert b == cal.count_scale == 2.0 and len(z) == n_items  # max_items / epsilon
+    assert all((zi / g).is_integer() for zi in z)  # granular: on the count's grid
+    # E|Z| = b for the Laplace (the discrete one on this grid differs by < 1e-8): s.e. b / sqrt(400) = 5 %
+    print(f"E|Z|/b = {np.abs(z).mean() / b:.4f}, coverage = {np.mean(np.abs(z) <= out[0]['count_ci']):.4f}")
+    assert abs(np.abs(z).mean() / b - 1) < 0.2
+    # coverage of the interval: binomial s.e. sqrt(0.16 / 400) = 2 %
+    assert abs(np.mean(np.abs(z) <= out[0]["count_ci"]) - conf) < 0.08
 
 
 def test_group_by_count_only_calibration_numbers(spark):
