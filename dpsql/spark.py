@@ -81,7 +81,8 @@ from dpsql.validation import (DPParameterError, check_column_pair, check_identif
                               derived_budget, warn_weak_parameters)
 
 __all__ = ["PARALLEL_METHODS", "set_union", "top_k_domain", "capped_user_items", "set_union_weights",
-           "mad_weights", "mad_biased_weights", "sips_round_weights", "group_by", "group_by_stats"]
+           "mad_weights", "mad_biased_weights", "sips_round_weights", "group_by", "group_by_stats",
+           "pre_selection_weights"]
 
 # The methods with a parallel form, as declared (Mechanism.spark); the policies are sequential.
 PARALLEL_METHODS = tuple(n for n, m in set_union_methods().items() if m.spark)
@@ -629,6 +630,20 @@ def _group_by_noisy(stats, cal: groupby.GroupByCalibration, seed: Optional[int])
         return stats.select("item", "n", "s_steps").mapInArrow(run, StructType(fields))
 
 
+def pre_selection_weights(capped, weighting: str):
+    """(item, n, w) of capped rows (user_id, item, d): ``dp__weights`` of ``dp__group_by_pre_selection``. Testing/audit.
+
+    ``n`` capped users per item and the weight ``w`` of ``weighting`` (count, inverse, inverse_sqrt).
+    """
+    from pyspark.sql import functions as F
+
+    if weighting not in ("count", "inverse", "inverse_sqrt"):
+        raise DPParameterError(f"weighting must be count, inverse or inverse_sqrt (got {weighting!r})")
+    row = F.broadcast(capped.sparkSession.range(1).select(F.lit(weighting).alias("weighting")))
+    return _run_stage("dp__group_by_pre_selection", {"dp__capped_user_items": capped, "dp__cal": row},
+                      output="dp__weights")
+
+
 def _pre_selection(pairs, method: str, epsilon: float, delta: float, max_items: int, pre_threshold: int,
                    salt: int, seed: Optional[int]):
     """``dp__group_by_pre_selection``: items with ``>= pre_threshold`` capped users, weight shifted by T - 1.
@@ -640,11 +655,7 @@ def _pre_selection(pairs, method: str, epsilon: float, delta: float, max_items: 
 
     with derived_budget():
         sel = union.calibrate(method, epsilon, delta, max_items)
-    session = pairs.sparkSession
-    weighting = F.broadcast(session.range(1).select(F.lit(_WEIGHTING[method]).alias("weighting")))
-    weights = _run_stage("dp__group_by_pre_selection",
-                         {"dp__capped_user_items": capped_user_items(pairs, max_items, salt), "dp__cal": weighting},
-                         output="dp__weights")
+    weights = pre_selection_weights(capped_user_items(pairs, max_items, salt), _WEIGHTING[method])
     shifted = weights.where(F.col("n") >= F.lit(pre_threshold)).select(
         "item", (F.col("w") - F.lit(float(pre_threshold - 1))).alias("w"))
     return _noisy(shifted, _Noise(sel.noise, sel.scale, sel.threshold, strict=True), seed)

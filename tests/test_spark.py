@@ -726,6 +726,21 @@ def test_group_by_stats_of_neighbours_move_within_the_calibrated_sensitivity(spa
     assert np.abs(ds).sum() * cal.sum_granularity <= cal.sum_scale * cal.sum_epsilon + 1e-9  # rounded l1
 
 
+@pytest.mark.parametrize("weighting", ["count", "inverse_sqrt"])
+def test_pre_selection_weights_are_the_set_union_weights_with_user_counts(capped, weighting):
+    """dp_group_by's pre-thresholded selection weighs as dp__set_union_weights (DuckDB) on the same capped rows."""
+    from dpsql import spark as dspark
+
+    con, frame = capped
+    got = {r["item"]: (r["n"], r["w"]) for r in dspark.pre_selection_weights(frame, weighting).collect()}
+    duck = as_dict(con.execute(f"SELECT item, w FROM dp__set_union_weights('c', '{weighting}', "
+                               f"max_items := {MAX_ITEMS})").fetchall())
+    users = as_dict(con.sql("SELECT item, count(*) FROM c GROUP BY item").fetchall())
+    assert set(got) == set(duck) == set(users)
+    for item, (n, w) in got.items():
+        assert n == users[item] and w == pytest.approx(duck[item], rel=1e-9, abs=1e-12), item
+
+
 def test_group_by_pre_threshold_selects_only_items_with_enough_users(spark):
     from dpsql import spark as dspark
 
