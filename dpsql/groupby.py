@@ -57,7 +57,7 @@ from dpsql.validation import (EPSILON_MIN, DPParameterError, check_column_pair, 
 
 __all__ = ["AGGREGATES", "DEFAULT_SPLIT", "DEFAULT_CONFIDENCE", "PRE_THRESHOLD_METHODS", "GroupByCalibration",
            "group_by_calibration", "check_aggregates", "check_split", "check_confidence", "check_pre_threshold",
-           "laplace_ci", "group_by", "udfs", "MECHANISMS"]
+           "laplace_ci", "check_call", "group_by", "udfs", "MECHANISMS"]
 
 AGGREGATES = ("count", "sum", "mean")
 # Half of epsilon selects, half measures: the count noise then has twice the continuous scale of a
@@ -345,6 +345,23 @@ def _sql_value(value: object) -> str:
     return repr(float(cast(float, value)))  # a number: the calibration checked it
 
 
+def check_call(epsilon: object, delta: object, max_items: object, aggregates: Sequence[str], value_col: object,
+               lower: object, upper: object, selection: object, split: object, pre_threshold: object,
+               confidence: object, *, public: bool) -> GroupByCalibration:
+    """The checks and calibration of a :func:`group_by` call (``public``: a list of items, no selection).
+
+    With ``public`` a ``delta`` is refused and ``selection`` / ``split`` are not used (as the macro
+    ``dp_group_by_public``, which has neither). Shared by the Spark backend.
+    """
+    if not public:
+        return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
+                                    confidence, pre_threshold)
+    if delta is not None:
+        raise DPParameterError("delta does not apply with items_tbl (a public domain spends no delta); leave it out")
+    return group_by_calibration(epsilon, None, max_items, aggregates, value_col, lower, upper, None, None, confidence,
+                                pre_threshold)
+
+
 def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delta: Optional[float] = None,
              aggregates: Sequence[str] = ("count",), value_col: Optional[str] = None,
              lower: Optional[float] = None, upper: Optional[float] = None, max_items: int = 100,
@@ -362,16 +379,10 @@ def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delt
     table = check_table_name(table)
     user_col, item_col = check_identifier("user_col", user_col), check_identifier("item_col", item_col)
     aggs = check_aggregates(list(aggregates) if isinstance(aggregates, tuple) else aggregates)
-    if items_tbl is None:
-        group_by_calibration(epsilon, delta, max_items, aggs, value_col, lower, upper, selection, split, confidence,
-                             pre_threshold)
-    else:
-        if delta is not None:
-            raise DPParameterError("delta does not apply with items_tbl (a public domain spends no delta); "
-                                   "leave it out")
+    check_call(epsilon, delta, max_items, aggs, value_col, lower, upper, selection, split, pre_threshold, confidence,
+               public=items_tbl is not None)
+    if items_tbl is not None:
         items_tbl = check_table_name(items_tbl)
-        group_by_calibration(epsilon, None, max_items, aggs, value_col, lower, upper, None, None, confidence,
-                             pre_threshold)
     union._check_columns(con, table, user_col, item_col)
     common = (f"max_items := {int(max_items)}, aggregates := {_sql_value(list(aggs))}, "
               f"value_col := {_sql_value(value_col)}, lower := {_sql_value(lower)}, upper := {_sql_value(upper)}, ")

@@ -3,12 +3,14 @@
 ``set_union(df, method, ...)`` runs ``count_laplace``, ``count_gaussian``,
 ``weighted_laplace``, ``weighted_gaussian``, ``mad``, ``mad2r`` and ``sips`` and
 returns a Spark DataFrame with one column ``item`` (the released items);
-``top_k_domain`` is the domain step of ``dp_top_k`` / ``dp_hitting_set``.
+``top_k_domain`` is the domain step of ``dp_top_k`` / ``dp_hitting_set``;
+``group_by`` is ``dp_group_by`` / ``dp_group_by_public`` (selection by a parallel
+method, then granular Laplace count / sum / mean per item, as :func:`dpsql.group_by`).
 The sequential policies have no parallel form: run them with DuckDB.
 
 One definition of every stage: the contribution bounding and the pre-noise
 weights are the stages of ``sql/20_contribution_bounding.sql``,
-``sql/30_set_union.sql`` and ``sql/40_adaptive.sql`` marked
+``sql/30_set_union.sql``, ``sql/40_adaptive.sql`` and ``sql/97_group_by.sql`` marked
 ``-- dpsql:portable <name>``, translated to Spark SQL by :mod:`dpsql.portable`
 (which refuses unmarked stages); the methods and their options are the
 declarations of :mod:`dpsql.mechanisms` (``Mechanism.spark``); validation and
@@ -17,7 +19,7 @@ calibration are the declarations' checks and the functions of
 noise is :class:`dpsql.noise.NoiseSource`, drawn in vectorised Arrow batches.
 
 Privacy argument: the same as the DuckDB macros (``dpsql.union``,
-``dpsql.adaptive``), given the three properties it relies on, kept here:
+``dpsql.adaptive``, ``dpsql.groupby``), given the three properties it relies on, kept here:
 
 * **cap**: each user's distinct items are capped to ``max_items`` by ranking them
   with a 64-bit hash keyed with a secret salt from the secure source (one salt
@@ -70,15 +72,17 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dpsql import adaptive, calibration, topk, union
+from dpsql import adaptive, calibration, groupby, topk, union
 from dpsql.adaptive import user_weights_batch
 from dpsql.mechanisms import set_union_methods
 from dpsql.noise import NOT_PRIVATE_WARNING, NoiseSource, secure_source
 from dpsql.portable import stage_sql
-from dpsql.validation import DPParameterError, check_column_pair, check_identifier, check_max_items
+from dpsql.validation import (DPParameterError, check_column_pair, check_identifier, check_max_items,
+                              derived_budget, warn_weak_parameters)
 
 __all__ = ["PARALLEL_METHODS", "set_union", "top_k_domain", "capped_user_items", "set_union_weights",
-           "mad_weights", "mad_biased_weights", "sips_round_weights"]
+           "mad_weights", "mad_biased_weights", "sips_round_weights", "group_by", "group_by_stats",
+           "pre_selection_weights"]
 
 # The methods with a parallel form, as declared (Mechanism.spark); the policies are sequential.
 PARALLEL_METHODS = tuple(n for n, m in set_union_methods().items() if m.spark)
@@ -243,37 +247,60 @@ def _null_message(col: str, param: str) -> str:
     return f"dpsql: column {col} ({param}) contains NULL; filter NULL {what} out first, e.g. with a view"
 
 
-def _user_items(df, user_col: str, item_col: str):
-    """``dp__user_items``: distinct (user_id, item) pairs; a NULL user or item raises DuckDB's error first.
+# The text of dp__user_item_value_rows (sql/97_group_by.sql).
+_VALUE_MESSAGE = ("dpsql: column {col} (value_col) contains NULL or a value that is not a number; filter or convert "
+                  "it first, e.g. with a view")
 
-    The rows of ``dp__user_item_rows`` (column lookup, NULL check) are built here, in Python; the
-    pairs are the translated macro.
+
+def _checked_rows(df, user_col: str, item_col: str, value_col: Optional[str] = None):
+    """(user_id, item[, v]) per row of ``df``: ``dp__user_item_rows`` (with ``value_col``: ``dp__user_item_value_rows``).
+
+    Built here, in Python: column lookup, then one scan that refuses a NULL user or item (and a
+    NULL or non-numeric value) with DuckDB's error, before anything is drawn. ``v`` is the value as
+    DOUBLE (``try_cast``, as the macro: a cast error would quote the value).
     """
     from pyspark.sql import functions as F
 
     user_col = check_identifier("user_col", user_col)
     item_col = check_identifier("item_col", item_col)
     check_column_pair(user_col, item_col)
+    checked = [("user_col", user_col), ("item_col", item_col)]
+    if value_col is not None:
+        checked.append(("value_col", check_identifier("value_col", value_col)))
     columns = {c.lower(): c for c in df.columns}
-    for param, col in (("user_col", user_col), ("item_col", item_col)):
+    for param, col in checked:
         if col.lower() not in columns:
             raise DPParameterError(f"{param} := {col!r} is not a column of the DataFrame; its columns are "
                                    f"{', '.join(df.columns)}")
-    checked = (("user_col", user_col), ("item_col", item_col))
+
+    def column(param: str, col: str):
+        c = F.col(f"`{columns[col.lower()]}`")
+        return F.expr(f"try_cast(`{columns[col.lower()]}` AS DOUBLE)") if param == "value_col" else c
+
+    def message(param: str, col: str) -> str:
+        return _VALUE_MESSAGE.format(col=col) if param == "value_col" else _null_message(col, param)
+
     # Checked here, in Python, because a raise_error inside the job reaches the driver as a Java stack
     # trace whose exception type depends on the plan (and whose text may lack the message).
-    nulls = df.select(*(F.max(F.col(f"`{columns[col.lower()]}`").isNull().cast("int")).alias(param)
-                        for param, col in checked)).first()
+    nulls = df.select(*(F.max(column(param, col).isNull().cast("int")).alias(param) for param, col in checked)).first()
     for param, col in checked:
         if nulls is not None and nulls[param]:
-            raise DPParameterError(_null_message(col, param))
+            raise DPParameterError(message(param, col))
 
-    def not_null(col: str, param: str):
+    def not_null(param: str, col: str):
         # A guard for input that changes between the check and the release (e.g. a non-deterministic source).
-        return F.coalesce(F.col(f"`{columns[col.lower()]}`"), F.raise_error(F.lit(_null_message(col, param))))
+        return F.coalesce(column(param, col), F.raise_error(F.lit(message(param, col))))
 
-    rows = df.select(not_null(user_col, "user_col").alias("user_id"), not_null(item_col, "item_col").alias("item"))
-    return _run_stage("dp__user_items", {"dp__user_item_rows": rows})
+    names = {"user_col": "user_id", "item_col": "item", "value_col": "v"}
+    return df.select(*(not_null(param, col).alias(names[param]) for param, col in checked))
+
+
+def _user_items(df, user_col: str, item_col: str):
+    """``dp__user_items``: distinct (user_id, item) pairs; a NULL user or item raises DuckDB's error first.
+
+    The rows of ``dp__user_item_rows`` are :func:`_checked_rows`; the pairs are the translated macro.
+    """
+    return _run_stage("dp__user_items", {"dp__user_item_rows": _checked_rows(df, user_col, item_col)})
 
 
 def _salt_relation(session, salt: int):
@@ -487,3 +514,228 @@ def top_k_domain(df, k: int, *, epsilon: float, delta: float, max_items: int = 1
     cal = topk.top_k_calibration(k, epsilon, delta, max_items, domain_method)
     return set_union(df, cal.domain_method, epsilon=cal.domain_epsilon, delta=cal.domain_delta,
                      max_items=max_items, user_col=user_col, item_col=item_col, seed=seed)
+
+
+# --------------------------------------------------------------------------
+# Private GROUP BY (dp_group_by, dp_group_by_public)
+# --------------------------------------------------------------------------
+
+def _group_by_cal_relation(session, cal: groupby.GroupByCalibration):
+    """The one-row ``dp__cal`` the ``dp__stats`` stage reads: lower, upper, sum_granularity (NULL if unused)."""
+    from pyspark.sql import functions as F
+
+    row = {"lower": cal.lower, "upper": cal.upper, "sum_granularity": cal.sum_granularity}
+    return F.broadcast(session.range(1).select(*(F.lit(None if v is None else float(v)).cast("double").alias(k)
+                                                 for k, v in row.items())))
+
+
+def group_by_stats(rows, selected, max_items: int, salt: int, cal: groupby.GroupByCalibration):
+    """(item, n, s_steps) of the selected items: the stage ``dp__stats`` of ``dp_group_by``. NOT a release.
+
+    ``rows`` (user_id, item, v), ``selected`` (item). Each user's total per selected item; each user
+    keeps at most ``max_items`` of its selected items (ranked by ``hash(xor(hash(user_id, item), s))``
+    with ``s = salt``, as the cap of :func:`capped_user_items`); ``n`` users per item and ``s_steps``,
+    the sum of the totals clamped to ``[lower, upper]`` and rounded to the sum's grid, in grid steps
+    (NULL when no sum is measured). Items no kept user holds have no row. Testing/audit.
+    """
+    max_items = check_max_items(max_items)
+    if "v" not in rows.columns:
+        from pyspark.sql import functions as F
+
+        rows = rows.withColumn("v", F.lit(None).cast("double"))
+    session = rows.sparkSession
+    return _run_stage("dp_group_by", {"dp__user_item_value_rows": rows.select("user_id", "item", "v"),
+                                      "dp__selected": selected.select("item"),
+                                      "dp__salt": _salt_relation(session, salt),
+                                      "dp__cal": _group_by_cal_relation(session, cal)},
+                      {"max_items": max_items}, output="dp__stats")
+
+
+def _group_by_columns(aggregates: Sequence[str]) -> list[str]:
+    """The released columns after ``item``, in the macro's order (sql/97_group_by.sql)."""
+    every = ("count", "count_scale", "count_ci", "sum", "sum_scale", "sum_ci", "mean", "mean_ci")
+    return [c for c in every if c.split("_")[0] in aggregates]
+
+
+def _group_by_task(cal: groupby.GroupByCalibration, seed: Optional[int],
+                   stage: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow function of :func:`_group_by_noisy` on (item, n, s_steps): the macro's ``dp__noisy`` and output.
+
+    Noise is ``dp_granular_laplace_noise`` (the same Arrow function, on the task's source).
+    """
+    from dpsql.noise import _granular_noise
+
+    columns = _group_by_columns(cal.aggregates)
+    # (scale, grid) of each measurement made; None when the aggregates do not need it
+    count = None if cal.count_scale is None else (float(cal.count_scale), float(cal.count_granularity or 0.0))
+    total = None if cal.sum_scale is None else (float(cal.sum_scale), float(cal.sum_granularity or 0.0))
+    mean = None
+    if "mean" in cal.aggregates:
+        assert cal.lower is not None and cal.upper is not None
+        assert cal.mean_sum_ci is not None and cal.mean_count_ci is not None
+        # (lower, upper, the numerator of mean_ci): the macro's mean and mean_ci
+        mean = (cal.lower, cal.upper, cal.mean_sum_ci + max(abs(cal.lower), abs(cal.upper)) * cal.mean_count_ci)
+    constants = {"count_scale": cal.count_scale, "count_ci": cal.count_ci, "sum_scale": cal.sum_scale,
+                 "sum_ci": cal.sum_ci}
+    limit = float(2 ** 50)  # groupby._cal_row's sum_limit, in grid steps
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        granular = _granular_noise(_task_source(seed, stage), "discrete_laplace", "scale")
+        for batch in batches:
+            size = batch.num_rows
+            if size == 0:
+                continue
+            out: dict[str, Any] = {"item": batch.column(batch.schema.get_field_index("item"))}
+
+            def steps(name: str) -> np.ndarray:
+                col = batch.column(batch.schema.get_field_index(name))
+                return np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+            def noise(scale: float, g: float) -> np.ndarray:
+                return granular(pa.array(np.full(size, scale)), pa.array(np.full(size, g))).to_numpy()
+
+            n_noisy = s_noisy = np.zeros(size)
+            if count is not None:
+                n_noisy = steps("n").astype(np.float64) + noise(*count)
+                out["count"] = n_noisy
+            if total is not None:
+                s = np.clip(steps("s_steps"), -limit, limit).astype(np.float64) * total[1]
+                s_noisy = s + noise(*total)
+                out["sum"] = s_noisy
+            if mean is not None:
+                # post-processing of the released count and sum (the macro's CASE WHEN n_noisy > 0)
+                lower, upper, ci = mean
+                positive = n_noisy > 0
+                safe = np.where(positive, n_noisy, 1.0)
+                out["mean"] = pa.array(np.clip(s_noisy / safe, lower, upper), pa.float64(), mask=~positive)
+                out["mean_ci"] = pa.array(np.minimum(upper - lower, ci / safe), pa.float64(), mask=~positive)
+            for name, value in constants.items():
+                out[name] = np.full(size, value, dtype=np.float64) if value is not None else None
+            names = ["item", *columns]
+            yield pa.RecordBatch.from_arrays([out[c] if isinstance(out[c], (pa.Array, pa.ChunkedArray))
+                                              else pa.array(out[c], pa.float64()) for c in names], names)
+
+    return run
+
+
+def _group_by_noisy(stats, cal: groupby.GroupByCalibration, seed: Optional[int]):
+    """The released rows of (item, n, s_steps): one row per item, the requested columns (internal)."""
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    item_field = stats.schema["item"]
+    fields = [StructField("item", item_field.dataType, item_field.nullable)]
+    fields += [StructField(c, DoubleType(), c.startswith("mean")) for c in _group_by_columns(cal.aggregates)]
+    run = _group_by_task(cal, seed, next(_noise_stage))
+    with _shipping(stats.sparkSession):
+        return stats.select("item", "n", "s_steps").mapInArrow(run, StructType(fields))
+
+
+def pre_selection_weights(capped, weighting: str):
+    """(item, n, w) of capped rows (user_id, item, d): ``dp__weights`` of ``dp__group_by_pre_selection``. Testing/audit.
+
+    ``n`` capped users per item and the weight ``w`` of ``weighting`` (count, inverse, inverse_sqrt).
+    """
+    from pyspark.sql import functions as F
+
+    if weighting not in ("count", "inverse", "inverse_sqrt"):
+        raise DPParameterError(f"weighting must be count, inverse or inverse_sqrt (got {weighting!r})")
+    row = F.broadcast(capped.sparkSession.range(1).select(F.lit(weighting).alias("weighting")))
+    return _run_stage("dp__group_by_pre_selection", {"dp__capped_user_items": capped, "dp__cal": row},
+                      output="dp__weights")
+
+
+def _pre_selection(pairs, method: str, epsilon: float, delta: float, max_items: int, pre_threshold: int,
+                   salt: int, seed: Optional[int]):
+    """``dp__group_by_pre_selection``: items with ``>= pre_threshold`` capped users, weight shifted by T - 1.
+
+    The weights are the translated stage ``dp__weights``; the method's own noise and strict threshold
+    (:func:`dpsql.union.calibrate`, as ``dp__group_by_pre_calibration``) through :func:`_noisy`.
+    """
+    from pyspark.sql import functions as F
+
+    with derived_budget():
+        sel = union.calibrate(method, epsilon, delta, max_items)
+    weights = pre_selection_weights(capped_user_items(pairs, max_items, salt), _WEIGHTING[method])
+    shifted = weights.where(F.col("n") >= F.lit(pre_threshold)).select(
+        "item", (F.col("w") - F.lit(float(pre_threshold - 1))).alias("w"))
+    return _noisy(shifted, _Noise(sel.noise, sel.scale, sel.threshold, strict=True), seed)
+
+
+def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: Sequence[str] = ("count",),
+             value_col: Optional[str] = None, lower: Optional[float] = None, upper: Optional[float] = None,
+             max_items: int = 100, selection: str = union.DEFAULT_METHOD, split: float = groupby.DEFAULT_SPLIT,
+             pre_threshold: int = 1, confidence: float = groupby.DEFAULT_CONFIDENCE, items=None,
+             user_col: str = "user_id", item_col: str = "item", seed: Optional[int] = None):
+    """Private GROUP BY item of the Spark DataFrame ``df``: the Spark counterpart of :func:`dpsql.group_by`.
+
+    The same parameters, checks, calibration, contribution bounding, granular Laplace noise and
+    columns (``item``, then per aggregate its value, scale and interval half-width), rows sorted by
+    item. Without ``items`` the items are selected by ``selection`` (one of :data:`PARALLEL_METHODS`,
+    or with ``pre_threshold > 1`` the pre-thresholded one-shot weighting) at ``(epsilon split,
+    delta)``; ``items`` is a DataFrame of public items (column ``item_col``): every listed item gets
+    a row at ``(epsilon, 0)`` and ``delta`` must be left out. Every parameter is validated before
+    any row is read; then one scan refuses a NULL user or item, or a NULL or non-numeric
+    ``value_col`` value in any row (DuckDB checks the values of the selected or listed items only),
+    with DuckDB's text before anything is drawn. No ledger: as :func:`set_union`, nothing is
+    charged (keep the account yourself: the call spends ``(epsilon, delta)``, or ``(epsilon, 0)``
+    with ``items``). The aggregates' cap has its own salt (as the macro's ``dp__salt``).
+    ``seed`` is for tests only: the release is then NOT private.
+    """
+    public = items is not None
+    mech = {m.name: m for m in groupby.MECHANISMS}["group_by_public" if public else "group_by"]
+    declared = dataclasses.replace(mech, params=tuple(p for p in mech.params if p.name not in ("tbl", "items_tbl")))
+    common = {"epsilon": epsilon, "max_items": max_items, "aggregates": aggregates, "value_col": value_col,
+              "lower": lower, "upper": upper, "confidence": confidence, "user_col": user_col, "item_col": item_col}
+    if public:
+        values = declared.validate(**common)
+        cal = groupby.check_call(epsilon, delta, max_items, values["aggregates"], value_col, lower, upper, None, None,
+                                 pre_threshold, confidence, public=True)
+    else:
+        values = declared.validate(**common, delta=delta, selection=selection, split=split,
+                                   pre_threshold=pre_threshold)
+        cal = groupby.check_call(epsilon, delta, max_items, values["aggregates"], value_col, lower, upper, selection,
+                                 split, pre_threshold, confidence, public=False)
+        if cal.pre_threshold == 1 and cal.selection not in PARALLEL_METHODS:
+            raise DPParameterError(f"selection {cal.selection!r} is sequential and has no Spark form; the Spark "
+                                   f"backend selects with {', '.join(PARALLEL_METHODS)} (run selection := "
+                                   f"'{cal.selection}' with DuckDB's dp_group_by)")
+    warn_weak_parameters(epsilon, None if public else delta, what=mech.macro, stacklevel=2)
+    max_items = values["max_items"]
+    rows = _checked_rows(df, values["user_col"], values["item_col"], values["value_col"])
+    if public:
+        selected = _public_items(items, values["item_col"])
+    if seed is not None:
+        warnings.warn(NOT_PRIVATE_WARNING, stacklevel=2)
+        salt = NoiseSource(int(np.random.SeedSequence([int(seed), 1]).generate_state(1, np.uint64)[0])).salt()
+    else:
+        salt = secure_source().salt()
+    if not public:
+        assert cal.selection is not None
+        with derived_budget():  # shares of the budget checked above
+            if cal.pre_threshold > 1:
+                pairs = _run_stage("dp__user_items", {"dp__user_item_rows": rows.select("user_id", "item")})
+                pre_salt = secure_source().salt() if seed is None else NoiseSource(int(seed)).salt()
+                selected = _materialise(_pre_selection(pairs, cal.selection, cal.selection_epsilon,
+                                                       cal.selection_delta, max_items, cal.pre_threshold, pre_salt,
+                                                       seed))
+            else:
+                selected = set_union(df, cal.selection, epsilon=cal.selection_epsilon, delta=cal.selection_delta,
+                                     max_items=max_items, user_col=values["user_col"], item_col=values["item_col"],
+                                     seed=seed)
+    stats = group_by_stats(rows, selected, max_items, salt, cal)
+    joined = selected.select("item").join(stats, "item", "left")
+    return _materialise(_group_by_noisy(joined, cal, seed).orderBy("item"))
+
+
+def _public_items(items, item_col: str):
+    """The distinct items of the public DataFrame ``items`` (column ``item_col``); a NULL is refused."""
+    from pyspark.sql import functions as F
+
+    columns = {c.lower(): c for c in items.columns}
+    if item_col.lower() not in columns:
+        raise DPParameterError(f"item_col := {item_col!r} is not a column of items; its columns are "
+                               f"{', '.join(items.columns)}")
+    col = F.col(f"`{columns[item_col.lower()]}`")
+    if items.where(col.isNull()).limit(1).count():
+        raise DPParameterError(f"dpsql: column {item_col} (item_col) of items contains NULL; filter it out first")
+    return items.select(col.alias("item")).distinct()

@@ -40,6 +40,7 @@ FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
 CREATE OR REPLACE TEMP MACRO dp__group_by_pre_selection(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, max_items DOUBLE,
         method VARCHAR, pre_threshold DOUBLE, user_col VARCHAR, item_col VARCHAR) AS TABLE
 WITH dp__cal AS (SELECT unnest(dp__group_by_pre_calibration(method, epsilon, delta, max_items, pre_threshold))),
+-- dpsql:portable dp__weights
 dp__weights AS MATERIALIZED (
     SELECT item, count(*) AS n,
            sum(CASE c.weighting WHEN 'count' THEN 1.0 WHEN 'inverse' THEN 1.0 / d ELSE 1.0 / sqrt(d) END) AS w
@@ -95,6 +96,7 @@ dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 -- dp__capped_user_items); its total per item is clamped to [lower, upper] and rounded to the grid g of
 -- the sum's noise, so each item's sum is an exact integer number of steps (no floating-point rounding
 -- that depends on the order of summation; |rounded cell| <= M + g/2, docs/proofs/group_by.md).
+-- dpsql:portable dp__stats
 dp__stats AS MATERIALIZED (
     SELECT item, count(*) AS n,
            sum(round(greatest(dp__cal.lower, least(dp__cal.upper, v)) / dp__cal.sum_granularity)::BIGINT) AS s_steps

@@ -532,3 +532,307 @@ def test_local_session_runs_tasks_with_the_driver_interpreter(tmp_path):
     assert got["items"] == ["common"]
     assert got["python"] == "python3"  # the user's session is unchanged
     assert not marker.exists(), marker.read_text()
+
+
+# ---------------------------------------------------------------------------
+# Private GROUP BY (dspark.group_by) against dp_group_by / dpsql.group_by
+# ---------------------------------------------------------------------------
+
+GB_MAX = 8  # no user below holds more than 8 distinct items: no cap, so both engines bound identically
+
+
+def gb_rows(seed: int, n_users=50, n_items=12, max_rows=8):
+    """(user, item, value): skewed items, several rows per (user, item), values partly outside [-1, 5]."""
+    rng = random.Random(seed)
+    rows = []
+    for u in range(n_users):
+        for _ in range(rng.randint(1, max_rows)):
+            rows.append((u, f"g{min(int(rng.expovariate(0.35)), n_items - 1)}", round(rng.uniform(-3.0, 9.0), 3)))
+    return rows
+
+
+def gb_arrow(rows) -> pa.Table:
+    return pa.table({"user_id": pa.array([r[0] for r in rows], pa.int64()),
+                     "item": pa.array([r[1] for r in rows], pa.string()),
+                     "v": pa.array([r[2] for r in rows], pa.float64())})
+
+
+def gb_truth(rows, items, lower, upper, g):
+    """(n, sum) per listed item without a cap: users holding it, their totals clamped and rounded to the grid."""
+    totals: dict = {}
+    for u, i, v in rows:
+        totals[(u, i)] = totals.get((u, i), 0.0) + v
+    out = {i: [0, 0.0] for i in items}
+    for (u, i), t in totals.items():
+        if i in out:
+            out[i][0] += 1
+            out[i][1] += round(min(upper, max(lower, t)) / g) * g  # ties do not occur: 3-decimal values, g = 2^-k
+    return {i: tuple(v) for i, v in out.items()}
+
+
+def _zero_granular_noise(con):
+    """Replace the connection's granular Laplace by zeros: the macro's output is then its pre-noise stages."""
+    from duckdb.sqltypes import DOUBLE
+
+    con.remove_function("dp_granular_laplace_noise")
+    con.create_function("dp_granular_laplace_noise", lambda s, g: pa.array(np.zeros(len(s))), [DOUBLE, DOUBLE],
+                        DOUBLE, type="arrow", side_effects=True)
+
+
+GB_ARGS = dict(aggregates=["count", "sum"], value_col="v", lower=-1.0, upper=5.0, max_items=GB_MAX)
+
+
+def test_group_by_stats_are_dp_group_by_pre_noise(spark):
+    """The translated dp__stats on Spark gives DuckDB's dp_group_by counts and bounded sums, exactly."""
+    from dpsql import groupby as gb
+    from dpsql import spark as dspark
+
+    rows = gb_rows(21)
+    assert max(len({i for u2, i, _ in rows if u2 == u}) for u in range(50)) <= GB_MAX
+    gb_table = gb_arrow(rows)  # noqa: F841 (read by DuckDB's replacement scan)
+    con = seeded(21)
+    try:
+        _zero_granular_noise(con)
+        con.execute("CREATE TABLE t AS FROM gb_table")
+        duck = dpsql.group_by(con, "t", epsilon=8.0, delta=1e-5, selection="weighted_gaussian", **GB_ARGS)
+    finally:
+        con.close()
+    selected = duck.column("item").to_pylist()
+    assert len(selected) >= 3  # the test compares something (selection ran at epsilon 4)
+    cal = gb.group_by_calibration(8.0, 1e-5, GB_MAX, ["count", "sum"], "v", -1.0, 5.0, "weighted_gaussian")
+    g = cal.sum_granularity
+    stats = dspark.group_by_stats(spark.createDataFrame(gb_table), spark.createDataFrame(duck.select(["item"])),
+                                  GB_MAX, 12345, cal).collect()
+    got = {r["item"]: (r["n"], r["s_steps"] * g) for r in stats}
+    want = {i: (c, s) for i, c, s in zip(selected, duck.column("count").to_pylist(), duck.column("sum").to_pylist())}
+    assert {i: got.get(i, (0, 0.0)) for i in selected} == want == gb_truth(rows, selected, -1.0, 5.0, g)
+    assert set(got) <= set(selected)
+
+
+def _gb_duck(gb_table, items=None, **kwargs):
+    con = seeded(5)
+    try:
+        con.execute("CREATE TABLE t AS FROM gb_table")
+        if items is not None:
+            con.execute("CREATE TABLE pub AS FROM items")
+        return dpsql.group_by(con, "t", items_tbl=None if items is None else "pub", **kwargs)
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("aggregates", [["count"], ["sum", "mean"], ["mean", "count", "sum"]])
+def test_group_by_columns_order_and_calibration_are_dpsql_group_by_s(spark, aggregates):
+    from dpsql import groupby as gb
+    from dpsql import spark as dspark
+
+    rows = gb_rows(3)
+    listed = ["g9", "g0", "g3", "zz_nobody", "g1"]
+    items = pa.table({"item": pa.array(listed)})
+    values = {} if aggregates == ["count"] else dict(value_col="v", lower=-1.0, upper=5.0)
+    kwargs = dict(epsilon=1.0, aggregates=aggregates, max_items=GB_MAX, confidence=0.9, **values)
+    duck = _gb_duck(gb_arrow(rows), items, **kwargs)
+    out = dspark.group_by(spark.createDataFrame(gb_arrow(rows)), items=spark.createDataFrame(items), seed=5, **kwargs)
+    assert out.columns == duck.column_names
+    assert [f.dataType.simpleString() for f in out.schema.fields[1:]] == ["double"] * (len(out.columns) - 1)
+    got = out.collect()
+    assert [r["item"] for r in got] == sorted(listed) == duck.column("item").to_pylist()  # every listed item, sorted
+    cal = gb.group_by_calibration(1.0, None, GB_MAX, aggregates, values.get("value_col"), values.get("lower"),
+                                  values.get("upper"), None, confidence=0.9)
+    for name in ("count_scale", "count_ci", "sum_scale", "sum_ci"):
+        if name in out.columns:
+            assert {r[name] for r in got} == set(duck.column(name).to_pylist()) == {getattr(cal, name)}
+    if "count" in aggregates:
+        assert cal.count_scale == GB_MAX / (1.0 / (1 + ("sum" in aggregates or "mean" in aggregates)))
+        truth = gb_truth(rows, listed, -1.0, 5.0, 1.0)
+        # granular noise: released - true count is on the count's grid
+        assert all(((r["count"] - truth[r["item"]][0]) / cal.count_granularity).is_integer() for r in got)
+    if "mean" in aggregates:
+        assert all(r["mean"] is None or -1.0 <= r["mean"] <= 5.0 for r in got)
+    if {"count", "sum", "mean"} <= set(aggregates):
+        # the macro's post-processing of the released count and sum
+        ci = cal.mean_sum_ci + 5.0 * cal.mean_count_ci
+        for r in got:
+            if r["count"] > 0:
+                assert r["mean"] == min(5.0, max(-1.0, r["sum"] / r["count"]))
+                assert r["mean_ci"] == min(6.0, ci / r["count"])
+            else:
+                assert r["mean"] is None and r["mean_ci"] is None
+
+
+def test_group_by_count_noise_has_the_calibrated_scale(spark):
+    """Released - true count over 400 public items (no cap): on the grid, E|Z| = b, the interval covers."""
+    from dpsql import groupby as gb
+    from dpsql import spark as dspark
+
+    n_items, conf = 400, 0.8
+    rows = [(k * 100 + u, f"x{k:03d}", 1.0) for k in range(n_items) for u in range(k % 7)]
+    items = spark.createDataFrame([(f"x{k:03d}",) for k in range(n_items)], "item string")
+    out = dspark.group_by(spark.createDataFrame(gb_arrow(rows)), epsilon=1.0, items=items, max_items=2,
+                          confidence=conf, seed=20261124).collect()
+    z = np.array([r["count"] - (int(r["item"][1:]) % 7) for r in out])
+    cal = gb.group_by_calibration(1.0, None, 2, ["count"], selection=None, confidence=conf)
+    b, g = out[0]["count_scale"], cal.count_granularity
+    assert b == cal.count_scale == 2.0 and len(z) == n_items  # max_items / epsilon
+    assert all((zi / g).is_integer() for zi in z)  # granular: on the count's grid
+    # E|Z| = b for the Laplace (the discrete one on this grid differs by < 1e-8): s.e. b / sqrt(400) = 5 %
+    print(f"E|Z|/b = {np.abs(z).mean() / b:.4f}, coverage = {np.mean(np.abs(z) <= out[0]['count_ci']):.4f}")
+    assert abs(np.abs(z).mean() / b - 1) < 0.2
+    # coverage of the interval: binomial s.e. sqrt(0.16 / 400) = 2 %
+    assert abs(np.mean(np.abs(z) <= out[0]["count_ci"]) - conf) < 0.08
+
+
+def test_group_by_count_only_calibration_numbers(spark):
+    from dpsql import spark as dspark
+
+    frame = spark.createDataFrame(gb_arrow(gb_rows(4)))
+    out = dspark.group_by(frame, epsilon=1.0, delta=1e-5, max_items=10, selection="count_laplace", seed=4)
+    assert out.columns == ["item", "count", "count_scale", "count_ci"]
+    got = out.collect()
+    # the numbers of tests/test_group_by.py::test_count_only_split_and_scale
+    assert all(r["count_scale"] == 20.0 and r["count_ci"] == 59.91455078125 for r in got)
+    assert [r["item"] for r in got] == sorted(r["item"] for r in got)
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_group_by_stats_of_neighbours_move_within_the_calibrated_sensitivity(spark, trial):
+    """Adding one user (same salt: every other user keeps its items) moves the bounded aggregates by at
+    most the sensitivity the noise is calibrated to."""
+    from dpsql import groupby as gb
+    from dpsql import spark as dspark
+
+    rnd = random.Random(100 + trial)
+    items = [f"x{k}" for k in range(20)]
+    lower, upper = rnd.choice([(0.0, 5.0), (-2.0, 3.0), (1.0, 4.0)])
+    max_items = rnd.randint(1, 5)
+    rows = [(u, rnd.choice(items), round(rnd.uniform(-4, 8), 3)) for u in range(30) for _ in range(rnd.randint(1, 9))]
+    newcomer = [(999, rnd.choice(items + ["not_listed"]), round(rnd.uniform(-10, 10), 3))
+                for _ in range(rnd.randint(1, 30))]
+    cal = gb.group_by_calibration(1.0, None, max_items, ["count", "sum"], "v", lower, upper, None)
+    selected = spark.createDataFrame([(i,) for i in items], "item string")
+    salt = rnd.getrandbits(63)
+
+    def stats(data):
+        frame = spark.createDataFrame(gb_arrow(data))
+        out = {r["item"]: (r["n"], r["s_steps"]) for r in dspark.group_by_stats(frame, selected, max_items, salt,
+                                                                                 cal).collect()}
+        return np.array([out.get(i, (0, 0)) for i in items])
+
+    a, b = stats(rows), stats(rows + newcomer)
+    dc, ds = b[:, 0] - a[:, 0], b[:, 1] - a[:, 1]
+    assert set(dc.tolist()) <= {0, 1}
+    assert dc.sum() == min(max_items, len({i for _, i, _ in newcomer if i in items}))
+    m_steps = round(cal.sum_bound / cal.sum_granularity)
+    assert np.all(ds[dc == 0] == 0) and np.all(np.abs(ds) <= m_steps)
+    assert np.abs(ds).sum() * cal.sum_granularity <= cal.sum_scale * cal.sum_epsilon + 1e-9  # rounded l1
+
+
+@pytest.mark.parametrize("weighting", ["count", "inverse_sqrt"])
+def test_pre_selection_weights_are_the_set_union_weights_with_user_counts(capped, weighting):
+    """dp_group_by's pre-thresholded selection weighs as dp__set_union_weights (DuckDB) on the same capped rows."""
+    from dpsql import spark as dspark
+
+    con, frame = capped
+    got = {r["item"]: (r["n"], r["w"]) for r in dspark.pre_selection_weights(frame, weighting).collect()}
+    duck = as_dict(con.execute(f"SELECT item, w FROM dp__set_union_weights('c', '{weighting}', "
+                               f"max_items := {MAX_ITEMS})").fetchall())
+    users = as_dict(con.sql("SELECT item, count(*) FROM c GROUP BY item").fetchall())
+    assert set(got) == set(duck) == set(users)
+    for item, (n, w) in got.items():
+        assert n == users[item] and w == pytest.approx(duck[item], rel=1e-9, abs=1e-12), item
+
+
+def test_group_by_pre_threshold_selects_only_items_with_enough_users(spark):
+    from dpsql import spark as dspark
+
+    rows = gb_rows(8, n_users=60)
+    users = {}
+    for u, i, _ in rows:
+        users.setdefault(i, set()).add(u)
+    out = dspark.group_by(spark.createDataFrame(gb_arrow(rows)), epsilon=8.0, delta=1e-5, selection="count_laplace",
+                          pre_threshold=12, max_items=GB_MAX, seed=8)
+    released = [r["item"] for r in out.collect()]
+    assert released and all(len(users[i]) >= 12 for i in released)
+    assert released == sorted(released)
+
+
+def test_group_by_refuses_sequential_selections_before_reading(spark, monkeypatch):
+    from dpsql import spark as dspark
+
+    drawn = []
+    monkeypatch.setattr(dspark, "secure_source", lambda: drawn.append("salt"))
+    monkeypatch.setattr(dspark, "_checked_rows", lambda *a: drawn.append("read"))
+    sequential = [m for m in union.METHODS if m not in dspark.PARALLEL_METHODS]
+    assert sequential
+    for method in sequential:
+        with pytest.raises(DPParameterError, match=rf"^dpsql: selection '{method}' is sequential and has no Spark "
+                                                   rf"form; .*selection := '{method}' with DuckDB"):
+            dspark.group_by(None, epsilon=1.0, delta=1e-5, selection=method)
+    assert drawn == []
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(epsilon=1.0, delta=1e-5, split=1.0),
+    dict(epsilon=1.0, delta=1e-5, aggregates=["sum"], value_col="v", lower=3, upper=1),
+    dict(epsilon=1.0, delta=1e-5, aggregates="count"),
+    dict(epsilon=1.0, delta=1e-5, selection="mad2r", pre_threshold=3),
+    dict(epsilon=1.0, delta=1e-5, value_col="v"),
+    dict(epsilon=-1.0, delta=1e-5),
+])
+def test_group_by_bad_parameters_fail_like_dpsql_group_by(spark, kwargs):
+    from dpsql import spark as dspark
+
+    con = dpsql.connect()
+    try:
+        con.execute("CREATE TABLE t AS SELECT 1::BIGINT AS user_id, 'a' AS item, 1.0::DOUBLE AS v")
+        with pytest.raises(DPParameterError) as duck_err:
+            dpsql.group_by(con, "t", **kwargs)
+    finally:
+        con.close()
+    with pytest.raises(DPParameterError) as spark_err:
+        dspark.group_by(None, **kwargs)  # refused before the DataFrame is touched
+    assert str(spark_err.value) == str(duck_err.value)
+
+
+def test_group_by_public_refuses_delta_like_dpsql_group_by(spark):
+    from dpsql import spark as dspark
+
+    items = spark.createDataFrame([("a",)], "item string")
+    with pytest.raises(DPParameterError, match="^dpsql: delta does not apply with items_tbl"):
+        dspark.group_by(None, epsilon=1.0, delta=1e-5, items=items)
+
+
+@pytest.mark.parametrize("column", ["user_id", "v"])
+def test_group_by_null_user_or_value_fails_like_duckdb(spark, column, monkeypatch):
+    from dpsql import spark as dspark
+
+    rows = pa.table({"user_id": pa.array([1, None] if column == "user_id" else [1, 2], pa.int64()),
+                     "item": pa.array(["a", "b"]),
+                     "v": pa.array([1.0, None] if column == "v" else [1.0, 2.0], pa.float64())})
+    args = dict(epsilon=1.0, aggregates=["sum"], value_col="v", lower=0, upper=2)
+    # A NULL value: with a public list that holds its item (DuckDB checks the values of listed or
+    # selected items only; Spark checks every row before anything is drawn).
+    public = column == "v"
+    listed = pa.table({"item": pa.array(["a", "b"])})  # noqa: F841 (read by DuckDB's replacement scan)
+    con = dpsql.connect()
+    try:
+        con.execute("CREATE TABLE t AS FROM rows")
+        con.execute("CREATE TABLE pub AS FROM listed")
+        with pytest.raises(Exception) as duck_err:
+            if public:
+                dpsql.group_by(con, "t", items_tbl="pub", **args)
+            else:
+                dpsql.group_by(con, "t", delta=1e-5, selection="count_laplace", **args)
+    finally:
+        con.close()
+    message = "dpsql: " + str(duck_err.value).split("dpsql: ", 1)[1].splitlines()[0]
+    assert message.startswith(f"dpsql: column {column} (")
+    drawn = []
+    monkeypatch.setattr(dspark, "secure_source", lambda: drawn.append("salt"))
+    monkeypatch.setattr(dspark, "_noise_task", lambda *a: drawn.append("noise"))
+    monkeypatch.setattr(dspark, "_group_by_task", lambda *a: drawn.append("noise"))
+    with pytest.raises(DPParameterError) as spark_err:
+        if public:
+            dspark.group_by(spark.createDataFrame(rows), items=spark.createDataFrame(listed), **args)
+        else:
+            dspark.group_by(spark.createDataFrame(rows), delta=1e-5, selection="count_laplace", **args)
+    assert str(spark_err.value) == message and drawn == []
