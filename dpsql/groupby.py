@@ -362,6 +362,25 @@ def check_call(epsilon: object, delta: object, max_items: object, aggregates: Se
                                 pre_threshold)
 
 
+_NUMERIC_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
+                  "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE", "DECIMAL")
+
+
+def _check_value_column(con: duckdb.DuckDBPyConnection, table: str, value_col: str) -> None:
+    """``value_col`` names a numeric column of ``table`` (the schema only, no rows): the macro's
+    ``+ 0::DOUBLE`` would otherwise stop in DuckDB's binder with a message about ``+``."""
+    rows = con.execute("SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM query_table($1))",
+                       [table]).fetchall()
+    types = {str(name).lower(): str(kind) for name, kind in rows}
+    kind = types.get(value_col.lower())
+    if kind is None:
+        raise DPParameterError(f"value_col := {value_col!r} is not a column of {table!r}; its columns are "
+                               f"{', '.join(str(r[0]) for r in rows)}. Pass value_col := '<column name>'")
+    if not kind.upper().startswith(_NUMERIC_TYPES):
+        raise DPParameterError(f"value_col := {value_col!r} has type {kind}, not a number; convert it in a view "
+                               f"first, e.g. CREATE VIEW v AS SELECT *, TRY_CAST({value_col} AS DOUBLE) AS value ...")
+
+
 def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delta: Optional[float] = None,
              aggregates: Sequence[str] = ("count",), value_col: Optional[str] = None,
              lower: Optional[float] = None, upper: Optional[float] = None, max_items: int = 100,
@@ -384,6 +403,8 @@ def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delt
     if items_tbl is not None:
         items_tbl = check_table_name(items_tbl)
     union._check_columns(con, table, user_col, item_col)
+    if value_col is not None:
+        _check_value_column(con, table, check_identifier("value_col", value_col))
     common = (f"max_items := {int(max_items)}, aggregates := {_sql_value(list(aggs))}, "
               f"value_col := {_sql_value(value_col)}, lower := {_sql_value(lower)}, upper := {_sql_value(upper)}, ")
     tail = f"confidence := {float(confidence)!r}, user_col := {sql_string(user_col)}, item_col := {sql_string(item_col)}"

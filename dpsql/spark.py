@@ -247,17 +247,12 @@ def _null_message(col: str, param: str) -> str:
     return f"dpsql: column {col} ({param}) contains NULL; filter NULL {what} out first, e.g. with a view"
 
 
-# The text of dp__user_item_value_rows (sql/97_group_by.sql).
-_VALUE_MESSAGE = ("dpsql: column {col} (value_col) contains NULL or a value that is not a number; filter or convert "
-                  "it first, e.g. with a view")
-
-
 def _checked_rows(df, user_col: str, item_col: str, value_col: Optional[str] = None):
     """(user_id, item[, v]) per row of ``df``: ``dp__user_item_rows`` (with ``value_col``: ``dp__user_item_value_rows``).
 
-    Built here, in Python: column lookup, then one scan that refuses a NULL user or item (and a
-    NULL or non-numeric value) with DuckDB's error, before anything is drawn. ``v`` is the value as
-    DOUBLE (``try_cast``, as the macro: a cast error would quote the value).
+    Built here, in Python: column lookup (a ``value_col`` must be numeric, as the macro's binder
+    requires), then one scan that refuses a NULL user or item with DuckDB's error, before anything
+    is drawn. ``v`` is the value as DOUBLE; a NULL value stays NULL and the sum skips it.
     """
     from pyspark.sql import functions as F
 
@@ -273,26 +268,37 @@ def _checked_rows(df, user_col: str, item_col: str, value_col: Optional[str] = N
             raise DPParameterError(f"{param} := {col!r} is not a column of the DataFrame; its columns are "
                                    f"{', '.join(df.columns)}")
 
-    def column(param: str, col: str):
-        c = F.col(f"`{columns[col.lower()]}`")
-        return F.expr(f"try_cast(`{columns[col.lower()]}` AS DOUBLE)") if param == "value_col" else c
-
-    def message(param: str, col: str) -> str:
-        return _VALUE_MESSAGE.format(col=col) if param == "value_col" else _null_message(col, param)
+    if value_col is not None:
+        # As the macro's `+ 0::DOUBLE`: a numeric column (the schema), whose NULLs the sum skips.
+        kind = df.schema[columns[value_col.lower()]].dataType
+        if not isinstance(kind, _numeric_types()):
+            raise DPParameterError(f"value_col := {value_col!r} has type {kind.simpleString()}, not a number; "
+                                   f"convert it first, e.g. with a cast to double")
+    keys = [(param, col) for param, col in checked if param != "value_col"]
 
     # Checked here, in Python, because a raise_error inside the job reaches the driver as a Java stack
     # trace whose exception type depends on the plan (and whose text may lack the message).
-    nulls = df.select(*(F.max(column(param, col).isNull().cast("int")).alias(param) for param, col in checked)).first()
-    for param, col in checked:
+    nulls = df.select(*(F.max(F.col(f"`{columns[col.lower()]}`").isNull().cast("int")).alias(param)
+                        for param, col in keys)).first()
+    for param, col in keys:
         if nulls is not None and nulls[param]:
-            raise DPParameterError(message(param, col))
+            raise DPParameterError(_null_message(col, param))
 
     def not_null(param: str, col: str):
         # A guard for input that changes between the check and the release (e.g. a non-deterministic source).
-        return F.coalesce(column(param, col), F.raise_error(F.lit(message(param, col))))
+        return F.coalesce(F.col(f"`{columns[col.lower()]}`"), F.raise_error(F.lit(_null_message(col, param))))
 
     names = {"user_col": "user_id", "item_col": "item", "value_col": "v"}
-    return df.select(*(not_null(param, col).alias(names[param]) for param, col in checked))
+    selected = [not_null(param, col).alias(names[param]) for param, col in keys]
+    if value_col is not None:
+        selected.append(F.col(f"`{columns[value_col.lower()]}`").cast("double").alias("v"))
+    return df.select(*selected)
+
+
+def _numeric_types() -> tuple[type, ...]:
+    from pyspark.sql import types as T
+
+    return (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
 
 
 def _user_items(df, user_col: str, item_col: str):

@@ -14,8 +14,11 @@ CREATE OR REPLACE TEMP MACRO dp_group_by_calibration(epsilon DOUBLE, delta DOUBL
     dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
                              pre_threshold, confidence, 'user_id', 'item');
 
--- (user_id, item, v) per input row; v = value_col as DOUBLE (NULL when value_col is NULL). A NULL or
--- non-numeric value is an error naming the parameter (try_cast: a cast error would quote the value).
+-- (user_id, item, v) per input row; v = value_col as DOUBLE (NULL when value_col is NULL). The value
+-- column must have a numeric type: `+ 0::DOUBLE` makes DuckDB's binder refuse any other before anything
+-- runs. A NULL value is skipped by the sum, as SQL's SUM skips it, and never raises: the aggregates read
+-- only the rows of the selected items, after the selection is charged, so an error there would tell
+-- whether a selected item holds a NULL (docs/proofs/group_by.md, "NULL values").
 CREATE OR REPLACE TEMP MACRO dp__user_item_value_rows(tbl VARCHAR, value_col VARCHAR, user_col VARCHAR := 'user_id',
         item_col VARCHAR := 'item') AS TABLE
 SELECT
@@ -23,10 +26,7 @@ SELECT
              error('dpsql: column ' || user_col || ' (user_col) contains NULL; filter NULL users out first, e.g. with a view')) AS user_id,
     coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent')),
              error('dpsql: column ' || item_col || ' (item_col) contains NULL; filter NULL items out first, e.g. with a view')) AS item,
-    coalesce(try_cast(coalesce(*COLUMNS(lambda c: lower(c) = lower(value_col) OR c = 'dp__absent')) AS DOUBLE),
-             CASE WHEN coalesce(value_col, '') <> ''
-                  THEN error('dpsql: column ' || value_col || ' (value_col) contains NULL or a value that is not a '
-                             || 'number; filter or convert it first, e.g. with a view') END) AS v
+    coalesce(*COLUMNS(lambda c: lower(c) = lower(value_col) OR c = 'dp__absent')) + 0::DOUBLE AS v
 FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
       WHERE dp__check_column_list(tbl, ['user_col', 'item_col', 'value_col'],
                                   [user_col, item_col, coalesce(value_col, user_col)]));
@@ -99,7 +99,9 @@ dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 -- dpsql:portable dp__stats
 dp__stats AS MATERIALIZED (
     SELECT item, count(*) AS n,
-           sum(round(greatest(dp__cal.lower, least(dp__cal.upper, v)) / dp__cal.sum_granularity)::BIGINT) AS s_steps
+           sum(CASE WHEN v IS NOT NULL
+                    THEN round(greatest(dp__cal.lower, least(dp__cal.upper, v)) / dp__cal.sum_granularity)::BIGINT END)
+               AS s_steps
     FROM (SELECT user_id, item, v FROM dp__totals CROSS JOIN dp__salt
           QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s))) <= max_items)
     CROSS JOIN dp__cal
@@ -158,7 +160,9 @@ dp__totals AS (
 dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 dp__stats AS MATERIALIZED (
     SELECT item, count(*) AS n,
-           sum(round(greatest(dp__cal.lower, least(dp__cal.upper, v)) / dp__cal.sum_granularity)::BIGINT) AS s_steps
+           sum(CASE WHEN v IS NOT NULL
+                    THEN round(greatest(dp__cal.lower, least(dp__cal.upper, v)) / dp__cal.sum_granularity)::BIGINT END)
+               AS s_steps
     FROM (SELECT user_id, item, v FROM dp__totals CROSS JOIN dp__salt
           QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s))) <= max_items)
     CROSS JOIN dp__cal

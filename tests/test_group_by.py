@@ -162,16 +162,44 @@ def test_a_bad_parameter_charges_neither_step(bad, match):
     con.close()
 
 
-def test_a_non_numeric_value_fails_before_the_charge_without_quoting_it():
+def test_a_non_numeric_value_column_fails_before_the_charge_without_quoting_a_value():
     con = dpsql.connect()
     con.execute("CREATE TABLE s AS SELECT u AS user_id, 'i' || (u % 3) AS item, "
                 "CASE WHEN u = 7 THEN 'secret-value' ELSE u::VARCHAR END AS v FROM range(50) r(u)")
     con.execute("CREATE TABLE pub AS SELECT 'i' || j AS item FROM range(3) r(j)")
-    with pytest.raises(duckdb.Error, match=r"dpsql: column v \(value_col\) contains NULL or a value") as err:
-        con.execute("SELECT * FROM dp_group_by_public('s', 'pub', epsilon := 1.0, aggregates := ['sum'], "
-                    "value_col := 'v', lower := 0, upper := 10)").fetchall()
+    for sql in ("SELECT * FROM dp_group_by_public('s', 'pub', epsilon := 1.0, aggregates := ['sum'], "
+                "value_col := 'v', lower := 0, upper := 10)",
+                "SELECT * FROM dp_group_by('s', epsilon := 1.0, delta := 1e-5, aggregates := ['sum'], "
+                "value_col := 'v', lower := 0, upper := 10)"):
+        with pytest.raises(duckdb.BinderException) as err:  # a VARCHAR column: the binder, before anything runs
+            con.execute(sql).fetchall()
+        assert "secret" not in str(err.value)
+    with pytest.raises(DPParameterError, match=r"value_col := 'v' has type VARCHAR, not a number") as err:
+        dpsql.group_by(con, "s", epsilon=1.0, delta=1e-5, aggregates=["sum"], value_col="v", lower=0, upper=10)
     assert "secret" not in str(err.value)
     assert n_releases(con) == 0
+    con.close()
+
+
+def test_null_values_are_skipped_by_the_sum_and_never_raise_after_the_selection():
+    # A NULL value raising an error while the aggregates read the selected items' rows (after the
+    # selection's charge) would tell whether a selected item holds a NULL: NULLs are skipped instead,
+    # as SQL's SUM skips them, and the user still counts.
+    con = dpsql.connect(seed=5)
+    con.execute("CREATE TABLE n AS SELECT u AS user_id, 'i' || (u % 3) AS item, "
+                "CASE WHEN u % 2 = 0 THEN NULL ELSE 1.0 END AS v FROM range(30000) r(u)")
+    out = con.execute("SELECT item, count, sum FROM dp_group_by('n', epsilon := 1.0, delta := 1e-5, "
+                      "aggregates := ['count', 'sum'], value_col := 'v', lower := 0, upper := 10, max_items := 1)").fetchall()
+    assert [r[0] for r in out] == ["i0", "i1", "i2"]
+    cal = con.execute("SELECT count_scale, sum_scale FROM dp_group_by('n', epsilon := 1.0, delta := 1e-5, "
+                      "aggregates := ['count', 'sum'], value_col := 'v', lower := 0, upper := 10, max_items := 1) LIMIT 1"
+                      ).fetchall()
+    count_scale, sum_scale = cal[0]
+    # max_items / (epsilon/4) and (upper + half a grid step) max_items / (epsilon/4)
+    assert count_scale == 4.0 and sum_scale == pytest.approx(40.0, rel=1e-4)
+    # 10,000 users per item, half with value 1.0 and half with NULL (a NULL read as upper would give 55,000)
+    for _, count, total in out:
+        assert abs(count - 10_000) < 12 * count_scale and abs(total - 5_000) < 12 * sum_scale
     con.close()
 
 

@@ -801,38 +801,46 @@ def test_group_by_public_refuses_delta_like_dpsql_group_by(spark):
         dspark.group_by(None, epsilon=1.0, delta=1e-5, items=items)
 
 
-@pytest.mark.parametrize("column", ["user_id", "v"])
-def test_group_by_null_user_or_value_fails_like_duckdb(spark, column, monkeypatch):
+def test_group_by_null_user_fails_like_duckdb(spark, monkeypatch):
     from dpsql import spark as dspark
 
-    rows = pa.table({"user_id": pa.array([1, None] if column == "user_id" else [1, 2], pa.int64()),
-                     "item": pa.array(["a", "b"]),
-                     "v": pa.array([1.0, None] if column == "v" else [1.0, 2.0], pa.float64())})
+    rows = pa.table({"user_id": pa.array([1, None], pa.int64()), "item": pa.array(["a", "b"]),
+                     "v": pa.array([1.0, 2.0], pa.float64())})
     args = dict(epsilon=1.0, aggregates=["sum"], value_col="v", lower=0, upper=2)
-    # A NULL value: with a public list that holds its item (DuckDB checks the values of listed or
-    # selected items only; Spark checks every row before anything is drawn).
-    public = column == "v"
-    listed = pa.table({"item": pa.array(["a", "b"])})  # noqa: F841 (read by DuckDB's replacement scan)
     con = dpsql.connect()
     try:
         con.execute("CREATE TABLE t AS FROM rows")
-        con.execute("CREATE TABLE pub AS FROM listed")
         with pytest.raises(Exception) as duck_err:
-            if public:
-                dpsql.group_by(con, "t", items_tbl="pub", **args)
-            else:
-                dpsql.group_by(con, "t", delta=1e-5, selection="count_laplace", **args)
+            dpsql.group_by(con, "t", delta=1e-5, selection="count_laplace", **args)
     finally:
         con.close()
     message = "dpsql: " + str(duck_err.value).split("dpsql: ", 1)[1].splitlines()[0]
-    assert message.startswith(f"dpsql: column {column} (")
+    assert message.startswith("dpsql: column user_id (")
     drawn = []
     monkeypatch.setattr(dspark, "secure_source", lambda: drawn.append("salt"))
     monkeypatch.setattr(dspark, "_noise_task", lambda *a: drawn.append("noise"))
     monkeypatch.setattr(dspark, "_group_by_task", lambda *a: drawn.append("noise"))
     with pytest.raises(DPParameterError) as spark_err:
-        if public:
-            dspark.group_by(spark.createDataFrame(rows), items=spark.createDataFrame(listed), **args)
-        else:
-            dspark.group_by(spark.createDataFrame(rows), delta=1e-5, selection="count_laplace", **args)
+        dspark.group_by(spark.createDataFrame(rows), delta=1e-5, selection="count_laplace", **args)
     assert str(spark_err.value) == message and drawn == []
+
+
+def test_group_by_value_column_is_numeric_and_its_nulls_are_skipped_like_duckdb(spark):
+    from dpsql import groupby as gb
+    from dpsql import spark as dspark
+
+    text = pa.table({"user_id": pa.array([1, 2], pa.int64()), "item": pa.array(["a", "b"]),
+                     "v": pa.array(["1", "secret"])})
+    args = dict(epsilon=1.0, aggregates=["sum"], value_col="v", lower=0, upper=2)
+    with pytest.raises(DPParameterError, match=r"^dpsql: value_col := 'v' has type string, not a number") as err:
+        dspark.group_by(spark.createDataFrame(text), delta=1e-5, selection="count_laplace", **args)
+    assert "secret" not in str(err.value)
+    # NULL values: the translated stage skips them in the sum (the user still counts), as DuckDB does.
+    rows = pa.table({"user_id": pa.array([1, 2, 3, 4], pa.int64()), "item": pa.array(["a", "a", "a", "b"]),
+                     "v": pa.array([1.5, None, 2.0, None], pa.float64())})
+    cal = gb.group_by_calibration(1.0, None, 5, ["count", "sum"], "v", 0.0, 10.0, None)  # public domain
+    selected = spark.createDataFrame(pa.table({"item": pa.array(["a", "b"])}))
+    frame = dspark._checked_rows(spark.createDataFrame(rows), "user_id", "item", "v")
+    got = {r["item"]: (r["n"], r["s_steps"]) for r in dspark.group_by_stats(frame, selected, 5, 7, cal).collect()}
+    g = cal.sum_granularity
+    assert got == {"a": (3, round(1.5 / g) + round(2.0 / g)), "b": (1, None)}
