@@ -37,7 +37,7 @@ from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql import adaptive, basic, calibration, policy
 from dpsql.mechanism import Mechanism, sql_literal
-from dpsql.state import source_of
+from dpsql.state import current_ledger, source_of
 from dpsql.udf import Udf, scalar
 from dpsql.validation import (
     DPParameterError,
@@ -168,6 +168,8 @@ def _check_registered(con: object, macro: str) -> None:
     if not isinstance(con, duckdb.DuckDBPyConnection):
         raise DPParameterError(f"con must be a DuckDB connection or cursor (got {type(con).__name__}); "
                                f"open one with dpsql.connect()")
+    if current_ledger(con) is not None:
+        return  # registered by dpsql.register, which creates the macros (the catalog query costs ~15 ms)
     found = con.execute("SELECT count(*) FROM duckdb_functions() WHERE function_name = $1", [macro]).fetchall()
     if not found[0][0]:
         raise DPParameterError(
