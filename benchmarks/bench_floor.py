@@ -90,6 +90,7 @@ import resource, sys, time, duckdb
 sys.path.insert(0, {root!r})
 import dpsql
 con = dpsql.connect({db!r}, read_only=True)
+con.execute("SET enable_progress_bar = false")
 {threads}
 {before}
 t0 = time.perf_counter()
@@ -108,7 +109,7 @@ def bench_memory(db: str, table: str, names: list[str], max_items: int, threads,
                              threads=f"con.execute('SET threads = {threads}')" if threads else "", before=before)
         load = os.getloadavg()[0]
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        seconds, kib = done.stdout.split()
+        seconds, kib = done.stdout.split()[-2:]  # the last line: anything printed before is not ours
         out[n] = dict(seconds=float(seconds), peak_rss_mib=int(kib) / 1024, load=load)
         print(f"  {n:18s} {float(seconds):8.2f} s  peak RSS {int(kib) / 1024:8.0f} MiB  load {load:.2f}", flush=True)
     return out
