@@ -21,15 +21,19 @@ CREATE OR REPLACE TEMP MACRO dp_group_by_calibration(epsilon DOUBLE, delta DOUBL
 -- whether a selected item holds a NULL (docs/proofs/group_by.md, "NULL values").
 CREATE OR REPLACE TEMP MACRO dp__user_item_value_rows(tbl VARCHAR, value_col VARCHAR, user_col VARCHAR := 'user_id',
         item_col VARCHAR := 'item') AS TABLE
-SELECT
-    coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(user_col) OR c = 'dp__absent')),
-             error('dpsql: column ' || user_col || ' (user_col) contains NULL; filter NULL users out first, e.g. with a view')) AS user_id,
-    coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent')),
-             error('dpsql: column ' || item_col || ' (item_col) contains NULL; filter NULL items out first, e.g. with a view')) AS item,
-    coalesce(*COLUMNS(lambda c: lower(c) = lower(value_col) OR c = 'dp__absent')) + 0::DOUBLE AS v
-FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
-      WHERE dp__check_column_list(tbl, ['user_col', 'item_col', 'value_col'],
-                                  [user_col, item_col, coalesce(value_col, user_col)]));
+-- The NULL check is a filter, as in dp__user_item_rows: it keeps the columns' statistics (compressed keys).
+SELECT user_id, item, v
+FROM (SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(user_col) OR c = 'dp__absent')) AS user_id,
+             coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent')) AS item,
+             coalesce(*COLUMNS(lambda c: lower(c) = lower(value_col) OR c = 'dp__absent')) + 0::DOUBLE AS v
+      FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
+            WHERE dp__check_column_list(tbl, ['user_col', 'item_col', 'value_col'],
+                                        [user_col, item_col, coalesce(value_col, user_col)])))
+WHERE CASE WHEN user_id IS NULL
+           THEN error('dpsql: column ' || user_col || ' (user_col) contains NULL; filter NULL users out first, e.g. with a view')
+           WHEN item IS NULL
+           THEN error('dpsql: column ' || item_col || ' (item_col) contains NULL; filter NULL items out first, e.g. with a view')
+           ELSE true END;
 
 -- The pre-thresholded selection of dp_group_by (pre_threshold T > 1; docs/proofs/group_by.md):
 -- the one-shot weighting of `method` (count_*, weighted_*) over the capped rows; an item with n >= T
