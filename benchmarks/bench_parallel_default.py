@@ -43,6 +43,9 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_policy import shared_data  # noqa: E402  (the shared datasets' folder: one rule for every benchmark)
+
 FILES = {
     "askreddit_unigrams": "reddit_askreddit_1pct/unigrams.parquet",
     "askreddit_bigrams": "reddit_askreddit_1pct/bigrams.parquet",
@@ -63,14 +66,6 @@ SEQUENTIAL_BEST = {
 DEFAULT_CONFIGS = ["mad2r=mad2r:{}", "sips=sips:{}"]
 
 
-def shared_data() -> Path | None:
-    env = os.environ.get("DPSQL_SHARED_DATA")
-    for path in ([Path(env)] if env else []) + [HERE.parents[1] / "shared" / "data"]:
-        if path.is_dir():
-            return path
-    return None
-
-
 def dataset_path(name: str, cache: Path) -> Path | None:
     """The Parquet file (user_id, item) of a dataset, None if absent; zipf200k is generated once into ``cache``."""
     if name == "zipf200k":
@@ -78,7 +73,6 @@ def dataset_path(name: str, cache: Path) -> Path | None:
         if not out.is_file():
             import duckdb
 
-            sys.path.insert(0, str(HERE))
             from zipf_data import generate
 
             con = duckdb.connect()

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import sys
 import tempfile
 import time
@@ -34,46 +32,12 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-FILES = {
-    "askreddit_unigrams": "reddit_askreddit_1pct/unigrams.parquet",
-    "askreddit_bigrams": "reddit_askreddit_1pct/bigrams.parquet",
-    "tweets": "health_news_tweets/tweet_tokens.parquet",
-    "debian": "debian_bookworm_descriptions/package_description_tokens.parquet",
-}
-SETTINGS = {"a": (1.0, 1e-5, 100), "b": (3.0, math.exp(-10), 100)}
+sys.path.insert(0, str(HERE))
+# The datasets, settings and zipf200k of the parallel-default benchmark: the two tables compare.
+from bench_parallel_default import DATASETS, SETTINGS, dataset_path  # noqa: E402
+
 METHODS = ["policy_laplace", "policy_gaussian", "greedy_update_user_order", "greedy_update",
            "greedy_update_public_rank"]
-ZIPF_USERS, ZIPF_ROWS = 200_000, 4_000_000
-
-
-def shared_data() -> Path | None:
-    env = os.environ.get("DPSQL_SHARED_DATA")
-    for path in ([Path(env)] if env else []) + [HERE.parents[1] / "shared" / "data"]:
-        if path.is_dir():
-            return path
-    return None
-
-
-def prepare(name: str, tmp: Path) -> Path | None:
-    """The Parquet file (user_id, item) of a dataset; None if it is absent. zipf200k is generated once."""
-    if name == "zipf200k":
-        import duckdb
-
-        sys.path.insert(0, str(HERE))
-        from zipf_data import generate
-
-        out = tmp / "zipf200k.parquet"
-        con = duckdb.connect()
-        try:
-            generate(con, "z", ZIPF_ROWS)
-            con.execute(f"COPY (SELECT user_id, item FROM z WHERE user_id < {ZIPF_USERS}) TO '{out}' (FORMAT parquet)")
-        finally:
-            con.close()
-        return out
-    root = shared_data()
-    if root is None or not (root / FILES[name]).is_file():
-        return None
-    return root / FILES[name]
 
 
 def greedy_user_order(con, seed: int, epsilon: float, delta: float) -> int:
@@ -113,7 +77,7 @@ def released(con, method: str, seed: int, epsilon: float, delta: float, max_item
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datasets", default=",".join(list(FILES) + ["zipf200k"]))
+    ap.add_argument("--datasets", default=",".join(DATASETS))
     ap.add_argument("--settings", default="a,b")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--runs", type=int, default=3)
@@ -126,7 +90,7 @@ def main() -> None:
     results = []
     tmp = Path(tempfile.mkdtemp(prefix="bench_policy_utility_"))
     for name in args.datasets.split(","):
-        path = prepare(name, tmp)
+        path = dataset_path(name, tmp)
         if path is None:
             print(f"{name}: absent, skipped", file=sys.stderr)
             continue
