@@ -376,7 +376,7 @@ def _check_value_column(con: duckdb.DuckDBPyConnection, table: str, value_col: s
     if kind is None:
         raise DPParameterError(f"value_col := {value_col!r} is not a column of {table!r}; its columns are "
                                f"{', '.join(str(r[0]) for r in rows)}. Pass value_col := '<column name>'")
-    if not kind.upper().startswith(_NUMERIC_TYPES):
+    if kind.upper().split("(")[0] not in _NUMERIC_TYPES:  # DECIMAL(p,s) is a number; INTEGER[] is not
         raise DPParameterError(f"value_col := {value_col!r} has type {kind}, not a number; convert it in a view "
                                f"first, e.g. CREATE VIEW v AS SELECT *, TRY_CAST({value_col} AS DOUBLE) AS value ...")
 

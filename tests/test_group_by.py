@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import duckdb
 import numpy as np
@@ -177,6 +178,17 @@ def test_a_non_numeric_value_column_fails_before_the_charge_without_quoting_a_va
     with pytest.raises(DPParameterError, match=r"value_col := 'v' has type VARCHAR, not a number") as err:
         dpsql.group_by(con, "s", epsilon=1.0, delta=1e-5, aggregates=["sum"], value_col="v", lower=0, upper=10)
     assert "secret" not in str(err.value)
+    assert n_releases(con) == 0
+    con.close()
+
+
+@pytest.mark.parametrize("expr, kind", [("[u]", "BIGINT[]"), ("{'x': u}", "STRUCT")])
+def test_a_nested_value_column_is_not_a_number(expr, kind):
+    # a list of numbers is not a number: refused by name and type before anything is read or charged
+    con = dpsql.connect()
+    con.execute(f"CREATE TABLE s AS SELECT u AS user_id, 'i' || (u % 3) AS item, {expr} AS v FROM range(50) r(u)")
+    with pytest.raises(DPParameterError, match=rf"value_col := 'v' has type {re.escape(kind)}"):
+        dpsql.group_by(con, "s", epsilon=1.0, delta=1e-5, aggregates=["sum"], value_col="v", lower=0, upper=10)
     assert n_releases(con) == 0
     con.close()
 
