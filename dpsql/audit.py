@@ -407,6 +407,8 @@ _REPLICA_MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
               _mad_min_pair_fn, note="max_adaptive_degree 4, rerouting dataset"),
     Mechanism("mad2r", _set_union_sql("dp_set_union_mad2r", 100), _same, _threshold_pairs("mad2r", 100, 1, 1.0)),
     Mechanism("sips", _set_union_sql("dp_set_union_sips", 100), _same, _threshold_pairs("sips", 100, 1, 1.0)),
+    Mechanism("sips_cumulative", _set_union_sql("dp_set_union_sips_cumulative", 100), _same,
+              _threshold_pairs("sips_cumulative", 100, 1, 1.0), note="last round's running mean"),
     Mechanism("policy_laplace", _set_union_sql("dp_set_union_policy_laplace", 100), _same,
               _policy_pairs("policy_laplace")),
     Mechanism("policy_gaussian", _set_union_sql("dp_set_union_policy_gaussian", 100), _same,

@@ -35,7 +35,7 @@ import duckdb
 import pyarrow as pa
 from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
-from dpsql import adaptive, basic, calibration, policy
+from dpsql import adaptive, basic, calibration, cumulative, policy
 from dpsql.mechanism import Mechanism, sql_literal
 from dpsql.state import current_ledger, source_of
 from dpsql.udf import Udf, scalar
@@ -57,7 +57,7 @@ __all__ = ["FAMILY_MODULES", "METHODS", "DEFAULT_METHOD", "COMMON_PARAMS", "opti
 
 # The modules declaring set-union methods (their MECHANISMS), in the order front ends list the methods.
 # A new set-union module is added here; registration also registers its ``udfs``.
-FAMILY_MODULES: tuple[ModuleType, ...] = (basic, adaptive, policy)
+FAMILY_MODULES: tuple[ModuleType, ...] = (basic, adaptive, cumulative, policy)
 METHODS: dict[str, Mechanism] = {m.name: m for mod in FAMILY_MODULES for m in mod.MECHANISMS}
 
 # The parameters every set-union macro shares; dp_set_union passes exactly these on (the others keep

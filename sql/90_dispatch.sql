@@ -38,6 +38,9 @@ UNION ALL
 SELECT item FROM dp_set_union_sips(tbl, epsilon := dp__dispatched(method, 'sips', epsilon), delta := delta, max_items := max_items, user_col := user_col, item_col := item_col)
 WHERE dp__method_is(method, 'sips')
 UNION ALL
+SELECT item FROM dp_set_union_sips_cumulative(tbl, epsilon := dp__dispatched(method, 'sips_cumulative', epsilon), delta := delta, max_items := max_items, user_col := user_col, item_col := item_col)
+WHERE dp__method_is(method, 'sips_cumulative')
+UNION ALL
 SELECT item FROM dp_set_union_policy_laplace(tbl, epsilon := dp__dispatched(method, 'policy_laplace', epsilon), delta := delta, max_items := max_items, user_col := user_col, item_col := item_col)
 WHERE dp__method_is(method, 'policy_laplace')
 UNION ALL

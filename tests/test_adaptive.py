@@ -655,7 +655,7 @@ def test_sql_mad_with_infinite_tau_is_basic_and_dominates_basic():
 # Releases
 # ---------------------------------------------------------------------------
 
-MACROS = ["mad", "mad2r", "sips"]
+MACROS = ["mad", "mad2r", "sips", "sips_cumulative"]
 
 
 def released(con, method, table="t", **params):

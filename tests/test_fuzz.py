@@ -232,6 +232,8 @@ ENTRIES: list[Entry] = [
           ["item"], subset_of(ITEMS), UNION_COLS, UNION_TABLES),
     Entry("dp_set_union_sips", f"FROM dp_set_union_sips({{tbl}}, {SU_ARGS})", dict(SU),
           ["item"], subset_of(ITEMS), UNION_COLS, UNION_TABLES),
+    Entry("dp_set_union_sips_cumulative", f"FROM dp_set_union_sips_cumulative({{tbl}}, {SU_ARGS})", dict(SU),
+          ["item"], subset_of(ITEMS), UNION_COLS, UNION_TABLES),
     Entry("dp_set_union_policy_laplace",
           f"FROM dp_set_union_policy_laplace({{tbl}}, {SU_ARGS}, alpha := {{alpha}}, passes := {{passes}})",
           dict(SU, alpha=5.0, passes=1.0), ["item"], subset_of(ITEMS), UNION_COLS, UNION_TABLES),

@@ -130,7 +130,9 @@ def test_salt_is_fresh_per_query(con):
 #   the item weights (one row per item) are stored because the charge waits for them;
 # - MAD, DP-SIPS and MAD2R re-read the capped rows, so they store them once, capped by the window
 #   (no pairs, no degrees); DP-SIPS adds each round's released items; MAD2R adds round one's noisy
-#   weights and the candidates' biases (one row per item) and round two's rows.
+#   weights and the candidates' biases (one row per item) and round two's rows;
+# - cumulative DP-SIPS stores each round's running sums (one row per item not yet released) and the
+#   rows of the items no round has released yet (they shrink from round to round).
 _BASIC = {"dp__cal", "dp__paid", "dp__salt", "dp__pairs", "dp__degrees", "dp__weights"}
 STORED = {
     "count_gaussian": _BASIC,
@@ -140,6 +142,9 @@ STORED = {
     "mad": {"dp__mad_cal", "dp__mad_paid", "dp__salt", "dp__mad_rows"},
     "sips": {"dp__s_cal", "dp__s_paid", "dp__salt", "dp__s_rows", "dp__s_r1", "dp__s_r2", "dp__s_r3", "dp__s_r4",
              "dp__s_r5"},
+    # the default six rounds store the rows kept for rounds 2..6; rounds 7 and 8 stay in the plan, empty
+    "sips_cumulative": {"dp__sc_cal", "dp__sc_paid", "dp__salt", "dp__sc_rows"} | {f"dp__sc_z{r}" for r in range(1, 9)}
+    | {f"dp__sc_k{r}" for r in range(1, 6)},
     "mad2r": {"dp__m2_cal", "dp__m2_paid", "dp__salt", "dp__m2_rows", "dp__m2_noisy1", "dp__m2_items2",
               "dp__m2_rows2"},
 }
