@@ -11,19 +11,6 @@ SELECT user_id, item, count(*) AS m
 FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col)
 GROUP BY user_id, item;
 
--- The entries a policy sees: the capped distinct pairs (m = 1), or for GreedyUpdate every distinct
--- pair with its multiplicity and no cap. `method` is a constant: the untaken branch is pruned
--- while planning (it draws no salt).
-CREATE OR REPLACE TEMP MACRO dp__policy_entries(tbl VARCHAR, method VARCHAR, max_items DOUBLE := 100,
-                                                user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
-SELECT user_id, item, 1::BIGINT AS m
-FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
-WHERE method <> 'greedy_update'
-UNION ALL
-SELECT user_id, item, m
-FROM dp__user_item_multiplicities(tbl, user_col := user_col, item_col := item_col)
-WHERE method = 'greedy_update';
-
 -- TRUE, or an error: order_tbl/order_col belong to greedy_update only, order_col needs order_tbl, and
 -- the named columns must exist (checked on the schema, before any row is read).
 CREATE OR REPLACE TEMP MACRO dp__policy_check_order(method, order_tbl, order_col, item_col, tbl) AS
@@ -76,34 +63,58 @@ WITH dp__cal AS (
       AND dp__constant('order_col', order_col)
       AND dp__policy_check_order(method, order_tbl, order_col, item_col, tbl)),
 dp__order_salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
--- Materialised: row_number() OVER () is not reproducible, and the ids are used twice.
+-- GreedyUpdate's public order (order_tbl: public, or an earlier DP release): its items are filled
+-- first, by ascending order_col (when given), before the items it does not list.
+dp__public_order AS MATERIALIZED (FROM dp__policy_public_order(order_tbl, order_col, item_col, tbl)),
+-- Dense item ids. GreedyUpdate's follow its global order (public order first, then the keyed hash,
+-- then the item), so a user's fill order is (multiplicity descending, id): three integers for the
+-- list's sort instead of a hash and the item itself on every pair. The other policies' ids are
+-- arbitrary (their updates do not depend on the order). Materialised: row_number() OVER () is not
+-- reproducible, and the ids are used twice.
 dp__items AS MATERIALIZED (
     SELECT item, CASE WHEN n < 4294967296 THEN n
                       ELSE error('dpsql: more than 2^32 distinct items; the policy methods cannot number them') END AS iid
-    FROM (SELECT item, row_number() OVER () - 1 AS n
-          FROM (SELECT DISTINCT item FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col)))),
+    FROM (SELECT item, row_number() OVER (ORDER BY o.listed NULLS LAST, o.r NULLS LAST, hash(xor(hash(item), s)), item) - 1 AS n
+          FROM (SELECT DISTINCT item FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col))
+          CROSS JOIN dp__order_salt LEFT JOIN dp__public_order o USING (item)
+          WHERE method = 'greedy_update'
+          UNION ALL
+          SELECT item, row_number() OVER () - 1 AS n
+          FROM (SELECT DISTINCT item FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col))
+          WHERE method <> 'greedy_update')),
+-- The entries (user_id, item, m) a policy sees: the capped distinct pairs (m = 1), or for GreedyUpdate
+-- every distinct pair with its multiplicity and no cap. `method` is a constant: the untaken branch is
+-- pruned while planning (it draws no salt). GreedyUpdate's pairs are stored because it also counts
+-- each user's distinct items from them (a second DISTINCT of the rows costs more than storing them).
+dp__mult AS MATERIALIZED (
+    FROM dp__user_item_multiplicities(tbl, user_col := user_col, item_col := item_col) WHERE method = 'greedy_update'),
+dp__pairs AS NOT MATERIALIZED (
+    SELECT user_id, item, 1::BIGINT AS m
+    FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
+    WHERE method <> 'greedy_update'
+    UNION ALL
+    FROM dp__mult),
+-- Users: GreedyUpdate needs each user's number of distinct items (from the pairs' multiplicities,
+-- which it reads anyway); the others need only the distinct users, not a second DISTINCT of the pairs.
 dp__users AS (
     SELECT user_id, CASE WHEN n < 2147483648 THEN n
                          ELSE error('dpsql: more than 2^31 users; the policy methods cannot number them') END AS ord
     FROM (SELECT user_id, row_number() OVER (ORDER BY CASE WHEN method = 'greedy_update' THEN d END,
                                                       hash(xor(hash(user_id), s)), user_id) - 1 AS n
-          FROM (SELECT user_id, count(DISTINCT item) AS d
-                FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col) GROUP BY user_id)
+          FROM (SELECT user_id, count(*) AS d FROM dp__mult GROUP BY user_id
+                UNION ALL
+                SELECT user_id, NULL AS d
+                FROM dp__user_item_rows(tbl, user_col := user_col, item_col := item_col)
+                WHERE method <> 'greedy_update' GROUP BY user_id)
           CROSS JOIN dp__order_salt)),
--- GreedyUpdate's public order (order_tbl: public, or an earlier DP release): its items are filled
--- first, by ascending order_col (when given), before the items it does not list.
-dp__public_order AS MATERIALIZED (FROM dp__policy_public_order(order_tbl, order_col, item_col, tbl)),
 dp__entries AS NOT MATERIALIZED (
-    SELECT (ord << 32) | iid AS k, m, hash(xor(hash(item), s)) AS tie, item, o.listed, o.r
-    FROM dp__policy_entries(tbl, method, max_items := max_items, user_col := user_col, item_col := item_col)
-    JOIN dp__users USING (user_id) JOIN dp__items USING (item) CROSS JOIN dp__order_salt
-    LEFT JOIN dp__public_order o USING (item)),
+    SELECT (ord << 32) | iid AS k, m FROM dp__pairs JOIN dp__users USING (user_id) JOIN dp__items USING (item)),
 -- One row for the method's branch (HAVING: an aggregate over the pruned branch's empty input would
 -- add a second row with an empty list).
 dp__lists AS (
     SELECT list(k) AS keys FROM dp__entries WHERE method <> 'greedy_update' HAVING count(*) > 0
     UNION ALL
-    SELECT list(k ORDER BY k >> 32, m DESC, listed NULLS LAST, r NULLS LAST, tie, item) AS keys
+    SELECT list(k ORDER BY k >> 32, m DESC, k) AS keys
     FROM dp__entries WHERE method = 'greedy_update' HAVING count(*) > 0),
 -- One charge per release (sql/05_ledger.sql); the public macros below are thin wrappers of this one.
 -- Charged after the entries are read (sql/00_release.sql): a NULL user fails before the charge.
