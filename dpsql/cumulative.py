@@ -105,8 +105,7 @@ def sips_cumulative_set_union_calibration(epsilon: float, delta: float, max_item
     last round with probability ``P[w + N(0, scale^2) >= threshold]``); each round lists its own
     ``sigma`` and the threshold of its running mean."""
     rounds = sips_cumulative_calibration(epsilon, delta, max_items)
-    with derived_budget():  # nominal shares of the checked budget
-        listed = tuple(RoundCalibration(r.share * epsilon, r.share * delta, r.sigma, r.threshold) for r in rounds)
+    listed = tuple(RoundCalibration(r.share * epsilon, r.share * delta, r.sigma, r.threshold) for r in rounds)
     return SetUnionCalibration("gaussian", rounds[-1].mean_sigma, rounds[-1].threshold, listed,
                                sips_cumulative_accounting(epsilon, delta, max_items))
 
@@ -116,8 +115,8 @@ def udfs(source) -> list[Udf]:
 
     @lru_cache(maxsize=128)
     def _row(epsilon, delta, max_items, split):
-        rounds = sips_cumulative_calibration(epsilon, delta, max_items, list(split) if split is not None else None)
-        a = sips_cumulative_accounting(epsilon, delta, max_items, list(split) if split is not None else None)
+        key = _key(epsilon, delta, max_items, list(split) if split is not None else None)
+        rounds, a = _calibration(*key)
         return {"share": tuple(r.share for r in rounds), "cumulative_share": tuple(r.cumulative_share for r in rounds),
                 "sigma": tuple(r.sigma for r in rounds), "mean_sigma": tuple(r.mean_sigma for r in rounds),
                 "rho": tuple(r.threshold for r in rounds),
