@@ -97,7 +97,7 @@ class KernelTimer:
         self.last = None
         self.other = 0.0  # CSR building and the release, also inside the UDF
         policy.run_policy = self
-        for name in ("csr_from_keys", "release"):
+        for name in ("csr_from_keys", "fill_order", "release"):
             setattr(policy, name, self._timed(getattr(policy, name)))
 
     def _timed(self, fn):

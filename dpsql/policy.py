@@ -106,7 +106,7 @@ __all__ = [
     "POLICIES", "MAX_PASSES", "check_alpha", "check_passes",
     "policy_laplace_calibration", "policy_gaussian_calibration", "greedy_update_threshold",
     "greedy_update_calibration",
-    "policy_cutoff", "calibrate", "build_csr", "csr_from_keys", "run_policy", "release", "numba_available",
+    "policy_cutoff", "calibrate", "build_csr", "csr_from_keys", "fill_order", "run_policy", "release", "numba_available",
     "reporting", "ProgressRelay", "udfs",
 ]
 
@@ -266,7 +266,7 @@ def csr_from_keys(keys: np.ndarray, *, keep_order: bool) -> tuple[np.ndarray, np
     """CSR from packed entries ``user_ordinal << 32 | item_id`` (the macro's list).
 
     With ``keep_order`` the keys must already be grouped by user in visiting
-    order (greedy_update's fill order is the list order); otherwise they are
+    order (as ``fill_order``'s fallback hands them over); otherwise they are
     sorted (the order within a user does not matter to the descent policies).
     """
     keys = np.asarray(keys, dtype=np.int64)
@@ -280,6 +280,62 @@ def csr_from_keys(keys: np.ndarray, *, keep_order: bool) -> tuple[np.ndarray, np
     indptr = np.zeros(int(order[-1]) + 2, np.int64)
     np.cumsum(np.bincount(order), out=indptr[1:])
     return indptr, keys & 0xFFFFFFFF
+
+
+_BLOCK = 1 << 20  # entries per block of fill_order's temporaries
+
+
+def fill_order(once: np.ndarray, keys: np.ndarray, mults: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """GreedyUpdate's CSR from entries ``user_ordinal << 32 | item_id``.
+
+    ``once`` holds the entries of multiplicity 1, ``keys`` the others with
+    their multiplicities ``mults`` (most tables repeat few pairs: those
+    entries need no multiplicity). Users come in ordinal order; each user's
+    items most repeated first, ties by item id (the ids follow the global item
+    order). The engine hands the entries over unordered (an ordered list
+    aggregate costs more than the rest of the release); when the three fields
+    fit in 63 bits one in-place sort of packed integers orders them, otherwise
+    an exact (slower) lexicographic sort does.
+    """
+    once, keys, mults = (np.asarray(a, dtype=np.int64) for a in (once, keys, mults))
+    if len(keys) != len(mults):
+        raise InputError("dpsql: greedy_update needs one multiplicity per repeated entry")
+    parts: list[tuple[np.ndarray, Optional[np.ndarray]]] = [(once, None), (keys, mults)]
+    n = len(once) + len(keys)
+    if n == 0:
+        return np.zeros(1, np.int64), np.zeros(0, np.int64)
+    top = int(mults.max()) if len(mults) else 1
+    top_user = top_id = 0
+    for arr, _ in parts:
+        for lo in range(0, len(arr), _BLOCK):
+            block = arr[lo:lo + _BLOCK]
+            top_user = max(top_user, int(block.max() >> 32))
+            top_id = max(top_id, int((block & 0xFFFFFFFF).max()))
+    id_bits = top_id.bit_length()
+    shift = top.bit_length() + id_bits
+    if top_user.bit_length() + shift > 63:
+        everything = np.concatenate([once, keys])
+        every_m = np.concatenate([np.ones(len(once), np.int64), mults])
+        return csr_from_keys(everything[np.lexsort((everything & 0xFFFFFFFF, -every_m, everything >> 32))],
+                             keep_order=True)
+    # One array of (ordinal << shift | (top - m) << id_bits | id), sorted in place; the temporaries are
+    # blocks, since the entries of a whole table are the largest arrays of the release.
+    packed = np.empty(n, np.int64)
+    counts = np.zeros(top_user + 1, np.int64)
+    at = 0
+    for arr, ms in parts:
+        for lo in range(0, len(arr), _BLOCK):
+            block = arr[lo:lo + _BLOCK]
+            users = block >> 32
+            counts += np.bincount(users, minlength=top_user + 1)
+            rank = (top - 1) if ms is None else (top - ms[lo:lo + _BLOCK])
+            packed[at:at + len(block)] = (users << shift) | (rank << id_bits) | (block & 0xFFFFFFFF)
+            at += len(block)
+    packed.sort()
+    packed &= (1 << id_bits) - 1
+    indptr = np.zeros(top_user + 2, np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return indptr, packed
 
 
 # --------------------------------------------------------------------------
@@ -601,12 +657,28 @@ def _flat(arr: pa.Array) -> np.ndarray:
     return arr.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
+def _flat_entries(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The keys and multiplicities of a one-row list of ``{k, m}`` structs, as int64 numpy."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if len(arr) != 1:
+        raise InputError("dpsql: the policy kernel expects one row (the whole table as one list)")
+    if arr.null_count:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    keys, mults = (arr.values.field(f).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+                   for f in ("k", "m"))
+    return keys, mults
+
+
 def udfs(source: NoiseSource) -> list[Udf]:
     """Calibration (pure) and the release UDF (draws noise: side effects) of the policy macros."""
 
-    def policy_release(method, keys, noise, scale, threshold, gamma, passes):
+    def policy_release(method, keys, entries, noise, scale, threshold, gamma, passes):
         method = check_policy(method[0].as_py())
-        indptr, indices = csr_from_keys(_flat(keys), keep_order=method == "greedy_update")
+        if method == "greedy_update":
+            indptr, indices = fill_order(_flat(keys), *_flat_entries(entries))
+        else:
+            indptr, indices = csr_from_keys(_flat(keys), keep_order=False)
         cal = SetUnionCalibration(noise[0].as_py(), float(scale[0].as_py()), float(threshold[0].as_py()))
         n_items = int(indices.max()) + 1 if len(indices) else 0
         H = run_policy(POLICIES[method], indptr, indices, n_items, float(gamma[0].as_py()), int(passes[0].as_py()),
@@ -624,7 +696,9 @@ def udfs(source: NoiseSource) -> list[Udf]:
             duckdb.struct_type({"noise": VARCHAR, "scale": DOUBLE, "threshold": DOUBLE, "gamma": DOUBLE,
                                 "n_passes": BIGINT})),
         Udf("dp__policy_cutoff", scalar(cutoff), (VARCHAR, d, d, d, d), DOUBLE),
-        Udf("dp__policy_release", policy_release, (VARCHAR, duckdb.list_type(BIGINT), VARCHAR, d, d, d, BIGINT),
+        Udf("dp__policy_release", policy_release,
+            (VARCHAR, duckdb.list_type(BIGINT), duckdb.list_type(duckdb.struct_type({"k": BIGINT, "m": BIGINT})),
+             VARCHAR, d, d, d, BIGINT),
             duckdb.list_type(BIGINT), side_effects=True),
     ]
 

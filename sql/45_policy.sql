@@ -67,8 +67,8 @@ dp__order_salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 -- first, by ascending order_col (when given), before the items it does not list.
 dp__public_order AS MATERIALIZED (FROM dp__policy_public_order(order_tbl, order_col, item_col, tbl)),
 -- Dense item ids. GreedyUpdate's follow its global order (public order first, then the keyed hash,
--- then the item), so a user's fill order is (multiplicity descending, id): three integers for the
--- list's sort instead of a hash and the item itself on every pair. The other policies' ids are
+-- then the item), so a user's fill order is (multiplicity descending, id): three integers to sort
+-- instead of a hash and the item itself on every pair. The other policies' ids are
 -- arbitrary (their updates do not depend on the order). Materialised: row_number() OVER () is not
 -- reproducible, and the ids are used twice.
 dp__items AS MATERIALIZED (
@@ -110,11 +110,15 @@ dp__users AS (
 dp__entries AS NOT MATERIALIZED (
     SELECT (ord << 32) | iid AS k, m FROM dp__pairs JOIN dp__users USING (user_id) JOIN dp__items USING (item)),
 -- One row for the method's branch (HAVING: an aggregate over the pruned branch's empty input would
--- add a second row with an empty list).
+-- add a second row with an empty list). GreedyUpdate's entries arrive unordered: the kernel sorts
+-- them into the fill order (user, m descending, id; dpsql.policy.fill_order), at a fraction of the
+-- cost of an ordered list aggregate. Its pairs with m = 1 (most, in most tables) go as keys alone;
+-- the repeated ones as structs, so each key keeps its m.
 dp__lists AS (
-    SELECT list(k) AS keys FROM dp__entries WHERE method <> 'greedy_update' HAVING count(*) > 0
+    SELECT list(k) AS keys, NULL::STRUCT(k BIGINT, m BIGINT)[] AS entries
+    FROM dp__entries WHERE method <> 'greedy_update' HAVING count(*) > 0
     UNION ALL
-    SELECT list(k ORDER BY k >> 32, m DESC, k) AS keys
+    SELECT list(k) FILTER (WHERE m = 1) AS keys, list({'k': k, 'm': m}) FILTER (WHERE m > 1) AS entries
     FROM dp__entries WHERE method = 'greedy_update' HAVING count(*) > 0),
 -- One charge per release (sql/05_ledger.sql); the public macros below are thin wrappers of this one.
 -- Charged after the entries are read (sql/00_release.sql): a NULL user fails before the charge.
@@ -123,7 +127,7 @@ dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_' || method, 'user', t
          'item_col': item_col, 'order_tbl': order_tbl, 'order_col': order_col}::VARCHAR, dp__cal::VARCHAR) AS paid
     FROM dp__cal WHERE (SELECT count(*) FROM dp__lists) >= 0),
 dp__released AS (
-    SELECT unnest(dp__policy_release(method, keys, noise, scale, threshold, gamma, n_passes)) AS iid
+    SELECT unnest(dp__policy_release(method, keys, entries, noise, scale, threshold, gamma, n_passes)) AS iid
     FROM dp__lists CROSS JOIN dp__cal)
 -- Sorted: the dense ids follow the engine's hash order, which depends on the data.
 SELECT item FROM dp__released JOIN dp__items USING (iid) CROSS JOIN dp__paid WHERE paid

@@ -577,6 +577,43 @@ def test_csr_from_keys_groups_users_in_order():
         policy.csr_from_keys(keys, keep_order=True)
 
 
+@pytest.mark.parametrize("wide", [False, True])
+def test_fill_order_sorts_users_then_most_repeated_then_id(wide, monkeypatch):
+    monkeypatch.setattr(policy, "_BLOCK", 777)  # several blocks of temporaries
+    # GreedyUpdate's fill order (user ordinal, multiplicity descending, item id), against Python's sort.
+    # Narrow fields take the packed single sort; wide ones (ordinal, id and m needing > 63 bits) the
+    # exact lexicographic one.
+    rng = np.random.default_rng(7 + wide)
+    n = 5000
+    top_user, top_item, top_m = ((40, 2**32 - 1, 2**31) if wide else (40, 300, 6))  # (ordinals are dense)
+    users = rng.integers(0, top_user, 60)
+    pairs = {(int(rng.choice(users)), int(rng.integers(0, top_item))) for _ in range(n)}
+    pairs.add((int(top_user), int(top_item)))  # the field widths are reached
+    entries = [(u, i, 1 if rng.random() < 0.3 else int(rng.integers(2, top_m + 1))) for u, i in pairs]
+    entries[0] = (entries[0][0], entries[0][1], top_m)
+    rng.shuffle(entries)
+    once = np.array([(u << 32) | i for u, i, m in entries if m == 1], np.int64)
+    keys = np.array([(u << 32) | i for u, i, m in entries if m > 1], np.int64)
+    mults = np.array([m for _, _, m in entries if m > 1], np.int64)
+    want = sorted(entries, key=lambda e: (e[0], -e[2], e[1]))
+    indptr, indices = policy.fill_order(once, keys, mults)
+    assert indices.tolist() == [i for _, i, _ in want]
+    counts = np.bincount([u for u, _, _ in want])
+    assert indptr.tolist() == [0] + np.cumsum(counts).tolist()
+    assert sum(m > 1 for _, _, m in entries) > n // 2  # multiplicities decide most of the order
+    assert 0 < len(once) < n // 2
+    with pytest.raises(ValueError, match="one multiplicity per repeated entry"):
+        policy.fill_order(once, keys, mults[1:])
+    # Only single or only repeated entries, and none.
+    for part in (once, keys):
+        m = np.ones(len(part), np.int64) if part is once else mults
+        indptr, indices = policy.fill_order(part[:0], part, m) if part is keys else policy.fill_order(part, part[:0], m[:0])
+        sub = sorted(((k >> 32, -int(mm), k & 0xFFFFFFFF) for k, mm in zip(part.tolist(), m.tolist())))
+        assert indices.tolist() == [i for _, _, i in sub]
+    empty = np.zeros(0, np.int64)
+    assert [a.tolist() for a in policy.fill_order(empty, empty, empty)] == [[0], []]
+
+
 def test_release_only_considers_the_support():
     h = np.array([0.0, 5.0, 0.0, 0.1])
     src = NoiseSource(seed=1)
