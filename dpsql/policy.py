@@ -262,27 +262,36 @@ def build_csr(order: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndar
     return indptr, np.ascontiguousarray(items)
 
 
+_BLOCK = 1 << 20  # entries per block of the CSR builders' temporaries
+
+
 def csr_from_keys(keys: np.ndarray, *, keep_order: bool) -> tuple[np.ndarray, np.ndarray]:
     """CSR from packed entries ``user_ordinal << 32 | item_id`` (the macro's list).
 
     With ``keep_order`` the keys must already be grouped by user in visiting
     order (as ``fill_order``'s fallback hands them over); otherwise they are
     sorted (the order within a user does not matter to the descent policies).
+    One array the size of the entries is allocated (the sorted copy, masked in
+    place into the ids); the rest works in blocks: fresh pages for arrays of
+    this size cost more than the sort itself.
     """
     keys = np.asarray(keys, dtype=np.int64)
     if len(keys) == 0:
         return np.zeros(1, np.int64), np.zeros(0, np.int64)
-    if not keep_order:
-        keys = np.sort(keys)
-    order = keys >> 32
-    if keep_order and not bool(np.all(order[1:] >= order[:-1])):
-        raise InputError("dpsql: the entries of a greedy_update run must arrive grouped by user")
-    indptr = np.zeros(int(order[-1]) + 2, np.int64)
-    np.cumsum(np.bincount(order), out=indptr[1:])
-    return indptr, keys & 0xFFFFFFFF
-
-
-_BLOCK = 1 << 20  # entries per block of fill_order's temporaries
+    keys = keys.copy() if keep_order else np.sort(keys)
+    last = -1
+    for lo in range(0, len(keys), _BLOCK):
+        users = keys[lo:lo + _BLOCK] >> 32
+        if keep_order and (users[0] < last or bool(np.any(users[1:] < users[:-1]))):
+            raise InputError("dpsql: the entries of a greedy_update run must arrive grouped by user")
+        last = int(users[-1])
+    counts = np.zeros(last + 1, np.int64)
+    for lo in range(0, len(keys), _BLOCK):
+        counts += np.bincount(keys[lo:lo + _BLOCK] >> 32, minlength=last + 1)
+    indptr = np.zeros(last + 2, np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    keys &= 0xFFFFFFFF
+    return indptr, keys
 
 
 def fill_order(once: np.ndarray, keys: np.ndarray, mults: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -577,6 +577,28 @@ def test_csr_from_keys_groups_users_in_order():
         policy.csr_from_keys(keys, keep_order=True)
 
 
+def test_csr_from_keys_in_blocks(monkeypatch):
+    # The CSR is built in blocks of temporaries: a block boundary changes nothing, and a user split
+    # across two blocks is still caught when the order must be kept.
+    monkeypatch.setattr(policy, "_BLOCK", 3)
+    rng = np.random.default_rng(3)
+    users, items = rng.integers(0, 9, 40), rng.integers(0, 50, 40)
+    keys = (users << 32) | items
+    indptr, indices = policy.csr_from_keys(keys, keep_order=False)
+    assert indptr.tolist() == [0] + np.cumsum(np.bincount(users)).tolist()
+    assert indices.tolist() == [int(k) & 0xFFFFFFFF for k in sorted(keys.tolist())]
+    grouped = keys[np.argsort(users, kind="stable")]
+    indptr2, indices2 = policy.csr_from_keys(grouped, keep_order=True)
+    assert indptr2.tolist() == indptr.tolist() and indices2.tolist() == (grouped & 0xFFFFFFFF).tolist()
+    cut = int(np.searchsorted(grouped >> 32, 3))  # users 0-2 | 3..
+    tail = grouped[cut:][:3]  # one block of later users, in order, then the earlier ones: each block is
+    bad = np.concatenate([tail, grouped[:cut], grouped[cut + 3:]])  # ordered, the boundary is not
+    assert cut >= 3 and (tail >> 32).tolist() == sorted((tail >> 32).tolist())
+    with pytest.raises(ValueError, match="grouped"):
+        policy.csr_from_keys(bad, keep_order=True)
+    assert keys.tolist() == ((users << 32) | items).tolist()  # the input is not modified
+
+
 @pytest.mark.parametrize("wide", [False, True])
 def test_fill_order_sorts_users_then_most_repeated_then_id(wide, monkeypatch):
     monkeypatch.setattr(policy, "_BLOCK", 777)  # several blocks of temporaries
