@@ -6,20 +6,20 @@
 -- it passes: z >= cumulative_share[r] * rho[r], i.e. the precision-weighted mean of the item's noisy
 -- weights so far is >= rho[r]. Every item of `kept_rel` is an item of `prev_rel` not released yet
 -- (after round one), and every such item has rows in `kept_rel` (its users still hold it). One GROUP BY
--- adds the rows' shares and the previous sum (cheaper than joining a million running sums).
+-- adds the rows' 1/sqrt(d) and z_prev / share[r] (cheaper than joining a million running sums), and
+-- share[r] multiplies once per item: per user and per item, not per row (-16 % time at 10M).
 CREATE OR REPLACE TEMP MACRO dp__sips_cumulative_round(kept_rel VARCHAR, prev_rel VARCHAR, params_rel VARCHAR,
                                                        r INTEGER) AS TABLE
 WITH dp__scr_sums AS (
-    SELECT item, sum(x) AS zw
-    FROM (SELECT item, share[r] / sqrt(d) AS x
+    SELECT item, sum(x) AS y
+    FROM (SELECT item, x
           FROM query_table(kept_rel)
-               JOIN (SELECT user_id, count(*) AS d FROM query_table(kept_rel) GROUP BY user_id) USING (user_id)
-               CROSS JOIN query_table(params_rel)
+               JOIN (SELECT user_id, 1 / sqrt(count(*)) AS x FROM query_table(kept_rel) GROUP BY user_id) USING (user_id)
           UNION ALL
-          SELECT item, z AS x FROM query_table(prev_rel) WHERE NOT passed)
+          SELECT item, z / share[r] AS x FROM query_table(prev_rel) CROSS JOIN query_table(params_rel) WHERE NOT passed)
     GROUP BY item)
 SELECT item, z, z >= bar AS passed
-FROM (SELECT item, zw + share[r] * dp_gaussian_noise(sigma[r]) AS z, cumulative_share[r] * rho[r] AS bar
+FROM (SELECT item, share[r] * (y + dp_gaussian_noise(sigma[r])) AS z, cumulative_share[r] * rho[r] AS bar
       FROM dp__scr_sums CROSS JOIN query_table(params_rel));
 
 -- len(split) rounds (at most 8). Round r works on the capped rows of the items no earlier round
