@@ -106,7 +106,7 @@ __all__ = [
     "POLICIES", "MAX_PASSES", "check_alpha", "check_passes",
     "policy_laplace_calibration", "policy_gaussian_calibration", "greedy_update_threshold",
     "greedy_update_calibration",
-    "policy_cutoff", "calibrate", "build_csr", "csr_from_keys", "fill_order", "run_policy", "release", "numba_available",
+    "policy_cutoff", "calibrate", "csr_from_keys", "fill_order", "run_policy", "release", "numba_available",
     "reporting", "ProgressRelay", "udfs",
 ]
 
@@ -239,28 +239,6 @@ def calibrate(method: str, epsilon: float, delta: float, max_items: int) -> SetU
 # --------------------------------------------------------------------------
 # CSR
 # --------------------------------------------------------------------------
-
-def build_csr(order: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(indptr, indices)``: the items of user ``k`` (users numbered 0.. in visiting order).
-
-    ``order[j]`` is the user ordinal of entry ``j``, ``items[j]`` its dense item
-    id. The entries of one user keep their relative input order (stable sort),
-    which is the fill order of greedy_update.
-    """
-    order = np.asarray(order, dtype=np.int64)
-    items = np.asarray(items, dtype=np.int64)
-    if len(order) != len(items):
-        raise InputError("order and items must have the same length")
-    if len(order) == 0:
-        return np.zeros(1, np.int64), np.zeros(0, np.int64)
-    if not bool(np.all(order[1:] >= order[:-1])):
-        perm = np.argsort(order, kind="stable")
-        order, items = order[perm], items[perm]
-    counts = np.bincount(order)
-    indptr = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=indptr[1:])
-    return indptr, np.ascontiguousarray(items)
-
 
 _BLOCK = 1 << 20  # entries per block of the CSR builders' temporaries
 
@@ -655,27 +633,30 @@ def _calibration_row(method, epsilon, delta, max_items, alpha, passes, user_col,
     return row
 
 
-def _flat(arr: pa.Array) -> np.ndarray:
-    """The values of the single list of a one-row list column, as int64 numpy."""
+def _list_values(arr: pa.Array) -> Optional[pa.Array]:
+    """The values of the single list of a one-row list column; None for no rows (list() of none is NULL)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if len(arr) != 1:
         raise InputError("dpsql: the policy kernel expects one row (the whole table as one list)")
-    if arr.null_count:  # list() of no rows is NULL: empty input
+    return None if arr.null_count else arr.values
+
+
+def _int64(values: Optional[pa.Array]) -> np.ndarray:
+    if values is None:
         return np.zeros(0, np.int64)
-    return arr.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _flat(arr: pa.Array) -> np.ndarray:
+    """The values of the single list of a one-row list column, as int64 numpy."""
+    return _int64(_list_values(arr))
 
 
 def _flat_entries(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """The keys and multiplicities of a one-row list of ``{k, m}`` structs, as int64 numpy."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    if len(arr) != 1:
-        raise InputError("dpsql: the policy kernel expects one row (the whole table as one list)")
-    if arr.null_count:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    keys, mults = (arr.values.field(f).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-                   for f in ("k", "m"))
+    values = _list_values(arr)
+    keys, mults = (_int64(None if values is None else values.field(f)) for f in ("k", "m"))
     return keys, mults
 
 
