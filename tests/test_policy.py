@@ -780,6 +780,24 @@ def test_greedy_update_fills_in_one_global_item_order(monkeypatch):
     assert _greedy_lists(monkeypatch, 1, "d") != _greedy_lists(monkeypatch, 2, "d")
 
 
+def test_greedy_update_releases_the_same_when_every_pair_repeats():
+    # Every pair twice: all entries go to the kernel as {k, m} structs and the keys list is NULL
+    # (list() FILTER of no rows); all m equal, so the fill order, the draws and the release are those
+    # of the distinct table, whose entries all go as keys (the struct list NULL).
+    got = []
+    for rows in ("SELECT DISTINCT user_id, item FROM t",
+                 "SELECT * FROM (SELECT DISTINCT user_id, item FROM t) CROSS JOIN range(2)"):
+        con = seeded(8)
+        try:
+            load_random(con, seed=5)
+            con.execute(f"CREATE TABLE g AS SELECT user_id, item FROM ({rows})")
+            got.append(con.execute("SELECT item FROM dp_set_union_greedy_update('g', epsilon := 1.0, delta := 1e-5)"
+                                   ).fetchall())
+        finally:
+            con.close()
+    assert len(got[0]) > 5 and got[0] == got[1]
+
+
 def test_greedy_update_visits_users_with_fewer_items_first(monkeypatch):
     # The user order is (number of distinct items, keyed hash): a function of each user's own rows.
     lengths = [len(items) for items in _greedy_lists(monkeypatch, 3, "d")]
