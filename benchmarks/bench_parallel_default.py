@@ -138,6 +138,17 @@ def simulated_sips(path: Path, users: float, seed: int, options: dict, epsilon: 
     most ``t' <= m`` novel items, and ``-sum_j log Phi((rho - a_j)/sigma)`` is convex in the weights,
     so a running mean (a convex combination of the rounds' vectors) passes no more often than one
     round's vector would.
+
+    ``prune`` = c > 0 drops, after each round but the last, the items not released whose running mean
+    is hopeless, ``z_r/F_r + c s/sqrt(F_r) < rho_R``: they leave the users' sets (each user's weight
+    goes to fewer items) and are never released. Which items are dropped depends on their own noise,
+    so a novel item's weight is no longer ``<= 1/sqrt(t)``: ``max_boost`` = b caps every weight at
+    ``b/sqrt(e_u)``, ``e_u`` = the user's items not released (dropped ones included, so ``e_u >= t``
+    for the added user), and the thresholds take ``h(t) = min(1, b/sqrt(t))``: the mean of a novel
+    item is ``<= h(t)`` plus its Gaussian noise whatever was dropped, and a union bound over its t
+    novel items and the rounds gives the delta (``gaussian_threshold``'s product form differs from the
+    union bound's ``delta/t`` by less than 1e-9 relative: a simulation, not a release).
+    Without ``max_boost``, ``prune`` takes ``h(t) = 1``.
     """
     import numpy as np
 
@@ -156,30 +167,48 @@ def simulated_sips(path: Path, users: float, seed: int, options: dict, epsilon: 
     novel = [x / math.fsum(shares) * q * delta for x in shares]
     s = calibration.gaussian_sigma(epsilon, (1.0 - q) * delta)
     first = int(options.get("first", 0))
+    prune = options.get("prune")
+    boost = options.get("max_boost")
+    if (prune is not None or boost is not None) and (first or rule != "cumulative"):
+        raise SystemExit("prune/max_boost need rule 'cumulative' and no 'first'")
+    if prune is not None or boost is not None:
+        b = float(boost) if boost is not None else math.inf
+        h = lambda t: min(1.0, b / math.sqrt(t))  # noqa: E731
+    else:
+        h = calibration.inv_sqrt
+    means = [s / math.sqrt(math.fsum(split[:r + 1])) for r in range(len(split))]
+    final = calibration.gaussian_threshold(means[-1], novel[-1], max_items, h=h) if prune is not None else None
     if first:  # pairs sorted by user, then by the global order, so a user's rank is a running count
         order = np.lexsort((rng.permutation(n_items)[i], u))
         u, i = u[order], i[order]
         start = np.r_[0, np.flatnonzero(np.diff(u)) + 1]
         seg = np.repeat(start, np.diff(np.r_[start, len(u)]))
     released = np.zeros(n_items, bool)
+    dropped = np.zeros(n_items, bool)
     z = np.zeros(n_items)
     cumulative = 0.0
-    for f, sigma, delta_novel in zip(split, sigmas, novel):
-        kept = ~released[i]
+    for r, (f, sigma, delta_novel) in enumerate(zip(split, sigmas, novel)):
+        kept = ~(released[i] | dropped[i])
         d = np.bincount(u[kept], minlength=n_users)
         if first:
             c = np.cumsum(kept)
             rank = c - np.where(seg > 0, c[seg - 1], 0)  # 1-based rank among the user's kept items
             kept &= rank <= first
             d = np.minimum(d, first)
-        w = np.bincount(i[kept], weights=1.0 / np.sqrt(d[u[kept]]), minlength=n_items)
+        x = 1.0 / np.sqrt(np.maximum(d, 1))
+        if boost is not None:
+            e = np.bincount(u[~released[i]], minlength=n_users)
+            x = np.minimum(x, float(boost) / np.sqrt(np.maximum(e, 1)))
+        w = np.bincount(i[kept], weights=x[u[kept]], minlength=n_items)
         y = w + rng.standard_normal(n_items) * sigma
         cumulative += f
         z += f * y
         if rule == "cumulative":
             rho = calibration.gaussian_threshold(s / math.sqrt(cumulative), delta_novel,
-                                                 min(first, max_items) if first else max_items)
-            released |= z / cumulative >= rho
+                                                 min(first, max_items) if first else max_items, h=h)
+            released |= (z / cumulative >= rho) & ~dropped
+            if prune is not None and r < len(split) - 1:
+                dropped |= ~released & (z / cumulative + float(prune) * means[r] < final)
         elif rule == "round":
             released |= y >= calibration.gaussian_threshold(sigma, delta_novel,
                                                             min(first, max_items) if first else max_items)
