@@ -41,6 +41,7 @@ MECHANISMS = {
     "mad": "SELECT count(*) FROM dp_set_union('{t}', method := 'mad', epsilon := 1.0, delta := 1e-5)",
     "mad2r": "SELECT count(*) FROM dp_set_union('{t}', method := 'mad2r', epsilon := 1.0, delta := 1e-5)",
     "sips": "SELECT count(*) FROM dp_set_union('{t}', method := 'sips', epsilon := 1.0, delta := 1e-5)",
+    "sips_cumulative": "SELECT count(*) FROM dp_set_union('{t}', method := 'sips_cumulative', epsilon := 1.0, delta := 1e-5)",
     "top_k": "SELECT count(*) FROM dp_top_k('{t}', 100, epsilon := 1.0, delta := 1e-5)",
 }
 

@@ -25,6 +25,9 @@ The cumulative rule of ``simulated_sips`` (geometric splits, 6 rounds) releases 
 the best per-round DP-SIPS split (AskReddit bigrams: within noise) but still 0.95 of the sequential
 number on health tweets (b) and 0.71 on zipf200k. It is now the release method ``sips_cumulative``
 (its numbers agree with the simulation); its table is in benchmarks/README.md, "Utility".
+Dropping the hopeless items with a bounded boost (``prune``, ``max_boost`` below) was simulated
+next and is now ``sips_cumulative``'s default (``drop_margin``, ``max_boost``) and the default
+method; ``sips_cumulative_no_drop`` is the rule without it.
 
     python benchmarks/bench_parallel_default.py --runs 3
     python benchmarks/bench_parallel_default.py --datasets tweets,debian --settings a --users 25 \\
@@ -64,7 +67,8 @@ SEQUENTIAL_BEST = {
     ("debian", "a"): 3447, ("debian", "b"): 7937,
     ("zipf200k", "a"): 3395, ("zipf200k", "b"): 10228,
 }
-DEFAULT_CONFIGS = ["mad2r=mad2r:{}", "sips=sips:{}", "sips_cumulative=sips_cumulative:{}"]
+DEFAULT_CONFIGS = ["mad2r=mad2r:{}", "sips=sips:{}", "sips_cumulative=sips_cumulative:{}",
+                   'sips_cumulative_no_drop=sips_cumulative:{"drop_margin": null}']
 
 
 def dataset_path(name: str, cache: Path) -> Path | None:
@@ -148,7 +152,16 @@ def simulated_sips(path: Path, users: float, seed: int, options: dict, epsilon: 
     item is ``<= h(t)`` plus its Gaussian noise whatever was dropped, and a union bound over its t
     novel items and the rounds gives the delta (``gaussian_threshold``'s product form differs from the
     union bound's ``delta/t`` by less than 1e-9 relative: a simulation, not a release).
-    Without ``max_boost``, ``prune`` takes ``h(t) = 1``.
+    Without ``max_boost``, ``prune`` takes ``h(t) = 1``. Both may be one number per round
+    (``c_r``, ``b_r``); round r's threshold then takes the running mean's bound
+    ``sum_{k<=r} f_k min(1, b_k/sqrt(t)) / F_r``.
+
+    ``tilt`` = "z" (with ``kappa``, ``zlo``, ``zhi``) spreads each user's weight unevenly within its
+    cap: ``x_uj = min(cap_u, lam_u p_j)`` with ``sum_j x_uj^2 = 1`` (bisection on lam_u), ``cap_u =
+    min(1, b/sqrt(e_u))`` and ``p_j = exp(kappa clip((z_j/F_{r-1} - rho_R) / sd_{r-1}, zlo, zhi))``, a
+    function of the earlier noisy outputs (kappa < 0: less weight to items already safely above the
+    last threshold). Sensitivity and the novelty bound ``min(1, b/sqrt(t))`` are unchanged.
+    ``novel_fraction`` / ``novel_weights`` (above) set q and the rounds' shares of ``q delta``.
     """
     import numpy as np
 
@@ -166,23 +179,49 @@ def simulated_sips(path: Path, users: float, seed: int, options: dict, epsilon: 
     sigmas = accounting.gaussian_rounds_sigmas(epsilon, (1.0 - q) * delta, split)
     novel = [x / math.fsum(shares) * q * delta for x in shares]
     s = calibration.gaussian_sigma(epsilon, (1.0 - q) * delta)
+    n_rounds = len(split)
     first = int(options.get("first", 0))
     prune = options.get("prune")
     boost = options.get("max_boost")
     if (prune is not None or boost is not None) and (first or rule != "cumulative"):
         raise SystemExit("prune/max_boost need rule 'cumulative' and no 'first'")
-    if prune is not None or boost is not None:
-        b = float(boost) if boost is not None else math.inf
-        h = lambda t: min(1.0, b / math.sqrt(t))  # noqa: E731
+
+    def per_round(value, name):  # a number, or one number per round
+        if value is None:
+            return None
+        if isinstance(value, (int, float)):
+            return [float(value)] * n_rounds
+        if len(value) != n_rounds:
+            raise SystemExit(f"{name} needs {n_rounds} entries (got {value!r})")
+        return [math.inf if v is None else float(v) for v in value]
+
+    prunes = per_round(prune, "prune")
+    boosts = per_round(boost, "max_boost")
+    if boosts is None and prunes is not None:
+        boosts = [math.inf] * n_rounds
+    cums = [math.fsum(split[:r + 1]) for r in range(n_rounds)]
+    means = [s / math.sqrt(c) for c in cums]
+    if boosts is not None:
+        # h_r(t): bound on the running mean of a novel item after round r (a convex combination of
+        # the rounds' bounds min(1, b_k / sqrt(t)), each valid whatever was dropped)
+        def hbar(r):
+            return lambda t: math.fsum(f * min(1.0, b / math.sqrt(t)) for f, b in zip(split[:r + 1], boosts[:r + 1])) / cums[r]
+        hs = [hbar(r) for r in range(n_rounds)]
     else:
-        h = calibration.inv_sqrt
-    means = [s / math.sqrt(math.fsum(split[:r + 1])) for r in range(len(split))]
-    final = calibration.gaussian_threshold(means[-1], novel[-1], max_items, h=h) if prune is not None else None
+        hs = [calibration.inv_sqrt] * n_rounds
+    mi = min(first, max_items) if first else max_items
+    rhos = [calibration.gaussian_threshold(means[r], novel[r], mi, h=hs[r], union_bound=prunes is not None)
+            for r in range(n_rounds)]
     if first:  # pairs sorted by user, then by the global order, so a user's rank is a running count
         order = np.lexsort((rng.permutation(n_items)[i], u))
         u, i = u[order], i[order]
         start = np.r_[0, np.flatnonzero(np.diff(u)) + 1]
         seg = np.repeat(start, np.diff(np.r_[start, len(u)]))
+    tilt = options.get("tilt")
+    kappa = float(options.get("kappa", 1.0))
+    zlo, zhi = float(options.get("zlo", -3.0)), float(options.get("zhi", 0.0))
+    if tilt is not None and (tilt != "z" or first or rule != "cumulative"):
+        raise SystemExit("tilt must be 'z', with rule 'cumulative' and no 'first'")
     released = np.zeros(n_items, bool)
     dropped = np.zeros(n_items, bool)
     z = np.zeros(n_items)
@@ -196,22 +235,42 @@ def simulated_sips(path: Path, users: float, seed: int, options: dict, epsilon: 
             kept &= rank <= first
             d = np.minimum(d, first)
         x = 1.0 / np.sqrt(np.maximum(d, 1))
-        if boost is not None:
+        if boosts is not None and math.isfinite(boosts[r]):
             e = np.bincount(u[~released[i]], minlength=n_users)
-            x = np.minimum(x, float(boost) / np.sqrt(np.maximum(e, 1)))
-        w = np.bincount(i[kept], weights=x[u[kept]], minlength=n_items)
+            x = np.minimum(x, boosts[r] / np.sqrt(np.maximum(e, 1)))
+        if tilt is not None:
+            # non-uniform weights within the cap: x_uj = min(cap_u, lam_u p_j), sum_j x_uj^2 <= 1,
+            # p_j = exp(kappa clip((mean_j - rho_R) / sd, zlo, zhi)) from the earlier noisy outputs
+            cap = np.ones(n_users) if boosts is None or not math.isfinite(boosts[r]) else \
+                np.minimum(1.0, boosts[r] / np.sqrt(np.maximum(np.bincount(u[~released[i]], minlength=n_users), 1)))
+            score = (z / cumulative - rhos[-1]) / means[r - 1] if r > 0 else np.zeros(n_items)
+            p = np.exp(kappa * np.clip(score, zlo, zhi))
+            uk, ik = u[kept], i[kept]
+            pk = p[ik]
+            lo = np.full(n_users, -60.0)
+            hi = np.full(n_users, 60.0)
+            for _ in range(60):  # bisection on log lam per user
+                mid = 0.5 * (lo + hi)
+                xk = np.minimum(cap[uk], np.exp(mid[uk]) * pk)
+                norm = np.bincount(uk, weights=xk * xk, minlength=n_users)
+                over = norm > 1.0
+                hi = np.where(over, mid, hi)
+                lo = np.where(over, lo, mid)
+            xk = np.minimum(cap[uk], np.exp(lo[uk]) * pk)
+            w = np.bincount(ik, weights=xk, minlength=n_items)
+        else:
+            w = np.bincount(i[kept], weights=x[u[kept]], minlength=n_items)
         y = w + rng.standard_normal(n_items) * sigma
         cumulative += f
         z += f * y
         if rule == "cumulative":
-            rho = calibration.gaussian_threshold(s / math.sqrt(cumulative), delta_novel,
-                                                 min(first, max_items) if first else max_items, h=h)
-            released |= (z / cumulative >= rho) & ~dropped
-            if prune is not None and r < len(split) - 1:
-                dropped |= ~released & (z / cumulative + float(prune) * means[r] < final)
+            rho = rhos[r]
+            new = (z / cumulative >= rho) & ~dropped & ~released
+            released |= new
+            if prunes is not None and r < n_rounds - 1:
+                dropped |= ~released & (z / cumulative + prunes[r] * means[r] < rhos[-1])
         elif rule == "round":
-            released |= y >= calibration.gaussian_threshold(sigma, delta_novel,
-                                                            min(first, max_items) if first else max_items)
+            released |= y >= calibration.gaussian_threshold(sigma, delta_novel, mi)
         else:
             raise SystemExit(f"rule must be 'round' or 'cumulative' (got {rule!r})")
     return int(released.sum())

@@ -18,9 +18,10 @@ copies of a small pair (user ids and items offset by the copy index) stacked in 
 released by the real macro ONCE on a seeded connection give R independent Bernoulli trials of
 every event on one copy's audited items. Per method:
 
-* ``count_*``, ``weighted_*``, ``mad``, ``mad2r``, ``sips``, and the top-k domain step: per-item
-  Gaussian/Laplace draws, per-user weights (UserWeights of MAD2R reads only the user's own
-  items' biases; DP-SIPS removes items per item), per-item thresholds: blocks are independent.
+* ``count_*``, ``weighted_*``, ``mad``, ``mad2r``, ``sips``, ``sips_cumulative`` and the top-k
+  domain step: per-item Gaussian/Laplace draws, per-user weights (UserWeights of MAD2R reads only
+  the user's own items' biases; DP-SIPS removes and drops items per item, its cap reads the user's
+  own items), per-item thresholds: blocks are independent.
 * ``policy_*`` and ``greedy_update`` visit users sequentially in a salted hash order, which
   interleaves the copies. A user only moves the weights of its own items, so a copy's weights
   depend on the relative order of its own users only; the datasets used here (users holding one
@@ -367,6 +368,20 @@ def _sbh_pairs(epsilon: float, delta: float) -> list[Pair]:
     return _element_pairs(_grid(threshold, 1.0 / epsilon, 1.0, _ZS))
 
 
+def _boost_pairs(epsilon: float, delta: float) -> list[Pair]:
+    """``sips_cumulative``'s dropping and cap: n users hold item 0; the added user holds it and three
+    items of its own, which the early rounds drop, so its weight on item 0 grows from 1/2 to
+    min(1/sqrt(1), 2/sqrt(4)) = 1, the largest the cap allows (sensitivity 1 on item 0)."""
+    cal = dpsql.calibrate("sips_cumulative", epsilon, delta, 100)
+    pairs = []
+    for n in _grid(cal.threshold, cal.scale, 1.0, _ZS):
+        base = tuple((u, 0) for u in range(n))
+        added = tuple((n, i) for i in range(4))
+        pairs.append(Pair(base, added, (0, 1, 2, 3),
+                          f"{n} users hold item 0; the added user holds it and 3 items of its own"))
+    return pairs
+
+
 _GU_ALPHA = 3.0
 
 
@@ -409,6 +424,8 @@ _REPLICA_MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
     Mechanism("sips", _set_union_sql("dp_set_union_sips", 100), _same, _threshold_pairs("sips", 100, 1, 1.0)),
     Mechanism("sips_cumulative", _set_union_sql("dp_set_union_sips_cumulative", 100), _same,
               _threshold_pairs("sips_cumulative", 100, 1, 1.0), note="last round's running mean"),
+    Mechanism("sips_cumulative_boost", _set_union_sql("dp_set_union_sips_cumulative", 100), _same, _boost_pairs,
+              note="dropping: the added user's own items dropped, its weight on a shared item capped"),
     Mechanism("policy_laplace", _set_union_sql("dp_set_union_policy_laplace", 100), _same,
               _policy_pairs("policy_laplace")),
     Mechanism("policy_gaussian", _set_union_sql("dp_set_union_policy_gaussian", 100), _same,

@@ -157,7 +157,7 @@ def _one_minus_root(delta_novel: float, t: int) -> float:
 
 
 def gaussian_threshold(sigma: float, delta_novel: float, max_items: int,
-                       h: NoveltyBound = inv_sqrt) -> float:
+                       h: NoveltyBound = inv_sqrt, *, union_bound: bool = False) -> float:
     """``rho = max_{t=1..max_items} h(t) + sigma * PhiInv((1 - delta_novel)^(1/t))``.
 
     [DPSU] Thm 5.1 / [MAD] Alg. 1 line 2 (where ``delta_novel = delta/2``): a
@@ -165,10 +165,17 @@ def gaussian_threshold(sigma: float, delta_novel: float, max_items: int,
     at this rho, ``Pr[some novel item passes] = 1 - Phi((rho - h(t))/sigma)^t
     <= delta_novel`` for every t, with equality at the maximising t. Every t is
     evaluated (the argmax is not always an endpoint).
+
+    ``union_bound=True``: ``rho = max_t h(t) + sigma * PhiInv(1 - delta_novel/t)``, for
+    novel items whose noises are not independent given their weights (a union bound over
+    the t items: ``t (1 - Phi((rho - h(t))/sigma)) <= delta_novel``). Never below the
+    product form: ``1 - (1 - x)^(1/t) >= x/t``.
     """
     check_positive("sigma", sigma)
     check_delta(delta_novel, name="delta_novel")
     check_max_items(max_items)
+    if union_bound:
+        return max(h(t) + sigma * -float(ndtri(delta_novel / t)) for t in range(1, int(max_items) + 1))
     return max(h(t) + sigma * -float(ndtri(_one_minus_root(delta_novel, t)))
                for t in range(1, int(max_items) + 1))
 

@@ -803,7 +803,26 @@ def _finish(args: argparse.Namespace, released: pa.Table, output: Optional[_Outp
     return 0 if written else 1
 
 
-_OPTION_TYPES = {"DOUBLE": float, "VARCHAR": str}
+class _Null:
+    """An option given as NULL on the command line (SQL NULL: e.g. ``--drop-margin NULL``)."""
+
+    def __repr__(self) -> str:
+        return "NULL"
+
+
+_NULL = _Null()
+
+
+def _float_or_null(text: str) -> object:
+    if text.strip().upper() == "NULL":
+        return _NULL
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or NULL (got {text!r})") from None
+
+
+_OPTION_TYPES: dict[str, Callable[[str], object]] = {"DOUBLE": _float_or_null, "VARCHAR": str}
 
 
 def _float_list(text: str) -> list[float]:
@@ -830,7 +849,8 @@ def _add_method_options(parser: argparse.ArgumentParser) -> None:
 
 def _method_options(args: argparse.Namespace) -> dict[str, object]:
     """The method options given on the command line; the method's declaration says which apply."""
-    return {k[len("option_"):]: v for k, v in vars(args).items() if k.startswith("option_") and v is not None}
+    return {k[len("option_"):]: None if v is _NULL else v for k, v in vars(args).items()
+            if k.startswith("option_") and v is not None}
 
 
 def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -17,15 +17,29 @@ Split ``f_1..f_R`` (normalised, ``F_r = f_1 + ... + f_r``), ``s = sigma(eps, del
 noisy weights compose exactly to one Gaussian mechanism of ``mu = 1/s`` (the rounds of DP-SIPS,
 unchanged); ``z_r`` is a post-processing of them. A novel item (held only by the added user) gets
 ``<= 1/sqrt(t)`` in every round until one passes, so its mean has mean ``<= 1/sqrt(t)`` and the
-events add up to ``delta/2``. Argument: docs/proofs/sips_cumulative.md. The macro is
-``dp_set_union_sips_cumulative`` (sql/42_sips_cumulative.sql).
+events add up to ``delta/2``.
+
+**Dropping hopeless items** (``drop_margin`` = c, ``max_boost`` = b; the default, c = b = 2). After
+round ``r < R`` an item not released whose mean is hopeless, ``z_r/F_r + c s/sqrt(F_r) < rho_R``, is
+dropped: it leaves every user's set and is never released, so each user's weight goes to fewer
+items. A user's weight is ``x_u = min(1/sqrt(d_u), b/sqrt(e_u))``, ``d_u`` its items neither released
+nor dropped, ``e_u`` its items not released (dropped ones counted): still ``d_u x_u^2 <= 1``. Until one
+of the added user's t novel items is released, ``e_u >= t``, so every novel weight is
+``<= h(t) = min(1, b/sqrt(t))`` whatever was dropped; the drops make the novel items' weights depend
+on each other's noise, so the thresholds take a union bound over them:
+
+    rho_r  = max_t h(t) + (s/sqrt(F_r)) PhiInv(1 - f_r delta/(2t)).
+
+Argument: docs/proofs/sips_cumulative.md. The macro is ``dp_set_union_sips_cumulative``
+(sql/42_sips_cumulative.sql).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Optional, Sequence
+from typing import Optional, Sequence, TypeGuard
 
 import duckdb
 from duckdb.sqltypes import DOUBLE, VARCHAR
@@ -35,10 +49,11 @@ from dpsql.adaptive import check_split, multi_round_noise
 from dpsql.calibration import Accounting, RoundCalibration, SetUnionCalibration
 from dpsql.mechanism import Mechanism, Param, user_item_params
 from dpsql.udf import Udf, scalar
-from dpsql.validation import check_column_pair, check_delta, check_epsilon, check_max_items, derived_budget, \
-    warn_weak_parameters
+from dpsql.validation import DPParameterError, check_column_pair, check_delta, check_epsilon, check_max_items, \
+    derived_budget, warn_weak_parameters
 
-__all__ = ["MECHANISMS", "DEFAULT_SPLIT", "MAX_ROUNDS", "CumulativeRound", "sips_cumulative_calibration",
+__all__ = ["MECHANISMS", "DEFAULT_SPLIT", "MAX_ROUNDS", "DEFAULT_DROP_MARGIN", "DEFAULT_MAX_BOOST", "CumulativeRound",
+           "check_drop_margin", "check_max_boost", "novelty_bound", "sips_cumulative_calibration",
            "sips_cumulative_accounting", "sips_cumulative_set_union_calibration", "udfs"]
 
 # Six rounds, each with twice the budget of the one before: the early rounds are cheap and release
@@ -47,13 +62,47 @@ __all__ = ["MECHANISMS", "DEFAULT_SPLIT", "MAX_ROUNDS", "CumulativeRound", "sips
 DEFAULT_SPLIT: tuple[float, ...] = tuple(2.0 ** k / 63.0 for k in range(6))
 # The macro is a fixed chain of this many rounds (a macro cannot loop); unused ones are pruned.
 MAX_ROUNDS = 8
+# Drop an item once its mean is 2 standard deviations of the running mean below the last round's
+# threshold; cap every weight at 2/sqrt(e_u). Measured on the shared datasets (benchmarks/README.md,
+# "Utility"): margins 1.5 and 3 and caps 1.5 and 3 release less on health tweets, the closest case.
+DEFAULT_DROP_MARGIN = 2.0
+DEFAULT_MAX_BOOST = 2.0
+# Larger margins drop nothing a user would notice, larger caps only raise the thresholds.
+_MAX_DROP_MARGIN = 100.0
+_MAX_BOOST = 1000.0
+
+
+def _in_range(value: object, low: float, high: float) -> TypeGuard[numbers.Real]:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and low <= float(value) <= high
+
+
+def check_drop_margin(value: object) -> Optional[float]:
+    """``drop_margin``: a number in [0, 100], or None (never drop)."""
+    if value is None:
+        return None
+    if not _in_range(value, 0.0, _MAX_DROP_MARGIN):
+        raise DPParameterError(f"drop_margin must be a number between 0 and {_MAX_DROP_MARGIN:g} (standard "
+                               f"deviations of an item's running mean), or NULL to drop nothing (got {value!r})")
+    return float(value)
+
+
+def check_max_boost(value: object) -> Optional[float]:
+    """``max_boost``: a number in [1, 1000], or None (no cap: the novelty bound is then 1)."""
+    if value is None:
+        return None
+    if not _in_range(value, 1.0, _MAX_BOOST):
+        raise DPParameterError(f"max_boost must be a number between 1 and {_MAX_BOOST:g}, or NULL for no cap "
+                               f"(got {value!r})")
+    return float(value)
 
 
 @dataclass(frozen=True)
 class CumulativeRound:
     """Round ``r``: budget ``share`` = f_r, ``cumulative_share`` = F_r; its weights get ``N(0, sigma^2)``;
     the running mean ``z_r / F_r`` has noise ``mean_sigma`` = s/sqrt(F_r) and passes at ``threshold``;
-    ``delta_novel`` = f_r delta/2 bounds the novel items passing in this round."""
+    ``delta_novel`` = f_r delta/2 bounds the novel items passing in this round. ``drop_below``: an item
+    not released whose mean is below it is dropped after this round (``rho_R - c mean_sigma``; None
+    without dropping and in the last round)."""
 
     share: float
     cumulative_share: float
@@ -61,32 +110,52 @@ class CumulativeRound:
     mean_sigma: float
     threshold: float
     delta_novel: float
+    drop_below: Optional[float] = None
 
 
 def sips_cumulative_calibration(epsilon: float, delta: float, max_items: int,
-                                split: Optional[Sequence[float]] = DEFAULT_SPLIT) -> tuple[CumulativeRound, ...]:
-    """Every round's noise, the noise of the running mean and its threshold (module docstring)."""
-    return _calibration(*_key(epsilon, delta, max_items, split))[0]
+                                split: Optional[Sequence[float]] = DEFAULT_SPLIT,
+                                drop_margin: Optional[float] = DEFAULT_DROP_MARGIN,
+                                max_boost: Optional[float] = DEFAULT_MAX_BOOST) -> tuple[CumulativeRound, ...]:
+    """Every round's noise, the noise of the running mean, its threshold and its drop bound (module
+    docstring)."""
+    return _calibration(*_key(epsilon, delta, max_items, split, drop_margin, max_boost))[0]
 
 
 def sips_cumulative_accounting(epsilon: float, delta: float, max_items: int,
-                               split: Optional[Sequence[float]] = DEFAULT_SPLIT) -> Accounting:
+                               split: Optional[Sequence[float]] = DEFAULT_SPLIT,
+                               drop_margin: Optional[float] = DEFAULT_DROP_MARGIN,
+                               max_boost: Optional[float] = DEFAULT_MAX_BOOST) -> Accounting:
     """The accountant's total: the rounds as one Gaussian mechanism plus the novel-item events."""
-    return _calibration(*_key(epsilon, delta, max_items, split))[1]
+    return _calibration(*_key(epsilon, delta, max_items, split, drop_margin, max_boost))[1]
 
 
-def _key(epsilon, delta, max_items, split) -> tuple:
+def novelty_bound(drop_margin: Optional[float], max_boost: Optional[float]) -> calibration.NoveltyBound:
+    """The largest weight of a novel item before one is released: ``1/sqrt(t)`` without dropping,
+    ``min(1, b/sqrt(t))`` with it (``1`` without a cap)."""
+    if drop_margin is None:
+        return calibration.inv_sqrt
+    if max_boost is None:
+        return lambda t: 1.0
+    b = float(max_boost)
+    return lambda t: min(1.0, b / math.sqrt(t))
+
+
+def _key(epsilon, delta, max_items, split, drop_margin, max_boost) -> tuple:
     return (check_epsilon(epsilon), check_delta(delta), check_max_items(max_items),
-            check_split(split, max_rounds=MAX_ROUNDS))
+            check_split(split, max_rounds=MAX_ROUNDS), check_drop_margin(drop_margin), check_max_boost(max_boost))
 
 
 @lru_cache(maxsize=256)
-def _calibration(epsilon: float, delta: float, max_items: int,
-                 fractions: tuple[float, ...]) -> tuple[tuple[CumulativeRound, ...], Accounting]:
+def _calibration(epsilon: float, delta: float, max_items: int, fractions: tuple[float, ...],
+                 drop_margin: Optional[float], max_boost: Optional[float]
+                 ) -> tuple[tuple[CumulativeRound, ...], Accounting]:
     sigmas, novel = multi_round_noise(epsilon, delta, fractions)
     # s: the noise of the composed rounds, sum_r 1/sigma_r^2 = 1/s^2 (shares normalised)
     s = 1.0 / math.sqrt(math.fsum(1.0 / x ** 2 for x in sigmas))
     total = math.fsum(fractions)
+    h = novelty_bound(drop_margin, max_boost)
+    dropping = drop_margin is not None
     rounds = []
     cumulative = 0.0
     for f, sigma, delta_novel in zip(fractions, sigmas, novel):
@@ -94,45 +163,57 @@ def _calibration(epsilon: float, delta: float, max_items: int,
         cumulative = min(1.0, cumulative + share)
         mean_sigma = s / math.sqrt(cumulative)
         with derived_budget():  # delta_novel is a share of the checked delta
-            threshold = calibration.gaussian_threshold(mean_sigma, delta_novel, max_items)
+            threshold = calibration.gaussian_threshold(mean_sigma, delta_novel, max_items, h, union_bound=dropping)
         rounds.append(CumulativeRound(share, cumulative, sigma, mean_sigma, threshold, delta_novel))
+    if drop_margin is not None and len(rounds) > 1:
+        last = rounds[-1].threshold
+        rounds = [replace(r, drop_below=last - drop_margin * r.mean_sigma) for r in rounds[:-1]] + rounds[-1:]
     return tuple(rounds), accounting.account_gaussian_rounds(sigmas, math.fsum(novel), epsilon, delta)
 
 
-def sips_cumulative_set_union_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
+def sips_cumulative_set_union_calibration(epsilon: float, delta: float, max_items: int,
+                                          drop_margin: Optional[float] = DEFAULT_DROP_MARGIN,
+                                          max_boost: Optional[float] = DEFAULT_MAX_BOOST) -> SetUnionCalibration:
     """The default split as a :class:`SetUnionCalibration`: ``scale``/``threshold`` are the last round's
     running mean (an item every round measures alike, e.g. one held by single-item users, passes the
     last round with probability ``P[w + N(0, scale^2) >= threshold]``); each round lists its own
     ``sigma`` and the threshold of its running mean."""
-    rounds = sips_cumulative_calibration(epsilon, delta, max_items)
+    rounds = sips_cumulative_calibration(epsilon, delta, max_items, DEFAULT_SPLIT, drop_margin, max_boost)
     listed = tuple(RoundCalibration(r.share * epsilon, r.share * delta, r.sigma, r.threshold) for r in rounds)
     return SetUnionCalibration("gaussian", rounds[-1].mean_sigma, rounds[-1].threshold, listed,
-                               sips_cumulative_accounting(epsilon, delta, max_items))
+                               sips_cumulative_accounting(epsilon, delta, max_items, DEFAULT_SPLIT, drop_margin,
+                                                          max_boost))
 
 
 def udfs(source) -> list[Udf]:
     """The calibration UDF of ``dp_set_union_sips_cumulative`` (pure; rows cached per parameters)."""
 
     @lru_cache(maxsize=128)
-    def _row(epsilon, delta, max_items, split):
-        key = _key(epsilon, delta, max_items, list(split) if split is not None else None)
+    def _row(epsilon, delta, max_items, split, drop_margin, max_boost):
+        key = _key(epsilon, delta, max_items, list(split) if split is not None else None, drop_margin, max_boost)
         rounds, a = _calibration(*key)
+        # drop_below: -inf where nothing is dropped (the last round, or no dropping), so the SQL
+        # comparison needs no NULL case; max_boost: NULL means no cap (least() skips NULLs)
         return {"share": tuple(r.share for r in rounds), "cumulative_share": tuple(r.cumulative_share for r in rounds),
                 "sigma": tuple(r.sigma for r in rounds), "mean_sigma": tuple(r.mean_sigma for r in rounds),
                 "rho": tuple(r.threshold for r in rounds),
+                "drop_below": tuple(-math.inf if r.drop_below is None else r.drop_below for r in rounds),
+                "max_boost": key[5] if key[4] is not None else None,
                 "accountant": a.accountant, "total_epsilon": a.epsilon, "total_delta": a.delta}
 
-    def cal(epsilon, delta, max_items, split, user_col, item_col):
+    def cal(epsilon, delta, max_items, split, drop_margin, max_boost, user_col, item_col):
         check_column_pair(user_col, item_col)
-        row = _row(epsilon, delta, max_items, tuple(split) if isinstance(split, list) else split)
+        row = _row(epsilon, delta, max_items, tuple(split) if isinstance(split, list) else split, drop_margin,
+                   max_boost)
         warn_weak_parameters(epsilon, delta, what="dp_set_union_sips_cumulative", stacklevel=1)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in row.items()}
 
     dl = duckdb.list_type(DOUBLE)
     returns = duckdb.struct_type({"share": dl, "cumulative_share": dl, "sigma": dl, "mean_sigma": dl, "rho": dl,
+                                  "drop_below": dl, "max_boost": DOUBLE,
                                   "accountant": VARCHAR, "total_epsilon": DOUBLE, "total_delta": DOUBLE})
-    return [Udf("dp__sips_cumulative_calibration", scalar(cal), (DOUBLE, DOUBLE, DOUBLE, dl, VARCHAR, VARCHAR),
-                returns)]
+    return [Udf("dp__sips_cumulative_calibration", scalar(cal),
+                (DOUBLE, DOUBLE, DOUBLE, dl, DOUBLE, DOUBLE, VARCHAR, VARCHAR), returns)]
 
 
 MECHANISMS: tuple[Mechanism, ...] = (
@@ -140,9 +221,14 @@ MECHANISMS: tuple[Mechanism, ...] = (
         name="sips_cumulative", family="set_union", macro="dp_set_union_sips_cumulative", unit="user",
         params=user_item_params(
             Param("split", "DOUBLE[]", DEFAULT_SPLIT, lambda v: check_split(list(v), max_rounds=MAX_ROUNDS),
-                  f"budget share of each round (at most {MAX_ROUNDS}, sums to 1; default 1:2:4:8:16:32)")),
+                  f"budget share of each round (at most {MAX_ROUNDS}, sums to 1; default 1:2:4:8:16:32)"),
+            Param("drop_margin", "DOUBLE", DEFAULT_DROP_MARGIN, check_drop_margin,
+                  "drop an item whose running mean is this many of its standard deviations below the last "
+                  "round's threshold (NULL: drop nothing)"),
+            Param("max_boost", "DOUBLE", DEFAULT_MAX_BOOST, check_max_boost,
+                  "cap every weight at max_boost/sqrt(items not released) (NULL: no cap)")),
         description="DP-SIPS in six rounds (budget doubling), an item released once the precision-weighted "
-                    "mean of its noisy weights so far passes the round's threshold",
+                    "mean of its noisy weights so far passes the round's threshold; hopeless items dropped",
         proof="sips_cumulative", calibrate=sips_cumulative_set_union_calibration, rounds=len(DEFAULT_SPLIT),
         spark=False),
 )

@@ -80,12 +80,15 @@ from dpsql.portable import stage_sql
 from dpsql.validation import (DPParameterError, check_column_pair, check_identifier, check_max_items,
                               derived_budget, warn_weak_parameters)
 
-__all__ = ["PARALLEL_METHODS", "set_union", "top_k_domain", "capped_user_items", "set_union_weights",
+__all__ = ["PARALLEL_METHODS", "DEFAULT_METHOD", "set_union", "top_k_domain", "capped_user_items", "set_union_weights",
            "mad_weights", "mad_biased_weights", "sips_round_weights", "group_by", "group_by_stats",
            "pre_selection_weights"]
 
 # The methods with a parallel form, as declared (Mechanism.spark); the policies are sequential.
 PARALLEL_METHODS = tuple(n for n, m in set_union_methods().items() if m.spark)
+# The Spark backend's default: the best method it runs (DuckDB's default, sips_cumulative, has no
+# Spark form yet).
+DEFAULT_METHOD = "mad2r"
 # The weighting of dp__set_union_weights each one-round release macro uses (sql/30_set_union.sql).
 _WEIGHTING = {"count_laplace": "count", "count_gaussian": "count", "weighted_laplace": "inverse",
               "weighted_gaussian": "inverse_sqrt"}
@@ -469,7 +472,7 @@ _ADAPTIVE: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
     "sips": (adaptive.sips_calibration, _release_sips)}
 
 
-def set_union(df, method: str = union.DEFAULT_METHOD, *, epsilon: float, delta: float,
+def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,
               max_items: int = 100, user_col: str = "user_id", item_col: str = "item",
               seed: Optional[int] = None, **options):
     """Release items of the Spark DataFrame ``df`` under user-level (epsilon, delta)-DP.
@@ -483,7 +486,7 @@ def set_union(df, method: str = union.DEFAULT_METHOD, *, epsilon: float, delta: 
     """
     method = union.check_method(method)
     if method not in PARALLEL_METHODS:
-        raise DPParameterError(f"method {method!r} is sequential and has no Spark form; the Spark backend runs "
+        raise DPParameterError(f"method {method!r} has no Spark form; the Spark backend runs "
                                f"{', '.join(PARALLEL_METHODS)} (run {method} with DuckDB)")
     values = _validated(method, {"epsilon": epsilon, "delta": delta, "max_items": max_items,
                                  "user_col": user_col, "item_col": item_col}, options)
@@ -669,7 +672,7 @@ def _pre_selection(pairs, method: str, epsilon: float, delta: float, max_items: 
 
 def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: Sequence[str] = ("count",),
              value_col: Optional[str] = None, lower: Optional[float] = None, upper: Optional[float] = None,
-             max_items: int = 100, selection: str = union.DEFAULT_METHOD, split: float = groupby.DEFAULT_SPLIT,
+             max_items: int = 100, selection: str = DEFAULT_METHOD, split: float = groupby.DEFAULT_SPLIT,
              pre_threshold: int = 1, confidence: float = groupby.DEFAULT_CONFIDENCE, items=None,
              user_col: str = "user_id", item_col: str = "item", seed: Optional[int] = None):
     """Private GROUP BY item of the Spark DataFrame ``df``: the Spark counterpart of :func:`dpsql.group_by`.
@@ -702,7 +705,7 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
         cal = groupby.check_call(epsilon, delta, max_items, values["aggregates"], value_col, lower, upper, selection,
                                  split, pre_threshold, confidence, public=False)
         if cal.pre_threshold == 1 and cal.selection not in PARALLEL_METHODS:
-            raise DPParameterError(f"selection {cal.selection!r} is sequential and has no Spark form; the Spark "
+            raise DPParameterError(f"selection {cal.selection!r} has no Spark form; the Spark "
                                    f"backend selects with {', '.join(PARALLEL_METHODS)} (run selection := "
                                    f"'{cal.selection}' with DuckDB's dp_group_by)")
     warn_weak_parameters(epsilon, None if public else delta, what=mech.macro, stacklevel=2)

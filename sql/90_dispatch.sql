@@ -16,7 +16,7 @@
 CREATE OR REPLACE TEMP MACRO dp__dispatched(method, candidate, epsilon) AS
     CASE WHEN dp__method_is(method, candidate) THEN epsilon END;
 
-CREATE OR REPLACE TEMP MACRO dp_set_union(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, method VARCHAR := 'mad2r', max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+CREATE OR REPLACE TEMP MACRO dp_set_union(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, method VARCHAR := 'sips_cumulative', max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 SELECT item FROM dp_set_union_count_laplace(tbl, epsilon := dp__dispatched(method, 'count_laplace', epsilon), delta := delta, max_items := max_items, user_col := user_col, item_col := item_col)
 WHERE dp__method_is(method, 'count_laplace')
 UNION ALL

@@ -10,7 +10,7 @@
 -- scale, grid and interval half-width of each measurement, from the public parameters only.
 CREATE OR REPLACE TEMP MACRO dp_group_by_calibration(epsilon DOUBLE, delta DOUBLE, max_items DOUBLE := 100,
         aggregates VARCHAR[] := ['count'], value_col VARCHAR := NULL, lower DOUBLE := NULL, upper DOUBLE := NULL,
-        selection VARCHAR := 'mad2r', split DOUBLE := 0.5, pre_threshold DOUBLE := 1, confidence DOUBLE := 0.95) AS
+        selection VARCHAR := 'sips_cumulative', split DOUBLE := 0.5, pre_threshold DOUBLE := 1, confidence DOUBLE := 0.95) AS
     dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
                              pre_threshold, confidence, 'user_id', 'item');
 
@@ -62,7 +62,7 @@ ORDER BY item;
 
 CREATE OR REPLACE TEMP MACRO dp_group_by(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, max_items DOUBLE := 100,
         aggregates VARCHAR[] := ['count'], value_col VARCHAR := NULL, lower DOUBLE := NULL, upper DOUBLE := NULL,
-        selection VARCHAR := 'mad2r', split DOUBLE := 0.5, pre_threshold DOUBLE := 1, confidence DOUBLE := 0.95,
+        selection VARCHAR := 'sips_cumulative', split DOUBLE := 0.5, pre_threshold DOUBLE := 1, confidence DOUBLE := 0.95,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__cal AS (
     SELECT unnest(dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection,

@@ -754,7 +754,7 @@ def test_default_method_is_the_registry_default_and_the_dispatcher_default():
         a.close()
         b.close()
     assert via == direct
-    assert union.DEFAULT_METHOD == "mad2r"
+    assert union.DEFAULT_METHOD == "sips_cumulative"
 
 
 # ---------------------------------------------------------------------------
@@ -885,8 +885,8 @@ def test_cli_json_lists_the_rounds(tmp_path):
     path = tmp_path / "data.parquet"
     pq.write_table(pa.table({"user_id": [r[0] for r in rows], "item": [r[1] for r in rows]}), path)
     out, err = io.StringIO(), io.StringIO()
-    code = cli.main(["set-union", str(path), "--epsilon", "1", "--delta", "1e-5", "--max-items", "100",
-                     "--json", "--seed", "1"], out=out, err=err)
+    code = cli.main(["set-union", str(path), "--method", "mad2r", "--epsilon", "1", "--delta", "1e-5",
+                     "--max-items", "100", "--json", "--seed", "1"], out=out, err=err)
     assert code == 0, err.getvalue()
     doc = json.loads(out.getvalue())
     assert doc["method"] == "mad2r"

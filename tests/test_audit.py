@@ -75,7 +75,8 @@ def test_replicas_are_independent_trials_with_the_analytic_probability():
 
 
 @pytest.mark.parametrize("mechanism", ["weighted_gaussian", "weighted_laplace", "greedy_update",
-                                       "mad_adaptive", "sbh_histogram", "sips_cumulative"])
+                                       "mad_adaptive", "sbh_histogram", "sips_cumulative",
+                                       "sips_cumulative_boost"])
 def test_correct_mechanisms_are_not_refuted(mechanism):
     r = audit.audit(mechanism, epsilon=1.0, delta=1e-5, runs=1000, confidence=0.99, seed=5)
     assert r.runs == 1000 and r.claimed_epsilon == 1.0 and r.delta == 1e-5

@@ -871,3 +871,30 @@ def test_duckdb_draws_no_progress_bar_into_the_output():
         assert con.execute("SELECT current_setting('enable_progress_bar_print')").fetchall() == [(False,)]
     finally:
         con.close()
+
+
+def test_null_option_reaches_the_macro_as_null(data):
+    """``--drop-margin NULL`` is SQL NULL (sips_cumulative without dropping), as ``drop_margin=None``
+    in Python: the same seed gives the same items; a word that is neither a number nor NULL is refused."""
+    import warnings
+
+    import dpsql
+
+    path = str(data.dir / "data.parquet")
+    r = cli("set-union", path, *PARAMS, "--method", "sips_cumulative", "--drop-margin", "NULL", "--seed", "11",
+            "--json")
+    assert r.returncode == 0, r.stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        con = dpsql.connect(seed=11)
+    try:
+        con.execute(f"CREATE VIEW t AS FROM read_parquet('{path}')")
+        expected = dpsql.set_union(con, "t", "sips_cumulative", epsilon=1.0, delta=1e-5, max_items=10,
+                                   drop_margin=None).column("item").to_pylist()
+        params = con.execute("SELECT parameters FROM dp_releases()").fetchall()[0][0]
+    finally:
+        con.close()
+    assert json.loads(r.stdout)["items"] == expected
+    assert "'drop_margin': NULL" in params
+    bad = cli("set-union", path, *PARAMS, "--drop-margin", "none")
+    assert bad.returncode == 2 and "expected a number or NULL" in bad.stderr

@@ -40,7 +40,7 @@ def n_releases(con) -> int:
 
 def test_count_only_split_and_scale():
     cal = gb.group_by_calibration(1.0, 1e-5, 10)
-    assert (cal.selection, cal.selection_epsilon, cal.selection_delta) == ("mad2r", 0.5, 1e-5)
+    assert (cal.selection, cal.selection_epsilon, cal.selection_delta) == ("sips_cumulative", 0.5, 1e-5)
     assert cal.aggregate_epsilon == 0.5 and cal.count_epsilon == 0.5
     # continuous scale 10/0.5 = 20; grid 2^floor(log2 20) / 2^16 = 2^-12 (<= 1: counts stay on it)
     assert cal.count_granularity == 2.0 ** -12
@@ -417,7 +417,7 @@ def test_audit_of_the_aggregate_step_is_tight_and_does_not_refute():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"pre_threshold": 5}, "needs selection := one of count_laplace"),  # mad2r: no proof
+    ({"pre_threshold": 5}, "needs selection := one of count_laplace"),  # the default sips_cumulative: no proof
     ({"pre_threshold": 5, "selection": "policy_laplace"}, "needs selection := one of"),
     ({"pre_threshold": 2.5, "selection": "weighted_gaussian"}, "pre_threshold must be a whole number"),
     ({"pre_threshold": 0, "selection": "weighted_gaussian"}, "pre_threshold must be a whole number"),

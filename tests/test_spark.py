@@ -399,8 +399,10 @@ def test_bad_columns_and_methods(spark):
         dspark.set_union(frame, "mad2r", user_col="item", **BUDGET)
     with pytest.raises(DPParameterError, match="method must be one of"):
         dspark.set_union(frame, "nope", **BUDGET)
-    with pytest.raises(DPParameterError, match="sequential"):
+    with pytest.raises(DPParameterError, match="'policy_gaussian' has no Spark form"):
         dspark.set_union(frame, "policy_gaussian", **BUDGET)
+    with pytest.raises(DPParameterError, match="'sips_cumulative' has no Spark form"):
+        dspark.set_union(frame, "sips_cumulative", **BUDGET)
     with pytest.raises(DPParameterError, match="does not apply to method 'weighted_gaussian'"):
         dspark.set_union(frame, "weighted_gaussian", beta=2.0, **BUDGET)
 
@@ -755,16 +757,16 @@ def test_group_by_pre_threshold_selects_only_items_with_enough_users(spark):
     assert released == sorted(released)
 
 
-def test_group_by_refuses_sequential_selections_before_reading(spark, monkeypatch):
+def test_group_by_refuses_selections_without_a_spark_form_before_reading(spark, monkeypatch):
     from dpsql import spark as dspark
 
     drawn = []
     monkeypatch.setattr(dspark, "secure_source", lambda: drawn.append("salt"))
     monkeypatch.setattr(dspark, "_checked_rows", lambda *a: drawn.append("read"))
-    sequential = [m for m in union.METHODS if m not in dspark.PARALLEL_METHODS]
-    assert sequential
-    for method in sequential:
-        with pytest.raises(DPParameterError, match=rf"^dpsql: selection '{method}' is sequential and has no Spark "
+    others = [m for m in union.METHODS if m not in dspark.PARALLEL_METHODS]
+    assert others
+    for method in others:
+        with pytest.raises(DPParameterError, match=rf"^dpsql: selection '{method}' has no Spark "
                                                    rf"form; .*selection := '{method}' with DuckDB"):
             dspark.group_by(None, epsilon=1.0, delta=1e-5, selection=method)
     assert drawn == []
@@ -844,3 +846,16 @@ def test_group_by_value_column_is_numeric_and_its_nulls_are_skipped_like_duckdb(
     got = {r["item"]: (r["n"], r["s_steps"]) for r in dspark.group_by_stats(frame, selected, 5, 7, cal).collect()}
     g = cal.sum_granularity
     assert got == {"a": (3, round(1.5 / g) + round(2.0 / g)), "b": (1, None)}
+
+
+def test_the_spark_default_is_a_method_spark_runs(spark):
+    """DuckDB's default (sips_cumulative) has no Spark form: the Spark functions default to the best
+    method they run, and refuse DuckDB's default by name."""
+    import inspect
+
+    from dpsql import spark as dspark
+
+    assert dspark.DEFAULT_METHOD in dspark.PARALLEL_METHODS and dspark.DEFAULT_METHOD == "mad2r"
+    assert union.DEFAULT_METHOD not in dspark.PARALLEL_METHODS
+    assert inspect.signature(dspark.set_union).parameters["method"].default == dspark.DEFAULT_METHOD
+    assert inspect.signature(dspark.group_by).parameters["selection"].default == dspark.DEFAULT_METHOD
