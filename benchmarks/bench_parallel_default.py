@@ -25,9 +25,10 @@ The cumulative rule of ``simulated_sips`` (geometric splits, 6 rounds) releases 
 the best per-round DP-SIPS split (AskReddit bigrams: within noise) but still 0.95 of the sequential
 number on health tweets (b) and 0.71 on zipf200k. It is now the release method ``sips_cumulative``
 (its numbers agree with the simulation); its table is in benchmarks/README.md, "Utility".
-Dropping the hopeless items with a bounded boost (``prune``, ``max_boost`` below) was simulated
-next and is now ``sips_cumulative``'s default (``drop_margin``, ``max_boost``) and the default
-method; ``sips_cumulative_no_drop`` is the rule without it.
+Dropping the hopeless items with a bounded boost (``prune``, ``max_boost`` below) and the tilt
+(``tilt``, ``tilt_norm``) were simulated next and are now ``sips_cumulative``'s defaults
+(``drop_margin``, ``max_boost``, ``tilt``) and the default method; ``sips_cumulative_no_drop`` is the
+rule without them.
 
     python benchmarks/bench_parallel_default.py --runs 3
     python benchmarks/bench_parallel_default.py --datasets tweets,debian --settings a --users 25 \\
@@ -161,6 +162,8 @@ def simulated_sips(path: Path, users: float, seed: int, options: dict, epsilon: 
     min(1, b/sqrt(e_u))`` and ``p_j = exp(kappa clip((z_j/F_{r-1} - rho_R) / sd_{r-1}, zlo, zhi))``, a
     function of the earlier noisy outputs (kappa < 0: less weight to items already safely above the
     last threshold). Sensitivity and the novelty bound ``min(1, b/sqrt(t))`` are unchanged.
+    ``tilt_norm``: ``x_uj = min(cap_u, p_j / sqrt(sum_k p_k^2))`` instead (no bisection; what the
+    release method ``sips_cumulative`` does).
     ``novel_fraction`` / ``novel_weights`` (above) set q and the rounds' shares of ``q delta``.
     """
     import numpy as np
@@ -247,17 +250,22 @@ def simulated_sips(path: Path, users: float, seed: int, options: dict, epsilon: 
             p = np.exp(kappa * np.clip(score, zlo, zhi))
             uk, ik = u[kept], i[kept]
             pk = p[ik]
+            if options.get("tilt_norm"):
+                norm2 = np.bincount(uk, weights=pk * pk, minlength=n_users)
+                xk = np.minimum(cap[uk], pk / np.sqrt(np.maximum(norm2[uk], 1e-300)))
+                w = np.bincount(ik, weights=xk, minlength=n_items)
             lo = np.full(n_users, -60.0)
             hi = np.full(n_users, 60.0)
-            for _ in range(60):  # bisection on log lam per user
+            for _ in range(0 if options.get("tilt_norm") else 60):  # bisection on log lam per user
                 mid = 0.5 * (lo + hi)
                 xk = np.minimum(cap[uk], np.exp(mid[uk]) * pk)
                 norm = np.bincount(uk, weights=xk * xk, minlength=n_users)
                 over = norm > 1.0
                 hi = np.where(over, mid, hi)
                 lo = np.where(over, lo, mid)
-            xk = np.minimum(cap[uk], np.exp(lo[uk]) * pk)
-            w = np.bincount(ik, weights=xk, minlength=n_items)
+            if not options.get("tilt_norm"):
+                xk = np.minimum(cap[uk], np.exp(lo[uk]) * pk)
+                w = np.bincount(ik, weights=xk, minlength=n_items)
         else:
             w = np.bincount(i[kept], weights=x[u[kept]], minlength=n_items)
         y = w + rng.standard_normal(n_items) * sigma

@@ -1,28 +1,30 @@
 -- DP-SIPS with the cumulative release rule (dpsql/cumulative.py; docs/proofs/sips_cumulative.md).
 
--- One round: the item's running sum z = z_prev + share[r] * (w + N(0, sigma[r]^2)), where w = sum x_u
--- over the live rows of `rows_rel` (user_id, item, dropped: the capped rows of the items not released
--- yet, `dropped` marking the items an earlier round dropped) and z_prev is the item's sum in `prev_rel`
--- (item, z, passed, dropped; empty in round one); whether it passes, z >= cumulative_share[r] * rho[r]
--- (the precision-weighted mean of the item's noisy weights so far is >= rho[r]); and whether it is
--- dropped, z < cumulative_share[r] * drop_below[r] (its mean is hopeless; -inf: never). A user's weight
--- is x_u = min(1/sqrt(d_u), max_boost/sqrt(e_u)): d_u its live rows, e_u all its rows (dropped items
--- count, released ones do not); max_boost NULL: no cap. Every item of `rows_rel`'s live rows is an item
--- of `prev_rel` neither released nor dropped (after round one), and every such item has live rows (its
--- users still hold it). One GROUP BY adds the rows' x_u and z_prev / share[r] (cheaper than joining a
--- million running sums), and share[r] multiplies once per item: per user and per item, not per row.
+-- One round: the item's running sum z = z_prev + share[r] * (w + N(0, sigma[r]^2)), where w = sum x_uj
+-- over the live rows of `rows_rel` (user_id, item, dropped, p: the capped rows of the items not
+-- released yet, `dropped` marking the items an earlier round dropped, p the item's tilt) and z_prev is
+-- the item's sum in `prev_rel` (item, z, passed, dropped; empty in round one); whether it passes,
+-- z >= cumulative_share[r] * rho[r] (the precision-weighted mean of the item's noisy weights so far is
+-- >= rho[r]); and whether it is dropped, z < cumulative_share[r] * drop_below[r] (its mean is hopeless;
+-- -inf: never). A user's weight on a live item is x_uj = min(1, max_boost/sqrt(e_u), p_j/sqrt(S_u)): e_u
+-- all its rows (dropped items count, released ones do not), S_u the sum of p^2 over its live rows, so
+-- sum_j x_uj^2 <= 1; with every p = 1 this is min(1/sqrt(d_u), max_boost/sqrt(e_u)); max_boost NULL: no
+-- cap. Every item of `rows_rel`'s live rows is an item of `prev_rel` neither released nor dropped
+-- (after round one), and every such item has live rows (its users still hold it). One GROUP BY adds
+-- the rows' x_uj and z_prev / share[r] (cheaper than joining a million running sums), and share[r]
+-- multiplies once per item.
 CREATE OR REPLACE TEMP MACRO dp__sips_cumulative_round(rows_rel VARCHAR, prev_rel VARCHAR, params_rel VARCHAR,
                                                        r INTEGER) AS TABLE
 WITH dp__scr_users AS (
-    SELECT user_id, least(1 / sqrt(d), max_boost / sqrt(e)) AS x
-    FROM (SELECT user_id, count(*) FILTER (WHERE NOT dropped) AS d, count(*) AS e
+    SELECT user_id, least(1.0, max_boost / sqrt(e)) AS cap, 1 / sqrt(s2) AS inv
+    FROM (SELECT user_id, sum(p * p) FILTER (WHERE NOT dropped) AS s2, count(*) AS e
           FROM query_table(rows_rel) GROUP BY user_id)
          CROSS JOIN query_table(params_rel)
-    WHERE d > 0),
+    WHERE s2 > 0),
 dp__scr_sums AS (
     SELECT item, sum(x) AS y
-    FROM (SELECT item, x
-          FROM (SELECT user_id, item FROM query_table(rows_rel) WHERE NOT dropped) JOIN dp__scr_users USING (user_id)
+    FROM (SELECT item, least(cap, p * inv) AS x
+          FROM (SELECT user_id, item, p FROM query_table(rows_rel) WHERE NOT dropped) JOIN dp__scr_users USING (user_id)
           UNION ALL
           SELECT item, z / share[r] AS x FROM query_table(prev_rel) CROSS JOIN query_table(params_rel)
           WHERE NOT passed AND NOT dropped)
@@ -33,57 +35,63 @@ FROM (SELECT item, share[r] * (y + dp_gaussian_noise(sigma[r])) AS z, cumulative
       FROM dp__scr_sums CROSS JOIN query_table(params_rel));
 
 -- The rows of round r + 1: those of round r (`rows_rel`) minus the items round r released (`z_rel`),
--- with the items it dropped marked. An item dropped earlier is not in `z_rel`: its rows pass as they are.
-CREATE OR REPLACE TEMP MACRO dp__sips_cumulative_next(rows_rel VARCHAR, z_rel VARCHAR) AS TABLE
-SELECT user_id, item, dropped FROM query_table(rows_rel) WHERE dropped
+-- with the items it dropped marked, and each item's tilt p = exp(-tilt * clip(score, 0, 3)), score =
+-- how many standard deviations of its running mean (mean_sigma[r]) the mean is above the last round's
+-- threshold (tilt 0: p = 1). An item dropped earlier is not in `z_rel`: its rows pass as they are.
+CREATE OR REPLACE TEMP MACRO dp__sips_cumulative_next(rows_rel VARCHAR, z_rel VARCHAR, params_rel VARCHAR,
+                                                      r INTEGER) AS TABLE
+SELECT user_id, item, dropped, p FROM query_table(rows_rel) WHERE dropped
 UNION ALL
-SELECT user_id, item, now_dropped AS dropped
+SELECT user_id, item, now_dropped AS dropped, now_p AS p
 FROM (SELECT user_id, item FROM query_table(rows_rel) WHERE NOT dropped)
-     JOIN (SELECT item, dropped AS now_dropped FROM query_table(z_rel) WHERE NOT passed) USING (item);
+     JOIN (SELECT item, dropped AS now_dropped,
+                  exp(-tilt * least(greatest((z / cumulative_share[r] - rho[-1]) / mean_sigma[r], 0.0), 3.0)) AS now_p
+           FROM query_table(z_rel) CROSS JOIN query_table(params_rel) WHERE NOT passed) USING (item);
 
 -- len(split) rounds (at most 8). Round r works on the capped rows of the items no earlier round
 -- released; each round's rows are stored (they shrink fast: the first, cheap rounds release the
 -- items most rows hold). A macro cannot loop over a runtime list, so this is a fixed chain of 8
 -- rounds; `len(split) >= r` is a constant, so DuckDB prunes the unused rounds before execution (no
 -- noise is drawn for them). The running sums never leave the query: only released items do. The
--- default split is 1:2:4:8:16:32 (dpsql.cumulative.DEFAULT_SPLIT).
+-- default split is eight rounds, each 1.5 times the one before (dpsql.cumulative.DEFAULT_SPLIT).
 CREATE OR REPLACE TEMP MACRO dp_set_union_sips_cumulative(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100,
-        split DOUBLE[] := [0.015873015873015872, 0.031746031746031744, 0.06349206349206349, 0.12698412698412698,
-                          0.25396825396825395, 0.5079365079365079],
-        drop_margin DOUBLE := 2.0, max_boost DOUBLE := 2.0,
+        split DOUBLE[] := [0.020301348136399684, 0.030452022204599524, 0.045678033306899284, 0.06851704996034894,
+                          0.10277557494052339, 0.1541633624107851, 0.23124504361617765, 0.34686756542426644],
+        drop_margin DOUBLE := 3.0, max_boost DOUBLE := 2.0, tilt DOUBLE := 0.7,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__sc_cal AS (
-    SELECT unnest(dp__sips_cumulative_calibration(epsilon, delta, max_items, split, drop_margin, max_boost,
+    SELECT unnest(dp__sips_cumulative_calibration(epsilon, delta, max_items, split, drop_margin, max_boost, tilt,
                                                   user_col, item_col))
     WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
       AND dp__constant('max_items', max_items) AND dp__constant('split', split)
       AND dp__constant('drop_margin', drop_margin) AND dp__constant('max_boost', max_boost)
+      AND dp__constant('tilt', tilt)
       AND dp__constant('user_col', user_col) AND dp__constant('item_col', item_col)),
 dp__sc_rows AS MATERIALIZED (
-    SELECT user_id, item, false AS dropped
+    SELECT user_id, item, false AS dropped, 1.0 AS p
     FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
 -- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
 dp__sc_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_sips_cumulative', 'user', tbl, epsilon, delta,
         {'max_items': max_items, 'split': split, 'drop_margin': drop_margin, 'max_boost': max_boost,
-         'user_col': user_col, 'item_col': item_col}::VARCHAR,
+         'tilt': tilt, 'user_col': user_col, 'item_col': item_col}::VARCHAR,
         dp__sc_cal::VARCHAR) AS paid
     FROM dp__sc_cal WHERE (SELECT count(*) FROM dp__sc_rows) >= 0),
 dp__sc_none AS (SELECT item, 0.0 AS z, false AS passed, false AS dropped FROM dp__sc_rows LIMIT 0),
 dp__sc_z1 AS MATERIALIZED (FROM dp__sips_cumulative_round('dp__sc_rows', 'dp__sc_none', 'dp__sc_cal', 1)),
-dp__sc_k1 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_rows', 'dp__sc_z1') WHERE len(split) >= 2),
+dp__sc_k1 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_rows', 'dp__sc_z1', 'dp__sc_cal', 1) WHERE len(split) >= 2),
 dp__sc_z2 AS MATERIALIZED (FROM dp__sips_cumulative_round('dp__sc_k1', 'dp__sc_z1', 'dp__sc_cal', 2) WHERE len(split) >= 2),
-dp__sc_k2 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k1', 'dp__sc_z2') WHERE len(split) >= 3),
+dp__sc_k2 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k1', 'dp__sc_z2', 'dp__sc_cal', 2) WHERE len(split) >= 3),
 dp__sc_z3 AS MATERIALIZED (FROM dp__sips_cumulative_round('dp__sc_k2', 'dp__sc_z2', 'dp__sc_cal', 3) WHERE len(split) >= 3),
-dp__sc_k3 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k2', 'dp__sc_z3') WHERE len(split) >= 4),
+dp__sc_k3 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k2', 'dp__sc_z3', 'dp__sc_cal', 3) WHERE len(split) >= 4),
 dp__sc_z4 AS MATERIALIZED (FROM dp__sips_cumulative_round('dp__sc_k3', 'dp__sc_z3', 'dp__sc_cal', 4) WHERE len(split) >= 4),
-dp__sc_k4 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k3', 'dp__sc_z4') WHERE len(split) >= 5),
+dp__sc_k4 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k3', 'dp__sc_z4', 'dp__sc_cal', 4) WHERE len(split) >= 5),
 dp__sc_z5 AS MATERIALIZED (FROM dp__sips_cumulative_round('dp__sc_k4', 'dp__sc_z4', 'dp__sc_cal', 5) WHERE len(split) >= 5),
-dp__sc_k5 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k4', 'dp__sc_z5') WHERE len(split) >= 6),
+dp__sc_k5 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k4', 'dp__sc_z5', 'dp__sc_cal', 5) WHERE len(split) >= 6),
 dp__sc_z6 AS MATERIALIZED (FROM dp__sips_cumulative_round('dp__sc_k5', 'dp__sc_z5', 'dp__sc_cal', 6) WHERE len(split) >= 6),
-dp__sc_k6 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k5', 'dp__sc_z6') WHERE len(split) >= 7),
+dp__sc_k6 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k5', 'dp__sc_z6', 'dp__sc_cal', 6) WHERE len(split) >= 7),
 dp__sc_z7 AS MATERIALIZED (FROM dp__sips_cumulative_round('dp__sc_k6', 'dp__sc_z6', 'dp__sc_cal', 7) WHERE len(split) >= 7),
-dp__sc_k7 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k6', 'dp__sc_z7') WHERE len(split) >= 8),
+dp__sc_k7 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k6', 'dp__sc_z7', 'dp__sc_cal', 7) WHERE len(split) >= 8),
 dp__sc_z8 AS MATERIALIZED (FROM dp__sips_cumulative_round('dp__sc_k7', 'dp__sc_z7', 'dp__sc_cal', 8) WHERE len(split) >= 8)
 SELECT item FROM (FROM dp__sc_z1 UNION ALL FROM dp__sc_z2 UNION ALL FROM dp__sc_z3 UNION ALL FROM dp__sc_z4
                   UNION ALL FROM dp__sc_z5 UNION ALL FROM dp__sc_z6 UNION ALL FROM dp__sc_z7 UNION ALL FROM dp__sc_z8)

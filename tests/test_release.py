@@ -93,7 +93,8 @@ CASES: dict[str, Case] = {
     "dp_set_union_mad": _union_case(_MAD),
     "dp_set_union_mad2r": _union_case(_MAD2R),
     "dp_set_union_sips": _union_case({"split": "[0.1, 0.9]"}),
-    "dp_set_union_sips_cumulative": _union_case({"split": "[0.2, 0.3, 0.5]", "drop_margin": "1.5", "max_boost": "3"}),
+    "dp_set_union_sips_cumulative": _union_case({"split": "[0.2, 0.3, 0.5]", "drop_margin": "1.5", "max_boost": "3",
+                                                 "tilt": "0.5"}),
     "dp_set_union_policy_laplace": _union_case(_POLICY),
     "dp_set_union_policy_gaussian": _union_case(_POLICY),
     "dp_set_union_greedy_update": Case(USER_ITEMS + "; " + PUBLIC_ORDER, ("tbl", "epsilon", "delta"), {

@@ -38,90 +38,105 @@ def _threshold(sigma: float, delta_novel: float, max_items: int, dropping: bool 
     return float(np.max(h + sigma * stats.norm.isf(delta_novel / t)))
 
 
-@pytest.mark.parametrize("drop_margin, max_boost", [(2.0, 2.0), (None, 2.0), (1.0, None), (0.0, 5.0)])
+@pytest.mark.parametrize("drop_margin, max_boost", [(3.0, 2.0), (None, 2.0), (1.0, None), (0.0, 5.0)])
 @pytest.mark.parametrize("epsilon, delta, split", [(1.0, 1e-5, None), (3.0, math.exp(-10), None),
                                                    (0.5, 1e-6, [0.2, 0.3, 0.5])])
 def test_calibration_from_the_formulas(epsilon, delta, split, drop_margin, max_boost):
     kw = {"drop_margin": drop_margin, "max_boost": max_boost} | ({} if split is None else {"split": split})
     rounds = cumulative.sips_cumulative_calibration(epsilon, delta, 100, **kw)
-    f = np.array(split or [2.0 ** k for k in range(6)])
+    f = np.array(split or [1.5 ** k for k in range(8)])
     f = f / f.sum()
     assert [r.share for r in rounds] == pytest.approx(list(f), rel=1e-12)
     assert [r.cumulative_share for r in rounds] == pytest.approx(list(np.cumsum(f)), rel=1e-12)
-    # the rounds compose to one Gaussian mechanism of mu = 1/s whose delta(epsilon) is delta/2
+    dropping = drop_margin is not None
+    # without dropping: delta/2 for the Gaussian rounds, delta/2 for the novel items split like the
+    # budget; with dropping: 0.6 delta and 0.4 delta, 0.9 of it in the last round, the rest evenly
+    q = 0.4 if dropping else 0.5
+    novel = np.array([0.1 / (len(f) - 1)] * (len(f) - 1) + [0.9]) if dropping else f
+    # the rounds compose to one Gaussian mechanism of mu = 1/s whose delta(epsilon) is (1 - q) delta
     mu = math.sqrt(sum(1 / r.sigma ** 2 for r in rounds))
-    assert _analytic_delta(epsilon, mu) <= delta / 2 * (1 + 1e-9)
-    assert _analytic_delta(epsilon, mu * 1.0001) > delta / 2
+    assert _analytic_delta(epsilon, mu) <= (1 - q) * delta * (1 + 1e-9)
+    assert _analytic_delta(epsilon, mu * 1.0001) > (1 - q) * delta
     s = 1 / mu
-    for r, fr, big_f in zip(rounds, f, np.cumsum(f)):
+    for r, fr, big_f, nr in zip(rounds, f, np.cumsum(f), novel):
         assert r.sigma == pytest.approx(s / math.sqrt(fr), rel=1e-9)
         assert r.mean_sigma == pytest.approx(s / math.sqrt(big_f), rel=1e-9)
-        assert r.delta_novel == pytest.approx(fr * delta / 2, rel=1e-12)
-        assert r.threshold == pytest.approx(_threshold(r.mean_sigma, fr * delta / 2, 100, drop_margin is not None,
-                                                       max_boost), rel=1e-9)
+        assert r.delta_novel == pytest.approx(nr * q * delta, rel=1e-12)
+        assert r.threshold == pytest.approx(_threshold(r.mean_sigma, nr * q * delta, 100, dropping, max_boost),
+                                            rel=1e-9)
     last = rounds[-1]
     assert last.drop_below is None  # the last round drops nothing
-    for r in rounds[:-1]:
+    for k, r in enumerate(rounds[:-1]):
         if drop_margin is None:
             assert r.drop_below is None
-        else:  # hopeless: the mean is drop_margin of its standard deviations below the last threshold
-            assert r.drop_below == pytest.approx(last.threshold - drop_margin * r.mean_sigma, rel=1e-12, abs=1e-12)
+        else:  # hopeless: the mean is c_r of its standard deviations below the last threshold, c_r falling
+            c_r = drop_margin * (1 - 0.6 * k / (len(rounds) - 1))  # from drop_margin to 0.4 drop_margin
+            assert r.drop_below == pytest.approx(last.threshold - c_r * r.mean_sigma, rel=1e-12, abs=1e-12)
     acc = cumulative.sips_cumulative_accounting(epsilon, delta, 100, **kw)
-    assert acc.accountant == "gaussian" and acc.delta <= delta and acc.event_delta == pytest.approx(delta / 2)
+    assert acc.accountant == "gaussian" and acc.delta <= delta and acc.event_delta == pytest.approx(q * delta)
 
 
 def test_reference_numbers_of_the_proof_note():
-    rounds = cumulative.sips_cumulative_calibration(1.0, 1e-5, 100, drop_margin=None)
+    old_split = [2.0 ** k / 63 for k in range(6)]  # the 2026-11-25 rule: six rounds 1:2:4:8:16:32
+    rounds = cumulative.sips_cumulative_calibration(1.0, 1e-5, 100, old_split, drop_margin=None)
     assert (rounds[0].sigma, rounds[0].mean_sigma, rounds[0].threshold) == pytest.approx(
         (30.829412, 30.829412, 186.16279), abs=5e-5)
     assert (rounds[-1].sigma, rounds[-1].mean_sigma, rounds[-1].threshold) == pytest.approx(
         (5.449922, 3.884141, 21.26278), abs=5e-5)
-    rounds = cumulative.sips_cumulative_calibration(1.0, 1e-5, 100)  # the default: dropping, max_boost 2
-    assert (rounds[0].threshold, rounds[0].drop_below) == pytest.approx((186.26279, -40.29605), abs=5e-5)
-    assert (rounds[-2].threshold, rounds[-2].drop_below) == pytest.approx((31.04472, 10.28853), abs=5e-5)
-    assert rounds[-1].threshold == pytest.approx(21.36278, abs=5e-5)
+    rounds = cumulative.sips_cumulative_calibration(1.0, 1e-5, 100)  # the default
+    assert (rounds[0].sigma, rounds[0].threshold, rounds[0].drop_below) == pytest.approx(
+        (26.980011, 164.45598, -60.03483), abs=5e-5)
+    assert (rounds[-2].mean_sigma, rounds[-2].threshold, rounds[-2].drop_below) == pytest.approx(
+        (4.75668, 29.15896, 13.97404), abs=5e-5)
+    assert (rounds[-1].sigma, rounds[-1].mean_sigma, rounds[-1].threshold) == pytest.approx(
+        (6.527137, 3.844187, 20.90521), abs=5e-5)
 
 
-def test_dropping_costs_little_threshold():
-    """The cap keeps the novelty bound at min(1, 2/sqrt(t)): the thresholds rise by at most
-    max_t min(1, 2/sqrt(t)) - 1/sqrt(t) = 0.5 plus the union bound's share (here 0.1)."""
+def test_dropping_moves_delta_to_the_last_round():
+    """With dropping the last round's threshold, which decides the marginal items, is lower than
+    without (0.36 delta for its novel items instead of 0.17 delta, and 0.6 delta for the Gaussian
+    rounds instead of 0.5 delta), although the cap and the union bound raise it: the earlier rounds'
+    thresholds, far above any novel item, rise."""
     with_drop = cumulative.sips_cumulative_calibration(1.0, 1e-5, 100)
     without = cumulative.sips_cumulative_calibration(1.0, 1e-5, 100, drop_margin=None)
-    for a, b in zip(with_drop, without):
-        assert 0 < a.threshold - b.threshold < 0.6
+    assert with_drop[-1].threshold < without[-1].threshold
+    assert all(a.threshold > b.threshold for a, b in zip(with_drop[:-1], without[:-1]))
     uncapped = cumulative.sips_cumulative_calibration(1.0, 1e-5, 100, max_boost=None)
     assert all(u.threshold >= a.threshold for u, a in zip(uncapped, with_drop))
 
 
-@pytest.mark.parametrize("drop_margin, max_boost", [(2.0, 2.0), (None, None)])
+@pytest.mark.parametrize("drop_margin, max_boost", [(3.0, 2.0), (None, None)])
 def test_one_round_is_basic(drop_margin, max_boost):
-    """One round drops nothing; with dropping its threshold is the union bound's (within 1e-6 of Basic)."""
+    """One round drops nothing: without dropping it is Basic exactly; with dropping, Basic with 0.6 delta
+    for the noise and 0.4 delta for the novel items under the union bound."""
     [r] = cumulative.sips_cumulative_calibration(1.0, 1e-5, 100, [1.0], drop_margin, max_boost)
     basic = calibration.weighted_gaussian_calibration(1.0, 1e-5, 100)
-    assert (r.sigma, r.mean_sigma) == pytest.approx((basic.scale, basic.scale), rel=1e-9)
     assert r.drop_below is None
     if drop_margin is None:
+        assert (r.sigma, r.mean_sigma) == pytest.approx((basic.scale, basic.scale), rel=1e-9)
         assert r.threshold == pytest.approx(basic.threshold, rel=1e-9)
     else:
-        assert r.threshold == pytest.approx(_threshold(basic.scale, 1e-5 / 2, 100, True, max_boost), rel=1e-9)
-        assert basic.threshold <= r.threshold <= basic.threshold + 1e-6 * basic.scale + 1.0
+        s = calibration.gaussian_sigma(1.0, 0.6e-5)
+        assert (r.sigma, r.mean_sigma) == pytest.approx((s, s), rel=1e-8)
+        assert r.threshold == pytest.approx(_threshold(s, 0.4e-5, 100, True, max_boost), rel=1e-9)
 
 
 def test_the_last_round_has_the_whole_budget_in_its_mean():
     c = dpsql.calibrate("sips_cumulative", 1.0, 1e-5, 100)
+    s = calibration.gaussian_sigma(1.0, 0.6e-5)  # the default drops: 0.6 delta for the Gaussian rounds
+    assert c.scale == pytest.approx(s, rel=1e-8)  # s/sqrt(F_R) with F_R = 1
     basic = calibration.weighted_gaussian_calibration(1.0, 1e-5, 100)
-    assert c.scale == pytest.approx(basic.scale, rel=1e-9)  # s/sqrt(F_R) with F_R = 1
-    assert basic.threshold < c.threshold < basic.threshold + basic.scale  # a sixth of delta/2 for the novel items
-    assert len(c.rounds) == 6 and c.accounting.accountant == "gaussian"
+    assert basic.threshold < c.threshold < basic.threshold + basic.scale  # 0.36 delta for the novel items
+    assert len(c.rounds) == 8 and c.accounting.accountant == "gaussian"
 
 
 def test_sql_calibration_row_is_the_python_calibration():
     con = dpsql.connect()
     try:
         [(row,)] = con.execute("SELECT dp__sips_cumulative_calibration(1.0, 1e-5, 100, [0.2, 0.3, 0.5], 1.5, 3.0, "
-                               "'u', 'i')").fetchall()
+                               "0.5, 'u', 'i')").fetchall()
         [(off,)] = con.execute("SELECT dp__sips_cumulative_calibration(1.0, 1e-5, 100, [0.2, 0.3, 0.5], NULL, 3.0, "
-                               "'u', 'i')").fetchall()
+                               "0.5, 'u', 'i')").fetchall()
     finally:
         con.close()
     rounds = cumulative.sips_cumulative_calibration(1.0, 1e-5, 100, [0.2, 0.3, 0.5], 1.5, 3.0)
@@ -130,10 +145,11 @@ def test_sql_calibration_row_is_the_python_calibration():
     assert row["share"] == [r.share for r in rounds]
     assert row["cumulative_share"] == [r.cumulative_share for r in rounds]
     assert row["drop_below"] == [r.drop_below for r in rounds[:-1]] + [-math.inf] and row["max_boost"] == 3.0
+    assert row["tilt"] == 0.5 and row["mean_sigma"] == [r.mean_sigma for r in rounds]
     assert (row["accountant"], row["total_epsilon"], row["total_delta"]) == ("gaussian", acc.epsilon, acc.delta)
     # without dropping: nothing is dropped and no cap applies (the cap would change nothing)
     plain = cumulative.sips_cumulative_calibration(1.0, 1e-5, 100, [0.2, 0.3, 0.5], None, 3.0)
-    assert off["drop_below"] == [-math.inf] * 3 and off["max_boost"] is None
+    assert off["drop_below"] == [-math.inf] * 3 and off["max_boost"] is None and off["tilt"] == 0.0
     assert off["rho"] == [r.threshold for r in plain]
 
 
@@ -154,6 +170,7 @@ def test_split_limits():
     ("FROM dp_set_union_sips_cumulative('t', epsilon := 1.0, delta := 1e-5, drop_margin := 'nan')", "drop_margin"),
     ("FROM dp_set_union_sips_cumulative('t', epsilon := 1.0, delta := 1e-5, max_boost := 0.5)", "max_boost"),
     ("FROM dp_set_union_sips_cumulative('t', epsilon := 1.0, delta := 1e-5, max_boost := 'inf')", "max_boost"),
+    ("FROM dp_set_union_sips_cumulative('t', epsilon := 1.0, delta := 1e-5, tilt := -1)", "tilt"),
 ])
 def test_bad_parameters_are_refused_before_the_charge(sql, message):
     con = dpsql.connect()
@@ -175,12 +192,15 @@ _NO_RELEASE = ("CREATE OR REPLACE TABLE p AS SELECT [{f}] AS share, [{F}] AS cum
 
 
 def _running_sums(con, rows: list, dropped: set, prev: dict, share: float, cumulative_share: float,
-                  max_boost) -> dict:
+                  max_boost, tilt: dict | None = None) -> dict:
     """One round of the engine's macro on the rows (user, item) of the items not released, ``dropped``
-    marking the dropped items, with (almost) no noise and no release: item -> running sum z."""
+    marking the dropped items, ``tilt`` the live items' p (default 1), with (almost) no noise and no
+    release: item -> running sum z."""
+    tilt = tilt or {}
     staged = pa.table({"user_id": pa.array([u for u, _ in rows], pa.int64()),  # noqa: F841
                        "item": pa.array([str(i) for _, i in rows], pa.string()),
-                       "dropped": pa.array([i in dropped for _, i in rows], pa.bool_())})
+                       "dropped": pa.array([i in dropped for _, i in rows], pa.bool_()),
+                       "p": pa.array([1.0 if i in dropped else tilt.get(i, 1.0) for _, i in rows], pa.float64())})
     con.execute("CREATE OR REPLACE TABLE k AS FROM staged")
     staged = pa.table({"item": pa.array(list(prev), pa.string()),  # noqa: F841
                        "z": pa.array(list(prev.values()), pa.float64())})
@@ -191,13 +211,15 @@ def _running_sums(con, rows: list, dropped: set, prev: dict, share: float, cumul
     return {r[0]: r[1] for r in out}
 
 
+@pytest.mark.parametrize("tilted", [True, False])
 @pytest.mark.parametrize("max_boost", [2.0, None])
 @pytest.mark.parametrize("seed", range(12))
-def test_round_weights_of_neighbours_and_the_running_mean_of_novel_items(seed, max_boost):
-    """For any released and dropped sets (functions of earlier noisy outputs, the same under both
-    neighbours), a round's weights differ by l2 <= 1, and until a novel item is released every live novel
-    item's weight and running mean are <= min(1, b/sqrt(t)) (1 without a cap), whichever items --
-    novel ones included -- were dropped; without any drop, <= 1/sqrt(t)."""
+def test_round_weights_of_neighbours_and_the_running_mean_of_novel_items(seed, max_boost, tilted):
+    """For any released and dropped sets and any tilts p in (0, 1] (functions of earlier noisy outputs,
+    the same under both neighbours), a round's weights differ by l2 <= 1, and until a novel item is
+    released every live novel item's weight and running mean are <= min(1, b/sqrt(t)) (1 without a
+    cap), whichever items -- novel ones included -- were dropped; without any drop or tilt,
+    <= 1/sqrt(t)."""
     rng = random.Random(seed)
     rows = zipf_rows(rng, n_users=rng.randint(5, 60), n_items=40, max_deg=15)
     common = sorted({i for _, i in rows})
@@ -218,13 +240,14 @@ def test_round_weights_of_neighbours_and_the_running_mean_of_novel_items(seed, m
             # dropped some items, novel ones included, never a released one
             removed |= set(rng.sample(common, rng.randint(0, len(common) // 4))) - dropped
             dropped |= set(rng.sample(common + novel, rng.randint(0, (len(common) + t) // 3))) - removed
+            tilt = {i: rng.choice([1.0, rng.uniform(0.05, 1.0)]) for i in common + novel} if tilted else {}
             kept = [r for r in rows if r[1] not in removed]
             kept_v = [r for r in rows_v if r[1] not in removed]
             big_f += f
             live = {i: x for i, x in z.items() if i not in removed | dropped}
             live_v = {i: x for i, x in z_v.items() if i not in removed | dropped}
-            z = _running_sums(con, kept, dropped, live, f, big_f, max_boost)
-            z_v = _running_sums(con, kept_v, dropped, live_v, f, big_f, max_boost)
+            z = _running_sums(con, kept, dropped, live, f, big_f, max_boost, tilt)
+            z_v = _running_sums(con, kept_v, dropped, live_v, f, big_f, max_boost, tilt)
             assert not (set(z_v) & (removed | dropped))  # released and dropped items are not measured
             # this round's weights: l2 distance <= 1, new coordinates counted
             w = {i: (x - live.get(i, 0.0)) / f for i, x in z.items()}
@@ -235,7 +258,7 @@ def test_round_weights_of_neighbours_and_the_running_mean_of_novel_items(seed, m
             for j in novel:
                 if j not in dropped:
                     assert w_v[j] <= h + 1e-9 and z_v[j] / big_f <= h + 1e-9
-                    if not dropped:
+                    if not dropped and not tilted:
                         assert w_v[j] <= 1 / math.sqrt(t) + 1e-9
     finally:
         con.close()
@@ -286,10 +309,12 @@ def _junk_rows(seed=6):
     return rows
 
 
-def _reference(sets: dict, rounds, rng, max_boost=None) -> set:
+def _reference(sets: dict, rounds, rng, max_boost=None, tilt=0.0) -> set:
     released: set = set()
     dropped: set = set()
     z: dict = {}
+    p: dict = {}  # the tilt: exp(-tilt * clip(standard deviations above the last threshold, 0, 3))
+    last = rounds[-1].threshold
     for r in rounds:
         w: dict = {}
         for s in sets.values():
@@ -297,42 +322,47 @@ def _reference(sets: dict, rounds, rng, max_boost=None) -> set:
             live = [i for i in rest if i not in dropped]
             if not live:
                 continue
-            x = 1 / math.sqrt(len(live))
-            if max_boost is not None:
-                x = min(x, max_boost / math.sqrt(len(rest)))
+            cap = 1.0 if max_boost is None else min(1.0, max_boost / math.sqrt(len(rest)))
+            norm = math.sqrt(sum(p.get(i, 1.0) ** 2 for i in live))
             for i in live:
-                w[i] = w.get(i, 0.0) + x
+                w[i] = w.get(i, 0.0) + min(cap, p.get(i, 1.0) / norm)
         for i, x in w.items():
             z[i] = z.get(i, 0.0) + r.share * (x + rng.normal(0, r.sigma))
             if z[i] >= r.cumulative_share * r.threshold:
                 released.add(i)
             elif r.drop_below is not None and z[i] < r.cumulative_share * r.drop_below:
                 dropped.add(i)
+            else:
+                score = (z[i] / r.cumulative_share - last) / r.mean_sigma
+                p[i] = math.exp(-tilt * min(max(score, 0.0), 3.0))
     return released
 
 
-def _frequencies(sets: dict, rounds, runs: int, max_boost=None) -> dict:
+def _frequencies(sets: dict, rounds, runs: int, max_boost=None, tilt=0.0) -> dict:
     rng = np.random.default_rng(7)
     ref: dict = {}
     for _ in range(runs):
-        for i in _reference(sets, rounds, rng, max_boost):
+        for i in _reference(sets, rounds, rng, max_boost, tilt):
             ref[i] = ref.get(i, 0) + 1
     return ref
 
 
-@pytest.mark.parametrize("data, eps, drop_margin, max_boost", [
-    ("layered", 1.0, None, None),  # epsilon 1: 35 of the 52 items are released in 5-95 % of runs
-    ("layered", 1.0, 2.0, 2.0),
-    ("junk", 2.0, 2.0, 2.0),       # 22 of the 320 items in 5-95 % of runs; dropping triples the releases
+@pytest.mark.parametrize("data, eps, drop_margin, max_boost, tilt", [
+    ("layered", 1.0, None, None, None),  # epsilon 1: most of the 52 items are released in 5-95 % of runs
+    ("layered", 1.0, 3.0, 2.0, 0.7),     # the default
+    ("junk", 2.0, 3.0, 2.0, 0.0),        # dropping, no tilt: the releases triple
+    ("junk", 2.0, 3.0, 2.0, 0.7),        # the default
 ])
-def test_release_frequencies_match_the_reference(data, eps, drop_margin, max_boost):
+def test_release_frequencies_match_the_reference(data, eps, drop_margin, max_boost, tilt):
     rows = _layered_rows() if data == "layered" else _junk_rows()
     sets = sets_of(rows)
     runs, ref_runs = 60, 3000
     rounds = cumulative.sips_cumulative_calibration(eps, 1e-5, 10, drop_margin=drop_margin, max_boost=max_boost)
-    ref = _frequencies(sets, rounds, ref_runs, max_boost if drop_margin is not None else None)
+    dropping = drop_margin is not None
+    ref = _frequencies(sets, rounds, ref_runs, max_boost if dropping else None, (tilt or 0.0) if dropping else 0.0)
     sql_drop = "NULL" if drop_margin is None else drop_margin
     sql_boost = "NULL" if max_boost is None else max_boost
+    sql_tilt = "NULL" if tilt is None else tilt
     got: dict = {}
     for k in range(runs):
         con = seeded(1000 + k)
@@ -340,7 +370,7 @@ def test_release_frequencies_match_the_reference(data, eps, drop_margin, max_boo
             load(con, rows)
             out = [r[0] for r in con.execute(
                 f"SELECT * FROM dp_set_union_sips_cumulative('t', epsilon := {eps}, delta := 1e-5, max_items := 10, "
-                f"drop_margin := {sql_drop}, max_boost := {sql_boost})").fetchall()]
+                f"drop_margin := {sql_drop}, max_boost := {sql_boost}, tilt := {sql_tilt})").fetchall()]
         finally:
             con.close()
         assert out == sorted(out)
@@ -408,7 +438,33 @@ def test_unused_rounds_draw_no_noise_and_one_salt_per_query():
         before = src.samples_drawn
         out = con.execute("FROM dp_set_union_sips_cumulative('t', epsilon := 1.0, delta := 1e-5)").fetchall()
         drawn = src.samples_drawn - before
-        # six rounds: every item not released yet is measured again, none twice in a round
-        assert 1 + n_items < drawn <= 1 + 6 * n_items and len(out) < n_items
+        # eight rounds: every item neither released nor dropped yet is measured again, none twice in a round
+        assert 1 + n_items < drawn <= 1 + 8 * n_items and len(out) < n_items
     finally:
         con.close()
+
+
+def test_tilted_weights_and_the_tilt_of_the_next_round():
+    """The round spreads a user's weight as p_j / sqrt(sum p^2) under its cap; the next round's rows
+    carry p = exp(-tilt * clip((z/F - rho_R) / mean_sigma, 0, 3)) of the item's running mean."""
+    con = seeded(5)
+    try:
+        z = _running_sums(con, [(1, "a"), (1, "b"), (2, "b")], set(), {}, 1.0, 1.0, 2.0, {"a": 1.0, "b": 0.25})
+        assert z["a"] == pytest.approx(1 / math.sqrt(1.0625), abs=1e-9)
+        assert z["b"] == pytest.approx(0.25 / math.sqrt(1.0625) + 1.0, abs=1e-9)  # user 2: cap 1
+        con.execute("CREATE OR REPLACE TABLE p AS SELECT [0.5, 0.5] AS share, [0.5, 1.0] AS cumulative_share, "
+                    "[2.0, 1.0] AS mean_sigma, [50.0, 10.0] AS rho, 0.7 AS tilt")
+        con.execute("CREATE OR REPLACE TABLE zr AS SELECT * FROM (VALUES ('a', 4.0, false, false), "
+                    "('b', 6.0, false, false), ('c', 9.0, false, false), ('d', 1.0, false, true), "
+                    "('e', 30.0, true, false)) v(item, z, passed, dropped)")
+        con.execute("CREATE OR REPLACE TABLE rr AS SELECT * FROM (VALUES (1, 'a', false, 1.0), (1, 'b', false, 1.0), "
+                    "(1, 'c', false, 1.0), (1, 'd', false, 1.0), (1, 'e', false, 1.0), (1, 'x', true, 1.0)) "
+                    "v(user_id, item, dropped, p)")
+        got = {i: (d, p) for _, i, d, p in con.execute(
+            "FROM dp__sips_cumulative_next('rr', 'zr', 'p', 1) ORDER BY item").fetchall()}
+    finally:
+        con.close()
+    # means 8, 12, 18 against rho_R = 10 with sd 2: scores clipped to 0, 1, 3; e released, d dropped, x kept
+    assert set(got) == {"a", "b", "c", "d", "x"}
+    assert got["a"] == (False, pytest.approx(1.0)) and got["b"] == (False, pytest.approx(math.exp(-0.7)))
+    assert got["c"] == (False, pytest.approx(math.exp(-2.1))) and got["d"][0] and got["x"] == (True, 1.0)
