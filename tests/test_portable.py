@@ -229,7 +229,7 @@ def test_spark_parameter_errors_are_dpsql_set_union_errors(method, kwargs):
     with pytest.raises(DPParameterError) as spark_err:
         dspark.set_union(None, method, **given)
     if method not in dspark.PARALLEL_METHODS:
-        assert "sequential" in str(spark_err.value)
+        assert "has no Spark form" in str(spark_err.value)
         return
     con = dpsql.connect()
     try:
