@@ -57,7 +57,7 @@ from dpsql.validation import DPParameterError, check_column_pair, check_delta, c
     derived_budget, warn_weak_parameters
 
 __all__ = ["MECHANISMS", "DEFAULT_SPLIT", "MAX_ROUNDS", "DEFAULT_DROP_MARGIN", "DEFAULT_MAX_BOOST", "DEFAULT_TILT",
-           "NOVEL_SHARE", "LAST_NOVEL_SHARE", "TILT_CLIP", "CumulativeRound", "check_drop_margin", "check_max_boost",
+           "NOVEL_SHARE", "LAST_NOVEL_SHARE", "CumulativeRound", "check_drop_margin", "check_max_boost",
            "check_tilt", "novelty_bound", "sips_cumulative_calibration",
            "sips_cumulative_accounting", "sips_cumulative_set_union_calibration", "udfs"]
 
@@ -78,8 +78,6 @@ DEFAULT_DROP_MARGIN = 3.0
 _MARGIN_FALL = 0.6
 DEFAULT_MAX_BOOST = 2.0
 DEFAULT_TILT = 0.7
-# The tilt's score (standard deviations of the running mean above the last threshold) is clipped here.
-TILT_CLIP = 3.0
 # With dropping, the novel-item events get 40 % of delta (the Gaussian rounds 60 %), 90 % of it in the
 # last round, whose threshold decides the marginal items (the early rounds' thresholds are far above
 # any novel item's weight, so a small share costs them little).
@@ -120,9 +118,10 @@ def check_max_boost(value: object) -> Optional[float]:
 class CumulativeRound:
     """Round ``r``: budget ``share`` = f_r, ``cumulative_share`` = F_r; its weights get ``N(0, sigma^2)``;
     the running mean ``z_r / F_r`` has noise ``mean_sigma`` = s/sqrt(F_r) and passes at ``threshold``;
-    ``delta_novel`` = f_r delta/2 bounds the novel items passing in this round. ``drop_below``: an item
-    not released whose mean is below it is dropped after this round (``rho_R - c mean_sigma``; None
-    without dropping and in the last round)."""
+    ``delta_novel`` bounds the novel items passing in this round (f_r delta/2 without dropping; with
+    it, 0.4 delta split 0.1/(R-1) per round and 0.9 for the last). ``drop_below``: an item not released
+    whose mean is below it is dropped after this round (``rho_R - c_r mean_sigma``; None without
+    dropping and in the last round)."""
 
     share: float
     cumulative_share: float
