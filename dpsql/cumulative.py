@@ -224,6 +224,7 @@ def udfs(source) -> list[Udf]:
     @lru_cache(maxsize=128)
     def _row(epsilon, delta, max_items, split, drop_margin, max_boost, tilt):
         key = _key(epsilon, delta, max_items, list(split) if split is not None else None, drop_margin, max_boost)
+        checked_tilt = check_tilt(tilt)  # checked even where it does not apply (drop_margin NULL)
         rounds, a = _calibration(*key)
         # drop_below: -inf where nothing is dropped (the last round, or no dropping), so the SQL
         # comparison needs no NULL case; max_boost: NULL means no cap (least() skips NULLs)
@@ -233,7 +234,7 @@ def udfs(source) -> list[Udf]:
                 "drop_below": tuple(-math.inf if r.drop_below is None else r.drop_below for r in rounds),
                 "max_boost": key[5] if key[4] is not None else None,
                 # the tilt needs the cap's novelty bound: without dropping every weight is 1/sqrt(d)
-                "tilt": (check_tilt(tilt) or 0.0) if key[4] is not None else 0.0,
+                "tilt": (checked_tilt or 0.0) if key[4] is not None else 0.0,
                 "accountant": a.accountant, "total_epsilon": a.epsilon, "total_delta": a.delta}
 
     def cal(epsilon, delta, max_items, split, drop_margin, max_boost, tilt, user_col, item_col):

@@ -171,6 +171,7 @@ def test_split_limits():
     ("FROM dp_set_union_sips_cumulative('t', epsilon := 1.0, delta := 1e-5, max_boost := 0.5)", "max_boost"),
     ("FROM dp_set_union_sips_cumulative('t', epsilon := 1.0, delta := 1e-5, max_boost := 'inf')", "max_boost"),
     ("FROM dp_set_union_sips_cumulative('t', epsilon := 1.0, delta := 1e-5, tilt := -1)", "tilt"),
+    ("FROM dp_set_union_sips_cumulative('t', epsilon := 1.0, delta := 1e-5, drop_margin := NULL, tilt := -1)", "tilt"),
 ])
 def test_bad_parameters_are_refused_before_the_charge(sql, message):
     con = dpsql.connect()
