@@ -53,11 +53,11 @@ FROM (SELECT user_id, item FROM query_table(rows_rel) WHERE NOT dropped)
 -- items most rows hold). A macro cannot loop over a runtime list, so this is a fixed chain of 8
 -- rounds; `len(split) >= r` is a constant, so DuckDB prunes the unused rounds before execution (no
 -- noise is drawn for them). The running sums never leave the query: only released items do. The
--- default split is eight rounds, each 1.5 times the one before (dpsql.cumulative.DEFAULT_SPLIT).
+-- default split is seven rounds, each 1.6 times the one before (dpsql.cumulative.DEFAULT_SPLIT).
 CREATE OR REPLACE TEMP MACRO dp_set_union_sips_cumulative(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100,
-        split DOUBLE[] := [0.020301348136399684, 0.030452022204599524, 0.045678033306899284, 0.06851704996034894,
-                          0.10277557494052339, 0.1541633624107851, 0.23124504361617765, 0.34686756542426644],
+        split DOUBLE[] := [0.02321662860377795, 0.03714660576604473, 0.05943456922567157, 0.09509531076107451,
+                          0.1521524972177192, 0.24344399554835075, 0.3895103928773613],
         drop_margin DOUBLE := 3.0, max_boost DOUBLE := 2.0, tilt DOUBLE := 0.7,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__sc_cal AS (
