@@ -61,14 +61,17 @@ __all__ = ["MECHANISMS", "DEFAULT_SPLIT", "MAX_ROUNDS", "DEFAULT_DROP_MARGIN", "
            "check_tilt", "novelty_bound", "sips_cumulative_calibration",
            "sips_cumulative_accounting", "sips_cumulative_set_union_calibration", "udfs"]
 
-# Seven rounds, each with 1.6 times the budget of the one before: the early rounds are cheap and
-# release the items far above any threshold or drop the hopeless ones, so the later ones spread the
-# users' weight over fewer items (benchmarks/README.md, "Utility": with dropping and the tilt, 8 rounds
-# x1.5 release 0.2-2 % more than 7 x1.6, and more than 6 x2; 12 x1.3 more still, beyond the macro's
-# chain of 8). Seven, not eight: every round re-aggregates the live rows by user and by item, and the
-# eighth put the release above a default's time budget, 3x Basic (benchmarks/README.md, "The new
-# default").
-DEFAULT_SPLIT: tuple[float, ...] = tuple(1.6 ** k / math.fsum(1.6 ** j for j in range(7)) for k in range(7))
+# Seven rounds, each with 1.6 times the budget of the one before: the early rounds are cheap and release
+# the items far above any threshold or drop the hopeless ones, so the later ones spread the users'
+# weight over fewer items (benchmarks/README.md, "Utility": with dropping and the tilt, 8 rounds x1.5
+# release 0-2 % more than 7 x1.6 (AskReddit bigrams (a): 41 vs 37 items), and more than 6 x2; 12 x1.3
+# more still, beyond the macro's chain of 8). Seven, not eight: every round re-aggregates the live rows
+# by user and by item, and the eighth put the release above a default's time budget, 3x Basic
+# (benchmarks/README.md, "The new default").
+_DEFAULT_ROUNDS, _DEFAULT_GROWTH = 7, 1.6
+DEFAULT_SPLIT: tuple[float, ...] = tuple(_DEFAULT_GROWTH ** k / math.fsum(_DEFAULT_GROWTH ** j
+                                                                     for j in range(_DEFAULT_ROUNDS))
+                                         for k in range(_DEFAULT_ROUNDS))
 # The macro is a fixed chain of this many rounds (a macro cannot loop); unused ones are pruned.
 MAX_ROUNDS = 8
 # Drop an item once its mean is drop_margin standard deviations of the running mean below the last
@@ -260,8 +263,8 @@ MECHANISMS: tuple[Mechanism, ...] = (
         name="sips_cumulative", family="set_union", macro="dp_set_union_sips_cumulative", unit="user",
         params=user_item_params(
             Param("split", "DOUBLE[]", DEFAULT_SPLIT, lambda v: check_split(list(v), max_rounds=MAX_ROUNDS),
-                  f"budget share of each round (at most {MAX_ROUNDS}, sums to 1; default eight rounds, "
-                  f"each 1.5 times the one before)"),
+                  f"budget share of each round (at most {MAX_ROUNDS}, sums to 1; default {_DEFAULT_ROUNDS} rounds, "
+                  f"each {_DEFAULT_GROWTH:g} times the one before)"),
             Param("drop_margin", "DOUBLE", DEFAULT_DROP_MARGIN, check_drop_margin,
                   "drop an item whose running mean is this many of its standard deviations below the last "
                   "round's threshold in round 1, falling to 0.4 of it in the last round that drops "
@@ -271,9 +274,9 @@ MECHANISMS: tuple[Mechanism, ...] = (
             Param("tilt", "DOUBLE", DEFAULT_TILT, check_tilt,
                   "spread a user's weight less on items already above the last threshold: "
                   "exp(-tilt * min(3, standard deviations above)) (NULL or 0: evenly)")),
-        description="DP-SIPS in eight rounds, an item released once the precision-weighted mean of its noisy "
-                    "weights so far passes the round's threshold; hopeless items dropped, weights tilted "
-                    "towards the items still in doubt",
+        description=f"DP-SIPS in {_DEFAULT_ROUNDS} rounds, an item released once the precision-weighted mean of "
+                    "its noisy weights so far passes the round's threshold; hopeless items dropped, weights "
+                    "tilted towards the items still in doubt",
         proof="sips_cumulative", calibrate=sips_cumulative_set_union_calibration, rounds=len(DEFAULT_SPLIT),
         spark=False),
 )
