@@ -250,22 +250,21 @@ def simulated_sips(path: Path, users: float, seed: int, options: dict, epsilon: 
             p = np.exp(kappa * np.clip(score, zlo, zhi))
             uk, ik = u[kept], i[kept]
             pk = p[ik]
-            if options.get("tilt_norm"):
+            if options.get("tilt_norm"):  # x_uj = min(cap_u, p_j / sqrt(sum_k p_k^2)): the release method's
                 norm2 = np.bincount(uk, weights=pk * pk, minlength=n_users)
                 xk = np.minimum(cap[uk], pk / np.sqrt(np.maximum(norm2[uk], 1e-300)))
-                w = np.bincount(ik, weights=xk, minlength=n_items)
-            lo = np.full(n_users, -60.0)
-            hi = np.full(n_users, 60.0)
-            for _ in range(0 if options.get("tilt_norm") else 60):  # bisection on log lam per user
-                mid = 0.5 * (lo + hi)
-                xk = np.minimum(cap[uk], np.exp(mid[uk]) * pk)
-                norm = np.bincount(uk, weights=xk * xk, minlength=n_users)
-                over = norm > 1.0
-                hi = np.where(over, mid, hi)
-                lo = np.where(over, lo, mid)
-            if not options.get("tilt_norm"):
+            else:  # water-filling: bisection on log lam per user
+                lo = np.full(n_users, -60.0)
+                hi = np.full(n_users, 60.0)
+                for _ in range(60):
+                    mid = 0.5 * (lo + hi)
+                    xk = np.minimum(cap[uk], np.exp(mid[uk]) * pk)
+                    norm = np.bincount(uk, weights=xk * xk, minlength=n_users)
+                    over = norm > 1.0
+                    hi = np.where(over, mid, hi)
+                    lo = np.where(over, lo, mid)
                 xk = np.minimum(cap[uk], np.exp(lo[uk]) * pk)
-                w = np.bincount(ik, weights=xk, minlength=n_items)
+            w = np.bincount(ik, weights=xk, minlength=n_items)
         else:
             w = np.bincount(i[kept], weights=x[u[kept]], minlength=n_items)
         y = w + rng.standard_normal(n_items) * sigma
