@@ -16,7 +16,7 @@ from scipy import stats
 
 import dpsql
 from dpsql import calibration, cumulative
-from dpsql.registration import source_of
+from dpsql.registration import source_of, sql_dir
 from dpsql.validation import DPParameterError
 
 from conftest import seeded
@@ -184,6 +184,24 @@ def test_bad_parameters_are_refused_before_the_charge(sql, message):
         con.close()
 
 
+def test_a_table_too_large_for_the_32_bit_ids_is_refused_before_the_charge():
+    """From round two on, users and items are 32-bit ids: 2^32 capped rows or more are refused before the
+    charge. Checked with the shipped macro's bound lowered to 40 rows (a 2^32-row table is out of reach)."""
+    text = (sql_dir() / "42_sips_cumulative.sql").read_text(encoding="utf-8")
+    assert text.count("< 4294967296 THEN true") == 1
+    con = dpsql.connect()
+    try:
+        con.execute(text.replace("< 4294967296 THEN true", "< 40 THEN true"))
+        load(con, [(u, f"i{j}") for u in range(10) for j in range(4)])  # 40 rows
+        with pytest.raises(Exception, match=r"dpsql: dp_set_union_sips_cumulative takes fewer than 2\^32 "
+                                            r"user-item pairs after the max_items cap; lower max_items"):
+            con.execute("FROM dp_set_union_sips_cumulative('t', epsilon := 1.0, delta := 1e-5)").fetchall()
+        assert con.execute("SELECT count(*) FROM dp_releases()").fetchall() == [(0,)]
+        con.execute("FROM dp_set_union_sips_cumulative('t', epsilon := 1.0, delta := 1e-5, max_items := 3)").fetchall()
+        assert con.execute("SELECT count(*) FROM dp_releases()").fetchall() == [(1,)]
+    finally:
+        con.close()
+
 # ---------------------------------------------------------------------------
 # The proof's property on random neighbours, with the engine's round macro
 # ---------------------------------------------------------------------------
@@ -195,13 +213,12 @@ _NO_RELEASE = ("CREATE OR REPLACE TABLE p AS SELECT [{f}] AS share, [{F}] AS cum
 def _running_sums(con, rows: list, dropped: set, prev: dict, share: float, cumulative_share: float,
                   max_boost, tilt: dict | None = None) -> dict:
     """One round of the engine's macro on the rows (user, item) of the items not released, ``dropped``
-    marking the dropped items, ``tilt`` the live items' p (default 1), with (almost) no noise and no
-    release: item -> running sum z."""
+    the dropped items (their rows carry p = 0), ``tilt`` the live items' p (default 1), with (almost)
+    no noise and no release: item -> running sum z."""
     tilt = tilt or {}
     staged = pa.table({"user_id": pa.array([u for u, _ in rows], pa.int64()),  # noqa: F841
                        "item": pa.array([str(i) for _, i in rows], pa.string()),
-                       "dropped": pa.array([i in dropped for _, i in rows], pa.bool_()),
-                       "p": pa.array([1.0 if i in dropped else tilt.get(i, 1.0) for _, i in rows], pa.float64())})
+                       "p": pa.array([0.0 if i in dropped else tilt.get(i, 1.0) for _, i in rows], pa.float32())})
     con.execute("CREATE OR REPLACE TABLE k AS FROM staged")
     staged = pa.table({"item": pa.array(list(prev), pa.string()),  # noqa: F841
                        "z": pa.array(list(prev.values()), pa.float64())})
@@ -447,7 +464,8 @@ def test_unused_rounds_draw_no_noise_and_one_salt_per_query():
 
 def test_tilted_weights_and_the_tilt_of_the_next_round():
     """The round spreads a user's weight as p_j / sqrt(sum p^2) under its cap; the next round's rows
-    carry p = exp(-tilt * clip((z/F - rho_R) / mean_sigma, 0, 3)) of the item's running mean."""
+    carry p = exp(-tilt * clip((z/F - rho_R) / mean_sigma, 0, 3)) of the item's running mean, p = 0 for
+    an item dropped now or before (still counted in the user's cap), and no row of a released item."""
     con = seeded(5)
     try:
         z = _running_sums(con, [(1, "a"), (1, "b"), (2, "b")], set(), {}, 1.0, 1.0, 2.0, {"a": 1.0, "b": 0.25})
@@ -458,14 +476,52 @@ def test_tilted_weights_and_the_tilt_of_the_next_round():
         con.execute("CREATE OR REPLACE TABLE zr AS SELECT * FROM (VALUES ('a', 4.0, false, false), "
                     "('b', 6.0, false, false), ('c', 9.0, false, false), ('d', 1.0, false, true), "
                     "('e', 30.0, true, false)) v(item, z, passed, dropped)")
-        con.execute("CREATE OR REPLACE TABLE rr AS SELECT * FROM (VALUES (1, 'a', false, 1.0), (1, 'b', false, 1.0), "
-                    "(1, 'c', false, 1.0), (1, 'd', false, 1.0), (1, 'e', false, 1.0), (1, 'x', true, 1.0)) "
-                    "v(user_id, item, dropped, p)")
-        got = {i: (d, p) for _, i, d, p in con.execute(
-            "FROM dp__sips_cumulative_next('rr', 'zr', 'p', 1) ORDER BY item").fetchall()}
+        con.execute("CREATE OR REPLACE TABLE rr AS SELECT user_id, item, p::FLOAT AS p FROM (VALUES (1, 'a', 1.0), "
+                    "(1, 'b', 0.5), (1, 'c', 1.0), (1, 'd', 1.0), (1, 'e', 1.0), (1, 'x', 0.0)) v(user_id, item, p)")
+        got = dict(con.execute(
+            "SELECT item, p FROM dp__sips_cumulative_next('rr', 'zr', 'p', 1, false) ORDER BY item").fetchall())
+        # round one's form: the same rows, numbered by the users' and the items' ids
+        con.execute("CREATE OR REPLACE TABLE r1 AS SELECT user_id, item FROM rr WHERE item <> 'x'")
+        con.execute("CREATE OR REPLACE TABLE u1 AS SELECT 1 AS user_id, 7::UINTEGER AS uid")
+        con.execute("CREATE OR REPLACE TABLE z1 AS SELECT *, (100 + row_number() OVER (ORDER BY item))::UINTEGER AS id "
+                    "FROM zr")
+        first = con.execute("SELECT * FROM dp__sips_cumulative_next_first('r1', 'u1', 'z1', 'p') ORDER BY item").fetchall()
+        types = [t for _, t, *_ in con.execute(
+            "DESCRIBE SELECT * FROM dp__sips_cumulative_next_first('r1', 'u1', 'z1', 'p')").fetchall()]
     finally:
         con.close()
     # means 8, 12, 18 against rho_R = 10 with sd 2: scores clipped to 0, 1, 3; e released, d dropped, x kept
     assert set(got) == {"a", "b", "c", "d", "x"}
-    assert got["a"] == (False, pytest.approx(1.0)) and got["b"] == (False, pytest.approx(math.exp(-0.7)))
-    assert got["c"] == (False, pytest.approx(math.exp(-2.1))) and got["d"][0] and got["x"] == (True, 1.0)
+    assert got["a"] == pytest.approx(1.0) and got["b"] == pytest.approx(math.exp(-0.7), rel=1e-6)
+    assert got["c"] == pytest.approx(math.exp(-2.1), rel=1e-6) and got["d"] == 0.0 and got["x"] == 0.0
+    # a, b, c, d are ids 101..104 (e, released, is 105 and absent); 12 bytes a row from round two on
+    assert [(u, i) for u, i, _ in first] == [(7, 101), (7, 102), (7, 103), (7, 104)]
+    assert [p for *_, p in first] == [pytest.approx(got[i], rel=1e-6) for i in "abcd"]
+    assert types == ["UINTEGER", "UINTEGER", "FLOAT"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_plain_next_round_is_the_tilted_one_without_dropping_or_tilt(seed):
+    """Without dropping every tilt is 1: the anti join on the released items (``plain``) keeps exactly
+    the rows, and the p, that the join on every other item's tilt keeps."""
+    rng = random.Random(seed)
+    rows = sorted(set(zipf_rows(rng, n_users=40, n_items=60, max_deg=12)))
+    items = sorted({i for _, i in rows})
+    con = seeded(seed)
+    try:
+        con.execute("CREATE OR REPLACE TABLE p AS SELECT [0.5, 0.5] AS share, [0.5, 1.0] AS cumulative_share, "
+                    "[2.0, 1.0] AS mean_sigma, [50.0, 10.0] AS rho, 0.0 AS tilt")
+        staged = pa.table({"item": pa.array([str(i) for i in items]),  # noqa: F841
+                           "z": pa.array([rng.uniform(-5, 40) for _ in items], pa.float64()),
+                           "passed": pa.array([rng.random() < 0.3 for _ in items])})
+        con.execute("CREATE OR REPLACE TABLE zr AS SELECT item, z, passed, false AS dropped FROM staged")
+        staged = pa.table({"user_id": pa.array([u for u, _ in rows], pa.int64()),  # noqa: F841
+                           "item": pa.array([str(i) for _, i in rows])})
+        con.execute("CREATE OR REPLACE TABLE rr AS SELECT user_id, item, 1.0::FLOAT AS p FROM staged")
+        plain, tilted = (con.execute(f"SELECT * FROM dp__sips_cumulative_next('rr', 'zr', 'p', 1, {flag}) "
+                                     "ORDER BY ALL").fetchall() for flag in ("true", "false"))
+        released = {r[0] for r in con.execute("SELECT item FROM zr WHERE passed").fetchall()}
+    finally:
+        con.close()
+    assert plain == tilted and 0 < len(plain) < len(rows)
+    assert {i for _, i, _ in plain} == {str(i) for i in items} - released and {p for *_, p in plain} == {1.0}

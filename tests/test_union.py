@@ -142,10 +142,10 @@ STORED = {
     "mad": {"dp__mad_cal", "dp__mad_paid", "dp__salt", "dp__mad_rows"},
     "sips": {"dp__s_cal", "dp__s_paid", "dp__salt", "dp__s_rows", "dp__s_r1", "dp__s_r2", "dp__s_r3", "dp__s_r4",
              "dp__s_r5"},
-    # the default seven rounds store the rows kept for rounds 2..7; the chain's eighth round reads
-    # nothing (its rows are pruned, its filter is false) and stores an empty table
-    "sips_cumulative": {"dp__sc_cal", "dp__sc_paid", "dp__salt", "dp__sc_rows"} | {f"dp__sc_z{r}" for r in range(1, 9)}
-    | {f"dp__sc_k{r}" for r in range(1, 7)},
+    # the default seven rounds store the rows kept for rounds 2..7 (by the users' ids, dp__sc_uid); the
+    # chain's eighth round reads nothing (its rows are pruned, its filter is false) and stores an empty table
+    "sips_cumulative": {"dp__sc_cal", "dp__sc_paid", "dp__salt", "dp__sc_rows", "dp__sc_uid"}
+    | {f"dp__sc_z{r}" for r in range(1, 9)} | {f"dp__sc_k{r}" for r in range(1, 7)},
     "mad2r": {"dp__m2_cal", "dp__m2_paid", "dp__salt", "dp__m2_rows", "dp__m2_noisy1", "dp__m2_items2",
               "dp__m2_rows2"},
 }
