@@ -500,6 +500,23 @@ def test_tilted_weights_and_the_tilt_of_the_next_round():
     assert types == ["UINTEGER", "UINTEGER", "FLOAT"]
 
 
+def test_the_largest_tilt_keeps_a_live_item_apart_from_a_dropped_one():
+    """The stored FLOAT p marks a dropped item by 0, so the smallest live tilt, exp(-3 * max tilt), must
+    not round to 0: checked with the tilt macro at the largest tilt the parameter check accepts."""
+    assert cumulative.check_tilt(cumulative._MAX_TILT) == cumulative._MAX_TILT
+    con = seeded(1)
+    try:
+        con.execute("CREATE OR REPLACE TABLE p AS SELECT [1.0] AS cumulative_share, [1.0] AS mean_sigma, "
+                    f"[10.0] AS rho, {cumulative._MAX_TILT} AS tilt")
+        con.execute("CREATE OR REPLACE TABLE zr AS SELECT * FROM (VALUES ('far', 1e6, false, false), "
+                    "('gone', -1e6, false, true)) v(item, z, passed, dropped)")
+        got = dict(con.execute("SELECT item, p FROM dp__sips_cumulative_tilt('zr', 'p', 1)").fetchall())
+    finally:
+        con.close()
+    assert got["far"] == pytest.approx(math.exp(-3 * cumulative._MAX_TILT), rel=1e-6) and got["far"] > 0
+    assert got["gone"] == 0.0
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_plain_next_round_is_the_tilted_one_without_dropping_or_tilt(seed):
     """Without dropping every tilt is 1: the anti join on the released items (``plain``) keeps exactly
