@@ -13,7 +13,12 @@
 -- dropped item's rows have p = 0. Every item of `rows_rel`'s live rows is an item of `prev_rel` neither
 -- released nor dropped (after round one), and every such item has live rows (its users still hold it).
 -- One GROUP BY adds the rows' x_uj and z_prev / share[r] (cheaper than joining a million running sums),
--- and share[r] multiplies once per item.
+-- and share[r] multiplies once per item. Each row reads its user's (cap, inv) through a correlated
+-- scalar subquery: DuckDB plans it as a SINGLE join, which it never flips, so the hash table holds the
+-- users (400k at 10M rows), not the rows (3M); an inner join builds on the side estimated smaller, and
+-- the chain's estimates fall to one row by round five. IS NOT DISTINCT FROM (no NULL user gets here)
+-- keeps DuckDB from pushing `user_id IS NOT NULL` into the stored rows, where it would meet the other
+-- readers' filters as an OR tested on every row. A user is one group, so one match per row.
 CREATE OR REPLACE TEMP MACRO dp__sips_cumulative_round(rows_rel VARCHAR, prev_rel VARCHAR, params_rel VARCHAR,
                                                        r INTEGER) AS TABLE
 WITH dp__scr_users AS (
@@ -23,8 +28,10 @@ WITH dp__scr_users AS (
     WHERE s2 > 0),
 dp__scr_sums AS (
     SELECT item, sum(x) AS y
-    FROM (SELECT item, least(cap, p * inv) AS x
-          FROM (SELECT user_id, item, p FROM query_table(rows_rel) WHERE p > 0) JOIN dp__scr_users USING (user_id)
+    FROM (SELECT item, least(w.cap, p * w.inv) AS x
+          FROM (SELECT item, p, (SELECT {'cap': cap, 'inv': inv} FROM dp__scr_users
+                                 WHERE dp__scr_users.user_id IS NOT DISTINCT FROM dp__scr_rows.user_id) AS w
+                FROM query_table(rows_rel) AS dp__scr_rows WHERE p > 0)
           UNION ALL
           SELECT item, z / share[r] AS x FROM query_table(prev_rel) CROSS JOIN query_table(params_rel)
           WHERE NOT passed AND NOT dropped)
@@ -63,12 +70,14 @@ FROM (SELECT user_id, item FROM query_table(rows_rel) WHERE p > 0 AND NOT plain)
 
 -- The rows of round 2: the capped rows (`rows_rel`) minus the items round 1 released, with the user
 -- and the item replaced by dense 32-bit ids (`uid_rel`; z_rel's id): later rounds store 12 bytes a row,
--- whatever the columns' types. The ids never leave the query (released items are mapped back).
+-- whatever the columns' types. The ids never leave the query (released items are mapped back). The
+-- user's id is a scalar subquery for the reason the round's weights are: the hash table holds the users,
+-- not the rows.
 CREATE OR REPLACE TEMP MACRO dp__sips_cumulative_next_first(rows_rel VARCHAR, uid_rel VARCHAR, z_rel VARCHAR,
                                                             params_rel VARCHAR) AS TABLE
-SELECT uid AS user_id, id AS item, p
-FROM query_table(rows_rel) JOIN query_table(uid_rel) USING (user_id)
-     JOIN dp__sips_cumulative_tilt(z_rel, params_rel, 1) USING (item);
+SELECT (SELECT uid FROM query_table(uid_rel) AS dp__scf_uid
+        WHERE dp__scf_uid.user_id IS NOT DISTINCT FROM dp__scf_rows.user_id) AS user_id, id AS item, p
+FROM query_table(rows_rel) AS dp__scf_rows JOIN dp__sips_cumulative_tilt(z_rel, params_rel, 1) USING (item);
 
 -- len(split) rounds (at most 8). Round r works on the capped rows of the items no earlier round
 -- released; each round's rows are stored (they shrink fast: the first, cheap rounds release the
