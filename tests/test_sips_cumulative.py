@@ -241,6 +241,9 @@ def test_every_join_on_the_user_builds_its_hash_table_on_the_users(tmp_path, n_r
     assert len(on_user) == len(cumulative.DEFAULT_SPLIT) + 1, on_user  # every round, and round two's ids
     for conditions, probe, build in on_user:  # a round's users are at most its rows
         assert build <= min(users, probe), (conditions, probe, build)
+
+# ---------------------------------------------------------------------------
+# The proof's property on random neighbours, with the engine's round macro
 # ---------------------------------------------------------------------------
 
 _NO_RELEASE = ("CREATE OR REPLACE TABLE p AS SELECT [{f}] AS share, [{F}] AS cumulative_share, [1e-12] AS sigma, "
