@@ -21,7 +21,7 @@ import os
 import platform
 import time
 
-from dpsql import audit
+from dpsql import audit, mechanisms
 
 
 def main() -> None:
@@ -51,6 +51,11 @@ def main() -> None:
         if args.json:
             print(json.dumps(dataclasses.asdict(r)), flush=True)
     refusals = [audit.check_refusal(name) for name in names]
+    # the LIST form of the attack on every audited mechanism that declares a LIST parameter (split)
+    declared = mechanisms.all_mechanisms()
+    refusals += [audit.check_refusal(name, audit.VOLATILE_SPLIT, parameter="split") for name in names
+                 if name in declared and "split" in declared[name].param_names
+                 and declared[name].param("split").sql_type.endswith("[]")]
     total = time.perf_counter() - started
     print()
     print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()} "
@@ -61,10 +66,11 @@ def main() -> None:
     print()
     print(audit.to_markdown(results))
     print()
-    print("| mechanism | epsilon := (non-constant) | refused before the charge | charges |")
+    print("| mechanism | parameter := (non-constant) | refused before the charge | charges |")
     print("|---|---|---|---|")
     for r in refusals:
-        print(f"| `{r.mechanism}` | `{r.expression}` | {'yes' if r.refused else '**NO**'} | {r.charges} |")
+        print(f"| `{r.mechanism}` | `{r.parameter} := {r.expression}` | {'yes' if r.refused else '**NO**'} | "
+              f"{r.charges} |")
 
 
 if __name__ == "__main__":

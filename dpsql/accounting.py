@@ -78,7 +78,7 @@ def account_gaussian_rounds(sigmas: Sequence[float], delta_events: float, epsilo
     Gaussian epsilon of ``1/mu`` at ``delta - delta_events``, both exact [BW18, Thm 8] in log space
     (``calibration.gaussian_delta`` / ``gaussian_epsilon``; the tests check them against
     dp-accounting's analytic Gaussian and PLD accountants). No dp-accounting import on this path: it
-    would cost the default set-union method (MAD2R) a second per process.
+    would cost the multi-round set-union methods (MAD2R, DP-SIPS) a second per process.
     """
     s = composed_gaussian_sigma(sigmas)
     with derived_budget():  # shares of a checked budget

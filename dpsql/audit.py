@@ -43,7 +43,8 @@ x, the rows are in sorted order, >= k / <= k rows, the output is exactly s, row 
 their complements; the pilot picks among them. Cases: the row-order attack (2000 users hold
 A..E, the added user holds only E and is stored first) on every set-union method
 (``policy_laplace`` with 2 threads, as in the attack), ``dp_top_k`` (rows in its DP rank order)
-and the ``dp_set_union`` dispatcher; the number of rows
+and the ``dp_set_union`` dispatcher; the spelling of a released item (``spelling_*``: values equal under
+a collation, the added user's spelling stored first); the number of rows
 (``rows_weighted_gaussian``, a function of the released set, audited anyway); candidate sets of
 ``dp_max_coverage`` / ``dp_set_cover`` (an element that is a set's only element, removed).
 :func:`check_refusal` checks that a non-constant epsilon is refused before the charge.
@@ -57,6 +58,7 @@ Seeded connections are NOT private: this module is for testing the implementatio
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
@@ -71,10 +73,11 @@ from scipy.special import betaincinv
 
 import dpsql
 from dpsql.errors import DpsqlError
-from dpsql import adaptive, pws, registration, union
+from dpsql import adaptive, mechanisms, pws, registration, release, union
 from dpsql.validation import DPParameterError, check_delta, check_epsilon
 
-__all__ = ["AuditResult", "MECHANISMS", "OutputCase", "RefusalResult", "audit", "audit_all", "check_refusal",
+__all__ = ["AuditResult", "MECHANISMS", "OutputCase", "RefusalResult", "VOLATILE_SPLIT", "audit", "audit_all",
+           "check_refusal",
            "clopper_pearson", "epsilon_lower_bound", "to_markdown"]
 
 
@@ -309,12 +312,27 @@ def _sql_text(file_name: str) -> str:
     return (registration.sql_dir() / file_name).read_text(encoding="utf-8")
 
 
+def _broken_release(con, name: str, macro: str, file_name: str, body: Sequence[tuple[str, str]] = (),
+                    wrapper: Sequence[tuple[str, str]] = ()) -> None:
+    """Mechanism ``name``'s release registered as ``macro``: its shipped body (from ``file_name``) with
+    the substitutions ``body``, inside its generated wrapper with the substitutions ``wrapper``."""
+    declared = mechanisms.all_mechanisms()[name]
+    variant = dataclasses.replace(declared, macro=macro)
+    stmt = _macro_statement(_sql_text(file_name), release.body_macro(declared))
+    stmt = _substitute(stmt, f"MACRO {release.body_macro(declared)}(", f"MACRO {release.body_macro(variant)}(")
+    for old, new in body:
+        stmt = _substitute(stmt, old, new)
+    con.execute(stmt)
+    text = release.wrapper_sql(variant)
+    for old, new in wrapper:
+        text = _substitute(text, old, new)
+    con.execute(text)
+
+
 def _register_broken_sigma(con) -> None:
     """Weighted Gaussian with noise sigma/4 (threshold unchanged): a wrong calibration."""
-    stmt = _macro_statement(_sql_text("30_set_union.sql"), "dp_set_union_weighted_gaussian")
-    stmt = _substitute(stmt, "MACRO dp_set_union_weighted_gaussian(", "MACRO dp__audit_broken_sigma(")
-    stmt = _substitute(stmt, "dp_gaussian_noise(scale)", "dp_gaussian_noise(scale / 4.0)")
-    con.execute(stmt)
+    _broken_release(con, "weighted_gaussian", "dp__audit_broken_sigma", "30_set_union.sql",
+                    body=[("dp_gaussian_noise(scale)", "dp_gaussian_noise(scale / 4.0)")])
 
 
 def _register_broken_mad(con) -> None:
@@ -326,14 +344,13 @@ def _register_broken_mad(con) -> None:
                         "SELECT item, least(0.0, (w_init - tau) / w_init) AS r")
     # every item with w_init > 0 now has r <= 0 (r = 0 if w_init = 0, as in docs/proofs/mad.md)
     stage = _substitute(stage, "WHERE w_init > tau)", "WHERE w_init > 0)")
-    release = _macro_statement(text, "dp_set_union_mad")
-    release = _substitute(release, "MACRO dp_set_union_mad(", "MACRO dp__audit_min_mad(")
-    release = _substitute(release, "FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")
     weights = _macro_statement(text, "dp__mad_weights")
     weights = _substitute(weights, "MACRO dp__mad_weights(", "MACRO dp__audit_min_mad_weights(")
     weights = _substitute(weights, "FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")
-    for statement in (stage, release, weights):
+    for statement in (stage, weights):
         con.execute(statement)
+    _broken_release(con, "mad", "dp__audit_min_mad", "40_adaptive.sql",
+                    body=[("FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")])
 
 
 def _threshold_pairs(method: str, max_items: int, t: int, unit: float):
@@ -533,12 +550,30 @@ def _coverage_pairs(epsilon: float, delta: float) -> list[OutputPair]:
     return [OutputPair(d0, d1, "sets A = {1, 2}, B = {3}; D' removes element 3")]
 
 
+_SPELLING_USERS = 300
+
+
+def _spelling_pairs(epsilon: float, delta: float) -> list[OutputPair]:
+    """D: 300 users hold 'cafe'; D' adds, as the FIRST stored row, one user holding 'café'. Read under an
+    accent-blind collation, the two spellings compare equal: a release that kept whichever row's spelling
+    it met first would show 'café' on D' only (the attack on item identity)."""
+    d0 = pa.table({"user_id": np.arange(_SPELLING_USERS, dtype=np.int64), "item": ["cafe"] * _SPELLING_USERS})
+    d1 = pa.concat_tables([pa.table({"user_id": np.array([-1], dtype=np.int64), "item": ["café"]}), d0])
+    return [OutputPair(d0, d1, f"{_SPELLING_USERS} users hold 'cafe'; the added user holds 'café' "
+                               "(equal under NOACCENT), stored first")]
+
+
+def _spelling_sql(macro: str) -> Callable[[float, float], str]:
+    # The table read through a CTE that gives the items an accent-blind collation.
+    return lambda e, d: (f"WITH dp__audit_noaccent AS (SELECT user_id, item COLLATE NOACCENT AS item FROM {{tbl}}) "
+                         f"SELECT item FROM {macro}('dp__audit_noaccent', epsilon := {e!r}, delta := {d!r})")
+
+
 def _register_unsorted(con) -> None:
-    """Weighted Gaussian whose output keeps the engine's hash order (no ORDER BY): a row-order leak."""
-    stmt = _macro_statement(_sql_text("30_set_union.sql"), "dp_set_union_weighted_gaussian")
-    stmt = _substitute(stmt, "MACRO dp_set_union_weighted_gaussian(", "MACRO dp__audit_unsorted(")
-    stmt = _substitute(stmt, "\nORDER BY item;", ";")
-    con.execute(stmt)
+    """Weighted Gaussian whose output keeps the engine's hash order (its wrapper without ORDER BY ALL):
+    a row-order leak."""
+    _broken_release(con, "weighted_gaussian", "dp__audit_unsorted", "30_set_union.sql",
+                    wrapper=[("\nORDER BY ALL;", ";")])
 
 
 _CANDIDATES = "dp__audit_candidates"
@@ -553,10 +588,8 @@ def _register_private_candidates(con) -> None:
     """Max coverage whose candidate sets are the set ids of the PRIVATE rows (the attack): a set whose
     only element is removed leaves the output's support."""
     _create_candidates(con)
-    stmt = _macro_statement(_sql_text("80_optimize.sql"), "dp_max_coverage")
-    stmt = _substitute(stmt, "MACRO dp_max_coverage(", "MACRO dp__audit_private_candidates(")
-    stmt = _substitute(stmt, "FROM dp__candidate_sets(candidates_tbl,", "FROM dp__candidate_sets(tbl,")
-    con.execute(stmt)
+    _broken_release(con, "max_coverage", "dp__audit_private_candidates", "80_optimize.sql",
+                    body=[("FROM dp__candidate_sets(candidates_tbl,", "FROM dp__candidate_sets(tbl,")])
 
 
 def _coverage_sql(macro: str, k: Optional[int]) -> Callable[[float, float], str]:
@@ -588,6 +621,11 @@ _OUTPUT_CASES: list[OutputCase] = [
                _same, _order_pairs, note="row order through the dispatcher (default method)"),
     OutputCase("rows_weighted_gaussian", _set_union_sql("dp_set_union_weighted_gaussian", 100), _same,
                _row_count_pairs, note="whole output: number of rows, order, exact output"),
+    # item identity: the released spelling of a group is the group's, not the first private row's
+    OutputCase("spelling_weighted_gaussian", _spelling_sql("dp_set_union_weighted_gaussian"), _same,
+               _spelling_pairs, note="item spelling: NOACCENT 'cafe'/'café', added user's spelling stored first"),
+    OutputCase("spelling_set_union", _spelling_sql("dp_set_union"), _same, _spelling_pairs,
+               note="item spelling through the dispatcher (default method)"),
     OutputCase("coverage_max_coverage", _coverage_sql("dp_max_coverage", 5), _pure, _coverage_pairs,
                setup=_create_candidates, note="record level, public candidate sets, k = 5"),
     OutputCase("coverage_set_cover", _coverage_sql("dp_set_cover", None), _pure, _coverage_pairs,
@@ -843,37 +881,46 @@ def audit(mechanism: str, epsilon: float = 1.0, delta: float = 1e-5, runs: int =
 
 
 _VOLATILE = "CASE WHEN random() < 0.5 THEN 0.01 ELSE 1000 END"
+# The attack on a LIST parameter: a split that flips between two lists at each use (a sequence drives it).
+VOLATILE_SPLIT = "CASE WHEN nextval('dp__audit_flip') % 2 = 0 THEN [1e-6::DOUBLE, 1 - 1e-6] ELSE [1 - 1e-6::DOUBLE, 1e-6] END"
 # an epsilon whose literal occurs once in each case's SQL, so the refusal check can replace it
 _PROBE_EPSILON = 0.8125
 
 
 @dataclass(frozen=True)
 class RefusalResult:
-    """Whether a release refused a non-constant epsilon: ``refused`` iff it raised a ``dpsql:`` error
-    naming ``epsilon`` and charged nothing (``charges``: ledger rows the attempt added)."""
+    """Whether a release refused a non-constant parameter: ``refused`` iff it raised the binder's refusal
+    of a non-constant parameter (or a ``dpsql:`` error naming it) and charged nothing (``charges``: ledger
+    rows the attempt added)."""
 
     mechanism: str
     expression: str
     refused: bool
     charges: int
     message: str
+    parameter: str = "epsilon"
 
 
-def check_refusal(mechanism: str, expression: str = _VOLATILE, seed: int = 0) -> RefusalResult:
-    """Run ``mechanism``'s release on its first dataset D with ``epsilon := expression``.
+def check_refusal(mechanism: str, expression: str = _VOLATILE, seed: int = 0,
+                  parameter: str = "epsilon") -> RefusalResult:
+    """Run ``mechanism``'s release on its first dataset D with ``parameter := expression``.
 
     A table macro substitutes the expression at every use of the parameter, so a non-constant one
-    could take one value in the charge and another in the threshold; the release must refuse it
-    before reading data or charging (sql/00_release.sql). Nothing to audit statistically: this
-    checks the refusal.
+    could take one value in the charge and another in the threshold (e.g. :data:`VOLATILE_SPLIT` for a
+    LIST parameter such as ``split``); the release must refuse it before reading data or charging
+    (sql/00_release.sql). Nothing to audit statistically: this checks the refusal.
     """
     if not isinstance(mechanism, str) or mechanism not in MECHANISMS:
         raise DPParameterError(f"mechanism must be one of {', '.join(MECHANISMS)} (got {mechanism!r})")
     if not isinstance(expression, str) or not expression.strip():
         raise DPParameterError(f"expression must be a non-empty SQL expression (got {expression!r})")
+    if not isinstance(parameter, str) or not parameter.isidentifier():
+        raise DPParameterError(f"parameter must be a parameter name (got {parameter!r})")
     mech = MECHANISMS[mechanism]
     delta = 1e-5
-    sql = _substitute(mech.sql(_PROBE_EPSILON, delta), repr(_PROBE_EPSILON), f"({expression})")
+    probe = repr(_PROBE_EPSILON)
+    sql = _substitute(mech.sql(_PROBE_EPSILON, delta), probe,
+                      f"({expression})" if parameter == "epsilon" else f"{probe}, {parameter} := ({expression})")
     if isinstance(mech, OutputCase):
         data, n_items = mech.pairs(_PROBE_EPSILON, delta)[0].d0, 1
     else:
@@ -885,6 +932,7 @@ def check_refusal(mechanism: str, expression: str = _VOLATILE, seed: int = 0) ->
         if mech.setup is not None:
             mech.setup(con)
         _load(con, data)
+        con.execute("CREATE SEQUENCE IF NOT EXISTS dp__audit_flip")
         sql = sql.replace("{tbl}", "dp__audit_data").replace("{n_items}", str(n_items))
         count = "SELECT count(*) FROM dp_releases()"
         before = con.sql(count).fetchall()[0][0]
@@ -896,8 +944,9 @@ def check_refusal(mechanism: str, expression: str = _VOLATILE, seed: int = 0) ->
         charges = con.sql(count).fetchall()[0][0] - before
     finally:
         con.close()
-    refused = "dpsql:" in message and "epsilon" in message and charges == 0
-    return RefusalResult(mechanism, expression, refused, int(charges), message)
+    bound = "must be a constant expression" in message  # the binder's refusal (sql/00_release.sql)
+    refused = (bound or ("dpsql:" in message and parameter in message)) and charges == 0
+    return RefusalResult(mechanism, expression, refused, int(charges), message, parameter)
 
 
 def audit_all(epsilon: float = 1.0, delta: float = 1e-5, runs: int = 20_000, confidence: float = 0.95,

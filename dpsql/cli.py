@@ -43,6 +43,7 @@ import pyarrow as pa
 
 import dpsql
 from dpsql import ledger as ledger_mod
+from dpsql.errors import InputError, ParameterError, from_engine
 from dpsql.ledger import Ledger
 from dpsql.release import sorted_release
 from dpsql.shell import error_line
@@ -263,58 +264,170 @@ def _csv_shape_problem(path: Path, present: Sequence[str], reader: _Reader, inpu
 def _check_input_columns(con: duckdb.DuckDBPyConnection, columns: Sequence[tuple[str, str]], input_name: str,
                          view: str = _VIEW, csv_path: Optional[Path] = None, reader: _Reader = _Reader()) -> None:
     """Name the CLI flag when a column is missing (the library would name its internal view)."""
-    present = [row[0] for row in con.execute(f"SELECT name FROM pragma_table_info('{view}')").fetchall()]
+    schema = con.execute(f"SELECT name, type FROM pragma_table_info('{view}')").fetchall()
+    present = [row[0] for row in schema]
     lowered = {c.lower() for c in present}
     for flag, col in columns:
         if col.lower() not in lowered:
             problem = _csv_shape_problem(csv_path, present, reader, input_name) if csv_path is not None else None
+            # DuckDB takes the first line of a CSV whose columns are all text for its header: in a file
+            # without one, those names are a row of data.
+            if problem is None and csv_path is not None and all(str(t).upper() == "VARCHAR" for _, t in schema):
+                problem = (f"{flag} {col!r} is not a column of {input_name}; DuckDB read its first line as the "
+                           f"header ({len(present)} fields, all text: not shown, as without a header line they "
+                           f"are data). Name the column as that line does with {flag}, or add a header line "
+                           f"naming the columns, e.g. user_id,item")
             raise UsageError(problem or f"{flag} {col!r} is not a column of {input_name}; its columns are "
                                         f"{', '.join(present)}")
     if len({col.lower() for _, col in columns}) < len(columns):
         raise UsageError(f"{' and '.join(flag for flag, _ in columns)} must name different columns")
 
 
-def _load_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str,
-                columns: Sequence[tuple[str, str]], reader: _Reader = _Reader()) -> None:
-    """Copy ``columns`` (flag, name) of the input into the TEMP table ``dpsql_input``, checked.
+# DuckDB's reader errors quote the private input: the CSV reader the whole line ("Original Line: ..."),
+# the JSON reader and casts the value. The CLI shows where (line, column) and the fix, never that text.
+_CSV_LINE = re.compile(r"^[\w ]*Error: CSV Error on Line: (\d+)")
+_CSV_COLUMN = re.compile(r'Error when converting column "([^"\n]*)"')
+_JSON_LINE = re.compile(r'^[\w ]*Error: (JSON transform error|Malformed JSON) in file ".*?",(?: at byte \d+)? '
+                        r'in (line|record/value) (\d+)')
+# What a CSV line that DuckDB cannot read has, from DuckDB's wording (the numbers are counts, not data),
+# and the fix.
+_CSV_PROBLEMS = ((r"Expected Number of Columns: (\d+) Found: (\d+)", "has {1} fields, the header {0}",
+                  "fix that line, or name the delimiter with --delimiter"),
+                 (r"Invalid unicode", "is not UTF-8 text", "convert the file to UTF-8 (e.g. with iconv)"),
+                 (r"Maximum line size", "is longer than DuckDB's maximum line size", "fix that line"),
+                 (r"unterminated quote", "has a quote that is not closed", "fix that line"))
+# An engine message with these may quote a value or a line of the input.
+_QUOTES_DATA = re.compile(r"Original Line|Could not convert|Could not parse|Failed to cast|JSON transform error|"
+                          r"Malformed JSON|Conversion Error", re.I)
+_NOT_SHOWN = "DuckDB's own message is not shown because it quotes the data"
 
-    Runs before the release: the whole input is read once here, so an unreadable row or a value
-    that does not fit its column's type fails now, and so does a NULL in any of the columns.
-    Nothing has been charged when this raises.
-    """
-    def unreadable(exc: duckdb.Error) -> UsageError:
-        # DuckDB's CSV errors go on with the reader's SQL options: keep the cause, name our flags.
-        cause = re.split(r" Possible (?:solutions|fixes)| file = ", error_line(exc)[len("Error: "):])[0]
+
+def _column_type(con: duckdb.DuckDBPyConnection, view: str, column: str) -> Optional[str]:
+    """The type ``view`` gives ``column`` (read from its schema, no rows), or None."""
+    try:
+        rows = con.execute(f"SELECT column_type FROM (DESCRIBE {view}) WHERE lower(column_name) = lower(?)",
+                           [column]).fetchall()
+    except duckdb.Error:
+        return None
+    return str(rows[0][0]) if rows else None
+
+
+def _failing_column(con: duckdb.DuckDBPyConnection, view: str, columns: Sequence[str]) -> Optional[str]:
+    """The first of ``columns`` that ``view`` cannot read on its own (DuckDB's readers read only the
+    columns a query selects, so only the column with the bad value fails), or None."""
+    for column in columns:
+        try:
+            con.execute(f"SELECT count({_quote_ident(column)}) FROM {view}").fetchall()
+        except duckdb.InterruptException:
+            raise
+        except duckdb.Error:
+            return column
+    return None
+
+
+def _input_error(con: duckdb.DuckDBPyConnection, exc: duckdb.Error, input_name: str, kind: str,
+                 columns: Sequence[str], reader: _Reader, view: str = _RAW) -> UsageError:
+    """Why DuckDB could not read the input ``view`` over, as one line that names the line, the column
+    and the fix, and never quotes the data (DuckDB's messages quote the line or the value)."""
+    text = str(exc)
+    csv_line, json_line = _CSV_LINE.match(text), _JSON_LINE.match(text)
+    if csv_line is None and json_line is None and not (isinstance(exc, duckdb.ConversionException)
+                                                      or _QUOTES_DATA.search(text)):
+        # An error about the options or the file's structure, not a row: DuckDB's text says it best.
+        cause = re.split(r" Possible (?:solutions|fixes)| file = ", error_line(exc)[len("Error: "):])[0].strip()
         if reader.types and (isinstance(exc, duckdb.CatalogException) or "COLUMN_TYPES" in cause):
-            return UsageError(f"--csv-types: {cause.strip()}; nothing was released or charged")
+            return UsageError(f"--csv-types: {cause}; nothing was released or charged")
         hint = f"; {_CSV_HINT}" if kind == "csv" else ""
-        return UsageError(f"{input_name} could not be read completely ({cause.strip()}){hint}; "
+        return UsageError(f"{input_name} could not be read completely ({cause}){hint}; "
                           f"nothing was released or charged")
+    if csv_line is not None:
+        where = f"line {csv_line.group(1)}"
+    elif json_line is not None:
+        where = f"{'line' if json_line.group(2) == 'line' else 'record'} {json_line.group(3)}"
+    else:
+        where = "a line DuckDB's message does not name"
+    wanted = {c.lower(): c for c in columns}
+    # The column DuckDB names (the last mention: the quoted line comes first), if it is one we read.
+    named = [wanted[c.lower()] for c in _CSV_COLUMN.findall(text) if c.lower() in wanted]
+    cast = bool(named) or isinstance(exc, duckdb.ConversionException) or re.search(
+        r"Could not convert|Could not parse|Failed to cast|JSON transform error", text) is not None
+    column = named[-1] if named else (_failing_column(con, view, columns)
+                                      if cast and not isinstance(exc, duckdb.InterruptException) else None)
+    if json_line is not None and json_line.group(1) == "Malformed JSON":
+        said, fix = f"{where} is not valid JSON", "fix the file"
+    elif cast:
+        kind_of = _column_type(con, view, column) if column is not None else None
+        said = (f"{where}{f', column {column!r}' if column is not None else ''}: a value does not fit the "
+                f"column's type{f' {kind_of}' if kind_of else ''}")
+        given = {c.lower(): t for c, t in reader.types}
+        col = column or "COLUMN"
+        if kind != "csv":
+            fix = ("give that field one type in every record (e.g. quote its numbers), or convert the file to "
+                   "Parquet or a DuckDB table with the type you need")
+        elif col.lower() in given:
+            fix = f"--csv-types {col}={given[col.lower()]} does not fit it: read it as text with --csv-types {col}=VARCHAR"
+        else:
+            fix = f"read that column as text with --csv-types {col}=VARCHAR (or every column with --all-varchar)"
+            if reader.sample_size not in (None, -1):
+                fix += ", or let the type sniffer read the whole file with --sample-size -1"
+    else:
+        said, fix = f"{where} cannot be read", f"fix that line; {_CSV_HINT}"
+        for pattern, has, remedy in _CSV_PROBLEMS:
+            found = re.search(pattern, text[csv_line.end():] if csv_line else text)
+            if found:
+                said, fix = f"{where} {has.format(*found.groups())}", remedy
+                break
+    return UsageError(f"dpsql: {input_name}: {said}; {fix}. {_NOT_SHOWN}; nothing was released or charged")
 
+
+def _copy_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str,
+                columns: Sequence[tuple[str, str]], reader: _Reader = _Reader()) -> list[str]:
+    """Copy ``columns`` (flag, name) of the input into the TEMP table ``dpsql_input``; their quoted names.
+
+    The whole input is read once here, so an unreadable row or a value that does not fit its
+    column's type fails now, with a message that names the line and the column, never the data.
+    """
+    wanted = [col for _, col in columns]
     if kind in ("csv", "json"):
         _check_not_empty(path, input_name, kind)
     try:
         # The CSV sniffer reads a sample here.
         _open_input(con, path, kind, table, input_name, view=_RAW, reader=reader)
     except duckdb.Error as exc:
-        raise unreadable(exc) from None
+        raise _input_error(con, exc, input_name, kind, wanted, reader) from None
     _check_input_columns(con, columns, input_name, view=_RAW, csv_path=path if kind == "csv" else None,
                          reader=reader)
-    names = [_quote_ident(col) for _, col in columns]
+    names = [_quote_ident(col) for col in wanted]
     copy = f"CREATE OR REPLACE TEMP TABLE {_VIEW} AS SELECT {', '.join(names)} FROM {_RAW}"
     try:
         con.execute(copy)
     except duckdb.Error as exc:
         if kind != "csv" or reader.sample_size is not None or reader.all_varchar \
                 or isinstance(exc, duckdb.InterruptException):
-            raise unreadable(exc) from None
+            raise _input_error(con, exc, input_name, kind, wanted, reader) from None
         # Most often a type the sniffer guessed from its sample that later rows do not fit:
         # sniff the whole file and read it again.
         try:
             _open_input(con, path, kind, table, input_name, view=_RAW, whole_csv=True, reader=reader)
+        except duckdb.Error:  # the whole file defeats the sniffer: the first failure names the line
+            raise _input_error(con, exc, input_name, kind, wanted, reader) from None
+        try:
             con.execute(copy)
-        except duckdb.Error:
-            raise unreadable(exc) from None
+        except duckdb.Error as again:
+            # With types that fit every value, what is left is the line's own problem (or --csv-types).
+            raise _input_error(con, again, input_name, kind, wanted, reader) from None
+    return names
+
+
+def _load_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str,
+                columns: Sequence[tuple[str, str]], reader: _Reader = _Reader()) -> None:
+    """Copy ``columns`` (flag, name) of the input into the TEMP table ``dpsql_input``, checked.
+
+    Runs before the release: the whole input is read once here (:func:`_copy_input`), so an
+    unreadable row or a value that does not fit its column's type fails now, and so does a NULL
+    in any of the columns. Nothing has been charged when this raises.
+    """
+    names = _copy_input(con, path, kind, table, input_name, columns, reader)
     nulls = con.execute("SELECT " + ", ".join(f"bool_or({n} IS NULL)" for n in names) + f" FROM {_VIEW}").fetchall()
     for (flag, col), has_null in zip(columns, nulls[0]):
         if has_null:
@@ -691,9 +804,12 @@ def macro_defaults(macro: str) -> dict[str, str]:
     """
     from dpsql.registration import sql_files
 
+    # A releasing macro generated from its declaration (dpsql.release) is not in the files; its body
+    # (dp__body_<name>) is, with the same parameters.
+    names = {macro.lower(), "dp__body_" + macro.lower().removeprefix("dp_")}
     for path in sql_files():
         for match in _MACRO_HEADER.finditer(path.read_text(encoding="utf-8")):
-            if match.group(1).lower() != macro.lower():
+            if match.group(1).lower() not in names:
                 continue
             defaults = {}
             for part in _split_params(match.group(2)):
@@ -1081,11 +1197,10 @@ def cmd_evaluate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         kind = _input_kind(paths["INPUT"])
         reader = _reader(args, kind)
         input_name = f"{args.input!r} (read as {kind})"
-        if kind in ("csv", "json"):
-            _check_not_empty(paths["INPUT"], input_name, kind)
-        _open_input(con, paths["INPUT"], kind, args.table, repr(args.input), reader=reader)
-        _check_input_columns(con, [("--user-col", user_col), ("--item-col", item_col)], input_name,
-                             csv_path=paths["INPUT"] if kind == "csv" else None, reader=reader)
+        # A TEMP table of the two columns: read once (the metrics scan it many times), and a row
+        # DuckDB cannot read is reported by line and column, never quoted.
+        _copy_input(con, paths["INPUT"], kind, args.table, input_name,
+                    [("--user-col", user_col), ("--item-col", item_col)], reader)
         _open_released(con, paths["--released"])
         names = [r[0].lower() for r in con.execute("SELECT name FROM pragma_table_info('dpsql_released')").fetchall()]
         if args.released_col.lower() not in names:
@@ -1422,9 +1537,6 @@ def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None,
         return args.func(args, out, err)
     except SystemExit as exc:  # --help and --version
         return exc.code if isinstance(exc.code, int) else 0
-    except (UsageError, DPParameterError) as exc:
-        print(f"Error: {exc}", file=err, flush=True)
-        return 2
     except (_Interrupted, KeyboardInterrupt, duckdb.InterruptException):
         print("Error: dpsql: interrupted (Ctrl-C); nothing was released or charged", file=err, flush=True)
         return 130
@@ -1434,6 +1546,25 @@ def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None,
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-    except Exception as exc:  # every other failure is one line, never a traceback
-        print(error_line(exc), file=err, flush=True)
+    except Exception as exc:  # every failure is one line, never a traceback
+        # dpsql's own exception when DuckDB wrapped one ("...UDF: BudgetExceededError: dpsql: ..."), so
+        # that its message is printed once and a bad parameter or input exits with 2.
+        shown = from_engine(exc)
+        if isinstance(shown, (UsageError, ParameterError, InputError)):
+            print(f"Error: {shown}", file=err, flush=True)
+            return 2
+        print(_error_line(shown), file=err, flush=True)
         return 1
+
+
+def _error_line(exc: BaseException) -> str:
+    """:func:`dpsql.shell.error_line`, except for an engine error that may quote the data (a value that
+    could not be converted, a line of a file): then only its kind."""
+    line = error_line(exc)
+    if isinstance(exc, duckdb.Error) and (isinstance(exc, duckdb.ConversionException) or _QUOTES_DATA.search(line)):
+        kind = line[len("Error: "):].split(":", 1)[0]
+        csv_line, json_line = _CSV_LINE.match(str(exc)), _JSON_LINE.match(str(exc))
+        at = (f" on line {csv_line.group(1)} of a CSV file" if csv_line else
+              f" in {json_line.group(2).replace('/value', '')} {json_line.group(3)} of a JSON file" if json_line else "")
+        return f"Error: {kind}: DuckDB could not read or convert a value{at}; {_NOT_SHOWN}"
+    return line

@@ -22,8 +22,9 @@ events add up to ``delta/2``.
 
 **Dropping hopeless items** (``drop_margin`` = c, ``max_boost`` = b, ``tilt`` = kappa; the default,
 c = 3, b = 2, kappa = 0.7). After round ``r < R`` an item not released whose mean is hopeless,
-``z_r/F_r + c_r s/sqrt(F_r) < rho_R`` with ``c_r`` falling linearly from c to 0.4 c, is dropped: it
-leaves every user's set and is never released. A user's weight on a live item is ``x_ui = min(1,
+``z_r/F_r + c_r s/sqrt(F_r) < rho_R`` with ``c_r = c (1 - 0.6 (r-1)/(R-1))`` falling linearly from c in
+round 1 to 0.5 c = 1.5 in round 6 of the default seven (the last that drops), is dropped: it leaves
+every user's set and is never released. A user's weight on a live item is ``x_ui = min(1,
 b/sqrt(e_u), p_i/sqrt(sum_{j live} p_j^2))``, ``e_u`` its items not released (dropped ones counted),
 ``p_i = exp(-kappa clip((z_{r-1}(i)/F_{r-1} - rho_R) / (s/sqrt(F_{r-1})), 0, 3))`` the tilt away from
 items already above the last threshold: still ``sum_i x_ui^2 <= 1``. Until one of the added user's t
@@ -33,6 +34,10 @@ thresholds take a union bound over them, and delta is split 0.6 / 0.4 (Gaussian 
 items, 90 % of the latter in the last round):
 
     rho_r  = max_t h(t) + (s/sqrt(F_r)) PhiInv(1 - delta_novel_r / t).
+
+From round two on, users and items are 32-bit ids: the guarantee holds on tables with fewer than 2^32
+user-item pairs after the cap, and a larger one is refused before the charge, on its size alone (the
+refusal tells only that the table is outside that domain).
 
 Argument: docs/proofs/sips_cumulative.md. The macro is ``dp_set_union_sips_cumulative``
 (sql/42_sips_cumulative.sql).
@@ -64,10 +69,9 @@ __all__ = ["MECHANISMS", "DEFAULT_SPLIT", "MAX_ROUNDS", "DEFAULT_DROP_MARGIN", "
 # Seven rounds, each with 1.6 times the budget of the one before: the early rounds are cheap and release
 # the items far above any threshold or drop the hopeless ones, so the later ones spread the users'
 # weight over fewer items (benchmarks/README.md, "Utility": with dropping and the tilt, 8 rounds x1.5
-# release 0-2 % more than 7 x1.6 (AskReddit bigrams (a): 41 vs 37 items), and more than 6 x2; 12 x1.3
-# more still, beyond the macro's chain of 8). Seven, not eight: every round re-aggregates the live rows
-# by user and by item, and the eighth put the release above a default's time budget, 3x Basic
-# (benchmarks/README.md, "The new default").
+# release a little more than 7 x1.6, and more than 6 x2; 12 x1.3 more still, beyond the macro's chain
+# of 8). Seven, not eight: every round re-aggregates the live rows by user and by item, and the eighth
+# put the release above a default's time budget, 3x Basic (benchmarks/README.md, "The new default").
 _DEFAULT_ROUNDS, _DEFAULT_GROWTH = 7, 1.6
 DEFAULT_SPLIT: tuple[float, ...] = tuple(_DEFAULT_GROWTH ** k / math.fsum(_DEFAULT_GROWTH ** j
                                                                      for j in range(_DEFAULT_ROUNDS))
@@ -75,8 +79,9 @@ DEFAULT_SPLIT: tuple[float, ...] = tuple(_DEFAULT_GROWTH ** k / math.fsum(_DEFAU
 # The macro is a fixed chain of this many rounds (a macro cannot loop); unused ones are pruned.
 MAX_ROUNDS = 8
 # Drop an item once its mean is drop_margin standard deviations of the running mean below the last
-# round's threshold in round 1, the margin falling linearly to 0.4 drop_margin in the last round that
-# drops (the mean firms up); cap every weight at 2/sqrt(e_u); tilt each user's weight away from the
+# round's threshold in round 1, the margin falling linearly, drop_margin (1 - 0.6 (r-1)/(R-1)), to
+# 0.5 drop_margin in round 6 of 7, the last that drops (the mean firms up; round R, where the formula
+# gives 0.4, drops nothing); cap every weight at 2/sqrt(e_u); tilt each user's weight away from the
 # items already above the last threshold. Measured on the shared datasets (benchmarks/README.md,
 # "Utility"): a constant margin, caps 1.5 and 3 and no tilt release less on health tweets, the case
 # closest to the sequential methods.
@@ -267,7 +272,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
                   f"each {_DEFAULT_GROWTH:g} times the one before)"),
             Param("drop_margin", "DOUBLE", DEFAULT_DROP_MARGIN, check_drop_margin,
                   "drop an item whose running mean is this many of its standard deviations below the last "
-                  "round's threshold in round 1, falling to 0.4 of it in the last round that drops "
+                  "round's threshold in round 1, falling to half of it in the last round that drops "
                   "(NULL: drop nothing, and no cap or tilt)"),
             Param("max_boost", "DOUBLE", DEFAULT_MAX_BOOST, check_max_boost,
                   "cap every weight at max_boost/sqrt(items not released) (NULL: no cap)"),

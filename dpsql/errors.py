@@ -5,7 +5,14 @@ Every message starts with ``dpsql: `` so that it is recognisable after DuckDB wr
 """
 from __future__ import annotations
 
-__all__ = ["DpsqlError", "ParameterError", "DPParameterError", "InputError", "BudgetError", "LedgerIOError"]
+import re
+from contextlib import contextmanager
+from typing import Iterator
+
+import duckdb
+
+__all__ = ["DpsqlError", "ParameterError", "DPParameterError", "InputError", "BudgetError", "BudgetExceededError",
+           "LedgerIOError", "NOT_CONSTANT", "from_engine", "engine_errors"]
 
 
 class DpsqlError(Exception):
@@ -38,5 +45,75 @@ class BudgetError(DpsqlError):
     """A release would exceed the privacy budget set for its table."""
 
 
+class BudgetExceededError(BudgetError):
+    """A release would take a scope over its privacy budget; nothing was released or charged."""
+
+
 class LedgerIOError(DpsqlError, OSError):
     """The privacy ledger (a SQLite file) cannot be read or written."""
+
+
+# -- errors that come back through DuckDB -------------------------------------------------------------
+
+# A dpsql exception raised in a UDF reaches Python as a duckdb.Error whose message quotes the class by
+# its name; these are the names dpsql raises (DPParameterError is ParameterError's old name).
+_BY_NAME: dict[str, type[DpsqlError]] = {
+    "DpsqlError": DpsqlError, "ParameterError": ParameterError, "DPParameterError": ParameterError,
+    "InputError": InputError, "BudgetError": BudgetError, "BudgetExceededError": BudgetExceededError,
+    "LedgerIOError": LedgerIOError}
+_UDF = re.compile(r"Python exception occurred while executing the UDF: (\w+): (dpsql\b.*)", re.S)
+# SQL's error('dpsql: ...') in a macro: an InvalidInputException without a class name.
+_SQL_ERROR = re.compile(r"Invalid Input Error: (dpsql: .*)", re.S)
+# The macros' SQL checks are of the data (a NULL user, too many items) unless they name a parameter
+# (``order_col := ...``), a combination of options (``... apply to ...``) or a value passed (``(got ...)``).
+_NAMES_A_PARAMETER = re.compile(r" := |\bapply to\b|\bunknown\b|\(got ")
+# The binder's refusal, in the generated release wrapper (sql/00_release.sql), of a parameter that is not constant.
+_GETVARIABLE_NOT_CONSTANT = 'argument in function "getvariable" must be a constant expression'
+# DuckDB appends the statement's excerpt ("LINE 1: ...") to some messages: not part of dpsql's text.
+_EXCERPT = re.compile(r"\n\s*LINE \d+:.*", re.S)
+
+NOT_CONSTANT = ("dpsql: every parameter of a release must be a constant expression (a literal, a prepared-statement "
+                "parameter or getvariable('name')), evaluated once for the whole release; one of the parameters "
+                "passed can take different values within the query (a column, random(), nextval() or a subquery). "
+                "Compute the value first from public information, e.g. SET VARIABLE v = ...; then pass "
+                "getvariable('v') (a value computed from the private data is not covered by the guarantee); "
+                "nothing was read or charged")
+
+
+def from_engine(exc: BaseException) -> BaseException:
+    """The dpsql exception that ``exc`` (a ``duckdb.Error``) carries, else ``exc`` itself.
+
+    DuckDB wraps an exception raised in a UDF (``Invalid Input Error: Python exception occurred while
+    executing the UDF: BudgetExceededError: dpsql: ...``): it becomes that class again, with dpsql's message.
+    A ``dpsql:`` message raised by a macro's SQL ``error()`` becomes a :class:`ParameterError` when it names a
+    parameter, else an :class:`InputError` (a check of the data). DuckDB's binder refusing a parameter that is
+    not constant (the release wrapper passes every parameter through ``getvariable``) becomes a
+    :class:`ParameterError` saying so. Raise the result ``from exc`` (see :func:`engine_errors`).
+    """
+    if not isinstance(exc, duckdb.Error):
+        return exc
+    text = _EXCERPT.sub("", str(exc)).strip()
+    udf = _UDF.search(text)
+    if udf is not None:  # another class (a warning turned into an error, a bug) keeps DuckDB's error
+        cls = _BY_NAME.get(udf.group(1))
+        return exc if cls is None else cls(udf.group(2))
+    raised = _SQL_ERROR.match(text)
+    if raised is not None:
+        message = raised.group(1)
+        return (ParameterError if _NAMES_A_PARAMETER.search(message) else InputError)(message)
+    if isinstance(exc, duckdb.BinderException) and _GETVARIABLE_NOT_CONSTANT in text:
+        return ParameterError(NOT_CONSTANT)
+    return exc
+
+
+@contextmanager
+def engine_errors() -> Iterator[None]:
+    """Around the lines that run a release's SQL: a dpsql error DuckDB wrapped is raised as its dpsql
+    class (:func:`from_engine`), with the ``duckdb.Error`` as its ``__cause__``; other errors pass unchanged."""
+    try:
+        yield
+    except duckdb.Error as exc:
+        mapped = from_engine(exc)
+        if mapped is exc:
+            raise
+        raise mapped from exc

@@ -48,6 +48,7 @@ from duckdb.sqltypes import DOUBLE, VARCHAR
 
 from dpsql import union
 from dpsql.calibration import choose_granularity, default_granularity, discrete_laplace_scale
+from dpsql.errors import engine_errors
 from dpsql.mechanism import (REQUIRED, Mechanism, Param, column_param, delta_param, epsilon_param,
                              max_items_param, tbl_param)
 from dpsql.udf import Udf, scalar
@@ -415,7 +416,8 @@ def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delt
     else:
         call = (f"dp_group_by_public({sql_string(table)}, {sql_string(items_tbl)}, epsilon := {float(epsilon)!r}, "
                 f"{common}{tail})")
-    return con.sql(f"SELECT * FROM {call} ORDER BY item").to_arrow_table()
+    with engine_errors():  # dpsql's own exception (e.g. BudgetExceededError), not duckdb's wrapper
+        return con.sql(f"SELECT * FROM {call} ORDER BY item").to_arrow_table()
 
 
 # -- declarations (dpsql.mechanism) ------------------------------------------------------------------

@@ -23,8 +23,16 @@ named by its file (DuckDB's default name for it, ``events`` for
 ``events.duckdb``) whatever name it is attached under, so dbt's
 ``"events"."main"."t"`` and ``dpsql budget set events.duckdb --scope t`` meet.
 A name that is no table or view (DuckDB reads it as a file) is the file's
-absolute path with symbolic links resolved. A view, a copy, a glob or a
-``read_parquet(...)`` view of the same rows is another scope: the
+absolute path with symbolic links resolved (a glob is its own scope).
+
+Scopes follow the data read (:mod:`dpsql.scopes`). A release is charged to the
+base tables and files its table argument reads: through views (recursively),
+the CTEs of the running statement, and the file readers (``read_parquet`` and
+the like); what cannot be traced (a Python variable, an unknown table function,
+a table macro) is refused. A release that reads several is charged to each of
+their scopes -- it must fit every budget that applies, 'database' and each
+scope -- and recorded once (``release_scopes`` lists its scopes; ``table``
+shows them). A copy of the rows in another table is another scope: the
 ``'database'`` scope is the one that bounds an analyst.
 
 Seeded connections. Releases made on a connection registered with a seed
@@ -43,11 +51,19 @@ bound a user's loss.
 
 Storage. A SQLite file next to the database (``<database file>.dpsql-ledger``)
 or, for an in-memory database, an in-memory ledger unless a path is given.
-SQLite's ``BEGIN IMMEDIATE`` makes check-and-spend atomic across threads and
-processes, including several processes that opened one DuckDB file read-only
-(they could not write a table inside it). DuckDB cannot write to the database
-from inside the running query that makes the release, which is the other
-reason the ledger is a sidecar. A connection keeps its ledger when dpsql is
+The ledger of the database that holds the data is charged: a table of another
+DuckDB file attached to the connection is charged to that file's sidecar,
+whatever the connection's own ledger is (:attr:`Ledger.homes`); a release
+reading several databases checks and records in every ledger involved, all or
+nothing. SQLite's ``BEGIN IMMEDIATE`` makes check-and-spend atomic across
+threads and processes, including several processes that opened one DuckDB file
+read-only (they could not write a table inside it); several ledger files are
+attached to one SQLite connection, locked in the order of their paths and
+committed at once. A missing ledger file is a new ledger (written whole); an
+existing file that is empty, truncated, damaged or no dpsql ledger is an error
+naming the file, never a new ledger (which would forget its budgets). DuckDB
+cannot write to the database from inside the running query that makes the
+release, which is the other reason the ledger is a sidecar. A connection keeps its ledger when dpsql is
 registered on it again (:func:`ledger_for`). The ledger is a guard against
 accidental overspending by people who work through dpsql; anyone who can
 write files (DuckDB's ``COPY`` included) can delete it, so it is not a
@@ -55,6 +71,7 @@ security boundary.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -70,13 +87,15 @@ import duckdb
 import pyarrow as pa
 from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR, DuckDBPyType
 
-from dpsql.errors import BudgetError, LedgerIOError
+# BudgetExceededError lives with the other exceptions; importable from here as before.
+from dpsql.errors import BudgetError, BudgetExceededError, LedgerIOError
 from dpsql.udf import Udf
 from dpsql.validation import DPParameterError, check_epsilon
 
 __all__ = ["Release", "Budget", "ScopeStatus", "Ledger", "BudgetExceededError", "LEDGER_SUFFIX",
            "DATABASE_SCOPE", "NameContext", "basic_composition", "scope_key", "resolve_scope", "file_scope",
-           "split_name", "database_alias", "sidecar_path", "database_path", "ledger_for", "udfs"]
+           "split_name", "looks_like_file", "database_alias", "sidecar_path", "database_path", "ledger_for", "udfs",
+           "ScopeSet"]
 
 LEDGER_SUFFIX = ".dpsql-ledger"
 DATABASE_SCOPE = "database"
@@ -84,10 +103,6 @@ UNITS = ("user", "element", "record")
 # Budgets are compared with a relative slack so that, e.g., ten charges of 0.1 fit a budget of 1.0
 # despite binary rounding; the slack is far below any meaningful epsilon.
 _SLACK = 1e-9
-
-
-class BudgetExceededError(BudgetError):
-    """A release would take a scope over its privacy budget; nothing was released or charged."""
 
 
 @dataclass(frozen=True)
@@ -98,12 +113,13 @@ class Release:
     time: float           # seconds since the epoch (UTC)
     mechanism: str
     unit: str             # 'user', 'element' or 'record'
-    table: str            # scope of the table argument (its catalog identity or file path)
+    table: str            # the scopes charged (catalog identities or file paths), comma-separated
     epsilon: float
     delta: float
     parameters: str       # the macro's other arguments, as text
     calibration: str = ""  # the calibration the release used (noise scale, threshold, ...), as text
     seeded: bool = False   # made on a seeded connection: reproducible noise, NOT private
+    scopes: tuple[str, ...] = ()  # every scope charged in this ledger (``table`` lists them)
 
 
 @dataclass(frozen=True)
@@ -234,6 +250,8 @@ class NameContext:
     ``relations`` holds the lower-case (database, schema, name) of tables and
     views that may match; None when the catalog is unknown (a ledger used
     without a connection): names then resolve where DuckDB would create them.
+    ``view``: the (database, schema) of a view whose query is being resolved;
+    DuckDB looks there after TEMP and before the session's search path.
     """
 
     database: str = "memory"             # current_database()
@@ -241,6 +259,7 @@ class NameContext:
     search_path: str = ""                # current_setting('search_path')
     databases: tuple[tuple[str, Optional[str], Optional[str]], ...] = ()  # (name, path, type)
     relations: Optional[frozenset[tuple[str, str, str]]] = None
+    view: Optional[tuple[str, str]] = None
 
     @classmethod
     def from_row(cls, row: Optional[Mapping[str, Any]]) -> "NameContext":
@@ -266,7 +285,8 @@ class NameContext:
     def _key_of_database(self, alias: str) -> str:
         for name, path, kind in self.databases:
             if name.lower() == alias and path and (kind or "duckdb") == "duckdb":
-                return database_alias(path)
+                # A symbolic link is named by its target, as its ledger is (sidecar_path).
+                return database_alias(os.path.realpath(path) if os.path.islink(path) else path)
         return alias
 
     def _search_entries(self) -> list[tuple[str, str]]:
@@ -283,7 +303,8 @@ class NameContext:
                 entries.append((parts[0].lower(), parts[1].lower()))
         if not entries:
             entries = [(self.database.lower(), self.schema.lower())]
-        return [("temp", "main")] + entries + [("system", "main"), ("system", "pg_catalog")]
+        return [("temp", "main")] + ([self.view] if self.view else []) + entries + \
+            [("system", "main"), ("system", "pg_catalog")]
 
     def candidates(self, parts: Sequence[str]) -> tuple[tuple[str, str, str], list[tuple[str, str, str]]]:
         """Where DuckDB would create ``parts``, and the (database, schema, name) it looks up, in its order."""
@@ -299,7 +320,8 @@ class NameContext:
             if low[0] in _SYSTEM_SCHEMAS:
                 return ("system", low[0], low[1]), [("system", low[0], low[1])]
             found = [(c, low[0], low[1]) for c in [c for c, s in entries if s == low[0]]]
-            default = (self.database.lower(), low[0], low[1])
+            # A schema no search-path entry names is looked up in the default catalog: a view's own.
+            default = (self.view[0] if self.view else self.database.lower(), low[0], low[1])
             return default, found or [default]
         db = self._alias(low[0])
         return (db or low[0], low[1], low[2]), [(db or low[0], low[1], low[2])]
@@ -324,7 +346,9 @@ def _split_search_path(text: str) -> list[str]:
     return [e for e in out if e]
 
 
-def _looks_like_file(text: str) -> bool:
+def looks_like_file(text: str) -> bool:
+    """Whether DuckDB reads ``text`` as a file when no table or view has that name (a path, glob, URL or
+    a known file suffix)."""
     if any(c in text for c in "/\\*?[") or _URL.match(text):
         return True
     suffixes = text.lower().split(".")[1:]
@@ -345,7 +369,7 @@ def scope_key(name: object, context: Optional[NameContext] = None) -> str:
     try:
         parts = split_name(name)
     except ValueError:
-        if _looks_like_file(name):
+        if looks_like_file(name):
             return file_scope(name)
         raise DPParameterError(f"scope {name!r} is not a table name DuckDB can parse; quote a name that holds "
                                f"dots or spaces as \"name\"") from None
@@ -357,7 +381,7 @@ def scope_key(name: object, context: Optional[NameContext] = None) -> str:
         for candidate in lookups:
             if candidate in context.relations:
                 return context.key(*candidate)
-    if _looks_like_file(joined):
+    if looks_like_file(joined):
         return file_scope(joined)
     return context.key(*default)
 
@@ -376,8 +400,12 @@ def _alias_key(name: str) -> str:
 
 
 def sidecar_path(database: Union[str, os.PathLike[str]]) -> Path:
-    """The ledger file of a database (or data) file: ``<file>.dpsql-ledger``."""
-    return Path(os.fspath(database) + LEDGER_SUFFIX)
+    """The ledger file of a database (or data) file: ``<file>.dpsql-ledger``, beside the file a symbolic
+    link points to (a link is one more name of its target, whose budgets must bound it)."""
+    text = os.fspath(database)
+    if os.path.islink(text):
+        text = os.path.realpath(text)
+    return Path(text + LEDGER_SUFFIX)
 
 
 def _check_budget_delta(delta: object) -> float:
@@ -397,7 +425,9 @@ def _check_release_delta(delta: object) -> float:
 
 
 # user_version 1: table scopes are catalog identities, releases have a seeded column.
-_VERSION = 1
+# user_version 2: release_scopes lists every scope of a release (a release may read several tables). A
+# release without rows there (recorded before, or by an older dpsql) has its tbl as its one scope.
+_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS budgets (scope TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS releases (
@@ -405,6 +435,13 @@ CREATE TABLE IF NOT EXISTS releases (
     tbl TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, parameters TEXT NOT NULL,
     calibration TEXT NOT NULL, seeded INTEGER NOT NULL DEFAULT 0);
 """
+_SCOPES_TABLE = ("CREATE TABLE IF NOT EXISTS {s}.release_scopes (release_id INTEGER NOT NULL, scope TEXT NOT NULL, "
+                 "PRIMARY KEY (release_id, scope))")
+# The releases charged to a scope: those listing it, and those without a list whose tbl it is.
+_SPENT = ("SELECT r.epsilon, r.delta FROM {s}.releases r WHERE EXISTS (SELECT 1 FROM {s}.release_scopes x "
+          "WHERE x.release_id = r.id AND x.scope = ?) OR (r.tbl = ? AND NOT EXISTS (SELECT 1 FROM "
+          "{s}.release_scopes x WHERE x.release_id = r.id))")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def _ledger_database(path: Optional[Path]) -> str:
@@ -415,6 +452,46 @@ def _ledger_database(path: Optional[Path]) -> str:
     return database_alias(name[:-len(LEDGER_SUFFIX)] if name.endswith(LEDGER_SUFFIX) else name)
 
 
+def _file_problem(path: Path) -> Optional[str]:
+    """Why the bytes of an existing ledger file cannot be a ledger (None: SQLite may open it)."""
+    size = path.stat().st_size
+    if size == 0:
+        return "empty (0 bytes; e.g. overwritten by the shell's .output or a > redirection)"
+    with open(path, "rb") as f:
+        head = f.read(100)
+    if _SQLITE_MAGIC.startswith(head) or (head.startswith(_SQLITE_MAGIC) and len(head) < 100):
+        return f"truncated ({size} bytes, less than a SQLite header)"
+    if not head.startswith(_SQLITE_MAGIC):
+        return "not a SQLite file, hence not a dpsql ledger (a data file, or overwritten)"
+    page_size = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(head[28:32], "big")
+    # The header's page count is valid when its change counter matches (SQLite file format, 1.3.8). A file
+    # with a WAL or a hot journal beside it may lag them until SQLite opens it, so it is not held to it.
+    logs = any(Path(os.fspath(path) + end).exists() for end in ("-wal", "-journal"))
+    counted = head[24:28] == head[92:96] and pages > 0 and not logs
+    if page_size < 512 or size % page_size or (counted and size < pages * page_size):
+        return f"truncated ({size} bytes; its header records {pages * page_size})"
+    return None
+
+
+class ScopeSet(str):
+    """The scopes one release reads (:func:`dpsql.scopes.trace`), each with the DuckDB file that holds it
+    (None: the connection's own data), as :meth:`Ledger.charge` takes them.
+
+    A str (its text lists the scopes) so that a ledger whose ``charge`` override types ``scope`` as
+    ``Optional[str]`` (the shell's, the CLI's) passes it on unchanged.
+    """
+
+    sources: tuple[tuple[str, Optional[str]], ...]
+
+    def __new__(cls, sources: Iterable[tuple[str, Optional[str]]]) -> "ScopeSet":
+        items = tuple((str(scope), database) for scope, database in sources)
+        made = super().__new__(cls, ", ".join(scope for scope, _ in items))
+        made.sources = items
+        return made
+
+
 class Ledger:
     """Budgets and releases of one database, kept in a SQLite file or in memory.
 
@@ -423,6 +500,10 @@ class Ledger:
     scope given without a connection (default: ``memory``, or DuckDB's name of
     the file whose sidecar ``path`` is). ``aliases`` maps a table argument (e.g.
     the CLI's TEMP view over its input) to the scope charged in its place.
+    ``homes``: the real paths of the DuckDB files whose tables this ledger holds
+    besides the one whose sidecar it is (:func:`ledger_for` adds the database of
+    each connection registered with it); tables of other database files are
+    charged to their own sidecars.
     """
 
     def __init__(self, path: Optional[Union[str, os.PathLike[str]]] = None, *,
@@ -432,9 +513,10 @@ class Ledger:
         # Table names recorded in place of others (the CLI reads its input through a TEMP view and
         # records the input's table or file instead of the view's).
         self.aliases = {_alias_key(k): self.scope(v) for k, v in (aliases or {}).items()}
+        self.homes: set[str] = set()
         self._lock = threading.Lock()
         self._memory: Optional[sqlite3.Connection] = None
-        self._ready = False  # tables created (on first use, so registering writes nothing)
+        self._ready = False  # the in-memory ledger's tables exist
         if self.path is None:
             self._memory = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
         # A file ledger is created on first use, so registering dpsql on a database writes nothing.
@@ -446,6 +528,10 @@ class Ledger:
         """The scope ``name`` denotes without a connection: a table of this ledger's database, or a file."""
         return scope_key(name, NameContext(database=self.database))
 
+    def owns(self, database: Union[str, os.PathLike[str]]) -> bool:
+        """Whether the tables of the DuckDB file ``database`` are charged here (its sidecar, or a home)."""
+        return os.path.realpath(database) in self.homes or _same_file(sidecar_path(database), self.path)
+
     # -- storage -------------------------------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
         """The in-memory ledger's one connection, or a new connection to the ledger file."""
@@ -455,6 +541,73 @@ class Ledger:
         # isolation_level=None: we issue BEGIN IMMEDIATE ourselves; timeout: wait for other writers.
         return sqlite3.connect(os.fspath(self.path), timeout=60.0, isolation_level=None)
 
+    def _connect(self) -> sqlite3.Connection:
+        """A connection to this ledger, checked and up to date.
+
+        A missing file becomes a new ledger. An existing file must be one: an empty, truncated,
+        damaged or foreign file is a :class:`LedgerIOError`, never a new ledger (which would
+        silently forget every budget it held).
+        """
+        try:
+            if self._memory is not None:
+                if not self._ready:
+                    self._memory.executescript(_SCHEMA + _SCOPES_TABLE.format(s="main") +
+                                               f"; PRAGMA user_version = {_VERSION};")
+                    self._ready = True
+                return self._memory
+            assert self.path is not None, "a ledger without a file has its in-memory connection"
+            if not self.path.exists():
+                self._create()
+            problem = _file_problem(self.path)
+            if problem is not None:
+                raise self._broken(problem)
+            db = self._open()
+            try:
+                tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()}
+                if not {"budgets", "releases"} <= tables:
+                    raise self._broken("a SQLite database without dpsql's tables (budgets, releases): not a dpsql "
+                                       "ledger")
+                self._prepare(db)
+            except BaseException:
+                db.close()
+                raise
+            return db
+        except LedgerIOError:
+            raise
+        except (sqlite3.Error, OSError) as exc:
+            raise self._error(exc) from exc
+
+    def _create(self) -> None:
+        """Write a new, empty ledger file whole: no process ever opens a half-made (empty) one."""
+        assert self.path is not None, "only a file ledger is created"
+        new = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.new")
+        try:
+            db = sqlite3.connect(os.fspath(new), isolation_level=None)
+            try:
+                db.executescript(_SCHEMA + _SCOPES_TABLE.format(s="main") + f"; PRAGMA user_version = {_VERSION};")
+            finally:
+                db.close()
+            try:
+                os.link(new, self.path)  # fails if another process made the ledger first: theirs is used
+            except FileExistsError:
+                pass
+            except OSError:  # a file system without hard links
+                if not self.path.exists():
+                    os.replace(new, self.path)
+        finally:
+            try:
+                os.unlink(new)
+            except FileNotFoundError:
+                pass
+
+    def _broken(self, problem: str) -> LedgerIOError:
+        """The error of a ledger file that exists but is no (longer a) ledger: it names the file and the fix."""
+        return LedgerIOError(
+            f"dpsql: the privacy ledger {str(self.path)} is {problem}; nothing was released or charged. It held "
+            f"this database's budgets and releases: restore it from a backup (or from where it was copied). To "
+            f"start over instead, delete it: a new, empty ledger is then created, which forgets every budget and "
+            f"release. If this file is not the ledger, pass ledger= the ledger file to dpsql.connect/register")
+
     def _error(self, exc: BaseException) -> LedgerIOError:
         """The error a SQLite or OS failure of the ledger file becomes: it names the file and the fix."""
         where = str(self.path) if self.path is not None else "(in memory)"
@@ -463,9 +616,9 @@ class Ledger:
         elif self.path is not None and not os.path.isdir(self.path.parent):
             fix = (f"Its folder {str(self.path.parent)!r} does not exist: create it, or pass ledger= a path in an "
                    f"existing folder to dpsql.connect/register")
-        elif isinstance(exc, sqlite3.DatabaseError) and "not a database" in str(exc):
-            fix = ("It is not a dpsql ledger (a data file, or a damaged ledger): pass ledger= the ledger file "
-                   "to dpsql.connect/register, or move the file away if it is no ledger")
+        elif isinstance(exc, sqlite3.DatabaseError) and any(
+                s in str(exc) for s in ("not a database", "malformed", "encrypted")):
+            return self._broken(f"damaged or not a dpsql ledger ({exc})")
         else:
             fix = ("Make the file and its folder readable and writable, or pass ledger= a writable path to "
                    "dpsql.connect/register")
@@ -473,21 +626,24 @@ class Ledger:
                              f"charged. {fix}")
 
     def _prepare(self, db: sqlite3.Connection) -> None:
-        db.executescript(_SCHEMA)
+        """Bring a ledger file written by an older dpsql up to date (its releases and budgets kept)."""
         if db.execute("PRAGMA user_version").fetchone()[0] >= _VERSION:
             return
-        # A ledger written before scopes were catalog identities: add the seeded column and re-key its
-        # table scopes as this ledger's database resolves them, so that its budgets keep applying.
         db.execute("BEGIN IMMEDIATE")
         try:
-            columns = {r[1] for r in db.execute("PRAGMA table_info(releases)")}
-            if "seeded" not in columns:
-                db.execute("ALTER TABLE releases ADD COLUMN seeded INTEGER NOT NULL DEFAULT 0")
-            for table, column in (("releases", "tbl"), ("budgets", "scope")):
-                for (old,) in db.execute(f"SELECT DISTINCT {column} FROM {table}").fetchall():
-                    new = old if old == DATABASE_SCOPE or _looks_like_file(old) else self.scope(old)
-                    if new != old:
-                        db.execute(f"UPDATE {table} SET {column} = ? WHERE {column} = ?", (new, old))
+            version = db.execute("PRAGMA user_version").fetchone()[0]  # another process may have done it
+            db.execute(_SCOPES_TABLE.format(s="main"))
+            if version < 1:
+                # Written before scopes were catalog identities: add the seeded column and re-key its table
+                # scopes as this ledger's database resolves them, so that its budgets keep applying.
+                columns = {r[1] for r in db.execute("PRAGMA table_info(releases)")}
+                if "seeded" not in columns:
+                    db.execute("ALTER TABLE releases ADD COLUMN seeded INTEGER NOT NULL DEFAULT 0")
+                for table, column in (("releases", "tbl"), ("budgets", "scope")):
+                    for (old,) in db.execute(f"SELECT DISTINCT {column} FROM {table}").fetchall():
+                        new = old if old == DATABASE_SCOPE or looks_like_file(old) else self.scope(old)
+                        if new != old:
+                            db.execute(f"UPDATE {table} SET {column} = ? WHERE {column} = ?", (new, old))
             db.execute(f"PRAGMA user_version = {_VERSION}")
             db.execute("COMMIT")
         except BaseException:
@@ -495,19 +651,28 @@ class Ledger:
             raise
 
     class _Tx:
-        def __init__(self, ledger: "Ledger"):
-            self.ledger = ledger
+        """One write transaction on a ledger, and on the ``attached`` ledger files with it (one SQLite
+        connection: BEGIN IMMEDIATE takes every file's write lock in attach order, COMMIT is atomic)."""
+
+        def __init__(self, ledger: "Ledger", attached: Sequence["Ledger"] = ()):
+            self.ledger, self.attached = ledger, attached
 
         def __enter__(self) -> sqlite3.Connection:
             self.ledger._lock.acquire()
             self.db: Optional[sqlite3.Connection] = None
             try:
-                self.db = self.ledger._open()
-                if not self.ledger._ready:  # once per Ledger: a charge is on every release's path
-                    self.ledger._prepare(self.db)
-                    self.ledger._ready = True
+                self.db = self.ledger._connect()
+                for i, other in enumerate(self.attached, 1):
+                    other._connect().close()  # checked and up to date on its own connection first
+                    try:
+                        self.db.execute(f"ATTACH DATABASE ? AS l{i}", (os.fspath(other.path or ""),))
+                    except sqlite3.Error as exc:
+                        raise other._error(exc) from exc
                 # IMMEDIATE takes the write lock now: no other process can spend between our check and insert.
                 self.db.execute("BEGIN IMMEDIATE")
+            except LedgerIOError:
+                self._close()
+                raise
             except (sqlite3.Error, OSError) as exc:
                 self._close()
                 raise self.ledger._error(exc) from exc
@@ -549,8 +714,8 @@ class Ledger:
             except sqlite3.Error:
                 pass  # no transaction left to undo: SQLite rolled it back itself
 
-    def _transaction(self) -> "Ledger._Tx":
-        return Ledger._Tx(self)
+    def _transaction(self, attached: Sequence["Ledger"] = ()) -> "Ledger._Tx":
+        return Ledger._Tx(self, attached)
 
     # -- budgets -------------------------------------------------------------------------------
     def set_budget(self, epsilon: float, delta: float, scope: str = DATABASE_SCOPE) -> Budget:
@@ -584,20 +749,30 @@ class Ledger:
                               ).fetchone()[0] == 0
 
     # -- releases ------------------------------------------------------------------------------
+    @staticmethod
+    def _scopes(db: sqlite3.Connection) -> dict[int, list[str]]:
+        listed: dict[int, list[str]] = {}
+        for release_id, scope in db.execute("SELECT release_id, scope FROM release_scopes ORDER BY rowid"):
+            listed.setdefault(release_id, []).append(scope)
+        return listed
+
     def releases(self) -> list[Release]:
         with self._transaction() as db:
             rows = db.execute("SELECT id, time, mechanism, unit, tbl, epsilon, delta, parameters, calibration, "
                               "seeded FROM releases ORDER BY id").fetchall()
-        return [Release(i, t, m, u, tbl, e, d, p, c, seeded=bool(s)) for i, t, m, u, tbl, e, d, p, c, s in rows]
+            listed = self._scopes(db)
+        return [Release(i, t, m, u, tbl, e, d, p, c, seeded=bool(s), scopes=_release_scopes(listed, i, tbl))
+                for i, t, m, u, tbl, e, d, p, c, s in rows]
 
     def status(self) -> list[ScopeStatus]:
         """One row per scope that has a budget or a release: 'database' first, then tables."""
         with self._transaction() as db:
             budgets = {s: (e, d) for s, e, d in db.execute("SELECT scope, epsilon, delta FROM budgets")}
-            rows = db.execute("SELECT tbl, epsilon, delta, seeded FROM releases").fetchall()
+            rows = db.execute("SELECT id, tbl, epsilon, delta, seeded FROM releases").fetchall()
+            listed = self._scopes(db)
         spent: dict[str, list[Any]] = {DATABASE_SCOPE: [[], [], 0, 0]}
-        for tbl, eps, delta, seeded in rows:
-            for scope in (DATABASE_SCOPE, tbl):
+        for release_id, tbl, eps, delta, seeded in rows:
+            for scope in dict.fromkeys((DATABASE_SCOPE, *_release_scopes(listed, release_id, tbl))):
                 entry = spent.setdefault(scope, [[], [], 0, 0])
                 entry[0].append(eps)
                 entry[1].append(delta)
@@ -615,44 +790,100 @@ class Ledger:
                scope: Optional[str] = None) -> Release:
         """Atomically check every applicable budget and record the release.
 
-        ``table`` is the macro's table argument; ``scope`` its resolved scope
-        (:func:`resolve_scope`; default: :meth:`scope` of ``table``). An alias of
-        ``table`` replaces both. Raises :class:`BudgetExceededError` (recording
-        nothing) if the release would exceed the budget of ``'database'`` or of
-        the table's scope, and a ``dpsql:`` error (recording nothing) if the
-        ledger cannot be written.
+        ``table`` is the macro's table argument. ``scope``: a :class:`ScopeSet` (what the release
+        reads, :func:`dpsql.scopes.trace`), or one scope name (resolved by :meth:`scope`; default:
+        ``table``'s). An alias of ``table`` replaces them. Each scope is charged in the ledger of the
+        database holding it: this ledger for its own databases and the files read by path, else that
+        database file's sidecar. The release must fit every budget that applies ('database' and each
+        scope, in each ledger involved); it is then recorded once in each of those ledgers, all or
+        nothing (every ledger file's write lock is held, in the order of their paths, through one
+        atomic commit). Raises :class:`BudgetExceededError` (recording nothing) if it does not fit,
+        and a ``dpsql:`` error (recording nothing) if a ledger cannot be written. Returns the release
+        as this ledger recorded it (as the first other ledger did, if it holds none of its data).
         """
         if unit not in UNITS:
             raise DPParameterError(f"unit must be one of {UNITS} (got {unit!r})")
         epsilon = check_epsilon(epsilon)
         delta = _check_release_delta(delta)
-        key = self.scope(table) if scope is None else self.scope(scope)
-        raw = _alias_key(table) if isinstance(table, str) else key
-        table = self.aliases.get(raw, self.aliases.get(key, key))
         seeded = bool(seeded)
-        with self._transaction() as db:
-            for scope_name in dict.fromkeys((DATABASE_SCOPE, table)):
-                row = db.execute("SELECT epsilon, delta FROM budgets WHERE scope = ?", (scope_name,)).fetchone()
-                if row is None:
-                    continue
-                where = "" if scope_name == DATABASE_SCOPE else " WHERE tbl = ?"
-                args = () if scope_name == DATABASE_SCOPE else (scope_name,)
-                spent = db.execute(f"SELECT epsilon, delta FROM releases{where}", args).fetchall()
-                eps_spent = math.fsum(r[0] for r in spent)
-                delta_spent = math.fsum(r[1] for r in spent)
-                if eps_spent + epsilon > row[0] * (1 + _SLACK) or delta_spent + delta > row[1] * (1 + _SLACK):
-                    raise BudgetExceededError(
-                        f"dpsql: privacy budget of scope '{scope_name}' exceeded: {mechanism} on {table} needs "
-                        f"epsilon={epsilon:g}, delta={delta:g}, but only epsilon={max(0.0, row[0] - eps_spent):g}, "
-                        f"delta={max(0.0, row[1] - delta_spent):g} remain of ({row[0]:g}, {row[1]:g}); nothing was "
-                        f"released. Raise the budget with dpsql.set_budget / 'dpsql budget set' if that is intended.")
-            now = time.time()
-            cur = db.execute("INSERT INTO releases (time, mechanism, unit, tbl, epsilon, delta, parameters, "
-                             "calibration, seeded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             (now, mechanism, unit, table, epsilon, delta, parameters, calibration, int(seeded)))
-            assert cur.lastrowid is not None, "an INSERT sets lastrowid"
-            release_id = cur.lastrowid
-        return Release(release_id, now, mechanism, unit, table, epsilon, delta, parameters, calibration, seeded)
+        plan = self._plan(table, scope)
+        files = sorted((led for led, _ in plan if led.path is not None),
+                       key=lambda led: os.path.realpath(led.path or ""))
+        now = time.time()
+        with contextlib.ExitStack() as stack:
+            where: dict[int, tuple[sqlite3.Connection, str]] = {}
+            for led, _ in plan:
+                if led.path is None:  # the in-memory ledger (ours): its lock is taken before any file's
+                    where[id(led)] = (stack.enter_context(led._transaction()), "main")
+            if files:
+                db = stack.enter_context(files[0]._transaction(attached=files[1:]))
+                for i, led in enumerate(files):
+                    where[id(led)] = (db, "main" if i == 0 else f"l{i}")
+            for led, keys in plan:
+                led._check(*where[id(led)], keys, mechanism, epsilon, delta, self)
+            recorded = [led._record(*where[id(led)], keys, now, mechanism, unit, epsilon, delta, parameters,
+                                    calibration, seeded) for led, keys in plan]
+        return recorded[0]
+
+    def _plan(self, table: object, scope: Optional[str]) -> list[tuple["Ledger", list[str]]]:
+        """The ledgers a release is charged to, each with its scopes; this ledger first if involved."""
+        raw = _alias_key(table) if isinstance(table, str) else None
+        if raw is not None and raw in self.aliases:
+            return [(self, [self.aliases[raw]])]
+        if not isinstance(scope, ScopeSet):
+            key = self.scope(table) if scope is None else self.scope(scope)
+            return [(self, [self.aliases.get(key, key)])]
+        groups: dict[Optional[str], dict[str, None]] = {}
+        for key, database in scope.sources:
+            owner = None if database is None or self.owns(database) else os.fspath(sidecar_path(database))
+            groups.setdefault(owner, {})[self.aliases.get(key, key)] = None
+        if not groups:  # the release reads no table or file (constants, range()): 'database' only
+            groups[None] = {}
+        return [(self if owner is None else Ledger(owner), list(keys))
+                for owner, keys in sorted(groups.items(), key=lambda g: (g[0] is not None, g[0] or ""))]
+
+    def _check(self, db: sqlite3.Connection, schema: str, keys: Sequence[str], mechanism: str, epsilon: float,
+               delta: float, charging: "Ledger") -> None:
+        """Raise :class:`BudgetExceededError` unless the release fits this ledger's budgets that apply."""
+        for scope_name in dict.fromkeys((DATABASE_SCOPE, *keys)):
+            row = db.execute(f"SELECT epsilon, delta FROM {schema}.budgets WHERE scope = ?", (scope_name,)).fetchone()
+            if row is None:
+                continue
+            if scope_name == DATABASE_SCOPE:
+                spent = db.execute(f"SELECT epsilon, delta FROM {schema}.releases").fetchall()
+            else:
+                spent = db.execute(_SPENT.format(s=schema), (scope_name, scope_name)).fetchall()
+            eps_spent = math.fsum(r[0] for r in spent)
+            delta_spent = math.fsum(r[1] for r in spent)
+            if eps_spent + epsilon > row[0] * (1 + _SLACK) or delta_spent + delta > row[1] * (1 + _SLACK):
+                ledger = "" if self is charging else f" in the ledger {str(self.path)} (the database holding it)"
+                raise BudgetExceededError(
+                    f"dpsql: privacy budget of scope '{scope_name}' exceeded: {mechanism} on "
+                    f"{', '.join(keys) or 'no table'} needs epsilon={epsilon:g}, delta={delta:g}, but only "
+                    f"epsilon={max(0.0, row[0] - eps_spent):g}, delta={max(0.0, row[1] - delta_spent):g} remain of "
+                    f"({row[0]:g}, {row[1]:g}){ledger}; nothing was released. Raise the budget with "
+                    f"dpsql.set_budget / 'dpsql budget set' if that is intended.")
+
+    def _record(self, db: sqlite3.Connection, schema: str, keys: Sequence[str], now: float, mechanism: str,
+                unit: str, epsilon: float, delta: float, parameters: str, calibration: str,
+                seeded: bool) -> Release:
+        """Record one release with its scopes (a release of no table has tbl 'database' and none)."""
+        text = ", ".join(keys) or DATABASE_SCOPE
+        cur = db.execute(f"INSERT INTO {schema}.releases (time, mechanism, unit, tbl, epsilon, delta, parameters, "
+                         f"calibration, seeded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (now, mechanism, unit, text, epsilon, delta, parameters, calibration, int(seeded)))
+        assert cur.lastrowid is not None, "an INSERT sets lastrowid"
+        for key in keys:
+            db.execute(f"INSERT INTO {schema}.release_scopes VALUES (?, ?)", (cur.lastrowid, key))
+        return Release(cur.lastrowid, now, mechanism, unit, text, epsilon, delta, parameters, calibration, seeded,
+                       tuple(keys))
+
+
+def _release_scopes(listed: Mapping[int, list[str]], release_id: int, tbl: str) -> tuple[str, ...]:
+    # A release recorded without a scope list (before version 2) has its tbl as its one scope.
+    if release_id in listed:
+        return tuple(listed[release_id])
+    return () if tbl == DATABASE_SCOPE else (tbl,)
 
 
 # -- connections ----------------------------------------------------------------------------------
@@ -682,8 +913,20 @@ def ledger_for(con: duckdb.DuckDBPyConnection,
     object, or its file; another ledger is refused while the current one holds
     releases or budgets (switching would silently restart the spending), and
     replaces it when empty. A new connection gets ``ledger``, else the sidecar
-    of its database file, else an in-memory ledger.
+    of its database file, else an in-memory ledger. The connection's own database
+    file (the one it opened) becomes a home of the ledger (:attr:`Ledger.homes`):
+    its tables are charged there, whichever file the ledger is.
     """
+    chosen = _choose_ledger(con, ledger, current)
+    rows = con.execute("SELECT path FROM duckdb_databases() WHERE NOT internal ORDER BY database_oid LIMIT 1"
+                       ).fetchall()  # the database the connection opened is the first one DuckDB attached
+    if rows and rows[0][0]:
+        chosen.homes.add(os.path.realpath(rows[0][0]))
+    return chosen
+
+
+def _choose_ledger(con: duckdb.DuckDBPyConnection, ledger: Union[None, str, os.PathLike[str], Ledger],
+                   current: Optional[Ledger]) -> Ledger:
     if ledger is None and current is not None:
         return current
     if isinstance(ledger, Ledger):
@@ -729,12 +972,16 @@ def _current_database(con: duckdb.DuckDBPyConnection) -> str:
 # -- SQL access ---------------------------------------------------------------------------------
 
 def _catalog_type() -> DuckDBPyType:
-    # The struct the macro dp__catalog(tbl) (sql/05_ledger.sql) builds.
+    # The struct the macro dp__catalog(tbl) (sql/05_ledger.sql) builds; dpsql.scopes.Catalog reads it.
     return duckdb.struct_type({
         "database": VARCHAR, "schema": VARCHAR, "search_path": VARCHAR,
         "databases": duckdb.list_type(duckdb.struct_type({"name": VARCHAR, "path": VARCHAR, "type": VARCHAR})),
         "relations": duckdb.list_type(duckdb.struct_type({"database": VARCHAR, "schema": VARCHAR,
-                                                          "name": VARCHAR}))})
+                                                          "name": VARCHAR})),
+        "views": duckdb.list_type(duckdb.struct_type({"database": VARCHAR, "schema": VARCHAR, "name": VARCHAR,
+                                                      "sql": VARCHAR})),
+        "macros": duckdb.list_type(duckdb.struct_type({"name": VARCHAR, "type": VARCHAR, "definition": VARCHAR})),
+        "query": VARCHAR})
 
 
 def _status_type() -> DuckDBPyType:
@@ -766,13 +1013,15 @@ def udfs(ledger: Ledger, seeded: bool = False) -> list[Udf]:
         # ``calibration`` is the macro's one-row calibration CTE cast to text: passing it makes
         # DuckDB evaluate (and so validate) the calibration before the charge. A charge that only
         # read the CTE's row could run with the calibration's columns pruned away. ``catalog`` is
-        # what resolving ``table`` needs from the connection, which a UDF cannot query itself.
+        # what tracing ``table`` to the data it reads needs from the connection, which a UDF cannot
+        # query itself. (Imported here: dpsql.scopes builds on this module.)
+        from dpsql.scopes import Catalog, trace
         out = []
         for m, u, t, e, d, p, c, k in zip(mechanism.to_pylist(), unit.to_pylist(), table.to_pylist(),
                                           epsilon.to_pylist(), delta.to_pylist(), parameters.to_pylist(),
                                           calibration.to_pylist(), catalog.to_pylist()):
-            scope = scope_key(t, NameContext.from_row(k))
-            ledger.charge(m, u, t, e, d, p or "", c or "", seeded=seeded, scope=scope)
+            scopes = ScopeSet(trace(t, Catalog.from_row(k)))
+            ledger.charge(m, u, t, e, d, p or "", c or "", seeded=seeded, scope=scopes)
             out.append(True)
         return pa.array(out, pa.bool_())
 

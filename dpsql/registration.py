@@ -32,7 +32,7 @@ import duckdb.func
 from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql import calibration, ledger as ledger_mod, mechanisms, noise, subsampling, union
-from dpsql import release, state
+from dpsql import keys, release, state
 from dpsql.state import source_of
 from dpsql.udf import Udf, scalar
 from dpsql.validation import DPParameterError
@@ -124,7 +124,8 @@ def _calibration_udfs(source: noise.NoiseSource) -> list[Udf]:
 # that declares mechanisms (dpsql.union.FAMILY_MODULES, dpsql.mechanisms.FAMILY_MODULES) and has UDFs.
 # A new family is added to one of those lists, not here; its macros go in sql/NN_family.sql.
 UDF_PROVIDERS: tuple[Callable[[noise.NoiseSource], list[Udf]], ...] = (
-    release.udfs,
+    lambda source: release.udfs(mechanisms.all_mechanisms),
+    keys.udfs,
     _calibration_udfs,
     noise.udfs,
     subsampling.udfs,
@@ -176,9 +177,16 @@ def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource
 
 
 def register_macros(con: duckdb.DuckDBPyConnection) -> None:
-    """(Re)create every TEMP macro on ``con``; needed once per connection and per cursor."""
+    """(Re)create every TEMP macro on ``con``; needed once per connection and per cursor.
+
+    The files hold the shared stages and each mechanism's body; the releasing macros are generated
+    from the declarations afterwards (:func:`dpsql.release.wrappers_sql`), then the dispatchers that
+    call them (a macro binds against the macros that exist when it is created).
+    """
     for path in sql_files():
         con.execute(path.read_text(encoding="utf-8"))
+    con.execute(release.wrappers_sql(mechanisms.all_mechanisms()))
+    con.execute(union.public_dispatch_sql())
 
 
 def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None,

@@ -37,6 +37,7 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -47,7 +48,7 @@ import duckdb
 
 import dpsql
 from dpsql import ledger as ledger_mod, state
-from dpsql.errors import DpsqlError, LedgerIOError, ParameterError
+from dpsql.errors import DpsqlError, LedgerIOError, ParameterError, from_engine
 
 __all__ = ["split_statements", "is_complete", "error_line", "Shell", "run_shell", "add_arguments", "run_args",
            "MODES"]
@@ -207,7 +208,12 @@ _DPSQL_SIGNATURE = re.compile(r"Macro dp_\w+\(\) does not support the supplied a
 
 
 def error_line(exc: BaseException) -> str:
-    """One line for an error: its message up to the source excerpt DuckDB appends, whitespace collapsed."""
+    """One line for an error: its message up to the source excerpt DuckDB appends, whitespace collapsed.
+
+    An engine error that carries a dpsql error (raised in a UDF or by SQL's error(), or DuckDB's refusal
+    of a non-constant release parameter) is shown as that ``dpsql:`` message, once.
+    """
+    exc = from_engine(exc)
     message = str(exc).strip() or type(exc).__name__
     kept = []
     for line in message.splitlines():
@@ -687,6 +693,13 @@ class Shell:
             self._close_output()
             return
         name = _unquote(arg)
+        if self._is_ledger(name):
+            # Opening it for writing would empty it: every budget and release it holds would be lost.
+            self._error(f"Error: dpsql: .output {name!r} is a privacy ledger (a *{ledger_mod.LEDGER_SUFFIX} file, "
+                        f"this session's ledger, or a file holding one); writing results there would destroy its "
+                        f"budgets and releases. Name another file; results still go to "
+                        f"{self.output_name or 'stdout'}")
+            return
         try:
             stream = open(name, "w", encoding="utf-8", newline="")
         except OSError as exc:
@@ -695,6 +708,30 @@ class Shell:
             return
         self._close_output()
         self.out, self.output_name = stream, name
+
+    def _is_ledger(self, name: str) -> bool:
+        """Whether ``name`` is a ledger (or one of its SQLite journals): by its name, as this session's
+        ledger under any path (a link to it included), or by its content (a dpsql ledger's tables)."""
+        suffix = re.compile(re.escape(ledger_mod.LEDGER_SUFFIX) + r"(-journal|-wal|-shm)?$", re.IGNORECASE)
+        if suffix.search(name) or suffix.search(os.path.realpath(name)):
+            return True
+        own = self.ledger.path
+        if own is not None and os.path.realpath(name) == os.path.realpath(own):
+            return True
+        try:
+            if own is not None and os.path.samefile(name, own):
+                return True
+            with open(name, "rb") as f:
+                if f.read(len(_SQLITE_MAGIC)) != _SQLITE_MAGIC:
+                    return False
+            db = sqlite3.connect(Path(name).resolve().as_uri() + "?mode=ro", uri=True)
+            try:
+                tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            finally:
+                db.close()
+            return {"budgets", "releases"} <= tables
+        except (OSError, sqlite3.Error):  # no such file (yet), or no SQLite database: not a ledger
+            return False
 
     def _close_output(self) -> None:
         if self.out is not self.stdout:

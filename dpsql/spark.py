@@ -278,6 +278,11 @@ def _checked_rows(df, user_col: str, item_col: str, value_col: Optional[str] = N
             raise DPParameterError(f"value_col := {value_col!r} has type {kind.simpleString()}, not a number; "
                                    f"convert it first, e.g. with a cast to double")
     keys = [(param, col) for param, col in checked if param != "value_col"]
+    for param, col in keys:  # by identity, as the SQL readers (sql/15_checks.sql): on the schema, no rows read
+        problem = _key_type_problem(df.schema[columns[col.lower()]].dataType)
+        if problem:
+            raise DPParameterError(f"{param} := {col!r} has type {df.schema[columns[col.lower()]].dataType.simpleString()}, "
+                                   f"which cannot be a grouping key: {problem}")
 
     # Checked here, in Python, because a raise_error inside the job reaches the driver as a Java stack
     # trace whose exception type depends on the plan (and whose text may lack the message).
@@ -296,6 +301,33 @@ def _checked_rows(df, user_col: str, item_col: str, value_col: Optional[str] = N
     if value_col is not None:
         selected.append(F.col(f"`{columns[value_col.lower()]}`").cast("double").alias("v"))
     return df.select(*selected)
+
+
+def _key_type_problem(kind) -> Optional[str]:
+    """Why a key (user or item) of Spark type ``kind`` does not group by identity, or None.
+
+    As ``dp__key_type_problem`` (sql/15_checks.sql): equal values that print differently would release
+    whichever private row's spelling came first. Binary strings, integers, decimals, dates, timestamps,
+    booleans and binaries are exact; a collated string (Spark 4's ``UTF8_LCASE``, ...), a float or double
+    (-0.0 = 0.0, NaN), an interval, and a nested value holding any of those or a string are refused.
+    """
+    from pyspark.sql import types as T
+
+    fix = "cast it first, e.g. to a binary-collated string or a decimal"
+    if isinstance(kind, T.StringType):
+        collation = getattr(kind, "collation", "UTF8_BINARY")
+        return None if collation == "UTF8_BINARY" else f"under collation {collation} equal strings print differently; {fix}"
+    if isinstance(kind, (T.FloatType, T.DoubleType)):
+        return f"equal floating-point values print differently (-0.0 = 0.0, NaN); {fix}"
+    if isinstance(kind, (T.ArrayType, T.MapType, T.StructType)):
+        children = ([kind.elementType] if isinstance(kind, T.ArrayType) else
+                    [kind.keyType, kind.valueType] if isinstance(kind, T.MapType) else [f.dataType for f in kind.fields])
+        if any(isinstance(c, T.StringType) or _key_type_problem(c) for c in children):
+            return f"a nested value holding strings or floating-point numbers may hold equal values that print differently; {fix}"
+        return None
+    exact = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DecimalType, T.DateType, T.TimestampType,
+             T.TimestampNTZType, T.BooleanType, T.BinaryType)
+    return None if isinstance(kind, exact) else f"dpsql does not know that equal {kind.simpleString()} values print alike; {fix}"
 
 
 def _numeric_types() -> tuple[type, ...]:
@@ -386,7 +418,7 @@ def _mad_params(tau: object, max_adaptive_degree: object, max_items: object, b_m
 def mad_weights(capped, tau: float, max_adaptive_degree: int = 50, max_items: int = 100):
     """``dp__mad_weights`` on capped rows (user_id, item, d): (item, w, w_init, w_trunc, w_reroute). Testing/audit."""
     params = _mad_params(tau, max_adaptive_degree, max_items, 1.0, 1.0)
-    rows = _run_stage("dp_set_union_mad", {"dp__capped_user_items_window": capped}, output="dp__mad_rows")
+    rows = _run_stage("dp__body_set_union_mad", {"dp__capped_user_items_window": capped}, output="dp__mad_rows")
     return _mad_stage(rows, params)
 
 
@@ -426,7 +458,7 @@ def _release_independent(capped, method: str, cal: calibration.SetUnionCalibrati
 
 
 def _release_mad(capped, r: adaptive.MadRound, seed):
-    rows = _run_stage("dp_set_union_mad", {"dp__capped_user_items_window": capped}, output="dp__mad_rows")
+    rows = _run_stage("dp__body_set_union_mad", {"dp__capped_user_items_window": capped}, output="dp__mad_rows")
     weights = _mad_stage(rows, r.sql_row())
     return _noisy(weights, _Noise("gaussian", r.sigma, r.rho, strict=False), seed)
 
@@ -435,13 +467,13 @@ def _release_mad2r(capped, c: adaptive.Mad2rCalibration, seed):
     session = capped.sparkSession
     cal = _one_row(session, {**c.round1.sql_row("1"), **c.round2.sql_row("2"),
                              "lower_offset": c.lower_offset, "upper_offset": c.upper_offset})
-    rows = _materialise(_run_stage("dp_set_union_mad2r", {"dp__capped_user_items_window": capped}, output="dp__m2_rows"))
+    rows = _materialise(_run_stage("dp__body_set_union_mad2r", {"dp__capped_user_items_window": capped}, output="dp__m2_rows"))
     # Round one's noisy weights: drawn once, read twice (the release and round two's biases).
     noisy1 = _materialise(_noisy(_mad_stage(rows, c.round1.sql_row()),
                                  _Noise("gaussian", c.round1.sigma, 0.0, strict=False), seed, keep_all=True))
     released1 = noisy1.where(noisy1["noisy"] >= c.round1.rho).select("item")
-    items2 = _run_stage("dp_set_union_mad2r", {"dp__m2_noisy1": noisy1, "dp__m2_cal": cal}, output="dp__m2_items2")
-    biased = _run_stage("dp_set_union_mad2r", {"dp__m2_rows": rows, "dp__m2_items2": items2},
+    items2 = _run_stage("dp__body_set_union_mad2r", {"dp__m2_noisy1": noisy1, "dp__m2_cal": cal}, output="dp__m2_items2")
+    biased = _run_stage("dp__body_set_union_mad2r", {"dp__m2_rows": rows, "dp__m2_items2": items2},
                         output="dp__m2_biased")
     rows2 = _materialise(_user_weight_rows(biased, c.round2.b_min, c.round2.b_max))  # read 3 times
     released2 = _noisy(_mad_stage(rows2, c.round2.sql_row()),
@@ -450,7 +482,7 @@ def _release_mad2r(capped, c: adaptive.Mad2rCalibration, seed):
 
 
 def _release_sips(capped, rounds: Sequence[calibration.RoundCalibration], seed):
-    rows = _run_stage("dp_set_union_sips", {"dp__capped_user_items_window": capped}, output="dp__s_rows")
+    rows = _run_stage("dp__body_set_union_sips", {"dp__capped_user_items_window": capped}, output="dp__s_rows")
     removed = rows.select("item").limit(0)
     released = []
     for r in rounds:
@@ -553,7 +585,7 @@ def group_by_stats(rows, selected, max_items: int, salt: int, cal: groupby.Group
 
         rows = rows.withColumn("v", F.lit(None).cast("double"))
     session = rows.sparkSession
-    return _run_stage("dp_group_by", {"dp__user_item_value_rows": rows.select("user_id", "item", "v"),
+    return _run_stage("dp__body_group_by", {"dp__user_item_value_rows": rows.select("user_id", "item", "v"),
                                       "dp__selected": selected.select("item"),
                                       "dp__salt": _salt_relation(session, salt),
                                       "dp__cal": _group_by_cal_relation(session, cal)},

@@ -13,8 +13,9 @@ from typing import Optional
 import duckdb
 
 from dpsql.errors import ParameterError
-from dpsql.ledger import DATABASE_SCOPE, Budget, Ledger, Release, ScopeStatus, resolve_scope
+from dpsql.ledger import DATABASE_SCOPE, Budget, Ledger, Release, ScopeStatus, resolve_scope, sidecar_path
 from dpsql.noise import NoiseSource
+from dpsql.scopes import Catalog, locate, trace
 
 __all__ = ["ConnectionState", "attach", "state_of", "source_of", "ledger_of", "current_ledger",
            "set_budget", "budget", "releases"]
@@ -62,8 +63,30 @@ def current_ledger(con: duckdb.DuckDBPyConnection) -> Optional[Ledger]:
 
 def set_budget(con: duckdb.DuckDBPyConnection, epsilon: float, delta: float,
                scope: str = DATABASE_SCOPE) -> Budget:
-    """Set the total (epsilon, delta) of ``scope`` ('database' or a table name, resolved on ``con``)."""
-    return ledger_of(con).set_budget(epsilon, delta, resolve_scope(con, scope))
+    """Set the total (epsilon, delta) of ``scope`` ('database' or a table name, resolved on ``con``).
+
+    The budget goes where the scope's releases are charged: a table of another DuckDB file attached
+    to ``con`` has it in that file's ledger (its sidecar, :func:`dpsql.ledger.sidecar_path`); 'database'
+    is the connection's own database. A view is refused: a release on a view is charged to the tables
+    and files it reads, so a budget on the view would never apply.
+    """
+    ledger = ledger_of(con)
+    key = resolve_scope(con, scope)
+    if key == DATABASE_SCOPE:
+        return ledger.set_budget(epsilon, delta, key)
+    ((row,),) = con.execute("SELECT dp__catalog(?)", [scope]).fetchall()
+    catalog = Catalog.from_row(row)
+    database, is_view = locate(scope, catalog)
+    if is_view:
+        try:
+            reads = "the tables and files it reads (" + ", ".join(s.scope for s in trace(scope, catalog)) + ")"
+        except ParameterError:
+            reads = "the tables and files it reads"
+        raise ParameterError(f"dpsql: scope {scope!r} is a view: a release on it is charged to {reads}, so a budget "
+                             f"on the view would never apply; set the budget on those tables instead")
+    if database is not None and not ledger.owns(database):
+        ledger = Ledger(sidecar_path(database))
+    return ledger.set_budget(epsilon, delta, key)
 
 
 def budget(con: duckdb.DuckDBPyConnection) -> list[ScopeStatus]:

@@ -55,7 +55,7 @@ import numpy as np
 import pyarrow as pa
 from duckdb.sqltypes import BIGINT, DOUBLE, VARCHAR
 
-from dpsql.errors import InputError, ParameterError
+from dpsql.errors import InputError, ParameterError, engine_errors
 from dpsql import accounting, calibration, union
 from dpsql.calibration import Accounting
 from dpsql.mechanism import (REQUIRED, Mechanism, Param, column_param, delta_param, epsilon_param,
@@ -437,10 +437,11 @@ def _unknown_domain(macro: str, con: duckdb.DuckDBPyConnection, table: str, k: i
     user_col, item_col = check_identifier("user_col", user_col), check_identifier("item_col", item_col)
     cal = top_k_calibration(k, epsilon, delta, max_items, domain_method)
     union._check_columns(con, table, user_col, item_col)
-    return con.sql(
-        f"SELECT rank, item FROM {macro}({sql_string(table)}, {cal.k}, epsilon := {float(epsilon)!r}, "
-        f"delta := {float(delta)!r}, max_items := {int(max_items)}, domain_method := {sql_string(cal.domain_method)}, "
-        f"{_columns(user_col, item_col)}) ORDER BY rank").to_arrow_table()
+    with engine_errors():
+        return con.sql(
+            f"SELECT rank, item FROM {macro}({sql_string(table)}, {cal.k}, epsilon := {float(epsilon)!r}, "
+            f"delta := {float(delta)!r}, max_items := {int(max_items)}, domain_method := {sql_string(cal.domain_method)}, "
+            f"{_columns(user_col, item_col)}) ORDER BY rank").to_arrow_table()
 
 
 def top_k(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float, delta: float,
@@ -472,10 +473,11 @@ def top_k_limited_domain(con: duckdb.DuckDBPyConnection, table: str, k: int, k_b
     union._check_columns(con, table, user_col, item_col)
     k_bar_sql = "'infinity'::DOUBLE" if math.isinf(cal.k_bar) else str(int(cal.k_bar))
     cap_sql = "NULL" if math.isinf(cal.max_items) else str(int(cal.max_items))
-    return con.sql(
-        f"SELECT rank, item FROM dp_top_k_limited_domain({sql_string(table)}, {cal.k}, {k_bar_sql}, "
-        f"epsilon := {float(epsilon)!r}, delta := {float(delta)!r}, max_items := {cap_sql}, "
-        f"{_columns(user_col, item_col)}) ORDER BY rank").to_arrow_table()
+    with engine_errors():
+        return con.sql(
+            f"SELECT rank, item FROM dp_top_k_limited_domain({sql_string(table)}, {cal.k}, {k_bar_sql}, "
+            f"epsilon := {float(epsilon)!r}, delta := {float(delta)!r}, max_items := {cap_sql}, "
+            f"{_columns(user_col, item_col)}) ORDER BY rank").to_arrow_table()
 
 
 # -- declarations (dpsql.mechanism) ------------------------------------------------------------------

@@ -24,6 +24,7 @@ Only the set of items is released; the noisy weights never leave the query.
 """
 from __future__ import annotations
 
+import json
 import threading
 from types import ModuleType
 import time
@@ -35,8 +36,9 @@ import duckdb
 import pyarrow as pa
 from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
-from dpsql import adaptive, basic, calibration, cumulative, policy
-from dpsql.mechanism import Mechanism, sql_literal
+from dpsql import adaptive, basic, calibration, cumulative, policy, release
+from dpsql.errors import engine_errors
+from dpsql.mechanism import Mechanism, Param, sql_literal
 from dpsql.state import current_ledger, source_of
 from dpsql.udf import Udf, scalar
 from dpsql.validation import (
@@ -130,6 +132,10 @@ def udfs(source) -> list[Udf]:
         check_method(method)
         return True
 
+    def release_check(method, bound_json):
+        # dp_set_union's check: the chosen method's declaration validates and calibrates the parameters
+        return release.check_release(METHODS[check_method(method)], json.loads(bound_json))
+
     def method_is(method, candidate):
         # Never raises: for an unknown method every branch of dp_set_union then folds to false and
         # is pruned before execution (nothing drawn, nothing charged); dp__check_method reports it.
@@ -143,6 +149,7 @@ def udfs(source) -> list[Udf]:
         Udf("dp__set_union_threshold", scalar(set_union_threshold), (VARCHAR, d, d, d), DOUBLE),
         Udf("dp__check_method", scalar(check_method_udf), (VARCHAR,), BOOLEAN),
         Udf("dp__method_is", scalar(method_is), (VARCHAR, VARCHAR), BOOLEAN),
+        Udf("dp__set_union_release_check", scalar(release_check), (VARCHAR, VARCHAR), release.check_type()),
     ]
 
 
@@ -227,7 +234,8 @@ def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_
                       if name != "tbl" and name in given)
     sql = f"SELECT item FROM {mech.macro}({sql_string(values['tbl'])}, {named})"
     if progress is None:
-        return con.sql(sql).to_arrow_table()
+        with engine_errors():  # dpsql's own exception (e.g. BudgetExceededError), not duckdb's wrapper
+            return con.sql(sql).to_arrow_table()
     if method in policy.POLICIES:  # the kernel reports the share of users processed
         relay = policy.ProgressRelay(progress)
         with policy.reporting(source_of(con), relay.kernel):
@@ -242,7 +250,8 @@ def _run_with_progress(con: duckdb.DuckDBPyConnection, sql: str,
 
     def work() -> None:
         try:
-            result["table"] = con.sql(sql).to_arrow_table()
+            with engine_errors():
+                result["table"] = con.sql(sql).to_arrow_table()
         except BaseException as exc:  # re-raised in the caller's thread
             result["error"] = exc
 
@@ -283,38 +292,51 @@ _DISPATCH_HEADER = """\
 -- do not edit; write dpsql.union.dispatch_sql() to sql/90_dispatch.sql after adding a method
 -- (tests/test_mechanisms.py fails while this file and the declarations disagree).
 --
--- dp_set_union(tbl, method := ...): one entry point for every set-union method. The default is
--- dpsql.union.DEFAULT_METHOD. `method` is a constant, so DuckDB folds each branch's filter
+-- dp__body_set_union(tbl, epsilon, delta, method := ...): the BODY of every set-union method, by name,
+-- for the releases that use a set union as one of their steps (dp_top_k's domain, dp_group_by's
+-- selection): no binding and no charge here, the calling release's wrapper does both for its total.
+-- `method` is a constant (the caller's wrapper binds it), so DuckDB folds each branch's filter
 -- dp__method_is(method, '...') and prunes the untaken branches before execution (tests/test_union.py
--- counts noise draws to prove it). DuckDB cannot fold a function that raises, so for an unknown
--- method every filter stays and the last branch raises the error when the query runs.
--- `method` must be a constant like every parameter (sql/00_release.sql), but the branches' own checks
--- do not see it. So each branch receives its epsilon through dp__dispatched: for a constant method the
--- CASE folds to `epsilon` in the branch taken (and to NULL in the pruned ones); for a method that is not
--- constant it does not fold, and the branch refuses its epsilon as not constant before anything is
--- read or charged. A method's own parameters beyond the common ones keep their defaults here; call
--- its own macro to change them.
-CREATE OR REPLACE TEMP MACRO dp__dispatched(method, candidate, epsilon) AS
-    CASE WHEN dp__method_is(method, candidate) THEN epsilon END;
+-- counts noise draws to prove it). DuckDB cannot fold a function that raises, so for an unknown method
+-- every filter stays and the last branch raises the error when the query runs. A method's own
+-- parameters beyond the common ones keep their defaults here.
 """
 
 
 def dispatch_sql() -> str:
-    """The text of ``sql/90_dispatch.sql``: ``dp_set_union`` with one branch per declared method."""
+    """The text of ``sql/90_dispatch.sql``: ``dp__body_set_union``, one branch per declared method's body."""
     common = [METHODS[DEFAULT_METHOD].param(n) for n in COMMON_PARAMS]
     method = f"method VARCHAR := {sql_literal(DEFAULT_METHOD)}"
     # DuckDB: a parameter without a default cannot follow one with a default.
     signature = ", ".join([f"{p.name} {p.sql_type}" for p in common if p.required] + [method]
                           + [f"{p.name} {p.sql_type} := {p.sql_default()}" for p in common if not p.required])
     branches = []
-    for name, mech in METHODS.items():
-        args = [f"epsilon := dp__dispatched(method, {sql_literal(name)}, epsilon)"]
+    for key, mech in METHODS.items():
+        # the pruned branches get a NULL epsilon: their calibration stops at its first check while planning
+        # (DuckDB folds every branch's calibration before it prunes the branches not taken)
+        args = [f"epsilon := CASE WHEN dp__method_is(method, {sql_literal(key)}) THEN epsilon END"]
         args += [f"{n} := {n}" for n in COMMON_PARAMS[2:] if n in mech.param_names]
-        branches.append(f"SELECT item FROM {mech.macro}(tbl, {', '.join(args)})\n"
-                        f"WHERE dp__method_is(method, {sql_literal(name)})")
-    return (_DISPATCH_HEADER + f"\nCREATE OR REPLACE TEMP MACRO dp_set_union({signature}) AS TABLE\n"
+        branches.append(f"SELECT item FROM {release.body_macro(mech)}(tbl, {', '.join(args)})\n"
+                        f"WHERE dp__method_is(method, {sql_literal(key)})")
+    return (_DISPATCH_HEADER + f"\nCREATE OR REPLACE TEMP MACRO dp__body_set_union({signature}) AS TABLE\n"
             + "\nUNION ALL\n".join(branches)
             + "\nUNION ALL\n-- Always planned for an unknown method (its filter cannot be folded), and raises when run.\n"
-              "SELECT NULL AS item WHERE NOT dp__check_method(method)\nORDER BY item;\n")
+              "SELECT NULL AS item WHERE NOT dp__check_method(method);\n")
+
+
+def public_dispatch_sql() -> str:
+    """``dp_set_union(tbl, method := ...)``: one release for every set-union method, by name.
+
+    Generated at registration, like every releasing macro (:func:`dpsql.release.release_sql`): it binds
+    the common parameters and ``method`` (a constant, like every parameter), checks them by the chosen
+    method's declaration (``dp__set_union_release_check``: an unknown method is refused there, before
+    anything is read), runs that method's body through ``dp__body_set_union`` (the other branches are
+    pruned while planning) and charges it once, as the method's own macro.
+    """
+    common = [METHODS[DEFAULT_METHOD].param(n) for n in COMMON_PARAMS]
+    method = Param("method", "VARCHAR", DEFAULT_METHOD)
+    params = [p for p in common if p.required] + [method] + [p for p in common if not p.required]
+    return release.release_sql("dp_set_union", params, "dp__body_set_union",
+                               "dp__set_union_release_check(method, {bound})", COMMON_PARAMS)
 
 

@@ -4,19 +4,25 @@
 -- The charge's last argument is the macro's calibration CTE cast to text (`cal::VARCHAR`): it makes
 -- DuckDB run the calibration, and with it the parameter checks, before the charge.
 
--- What resolving the table name `tbl` to its scope (database.schema.table, or a file path) needs from
--- the connection: a UDF cannot query the connection while the query that calls it runs, so the macro
--- reads it. Only tables and views whose name occurs in `tbl` are listed (a superset of the candidates).
+-- What tracing `tbl` to the tables and files it reads needs from the connection (dpsql/scopes.py): a UDF
+-- cannot query the connection while the query that calls it runs, so the macro reads it: the names of
+-- every table and view, the text of every view (NULL for DuckDB's own) and macro, and the running
+-- statement (for its CTEs). One scan of duckdb_functions(): it lists every function, and is the slow part.
 CREATE OR REPLACE TEMP MACRO dp__catalog(tbl) AS {
     'database': current_database(), 'schema': current_schema(), 'search_path': current_setting('search_path'),
     'databases': (SELECT list({'name': database_name, 'path': path, 'type': type}) FROM duckdb_databases()),
     'relations': (SELECT list({'database': database_name, 'schema': schema_name, 'name': table_name})
                   FROM (SELECT database_name, schema_name, table_name FROM duckdb_tables()
-                        UNION ALL SELECT database_name, schema_name, view_name FROM duckdb_views())
-                  WHERE contains(replace(lower(tbl), '""', '"'), lower(table_name)))};
+                        UNION ALL SELECT database_name, schema_name, view_name FROM duckdb_views())),
+    'views': (SELECT list({'database': database_name, 'schema': schema_name, 'name': view_name,
+                           'sql': CASE WHEN NOT internal THEN sql END}) FROM duckdb_views()),
+    'macros': (SELECT list({'name': function_name, 'type': function_type, 'definition': macro_definition})
+               FROM duckdb_functions() WHERE NOT internal AND function_type IN ('macro', 'table_macro')),
+    'query': current_query()};
 
--- The charge every releasing macro makes (call shape unchanged: seven arguments). The scope is
--- resolved from `tbl` and the connection's catalog; the release is marked seeded on a seeded connection.
+-- The charge every releasing macro makes (call shape unchanged: seven arguments). The scopes are the
+-- base tables and files `tbl` reads (through views and the statement's CTEs), each charged in the ledger
+-- of the database holding it; the release is marked seeded on a seeded connection.
 CREATE OR REPLACE TEMP MACRO dp__charge(mechanism, unit, tbl, epsilon, delta, parameters, calibration) AS
     dp__charge_scoped(mechanism, unit, tbl, epsilon, delta, parameters, calibration, dp__catalog(tbl));
 
@@ -30,7 +36,7 @@ FROM (SELECT unnest(dp__budget_status(0)) AS s);
 
 -- Every charged release, oldest first: when (a TIMESTAMP in UTC; a TIMESTAMPTZ would need pytz in Python),
 -- which mechanism, privacy unit ('user', 'record' or 'element'),
--- which scope (table identity or file), its (epsilon, delta), its other parameters, the calibration it
+-- which scopes (the tables and files it read, comma-separated), its (epsilon, delta), its other parameters, the calibration it
 -- used, and whether it was made on a seeded connection (reproducible noise: NOT private).
 CREATE OR REPLACE TEMP MACRO dp_releases() AS TABLE
 SELECT r.release_id, make_timestamp((r.released_at * 1e6)::BIGINT) AS released_at, r.mechanism, r.unit, r.table_name,

@@ -12,11 +12,18 @@
 -- error() loses the columns' statistics, and with them DuckDB's compressed keys (a BIGINT id that fits
 -- 32 bits is hashed as an INTEGER), which made every DISTINCT and GROUP BY downstream slower than the
 -- same query on the bare table (benchmarks/README.md, "Every method against the floor").
+-- Both keys are by identity (sql/15_checks.sql): a type whose equal values can print differently is
+-- refused before any row is read, and dp__canonical makes a VARCHAR of any collation binary, so every
+-- group downstream holds one spelling (a released item is a function of its group, not of which private
+-- row came first) and two spellings of a user id are two users. It adds no expression for other types:
+-- a BIGINT item is read and hashed as the bare column.
 CREATE OR REPLACE TEMP MACRO dp__user_item_rows(tbl VARCHAR, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 SELECT user_id, item
-FROM (SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(user_col) OR c = 'dp__absent')) AS user_id,
-             coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent')) AS item
-      FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl) WHERE dp__check_columns(tbl, user_col, item_col)))
+FROM (SELECT dp__canonical(coalesce(*COLUMNS(lambda c: lower(c) = lower(user_col) OR c = 'dp__absent'))) AS user_id,
+             dp__canonical(coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent'))) AS item
+      FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
+            WHERE dp__check_columns(tbl, user_col, item_col)
+              AND dp__check_key_columns(tbl, ['user_col', 'item_col'], [user_col, item_col])))
 WHERE CASE WHEN user_id IS NULL
            THEN error('dpsql: column ' || user_col || ' (user_col) contains NULL; filter NULL users out first, e.g. with a view')
            WHEN item IS NULL

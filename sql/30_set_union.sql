@@ -1,9 +1,9 @@
 -- User-level (epsilon, delta)-DP set union (partition selection) with an independent
 -- update policy (Gopi et al. 2020, Alg. 1 / Sec. 1.1, App. B; Chen et al., Alg. 1).
--- Each returns one column `item` of the input's type, sorted, and nothing else: the noisy
--- weights never leave the query. Release path (constant parameters, row order): sql/00_release.sql. Calibration: dpsql/calibration.py. Each release charges its
--- (epsilon, delta) to the ledger once, in the `dp__paid` CTE (sql/05_ledger.sql). epsilon and delta have no
--- default: a default would spend budget nobody typed.
+-- Each BODY (dp__body_<macro>) returns one column `item` of the input's type and nothing else: the noisy
+-- weights never leave the query. The releasing macro around it is generated from the declaration
+-- (sql/00_release.sql: parameters bound once, checked, charged once, rows sorted). Calibration:
+-- dpsql/calibration.py. epsilon and delta have no default: a default would spend budget nobody typed.
 
 -- Pre-noise item weights of the independent update policies. NOT a release: these are exact
 -- aggregates of the raw data (tests and audits use them); only the macros below publish.
@@ -18,66 +18,34 @@ SELECT item,
 FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
 GROUP BY item;
 
-CREATE OR REPLACE TEMP MACRO dp_set_union_count_laplace(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_set_union_count_laplace(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__cal AS (
-    SELECT unnest(dp__set_union_calibration('count_laplace', epsilon, delta, max_items, user_col, item_col))
-    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
-      AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
-      AND dp__constant('item_col', item_col)),
-dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col)),
--- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_count_laplace', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
-    FROM dp__cal WHERE (SELECT count(*) FROM dp__weights) >= 0)
-SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
-WHERE paid AND w + dp_laplace_noise(scale) > threshold
-ORDER BY item;
+    SELECT unnest(dp__set_union_calibration('count_laplace', epsilon, delta, max_items, user_col, item_col))),
+dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
+SELECT item FROM dp__weights CROSS JOIN dp__cal
+WHERE w + dp_laplace_noise(scale) > threshold;
 
-CREATE OR REPLACE TEMP MACRO dp_set_union_count_gaussian(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_set_union_count_gaussian(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__cal AS (
-    SELECT unnest(dp__set_union_calibration('count_gaussian', epsilon, delta, max_items, user_col, item_col))
-    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
-      AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
-      AND dp__constant('item_col', item_col)),
-dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col)),
--- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_count_gaussian', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
-    FROM dp__cal WHERE (SELECT count(*) FROM dp__weights) >= 0)
-SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
-WHERE paid AND w + dp_gaussian_noise(scale) > threshold
-ORDER BY item;
+    SELECT unnest(dp__set_union_calibration('count_gaussian', epsilon, delta, max_items, user_col, item_col))),
+dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
+SELECT item FROM dp__weights CROSS JOIN dp__cal
+WHERE w + dp_gaussian_noise(scale) > threshold;
 
-CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_laplace(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_set_union_weighted_laplace(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__cal AS (
-    SELECT unnest(dp__set_union_calibration('weighted_laplace', epsilon, delta, max_items, user_col, item_col))
-    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
-      AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
-      AND dp__constant('item_col', item_col)),
-dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'inverse', max_items := max_items, user_col := user_col, item_col := item_col)),
--- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_weighted_laplace', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
-    FROM dp__cal WHERE (SELECT count(*) FROM dp__weights) >= 0)
-SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
-WHERE paid AND w + dp_laplace_noise(scale) > threshold
-ORDER BY item;
+    SELECT unnest(dp__set_union_calibration('weighted_laplace', epsilon, delta, max_items, user_col, item_col))),
+dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'inverse', max_items := max_items, user_col := user_col, item_col := item_col))
+SELECT item FROM dp__weights CROSS JOIN dp__cal
+WHERE w + dp_laplace_noise(scale) > threshold;
 
-CREATE OR REPLACE TEMP MACRO dp_set_union_weighted_gaussian(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_set_union_weighted_gaussian(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__cal AS (
-    SELECT unnest(dp__set_union_calibration('weighted_gaussian', epsilon, delta, max_items, user_col, item_col))
-    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
-      AND dp__constant('max_items', max_items) AND dp__constant('user_col', user_col)
-      AND dp__constant('item_col', item_col)),
-dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'inverse_sqrt', max_items := max_items, user_col := user_col, item_col := item_col)),
--- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_weighted_gaussian', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
-    FROM dp__cal WHERE (SELECT count(*) FROM dp__weights) >= 0)
-SELECT item FROM dp__weights CROSS JOIN dp__cal CROSS JOIN dp__paid
-WHERE paid AND w + dp_gaussian_noise(scale) > threshold
-ORDER BY item;
+    SELECT unnest(dp__set_union_calibration('weighted_gaussian', epsilon, delta, max_items, user_col, item_col))),
+dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'inverse_sqrt', max_items := max_items, user_col := user_col, item_col := item_col))
+SELECT item FROM dp__weights CROSS JOIN dp__cal
+WHERE w + dp_gaussian_noise(scale) > threshold;

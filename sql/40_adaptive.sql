@@ -80,47 +80,35 @@ FROM (SELECT user_id, len(l) AS d, unnest(l) AS x,
 WHERE b_min * b_max < 1.0;
 
 -- ---------------------------------------------------------------------------------------------
--- Releases. Each returns one column `item`, sorted, and nothing else (sql/00_release.sql).
+-- Bodies of the releases. Each returns one column `item` and nothing else; the releasing macro around
+-- it is generated (sql/00_release.sql).
 -- ---------------------------------------------------------------------------------------------
 
 -- MAD (unbiased, Alg. 3 inside Alg. 1): the sigma and rho of Weighted Gaussian / Basic,
 -- tau = rho + beta*sigma; release w + N(0, sigma^2) >= rho.
-CREATE OR REPLACE TEMP MACRO dp_set_union_mad(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_set_union_mad(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, max_adaptive_degree DOUBLE := 50, beta DOUBLE := 2,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__mad_cal AS (
-    SELECT unnest(dp__mad_calibration(epsilon, delta, max_items, max_adaptive_degree, beta, user_col, item_col))
-    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
-      AND dp__constant('max_items', max_items) AND dp__constant('max_adaptive_degree', max_adaptive_degree)
-      AND dp__constant('beta', beta) AND dp__constant('user_col', user_col) AND dp__constant('item_col', item_col)),
+    SELECT unnest(dp__mad_calibration(epsilon, delta, max_items, max_adaptive_degree, beta, user_col, item_col))),
 -- dpsql:portable dp__mad_rows
 dp__mad_rows AS MATERIALIZED (
     SELECT user_id, item, d, 1.0 / sqrt(d) AS uw
-    FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
--- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
-dp__mad_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_mad', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'max_adaptive_degree': max_adaptive_degree, 'beta': beta, 'user_col': user_col,
-         'item_col': item_col}::VARCHAR, dp__mad_cal::VARCHAR) AS paid FROM dp__mad_cal WHERE (SELECT count(*) FROM dp__mad_rows) >= 0)
-SELECT item FROM dp__mad_stage('dp__mad_rows', 'dp__mad_cal') CROSS JOIN dp__mad_cal CROSS JOIN dp__mad_paid
-WHERE paid AND w + dp_gaussian_noise(sigma) >= rho
-ORDER BY item;
+    FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col))
+SELECT item FROM dp__mad_stage('dp__mad_rows', 'dp__mad_cal') CROSS JOIN dp__mad_cal
+WHERE w + dp_gaussian_noise(sigma) >= rho;
 
 -- MAD2R (Alg. 4): (eps_r, delta_r) = (split[r]*epsilon, split[r]*delta), one cap for both rounds.
 -- Round 1: unbiased MAD; its noisy weights stay in this query (dp__m2_noisy1 is never output).
 -- Round 2: items not released in round 1 whose upper bound w~1 + c_ub*sigma1 reaches rho2, with
 -- bias b = min(1, rho2 / max(0, w~1 - c_lb*sigma1)); biased MAD with h(t) = b_max/sqrt(t).
-CREATE OR REPLACE TEMP MACRO dp_set_union_mad2r(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_set_union_mad2r(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, split DOUBLE[] := [0.1, 0.9], max_adaptive_degree DOUBLE := 50, beta DOUBLE := 2,
         b_min DOUBLE := 0.5, b_max DOUBLE := 2.0, c_lb DOUBLE := 1.0, c_ub DOUBLE := 3.0,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__m2_cal AS (
     SELECT unnest(dp__mad2r_calibration(epsilon, delta, max_items, split, max_adaptive_degree, beta,
-                                        b_min, b_max, c_lb, c_ub, user_col, item_col))
-    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
-      AND dp__constant('max_items', max_items) AND dp__constant('split', split)
-      AND dp__constant('max_adaptive_degree', max_adaptive_degree) AND dp__constant('beta', beta)
-      AND dp__constant('b_min', b_min) AND dp__constant('b_max', b_max) AND dp__constant('c_lb', c_lb)
-      AND dp__constant('c_ub', c_ub) AND dp__constant('user_col', user_col) AND dp__constant('item_col', item_col)),
+                                        b_min, b_max, c_lb, c_ub, user_col, item_col))),
 dp__m2_p1 AS (SELECT tau1 AS tau, alpha1 AS alpha, min_degree1 AS min_degree, max_degree1 AS max_degree
               FROM dp__m2_cal),
 -- (the struct names the bias limits min_bias/max_bias: inside this macro b_min/b_max are the arguments)
@@ -130,11 +118,6 @@ dp__m2_p2 AS (SELECT tau2 AS tau, alpha2 AS alpha, min_degree2 AS min_degree, ma
 dp__m2_rows AS MATERIALIZED (
     SELECT user_id, item, d, 1.0 / sqrt(d) AS uw
     FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
--- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
-dp__m2_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_mad2r', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'split': split, 'max_adaptive_degree': max_adaptive_degree, 'beta': beta,
-         'b_min': b_min, 'b_max': b_max, 'c_lb': c_lb, 'c_ub': c_ub, 'user_col': user_col,
-         'item_col': item_col}::VARCHAR, dp__m2_cal::VARCHAR) AS paid FROM dp__m2_cal WHERE (SELECT count(*) FROM dp__m2_rows) >= 0),
 dp__m2_noisy1 AS MATERIALIZED (
     SELECT item, w + dp_gaussian_noise(sigma1) AS noisy
     FROM dp__mad_stage('dp__m2_rows', 'dp__m2_p1') CROSS JOIN dp__m2_cal),
@@ -146,11 +129,10 @@ dp__m2_items2 AS (
 -- dpsql:portable dp__m2_biased
 dp__m2_biased AS NOT MATERIALIZED (SELECT user_id, item, b FROM dp__m2_rows JOIN dp__m2_items2 USING (item)),
 dp__m2_rows2 AS MATERIALIZED (FROM dp__user_weight_rows('dp__m2_biased', b_min, b_max))
-SELECT item FROM dp__m2_noisy1 CROSS JOIN dp__m2_cal CROSS JOIN dp__m2_paid WHERE paid AND noisy >= rho1
+SELECT item FROM dp__m2_noisy1 CROSS JOIN dp__m2_cal WHERE noisy >= rho1
 UNION ALL
-SELECT item FROM dp__mad_stage('dp__m2_rows2', 'dp__m2_p2') CROSS JOIN dp__m2_cal CROSS JOIN dp__m2_paid
-WHERE paid AND w + dp_gaussian_noise(sigma2) >= rho2
-ORDER BY item;
+SELECT item FROM dp__mad_stage('dp__m2_rows2', 'dp__m2_p2') CROSS JOIN dp__m2_cal
+WHERE w + dp_gaussian_noise(sigma2) >= rho2;
 
 -- One DP-SIPS round: Basic (1/sqrt(d) on the reduced sets) on the rows of `rows_rel` whose item is
 -- not in `removed_rel`, calibrated by element `r` of the lists sigma/rho of `params_rel`.
@@ -172,22 +154,15 @@ WHERE w + dp_gaussian_noise(s) >= t;
 -- removes every item released earlier from the users' capped sets. A macro cannot loop over a
 -- runtime list, so this is a fixed chain of 5 rounds; `len(split) >= r` is a constant, so DuckDB
 -- prunes the unused rounds before execution (no noise is drawn for them).
-CREATE OR REPLACE TEMP MACRO dp_set_union_sips(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_set_union_sips(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, split DOUBLE[] := [0.1, 0.9],
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__s_cal AS (
-    SELECT unnest(dp__sips_calibration(epsilon, delta, max_items, split, user_col, item_col))
-    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
-      AND dp__constant('max_items', max_items) AND dp__constant('split', split)
-      AND dp__constant('user_col', user_col) AND dp__constant('item_col', item_col)),
+    SELECT unnest(dp__sips_calibration(epsilon, delta, max_items, split, user_col, item_col))),
 -- dpsql:portable dp__s_rows
 dp__s_rows AS MATERIALIZED (
     SELECT user_id, item
     FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
--- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge.
-dp__s_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_sips', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'split': split, 'user_col': user_col, 'item_col': item_col}::VARCHAR, dp__s_cal::VARCHAR) AS paid
-    FROM dp__s_cal WHERE (SELECT count(*) FROM dp__s_rows) >= 0),
 dp__s_none AS (SELECT item FROM dp__s_rows LIMIT 0),
 dp__s_r1 AS MATERIALIZED (FROM dp__sips_round('dp__s_rows', 'dp__s_none', 'dp__s_cal', 1)),
 dp__s_u1 AS (FROM dp__s_r1),
@@ -198,8 +173,7 @@ dp__s_u3 AS (FROM dp__s_u2 UNION ALL FROM dp__s_r3),
 dp__s_r4 AS MATERIALIZED (FROM dp__sips_round('dp__s_rows', 'dp__s_u3', 'dp__s_cal', 4) WHERE len(split) >= 4),
 dp__s_u4 AS (FROM dp__s_u3 UNION ALL FROM dp__s_r4),
 dp__s_r5 AS MATERIALIZED (FROM dp__sips_round('dp__s_rows', 'dp__s_u4', 'dp__s_cal', 5) WHERE len(split) >= 5)
-SELECT item FROM (FROM dp__s_u4 UNION ALL FROM dp__s_r5) CROSS JOIN dp__s_cal CROSS JOIN dp__s_paid WHERE paid
-ORDER BY item;
+SELECT item FROM (FROM dp__s_u4 UNION ALL FROM dp__s_r5) CROSS JOIN dp__s_cal;
 
 -- ---------------------------------------------------------------------------------------------
 -- Testing / audit only: PRE-NOISE weights, exact aggregates of the raw data. NOT releases.

@@ -87,7 +87,7 @@ FROM query_table(rows_rel) AS dp__scf_rows JOIN dp__sips_cumulative_tilt(z_rel, 
 -- refuses 2^32 capped rows or more before anything is released); released items are mapped back
 -- through round one's ids. The running sums never leave the query: only released items do. The
 -- default split is seven rounds, each 1.6 times the one before (dpsql.cumulative.DEFAULT_SPLIT).
-CREATE OR REPLACE TEMP MACRO dp_set_union_sips_cumulative(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_set_union_sips_cumulative(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100,
         split DOUBLE[] := [0.02321662860377795, 0.03714660576604473, 0.05943456922567157, 0.09509531076107451,
                           0.1521524972177192, 0.24344399554835075, 0.3895103928773613],
@@ -95,22 +95,14 @@ CREATE OR REPLACE TEMP MACRO dp_set_union_sips_cumulative(tbl VARCHAR, epsilon D
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__sc_cal AS (
     SELECT unnest(dp__sips_cumulative_calibration(epsilon, delta, max_items, split, drop_margin, max_boost, tilt,
-                                                  user_col, item_col))
-    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
-      AND dp__constant('max_items', max_items) AND dp__constant('split', split)
-      AND dp__constant('drop_margin', drop_margin) AND dp__constant('max_boost', max_boost)
-      AND dp__constant('tilt', tilt)
-      AND dp__constant('user_col', user_col) AND dp__constant('item_col', item_col)),
+                                                  user_col, item_col))),
 dp__sc_rows AS MATERIALIZED (
     SELECT user_id, item
     FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
--- Charged after the data is read (sql/00_release.sql): a NULL user fails before the charge, and so does
--- a table too large for the 32-bit ids (its size is the only thing the refusal depends on).
-dp__sc_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_sips_cumulative', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'split': split, 'drop_margin': drop_margin, 'max_boost': max_boost,
-         'tilt': tilt, 'user_col': user_col, 'item_col': item_col}::VARCHAR,
-        dp__sc_cal::VARCHAR) AS paid
-    FROM dp__sc_cal
+-- A table too large for the 32-bit ids is refused before round one runs (its size is the only thing
+-- the refusal depends on; the release is charged only after the body succeeds).
+dp__sc_size AS MATERIALIZED (
+    SELECT true AS ok FROM dp__sc_cal
     WHERE CASE WHEN (SELECT count(*) FROM dp__sc_rows) < 4294967296 THEN true
                ELSE error('dpsql: dp_set_union_sips_cumulative takes fewer than 2^32 user-item pairs after '
                           || 'the max_items cap; lower max_items, or use dp_set_union_mad2r') END),
@@ -118,7 +110,8 @@ dp__sc_paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_sips_cumulative', '
 dp__sc_rows1 AS NOT MATERIALIZED (SELECT user_id, item, 1.0::FLOAT AS p FROM dp__sc_rows),
 dp__sc_none AS (SELECT item, 0.0 AS z, false AS passed, false AS dropped FROM dp__sc_rows LIMIT 0),
 dp__sc_z1 AS MATERIALIZED (SELECT *, (row_number() OVER ())::UINTEGER AS id
-                           FROM dp__sips_cumulative_round('dp__sc_rows1', 'dp__sc_none', 'dp__sc_cal', 1)),
+                           FROM dp__sips_cumulative_round('dp__sc_rows1', 'dp__sc_none', 'dp__sc_cal', 1)
+                           WHERE (SELECT ok FROM dp__sc_size)),
 dp__sc_p1 AS NOT MATERIALIZED (SELECT id AS item, z, passed, dropped FROM dp__sc_z1),
 dp__sc_uid AS MATERIALIZED (SELECT user_id, (row_number() OVER ())::UINTEGER AS uid
                             FROM (SELECT DISTINCT user_id FROM dp__sc_rows) WHERE len(split) >= 2),
@@ -143,6 +136,4 @@ FROM (SELECT item FROM dp__sc_z1
                                                UNION ALL FROM dp__sc_z5 UNION ALL FROM dp__sc_z6 UNION ALL FROM dp__sc_z7
                                                UNION ALL FROM dp__sc_z8)
                              WHERE passed))
-     CROSS JOIN dp__sc_cal CROSS JOIN dp__sc_paid
-WHERE paid
-ORDER BY item;
+     CROSS JOIN dp__sc_cal;

@@ -20,8 +20,11 @@ CREATE OR REPLACE TEMP MACRO dp__policy_check_order(method, order_tbl, order_col
          WHEN order_tbl IS NULL
              THEN error('dpsql: order_col := ''' || order_col || ''' needs order_tbl := ''<public table of items>''')
          -- (bound to tbl's schema when order_tbl is NULL: query_table needs a name; that branch is not taken)
+         -- one item type on both sides before they are joined: DuckDB's join would otherwise cast the
+         -- private items and quote one it cannot convert
          ELSE dp__check_column_list(coalesce(order_tbl, tbl), ['item_col', 'order_col'],
                                     [item_col, coalesce(order_col, item_col)])
+              AND dp__check_same_type(coalesce(order_tbl, tbl), item_col, 'order_tbl', tbl, item_col, 'item_col')
     END;
 
 -- (item, listed, r) of a public order table: one row per item it lists, r = min(order_col) (NULL
@@ -30,7 +33,7 @@ CREATE OR REPLACE TEMP MACRO dp__policy_check_order(method, order_tbl, order_col
 -- dp__eval_released_items) make a missing column dp__check_column's error.
 CREATE OR REPLACE TEMP MACRO dp__policy_public_order(order_tbl, order_col, item_col, tbl) AS TABLE
 SELECT item, 0 AS listed, min(r) AS r
-FROM (SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent_item')) AS item,
+FROM (SELECT dp__canonical(coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent_item'))) AS item,
              coalesce(*COLUMNS(lambda c: lower(c) = lower(coalesce(order_col, '')) OR c = 'dp__absent_rank')) AS r
       FROM (SELECT *, NULL AS dp__absent_item, NULL AS dp__absent_rank
             FROM query_table(coalesce(order_tbl, tbl))
@@ -56,12 +59,7 @@ CREATE OR REPLACE TEMP MACRO dp__policy_run(tbl VARCHAR, method VARCHAR, epsilon
         order_tbl VARCHAR := NULL, order_col VARCHAR := NULL) AS TABLE
 WITH dp__cal AS (
     SELECT unnest(dp__policy_calibration(method, epsilon, delta, max_items, alpha, passes, user_col, item_col))
-    WHERE dp__constant('tbl', tbl) AND dp__constant('method', method) AND dp__constant('epsilon', epsilon)
-      AND dp__constant('delta', delta) AND dp__constant('max_items', max_items) AND dp__constant('alpha', alpha)
-      AND dp__constant('passes', passes) AND dp__constant('user_col', user_col)
-      AND dp__constant('item_col', item_col) AND dp__constant('order_tbl', order_tbl)
-      AND dp__constant('order_col', order_col)
-      AND dp__policy_check_order(method, order_tbl, order_col, item_col, tbl)),
+    WHERE dp__policy_check_order(method, order_tbl, order_col, item_col, tbl)),
 dp__order_salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 -- GreedyUpdate's public order (order_tbl: public, or an earlier DP release): its items are filled
 -- first, by ascending order_col (when given), before the items it does not list.
@@ -120,29 +118,23 @@ dp__lists AS (
     UNION ALL
     SELECT list(k) FILTER (WHERE m = 1) AS keys, list({'k': k, 'm': m}) FILTER (WHERE m > 1) AS entries
     FROM dp__entries WHERE method = 'greedy_update' HAVING count(*) > 0),
--- One charge per release (sql/05_ledger.sql); the public macros below are thin wrappers of this one.
--- Charged after the entries are read (sql/00_release.sql): a NULL user fails before the charge.
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_union_' || method, 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'alpha': alpha, 'passes': passes, 'user_col': user_col,
-         'item_col': item_col, 'order_tbl': order_tbl, 'order_col': order_col}::VARCHAR, dp__cal::VARCHAR) AS paid
-    FROM dp__cal WHERE (SELECT count(*) FROM dp__lists) >= 0),
 dp__released AS (
     SELECT unnest(dp__policy_release(method, keys, entries, noise, scale, threshold, gamma, n_passes)) AS iid
     FROM dp__lists CROSS JOIN dp__cal)
 -- Sorted: the dense ids follow the engine's hash order, which depends on the data.
-SELECT item FROM dp__released JOIN dp__items USING (iid) CROSS JOIN dp__paid WHERE paid
+SELECT item FROM dp__released JOIN dp__items USING (iid)
 ORDER BY item;
 
 -- Policy Laplace (Gopi et al. 2020, Alg. 4): l1-descent towards Gamma = rho_Lap + alpha/epsilon,
 -- Lap(1/epsilon) noise, threshold rho_Lap. passes := P runs P passes with budget 1/P each.
-CREATE OR REPLACE TEMP MACRO dp_set_union_policy_laplace(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_set_union_policy_laplace(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, alpha DOUBLE := 5, passes DOUBLE := 1,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 FROM dp__policy_run(tbl, 'policy_laplace', epsilon, delta, max_items, alpha, passes, user_col, item_col);
 
 -- Policy Gaussian (Gopi et al. 2020, Alg. 6): l2-descent towards Gamma = rho_Gauss + alpha*sigma,
 -- N(0, sigma^2) noise with sigma = sigma(epsilon, delta/2), threshold rho_Gauss.
-CREATE OR REPLACE TEMP MACRO dp_set_union_policy_gaussian(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_set_union_policy_gaussian(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         max_items DOUBLE := 100, alpha DOUBLE := 5, passes DOUBLE := 1,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 FROM dp__policy_run(tbl, 'policy_gaussian', epsilon, delta, max_items, alpha, passes, user_col, item_col);
@@ -152,7 +144,7 @@ FROM dp__policy_run(tbl, 'policy_gaussian', epsilon, delta, max_items, alpha, pa
 -- items first, by order_col; then a keyed hash), up to Gamma = max(rho + alpha/epsilon, 1) with l1 budget 1; Lap(1/epsilon) noise;
 -- windowed release: rho - weight < L <= rho, L ~ Lap(1/epsilon), rho = max(1, ln((e^epsilon - 1)/(2 delta))/epsilon)
 -- (dpsql/policy.py; docs/proofs/greedy_update.md). One pass.
-CREATE OR REPLACE TEMP MACRO dp_set_union_greedy_update(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_set_union_greedy_update(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
         alpha DOUBLE := 3, order_tbl VARCHAR := NULL, order_col VARCHAR := NULL,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 FROM dp__policy_run(tbl, 'greedy_update', epsilon, delta, 1, alpha, 1, user_col, item_col,

@@ -51,12 +51,14 @@ dp__src AS NOT MATERIALIZED (
                           ELSE b END END AS f
     -- dp__absent (sql/20_contribution_bounding.sql): a missing column is dp__check_column_list's error, which
     -- names the parameter, instead of a binder error naming dpsql's internals.
-    FROM (SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(key_col) OR c = 'dp__absent')) AS k,
+    -- The key by identity (sql/15_checks.sql): refused by type before any row is read, or made binary.
+    FROM (SELECT dp__canonical(coalesce(*COLUMNS(lambda c: lower(c) = lower(key_col) OR c = 'dp__absent'))) AS k,
                  coalesce(*COLUMNS(lambda c: lower(c) = lower(coalesce(freq_col, key_col)) OR c = 'dp__absent')) AS fv,
                  try_cast(coalesce(*COLUMNS(lambda c: lower(c) = lower(coalesce(freq_col, key_col))
                                                       OR c = 'dp__absent')) AS BIGINT) AS b
           FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
-                WHERE dp__check_column_list(tbl, ['key_col', 'freq_col'], [key_col, coalesce(freq_col, key_col)]))))
+                WHERE dp__check_column_list(tbl, ['key_col', 'freq_col'], [key_col, coalesce(freq_col, key_col)])
+                  AND dp__check_key_columns(tbl, ['key_col'], [key_col]))))
 SELECT coalesce(k, error('dpsql: column ' || key_col || ' (key_col) contains NULL; filter NULL keys out first')) AS key,
        f AS frequency
 FROM dp__src CROSS JOIN dp__uq WHERE declared AND f > 0
@@ -96,14 +98,13 @@ CREATE OR REPLACE TEMP MACRO dp_sbh_threshold(epsilon DOUBLE, delta DOUBLE) AS d
 -- u_key = keyed hash of the key. Samples drawn with the same salt are coordinated (same u per key); salt
 -- NULL draws a secret per-query salt from the secure noise source. The output contains exact frequencies:
 -- it is NOT differentially private. Sanitize with dp_weighted_sample instead of publishing it.
--- Parameters constant and rows sorted by key like every release (sql/00_release.sql).
+-- Rows sorted by key (not a release: nothing binds or charges it).
 CREATE OR REPLACE TEMP MACRO dp_threshold_sample(tbl VARCHAR, tau DOUBLE, scheme VARCHAR := 'ppswor',
         power DOUBLE := 1.0, key_col VARCHAR := 'key', freq_col VARCHAR := NULL, salt BIGINT := NULL) AS TABLE
 WITH dp__cal AS MATERIALIZED (
     SELECT dp__pws_check_sampling(tau, scheme, power) AS ok, hash(coalesce(salt, dp__secret_salt())) AS s
-    WHERE dp__constant('tbl', tbl) AND dp__constant('tau', tau) AND dp__constant('scheme', scheme)
-      AND dp__constant('power', power) AND dp__constant('key_col', key_col) AND dp__constant('freq_col', freq_col)
-      AND dp__constant('salt', salt)),
+    -- every parameter a constant, as in a release (sql/00_release.sql): the binder refuses any other
+    WHERE (getvariable('dp__bind:' || tbl::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || tau::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || scheme::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || power::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || key_col::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || freq_col::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || salt::VARCHAR) IS NULL OR true)),
 dp__freq AS (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col))
 SELECT key, frequency, q
 FROM (SELECT key, frequency, dp__pws_q(frequency, tau, scheme, power) AS q,
@@ -118,29 +119,19 @@ ORDER BY key;
 -- token j in 1..frequency drawn with probability pi_{i,j} (Alg. 4 / App. B); estimate with
 -- dp_weighted_sample_estimate. Sampling and sanitizing are one draw per key from the connection's noise
 -- source; the probability tables are computed once per call in Python.
--- Release path (sql/00_release.sql): every parameter must be constant, checked in dp__cal with the
--- calibration (dp__pws_spec: all parameters, and the frequency range the tables can serve) before the charge.
-CREATE OR REPLACE TEMP MACRO dp_weighted_sample(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, tau DOUBLE := NULL,
+-- The body of dp_weighted_sample (sql/00_release.sql: the generated wrapper binds, checks, charges and
+-- sorts); dp__pws_spec checks all parameters and the frequency range the tables can serve.
+CREATE OR REPLACE TEMP MACRO dp__body_weighted_sample(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, tau DOUBLE := NULL,
         scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, with_frequencies BOOLEAN := false,
         key_col VARCHAR := 'key', freq_col VARCHAR := NULL) AS TABLE
 WITH dp__cal AS (
-    SELECT dp__pws_spec(epsilon, delta, tau, scheme, power, with_frequencies) AS spec
-    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
-      AND dp__constant('tau', tau) AND dp__constant('scheme', scheme) AND dp__constant('power', power)
-      AND dp__constant('with_frequencies', with_frequencies) AND dp__constant('key_col', key_col)
-      AND dp__constant('freq_col', freq_col)),
+    SELECT dp__pws_spec(epsilon, delta, tau, scheme, power, with_frequencies) AS spec),
 dp__freq AS MATERIALIZED (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col)),
--- Ledger charge, once, before any output (sql/05_ledger.sql); privacy unit: one element (row). It waits for
--- the frequencies (sql/00_release.sql): a NULL key or a bad frequency fails before the charge.
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_weighted_sample', 'element', tbl, epsilon, delta,
-        {'tau': tau, 'scheme': scheme, 'power': power, 'with_frequencies': with_frequencies, 'key_col': key_col,
-         'freq_col': freq_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal WHERE (SELECT count(*) FROM dp__freq) >= 0),
 -- one pass: t = token (with_frequencies) or 1/0 (keys only; token NULL), 0 = not reported
 SELECT key, CASE WHEN with_frequencies THEN t END AS token
 FROM (SELECT key, dp__pws_sanitize(frequency, spec) AS t
-      FROM dp__freq CROSS JOIN dp__cal CROSS JOIN dp__paid WHERE paid)
-WHERE t > 0
-ORDER BY key;
+      FROM dp__freq CROSS JOIN dp__cal)
+WHERE t > 0;
 
 -- Per-key estimates of g(frequency) from a sample of dp_weighted_sample(..., with_frequencies := true)
 -- (sample_tbl: a table or view with columns key_col, token_col; dp_weighted_sample's key, token by default),
@@ -154,10 +145,8 @@ CREATE OR REPLACE TEMP MACRO dp_weighted_sample_estimate(sample_tbl VARCHAR, eps
         estimator VARCHAR := 'ml', key_col VARCHAR := 'key', token_col VARCHAR := 'token') AS TABLE
 WITH dp__cal AS (
     SELECT dp__pws_check(epsilon, delta, tau, scheme, power) AND dp__pws_check_estimate(g, estimator) AS ok
-    WHERE dp__constant('sample_tbl', sample_tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
-      AND dp__constant('tau', tau) AND dp__constant('scheme', scheme) AND dp__constant('power', power)
-      AND dp__constant('g', g) AND dp__constant('estimator', estimator) AND dp__constant('key_col', key_col)
-      AND dp__constant('token_col', token_col)),
+    -- every parameter a constant, as in a release (sql/00_release.sql): the binder refuses any other
+    WHERE (getvariable('dp__bind:' || sample_tbl::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || epsilon::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || delta::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || tau::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || scheme::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || power::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || g::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || estimator::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || key_col::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || token_col::VARCHAR) IS NULL OR true)),
 dp__sample AS (
     SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(key_col) OR c = 'dp__absent')) AS key,
            coalesce(*COLUMNS(lambda c: lower(c) = lower(token_col) OR c = 'dp__absent')) AS token
@@ -182,35 +171,25 @@ ORDER BY key, token;
 -- tau given: sampled-SbH, the released pairs are then sampled with q evaluated at the noisy frequency
 -- (post-processing); inclusion_probability = that q (1 without sampling); estimate g(w) by
 -- g(noisy_frequency) / inclusion_probability.
--- Release path (sql/00_release.sql): every parameter constant, all checked in dp__cal before the charge
--- (dp__sbh_granularity: the PWS parameters, the noise mode, the grid against the noise scale).
-CREATE OR REPLACE TEMP MACRO dp_sbh_histogram(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, tau DOUBLE := NULL,
+-- The body of dp_sbh_histogram (sql/00_release.sql); dp__sbh_granularity checks the PWS parameters, the
+-- noise mode, the grid against the noise scale.
+CREATE OR REPLACE TEMP MACRO dp__body_sbh_histogram(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, tau DOUBLE := NULL,
         scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, key_col VARCHAR := 'key', freq_col VARCHAR := NULL,
         noise VARCHAR := 'granular', granularity DOUBLE := NULL) AS TABLE
 WITH dp__cal AS (
     SELECT 1.0 / epsilon AS scale, g, dp__discrete_laplace_threshold(1.0 / epsilon, g, delta / 2, 1.0) AS T
-    FROM (SELECT dp__sbh_granularity(epsilon, delta, tau, scheme, power, noise, granularity) AS g
-          WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
-            AND dp__constant('tau', tau) AND dp__constant('scheme', scheme) AND dp__constant('power', power)
-            AND dp__constant('key_col', key_col) AND dp__constant('freq_col', freq_col)
-            AND dp__constant('noise', noise) AND dp__constant('granularity', granularity))),
+    FROM (SELECT dp__sbh_granularity(epsilon, delta, tau, scheme, power, noise, granularity) AS g)),
 dp__freq AS MATERIALIZED (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col)),
--- Ledger charge, once, before any output (sql/05_ledger.sql); privacy unit: one element (row). It waits for
--- the frequencies (sql/00_release.sql): a NULL key or a bad frequency fails before the charge.
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_sbh_histogram', 'element', tbl, epsilon, delta,
-        {'tau': tau, 'scheme': scheme, 'power': power, 'key_col': key_col, 'freq_col': freq_col, 'noise': noise,
-         'granularity': granularity}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal WHERE (SELECT count(*) FROM dp__freq) >= 0),
 -- z: one draw per key. Below 2^52 grid steps the double sum is exact; dp__sbh_noisy (exact, in integers) runs
 -- only on the rows beyond (CASE evaluates a branch on its rows only), which saves a UDF call per vector.
 dp__noisy AS MATERIALIZED (
     SELECT key, CASE WHEN frequency < 4503599627370496.0 * g AND abs(z) < 4503599627370496.0 * g THEN frequency + z
                      ELSE dp__sbh_noisy(frequency, z, g) END AS w, T
     FROM (SELECT key, frequency, dp_granular_laplace_noise(scale, g) AS z, g, T
-          FROM dp__freq CROSS JOIN dp__cal CROSS JOIN dp__paid WHERE paid)),
+          FROM dp__freq CROSS JOIN dp__cal)),
 dp__released AS MATERIALIZED (
     SELECT key, w, CASE WHEN tau IS NULL THEN 1.0 ELSE dp__pws_q(w, tau, scheme, power) END AS q
     FROM dp__noisy WHERE w >= T)
 SELECT key, w AS noisy_frequency, q AS inclusion_probability
 FROM dp__released
-WHERE tau IS NULL OR dp__bernoulli(q)
-ORDER BY key;
+WHERE tau IS NULL OR dp__bernoulli(q);

@@ -9,9 +9,9 @@
 -- rounded. The private table is `tbl`; epsilon has no default (a default would spend budget nobody
 -- typed); failure_probability is the utility guarantees' failure probability (no effect on privacy).
 --
--- Release path (sql/00_release.sql): each releasing macro passes every parameter through
--- dp__constant in its one-row calibration CTE dp__cal, which the charge reads, and orders its rows by
--- the DP-chosen rank (a greedy order or a permutation) or by its released columns.
+-- Release path (sql/00_release.sql): each macro here is a BODY (dp__body_<macro>); the releasing macro
+-- is generated from the declaration around it (binds the parameters, checks, charges once, sorts by the
+-- released columns, the DP-chosen rank first: a greedy order or a permutation).
 --
 -- What is public. The proofs ([SUB] Sec. 4.1, 5.1.2, App. D, G) fix the candidate universe [m] -- the
 -- set ids, the matroid, the candidate centres, the buckets Y and the horizon T -- before the data: a
@@ -77,9 +77,12 @@ WITH dp__ck AS (
     UNION ALL
     SELECT set_id, NULL
     FROM dp__set_element_rows(tbl, set_col := set_col, element_col := element_col) WHERE false),
+-- The private branch is filtered by the key check, so that it fails before any private id is cast to
+-- the common type (the cast would quote the id it cannot convert).
 dp__rk AS (
     SELECT set_id AS dp__key, element
     FROM dp__set_element_rows(tbl, set_col := set_col, element_col := element_col)
+    WHERE dp__key_check('set_col', tbl, set_col, candidates_tbl, set_col, 'set_col')
     UNION ALL
     SELECT set_id, NULL FROM dp__candidate_sets(candidates_tbl, set_col := set_col) WHERE false)
 SELECT dp__ck.sid, dp__rk.element FROM dp__rk JOIN dp__ck USING (dp__key);
@@ -89,20 +92,15 @@ SELECT dp__ck.sid, dp__rk.element FROM dp__rk JOIN dp__ck USING (dp__key);
 -- newly covered sampled elements). candidates_tbl (column set_col) is the public list of candidate
 -- sets; rows of tbl for other sets are ignored. Returns (rank, set_id), min(k, #candidates)
 -- rows in the greedy's (DP) order. Privacy argument: dpsql/optimize/max_coverage.py.
-CREATE OR REPLACE TEMP MACRO dp_max_coverage(tbl VARCHAR, candidates_tbl VARCHAR, k DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_max_coverage(tbl VARCHAR, candidates_tbl VARCHAR, k DOUBLE,
         epsilon DOUBLE, set_col VARCHAR := 'set_id', element_col VARCHAR := 'element') AS TABLE
 WITH dp__sets AS MATERIALIZED (FROM dp__candidate_sets(candidates_tbl, set_col := set_col)),
-dp__cal AS (  -- reads the public candidates too, so that their errors come before the charge
+-- MATERIALIZED: its checks (the public candidates, the key types) run before the rows are read
+dp__cal AS MATERIALIZED (  -- reads the public candidates too, so that their errors come before the charge
     SELECT dp__max_coverage_check(k, epsilon, set_col, element_col) AS p, k::BIGINT AS k_sets,
            (SELECT count(set_id) FROM dp__sets) AS n_candidates
-    WHERE dp__constant('tbl', tbl) AND dp__constant('candidates_tbl', candidates_tbl)
-      AND dp__constant('k', k) AND dp__constant('epsilon', epsilon) AND dp__constant('set_col', set_col)
-      AND dp__constant('element_col', element_col)
-      AND dp__check_column_list(tbl, ['set_col', 'element_col'], [set_col, element_col])
+    WHERE dp__check_column_list(tbl, ['set_col', 'element_col'], [set_col, element_col])
       AND dp__key_check('set_col', tbl, set_col, candidates_tbl, set_col, 'set_col')),
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_max_coverage', 'record', tbl, epsilon, 0.0,
-        {'candidates_tbl': candidates_tbl, 'k': k, 'set_col': set_col, 'element_col': element_col}::VARCHAR,
-        dp__cal::VARCHAR) AS paid FROM dp__cal),
 dp__rows AS (
     SELECT sid, element
     FROM dp__candidate_rows(tbl, candidates_tbl, set_col := set_col, element_col := element_col)
@@ -117,7 +115,7 @@ dp__sel AS (
                                    (SELECT count(*) FROM dp__sampled), (SELECT k_sets FROM dp__cal)) AS ids
     FROM dp__pairs),
 dp__picked AS (SELECT unnest(ids) AS sid, unnest(range(1, len(ids) + 1)) AS rank FROM dp__sel)
-SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) CROSS JOIN dp__paid WHERE paid ORDER BY rank;
+SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) ORDER BY rank;
 
 -- Set cover, pure epsilon-DP: DPGreedyScaling (Alg. 4) in the open-set model. Every candidate set of
 -- candidates_tbl once, as (position, set_id): each element is served by the first set holding it.
@@ -126,20 +124,15 @@ SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) CROSS JOIN dp__pai
 -- itself (from the same secure source). tau_constant: the printed 1000 (thresholds
 -- tau_r = tau_constant * n~ / 2^r; any value keeps the privacy guarantee). Privacy argument:
 -- dpsql/optimize/set_cover.py.
-CREATE OR REPLACE TEMP MACRO dp_set_cover(tbl VARCHAR, candidates_tbl VARCHAR, epsilon DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_set_cover(tbl VARCHAR, candidates_tbl VARCHAR, epsilon DOUBLE,
         set_col VARCHAR := 'set_id', element_col VARCHAR := 'element', tau_constant DOUBLE := 1000.0) AS TABLE
 WITH dp__sets AS MATERIALIZED (FROM dp__candidate_sets(candidates_tbl, set_col := set_col)),
-dp__cal AS (  -- reads the public candidates too, so that their errors come before the charge
+-- MATERIALIZED: its checks (the public candidates, the key types) run before the rows are read
+dp__cal AS MATERIALIZED (  -- reads the public candidates too, so that their errors come before the charge
     SELECT dp__set_cover_check(epsilon, tau_constant, set_col, element_col) AS c, epsilon AS eps,
            (SELECT count(set_id) FROM dp__sets) AS n_candidates
-    WHERE dp__constant('tbl', tbl) AND dp__constant('candidates_tbl', candidates_tbl)
-      AND dp__constant('epsilon', epsilon) AND dp__constant('set_col', set_col)
-      AND dp__constant('element_col', element_col) AND dp__constant('tau_constant', tau_constant)
-      AND dp__check_column_list(tbl, ['set_col', 'element_col'], [set_col, element_col])
+    WHERE dp__check_column_list(tbl, ['set_col', 'element_col'], [set_col, element_col])
       AND dp__key_check('set_col', tbl, set_col, candidates_tbl, set_col, 'set_col')),
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_set_cover', 'record', tbl, epsilon, 0.0,
-        {'candidates_tbl': candidates_tbl, 'tau_constant': tau_constant, 'set_col': set_col,
-         'element_col': element_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal),
 dp__elems AS MATERIALIZED (
     SELECT element, (row_number() OVER () - 1)::BIGINT AS eid
     FROM (SELECT DISTINCT element FROM dp__set_element_rows(tbl, set_col := set_col, element_col := element_col)
@@ -154,8 +147,7 @@ dp__sel AS (
                                 (SELECT c FROM dp__cal)) AS ids
     FROM dp__pairs),
 dp__picked AS (SELECT unnest(ids) AS sid, unnest(range(1, len(ids) + 1)) AS position FROM dp__sel)
-SELECT position, set_id FROM dp__picked JOIN dp__sets USING (sid) CROSS JOIN dp__paid WHERE paid
-ORDER BY position;
+SELECT position, set_id FROM dp__picked JOIN dp__sets USING (sid);
 
 -- NON-PRIVATE evaluation (reads raw data, releases an exact number): open-set cost of a permutation
 -- table (position_col, permutation_set_col; dp_set_cover's output by default) = number of distinct sets
@@ -190,17 +182,14 @@ FROM (SELECT dp__check_column_list(tbl, ['set_col', 'element_col'], [set_col, el
 -- is ignored (see the header), and so is a (user, t) with several buckets (a per-record rule: the
 -- kernel's error would say that such a user exists); a NULL user is an error. Returns (t, bucket)
 -- sorted by both. Privacy argument: dpsql/optimize/heavy_hitters.py.
-CREATE OR REPLACE TEMP MACRO dp_shifting_heavy_hitters(tbl VARCHAR, buckets_tbl VARCHAR, k DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_shifting_heavy_hitters(tbl VARCHAR, buckets_tbl VARCHAR, k DOUBLE,
         horizon DOUBLE, epsilon DOUBLE, failure_probability DOUBLE := 0.05, user_col VARCHAR := 'user_id',
         time_col VARCHAR := 't', bucket_col VARCHAR := 'bucket') AS TABLE
-WITH dp__cal AS (
+-- MATERIALIZED: its checks (the columns, the key types) run before the rows are read
+WITH dp__cal AS MATERIALIZED (
     SELECT unnest(dp__heavy_hitters_calibration(epsilon, k, failure_probability, horizon, user_col, time_col,
                                                 bucket_col))
-    WHERE dp__constant('tbl', tbl) AND dp__constant('buckets_tbl', buckets_tbl)
-      AND dp__constant('k', k) AND dp__constant('horizon', horizon) AND dp__constant('epsilon', epsilon)
-      AND dp__constant('failure_probability', failure_probability) AND dp__constant('user_col', user_col)
-      AND dp__constant('time_col', time_col) AND dp__constant('bucket_col', bucket_col)
-      AND dp__check_column_list(tbl, ['user_col', 'time_col', 'bucket_col'], [user_col, time_col, bucket_col])
+    WHERE dp__check_column_list(tbl, ['user_col', 'time_col', 'bucket_col'], [user_col, time_col, bucket_col])
       AND dp__key_check('bucket_col', tbl, bucket_col, buckets_tbl, bucket_col, 'bucket_col')),
 dp__buckets AS MATERIALIZED (
     SELECT bucket, (row_number() OVER (ORDER BY bucket) - 1)::BIGINT AS bid
@@ -219,17 +208,13 @@ dp__stream AS MATERIALIZED (
     FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
           WHERE dp__check_column_list(tbl, ['user_col', 'time_col', 'bucket_col'],
                                       [user_col, time_col, bucket_col]))),
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_shifting_heavy_hitters', 'record', tbl, epsilon, 0.0,
-        {'buckets_tbl': buckets_tbl, 'k': k, 'horizon': horizon, 'failure_probability': failure_probability,
-         'user_col': user_col,
-         'time_col': time_col, 'bucket_col': bucket_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal
-    WHERE (SELECT count(*) FROM dp__stream) >= 0),  -- waits for the stream: a NULL user fails before the charge
 dp__bkeys AS (
     SELECT bucket AS dp__key, bid FROM dp__buckets
     UNION ALL SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(bucket_col) OR c = 'dp__absent')), NULL
               FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)) WHERE false),
-dp__skeys AS (
+dp__skeys AS (  -- (the key check before any private bucket is cast: see dp__candidate_rows)
     SELECT user_id, t, bucket AS dp__key FROM dp__stream
+    WHERE dp__key_check('bucket_col', tbl, bucket_col, buckets_tbl, bucket_col, 'bucket_col')
     UNION ALL SELECT NULL, NULL, bucket FROM dp__buckets WHERE false),
 dp__in_domain AS (
     SELECT s.user_id, try_cast(s.t AS DOUBLE)::BIGINT - 1 AS tid, b.bid
@@ -249,9 +234,7 @@ dp__sel AS (
     FROM dp__rows),
 dp__codes AS (SELECT unnest(ids) AS code FROM dp__sel)
 SELECT (code // n_buckets + 1)::BIGINT AS t, bucket
-FROM dp__codes CROSS JOIN dp__nb JOIN dp__buckets ON bid = code % n_buckets CROSS JOIN dp__paid
-WHERE paid
-ORDER BY t, bucket;
+FROM dp__codes CROSS JOIN dp__nb JOIN dp__buckets ON bid = code % n_buckets;
 
 -- Coverage under a partition matroid, pure epsilon-DP (Thm 1.3): elements Poisson-subsampled with
 -- p = 1 - e^-eps, then PrivContGreedy at ln 2/2 (ceil(4/eta) passes, samples uniform vectors,
@@ -262,7 +245,7 @@ ORDER BY t, bucket;
 -- capacity_col) gives each part's capacity (a whole number >= 0). Returns the chosen independent
 -- set as (rank, set_id), rank = position in set_id order. Privacy argument:
 -- dpsql/optimize/matroid_coverage.py.
-CREATE OR REPLACE TEMP MACRO dp_matroid_coverage(tbl VARCHAR, parts_tbl VARCHAR, capacities_tbl VARCHAR,
+CREATE OR REPLACE TEMP MACRO dp__body_matroid_coverage(tbl VARCHAR, parts_tbl VARCHAR, capacities_tbl VARCHAR,
         epsilon DOUBLE, eta DOUBLE := 0.2, failure_probability DOUBLE := 0.05, samples DOUBLE := NULL,
         set_col VARCHAR := 'set_id', element_col VARCHAR := 'element', part_col VARCHAR := 'part',
         capacity_col VARCHAR := 'capacity') AS TABLE
@@ -294,32 +277,23 @@ dp__sets AS MATERIALIZED (
                 THEN (row_number() OVER (ORDER BY p.set_id) - 1)::BIGINT
                 ELSE error('dpsql: set ' || p.set_id || ' is listed more than once in ' || parts_tbl) END AS sid
     FROM dp__parts_in AS p LEFT JOIN dp__caps AS c ON p.part = c.part),
-dp__cal AS (  -- reads the public matroid too, so that its errors come before the charge
+-- MATERIALIZED: its checks (the public matroid, the key types) run before the rows are read
+dp__cal AS MATERIALIZED (  -- reads the public matroid too, so that its errors come before the charge
     SELECT dp__matroid_coverage_check(epsilon, eta, failure_probability, samples, set_col, element_col, part_col,
                                       capacity_col) AS n_samples,
            (SELECT count(part) + count(capacity) + count(pid) FROM dp__caps)
            + (SELECT count(set_id) + count(pid) + count(sid) FROM dp__sets) AS n_public
-    WHERE dp__constant('tbl', tbl) AND dp__constant('parts_tbl', parts_tbl)
-      AND dp__constant('capacities_tbl', capacities_tbl) AND dp__constant('epsilon', epsilon)
-      AND dp__constant('eta', eta) AND dp__constant('failure_probability', failure_probability)
-      AND dp__constant('samples', samples)
-      AND dp__constant('set_col', set_col) AND dp__constant('element_col', element_col)
-      AND dp__constant('part_col', part_col) AND dp__constant('capacity_col', capacity_col)
-      AND dp__check_column_list(tbl, ['set_col', 'element_col'], [set_col, element_col])
+    WHERE dp__check_column_list(tbl, ['set_col', 'element_col'], [set_col, element_col])
       AND dp__key_check('set_col', tbl, set_col, parts_tbl, set_col, 'set_col')),
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_matroid_coverage', 'record', tbl, epsilon, 0.0,
-        {'parts_tbl': parts_tbl, 'capacities_tbl': capacities_tbl, 'eta': eta,
-         'failure_probability': failure_probability,
-         'samples': samples, 'set_col': set_col, 'element_col': element_col, 'part_col': part_col,
-         'capacity_col': capacity_col}::VARCHAR, dp__cal::VARCHAR) AS paid FROM dp__cal),
 dp__skeys AS (
     SELECT set_id AS dp__key, sid FROM dp__sets
     UNION ALL
     SELECT set_id, NULL
     FROM dp__set_element_rows(tbl, set_col := set_col, element_col := element_col) WHERE false),
-dp__rkeys AS (
+dp__rkeys AS (  -- (the key check before any private id is cast: see dp__candidate_rows)
     SELECT set_id AS dp__key, element
     FROM dp__set_element_rows(tbl, set_col := set_col, element_col := element_col)
+    WHERE dp__key_check('set_col', tbl, set_col, parts_tbl, set_col, 'set_col')
     UNION ALL SELECT set_id, NULL FROM dp__sets WHERE false),
 dp__rows AS (
     SELECT s.sid, r.element FROM dp__rkeys AS r JOIN dp__skeys AS s USING (dp__key) WHERE r.element IS NOT NULL),
@@ -334,7 +308,7 @@ dp__sel AS (
                                        epsilon, eta, failure_probability, (SELECT n_samples FROM dp__cal)) AS ids
     FROM dp__pairs),
 dp__picked AS (SELECT unnest(ids) AS sid, unnest(range(1, len(ids) + 1)) AS rank FROM dp__sel)
-SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) CROSS JOIN dp__paid WHERE paid ORDER BY rank;
+SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) ORDER BY rank;
 
 -- k-median (q = 1) / k-means (q = 2), pure epsilon-DP (Thm 1.5, App. G): points Poisson-subsampled
 -- with p = 1 - e^-eps, then G.2 at ln 2 (bicriteria Repeated-EM at ln 2/2 with L = ceil(2 k ln n_bound)
@@ -348,7 +322,7 @@ SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) CROSS JOIN dp__pai
 -- the number of exponential mechanisms would leak it (an n_bound below the true count keeps privacy,
 -- costs utility). Returns (rank, candidate_id), min(k, #candidates) rows, rank = position in
 -- candidate_id order. Privacy argument: dpsql/optimize/k_median.py.
-CREATE OR REPLACE TEMP MACRO dp_k_median(tbl VARCHAR, candidates_tbl VARCHAR, distances_tbl VARCHAR, k DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_k_median(tbl VARCHAR, candidates_tbl VARCHAR, distances_tbl VARCHAR, k DOUBLE,
         epsilon DOUBLE, n_bound DOUBLE, q DOUBLE := 1, point_col VARCHAR := 'point',
         candidate_col VARCHAR := 'candidate_id', distance_point_col VARCHAR := 'point',
         distance_candidate_col VARCHAR := 'candidate', distance_col VARCHAR := 'distance') AS TABLE
@@ -383,24 +357,12 @@ dp__metric AS (  -- the kernel's checks of the public metric, here so that they 
                 THEN error('dpsql: distances must lie in [0, 1] (rescale the metric to diameter <= 1)')
                 ELSE count(*) END AS n_pairs
     FROM dp__dist),
-dp__cal AS (
+-- MATERIALIZED: its checks (the key types) run before the rows are read
+dp__cal AS MATERIALIZED (
     SELECT unnest(dp__k_median_calibration(k, q, epsilon, n_bound, point_col, candidate_col, distance_point_col,
                                            distance_candidate_col, distance_col)),
            (SELECT n_pairs FROM dp__metric) AS n_pairs
-    WHERE dp__constant('tbl', tbl) AND dp__constant('candidates_tbl', candidates_tbl)
-      AND dp__constant('distances_tbl', distances_tbl) AND dp__constant('k', k)
-      AND dp__constant('epsilon', epsilon) AND dp__constant('n_bound', n_bound) AND dp__constant('q', q)
-      AND dp__constant('point_col', point_col) AND dp__constant('candidate_col', candidate_col)
-      AND dp__constant('distance_point_col', distance_point_col)
-      AND dp__constant('distance_candidate_col', distance_candidate_col)
-      AND dp__constant('distance_col', distance_col)
-      AND dp__key_check('point_col', tbl, point_col, candidates_tbl, candidate_col, 'candidate_col')),
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_k_median', 'record', tbl, epsilon, 0.0,
-        {'candidates_tbl': candidates_tbl, 'distances_tbl': distances_tbl, 'k': k, 'q': q,
-         'n_bound': n_bound, 'point_col': point_col, 'candidate_col': candidate_col,
-         'distance_point_col': distance_point_col, 'distance_candidate_col': distance_candidate_col,
-         'distance_col': distance_col}::VARCHAR,
-        dp__cal::VARCHAR) AS paid FROM dp__cal),
+    WHERE dp__key_check('point_col', tbl, point_col, candidates_tbl, candidate_col, 'candidate_col')),
 dp__ckeys AS (
     SELECT candidate_id AS dp__key, cid FROM dp__cands
     UNION ALL SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(point_col) OR c = 'dp__absent')), NULL
@@ -408,7 +370,9 @@ dp__ckeys AS (
 dp__pkeys AS (
     SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(point_col) OR c = 'dp__absent')) AS dp__key
     FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
-          WHERE dp__check_column(tbl, 'point_col', point_col))
+          WHERE dp__check_column(tbl, 'point_col', point_col)
+            -- (the key check before any private point is cast: see dp__candidate_rows)
+            AND dp__key_check('point_col', tbl, point_col, candidates_tbl, candidate_col, 'candidate_col'))
     UNION ALL SELECT candidate_id FROM dp__cands WHERE false),
 dp__pts AS (SELECT c.cid AS lid FROM dp__pkeys JOIN dp__ckeys AS c USING (dp__key)),
 dp__sel AS (
@@ -417,4 +381,4 @@ dp__sel AS (
                                (SELECT q_exp FROM dp__cal), epsilon, (SELECT n_max FROM dp__cal)) AS ids
     FROM dp__dist),
 dp__picked AS (SELECT unnest(ids) AS cid, unnest(range(1, len(ids) + 1)) AS rank FROM dp__sel)
-SELECT rank, candidate_id FROM dp__picked JOIN dp__cands USING (cid) CROSS JOIN dp__paid WHERE paid ORDER BY rank;
+SELECT rank, candidate_id FROM dp__picked JOIN dp__cands USING (cid) ORDER BY rank;

@@ -2,7 +2,8 @@
 -- dp_group_by: the items a set-union method selects at (epsilon * split, delta), then granular Laplace
 -- count / sum / mean of each selected item at (epsilon * (1 - split), 0). dp_group_by_public: every item
 -- of a public table items_tbl, no selection, at (epsilon, 0). Loads after 90_dispatch.sql: the selection
--- step calls dp_set_union (a table macro binds against the macros that exist when it is created).
+-- step calls dp__body_set_union (a table macro binds against the macros that exist when it is created).
+-- Each macro here is a body; the releasing macros are generated around them (sql/00_release.sql).
 -- Output: item, then per requested aggregate its value, its noise scale (Laplace b; none for the mean)
 -- and the half-width of a `confidence` interval; rows sorted by item.
 
@@ -15,20 +16,25 @@ CREATE OR REPLACE TEMP MACRO dp_group_by_calibration(epsilon DOUBLE, delta DOUBL
                              pre_threshold, confidence, 'user_id', 'item');
 
 -- (user_id, item, v) per input row; v = value_col as DOUBLE (NULL when value_col is NULL). The value
--- column must have a numeric type: `+ 0::DOUBLE` makes DuckDB's binder refuse any other before anything
--- runs. A NULL value is skipped by the sum, as SQL's SUM skips it, and never raises: the aggregates read
--- only the rows of the selected items, after the selection is charged, so an error there would tell
--- whether a selected item holds a NULL (docs/proofs/group_by.md, "NULL values").
+-- column must have a type whose conversion to DOUBLE cannot fail (dp__check_value_type, on the schema
+-- before any row is read: a BIGNUM passes the binder's `+ 0::DOUBLE` but fails on a huge value and
+-- quotes it). A NULL value is skipped by the sum, as SQL's SUM skips it, and never raises: the
+-- aggregates read only the rows of the selected items, so an error there would tell whether a selected
+-- item holds a NULL (docs/proofs/group_by.md, "NULL values"). Keys by identity (sql/15_checks.sql).
 CREATE OR REPLACE TEMP MACRO dp__user_item_value_rows(tbl VARCHAR, value_col VARCHAR, user_col VARCHAR := 'user_id',
         item_col VARCHAR := 'item') AS TABLE
 -- The NULL check is a filter, as in dp__user_item_rows: it keeps the columns' statistics (compressed keys).
 SELECT user_id, item, v
-FROM (SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(user_col) OR c = 'dp__absent')) AS user_id,
-             coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent')) AS item,
+FROM (SELECT dp__canonical(coalesce(*COLUMNS(lambda c: lower(c) = lower(user_col) OR c = 'dp__absent'))) AS user_id,
+             dp__canonical(coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent'))) AS item,
              coalesce(*COLUMNS(lambda c: lower(c) = lower(value_col) OR c = 'dp__absent')) + 0::DOUBLE AS v
       FROM (SELECT *, NULL AS dp__absent FROM query_table(tbl)
             WHERE dp__check_column_list(tbl, ['user_col', 'item_col', 'value_col'],
-                                        [user_col, item_col, coalesce(value_col, user_col)])))
+                                        [user_col, item_col, coalesce(value_col, user_col)])
+              -- keys by identity, and a value column whose cast to DOUBLE cannot fail on a private
+              -- value (a BIGNUM would, quoting it): both by type, before any row is read
+              AND dp__check_key_columns(tbl, ['user_col', 'item_col'], [user_col, item_col])
+              AND (value_col IS NULL OR dp__check_value_type(tbl, value_col, 'value_col'))))
 WHERE CASE WHEN user_id IS NULL
            THEN error('dpsql: column ' || user_col || ' (user_col) contains NULL; filter NULL users out first, e.g. with a view')
            WHEN item IS NULL
@@ -39,8 +45,8 @@ WHERE CASE WHEN user_id IS NULL
 -- the one-shot weighting of `method` (count_*, weighted_*) over the capped rows; an item with n >= T
 -- capped users is released when w - (T - 1) + noise > the method's threshold. Every user's weight per
 -- item is <= 1, so an item that reaches T users with the added user has w - (T - 1) <= that user's own
--- weight: exactly the novel-item case the threshold's delta covers. Charges its own (epsilon, delta)
--- (the selection share) once; the noisy weights never leave it.
+-- weight: exactly the novel-item case the threshold's delta covers. No charge here: it is a step of
+-- dp_group_by's release; the noisy weights never leave it.
 CREATE OR REPLACE TEMP MACRO dp__group_by_pre_selection(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, max_items DOUBLE,
         method VARCHAR, pre_threshold DOUBLE, user_col VARCHAR, item_col VARCHAR) AS TABLE
 WITH dp__cal AS (SELECT unnest(dp__group_by_pre_calibration(method, epsilon, delta, max_items, pre_threshold))),
@@ -50,35 +56,25 @@ dp__weights AS MATERIALIZED (
            sum(CASE c.weighting WHEN 'count' THEN 1.0 WHEN 'inverse' THEN 1.0 / d ELSE 1.0 / sqrt(d) END) AS w
     FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
     CROSS JOIN dp__cal AS c
-    GROUP BY item),
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_group_by (selection)', 'user', tbl, epsilon, delta,
-        {'max_items': max_items, 'selection': method, 'pre_threshold': pre_threshold, 'user_col': user_col,
-         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
-    FROM dp__cal WHERE (SELECT count(*) FROM dp__weights) >= 0)
-SELECT item FROM dp__weights CROSS JOIN dp__cal AS c CROSS JOIN dp__paid
-WHERE paid AND n >= pre_threshold
+    GROUP BY item)
+SELECT item FROM dp__weights CROSS JOIN dp__cal AS c
+WHERE n >= pre_threshold
   AND w - c.shift + CASE WHEN c.gaussian THEN dp_gaussian_noise(c.scale) ELSE dp_laplace_noise(c.scale) END > c.threshold
 ORDER BY item;
 
-CREATE OR REPLACE TEMP MACRO dp_group_by(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, max_items DOUBLE := 100,
+CREATE OR REPLACE TEMP MACRO dp__body_group_by(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, max_items DOUBLE := 100,
         aggregates VARCHAR[] := ['count'], value_col VARCHAR := NULL, lower DOUBLE := NULL, upper DOUBLE := NULL,
         selection VARCHAR := 'sips_cumulative', split DOUBLE := 0.5, pre_threshold DOUBLE := 1, confidence DOUBLE := 0.95,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__cal AS (
     SELECT unnest(dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection,
-                                           split, pre_threshold, confidence, user_col, item_col))
-    WHERE dp__constant('tbl', tbl) AND dp__constant('epsilon', epsilon) AND dp__constant('delta', delta)
-      AND dp__constant('max_items', max_items) AND dp__constant('aggregates', aggregates)
-      AND dp__constant('value_col', value_col) AND dp__constant('lower', lower) AND dp__constant('upper', upper)
-      AND dp__constant('selection', selection) AND dp__constant('split', split)
-      AND dp__constant('pre_threshold', pre_threshold) AND dp__constant('confidence', confidence) AND dp__constant('user_col', user_col)
-      AND dp__constant('item_col', item_col)),
--- Selection: dp_set_union (or, with pre_threshold > 1, dp__group_by_pre_selection) charges its own
--- (epsilon * split, delta). The constant filters fold while planning and prune the branch not taken
--- (nothing drawn or charged there), as in dp_set_union's dispatcher. dp__group_by_share checks every
--- parameter of dp_group_by, so a bad one fails before the selection runs.
+                                           split, pre_threshold, confidence, user_col, item_col))),
+-- Selection: the set-union body (or, with pre_threshold > 1, dp__group_by_pre_selection) at
+-- (epsilon * split, delta), inside this release (its wrapper charges the total once). The constant
+-- filters fold while planning and prune the branch not taken (nothing drawn there), as in the
+-- dispatcher. dp__group_by_share checks every parameter of dp_group_by.
 dp__selected AS MATERIALIZED (
-    SELECT item FROM dp_set_union(tbl, method := selection,
+    SELECT item FROM dp__body_set_union(tbl, method := selection,
         epsilon := dp__group_by_share('epsilon', epsilon, delta, max_items, aggregates, value_col, lower, upper,
                                       selection, split, pre_threshold, confidence),
         delta := delta, max_items := max_items, user_col := user_col, item_col := item_col)
@@ -110,13 +106,6 @@ dp__stats AS MATERIALIZED (
           QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s))) <= max_items)
     CROSS JOIN dp__cal
     GROUP BY item),
--- Charged after the data is read (sql/00_release.sql): the aggregate step's share, pure DP.
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_group_by (aggregates)', 'user', tbl, aggregate_epsilon, 0.0,
-        {'max_items': max_items, 'aggregates': aggregates, 'value_col': value_col, 'lower': lower, 'upper': upper,
-         'selection': selection, 'split': split, 'pre_threshold': pre_threshold, 'confidence': confidence,
-         'user_col': user_col,
-         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
-    FROM dp__cal WHERE (SELECT count(*) FROM dp__stats) >= 0),
 dp__noisy AS MATERIALIZED (
     SELECT d.item,
            CASE WHEN c.count_scale IS NOT NULL
@@ -124,8 +113,7 @@ dp__noisy AS MATERIALIZED (
            CASE WHEN c.sum_scale IS NOT NULL
                 THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.s_steps, 0)))::DOUBLE * c.sum_granularity
                      + dp_granular_laplace_noise(c.sum_scale, c.sum_granularity) END AS s_noisy
-    FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item CROSS JOIN dp__cal AS c CROSS JOIN dp__paid
-    WHERE paid)
+    FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item CROSS JOIN dp__cal AS c)
 SELECT item, COLUMNS(lambda c: list_contains(aggregates, split_part(c, '_', 1)))
 FROM (SELECT item, n_noisy AS "count", count_scale AS count_scale, count_ci AS count_ci,
              s_noisy AS "sum", sum_scale AS sum_scale, sum_ci AS sum_ci,
@@ -134,28 +122,25 @@ FROM (SELECT item, n_noisy AS "count", count_scale AS count_scale, count_ci AS c
              CASE WHEN n_noisy > 0 THEN greatest(lower, least(upper, s_noisy / n_noisy)) END AS mean,
              CASE WHEN n_noisy > 0 THEN least(upper - lower,
                   (mean_sum_ci + greatest(abs(lower), abs(upper)) * mean_count_ci) / n_noisy) END AS mean_ci
-      FROM dp__noisy CROSS JOIN dp__cal)
-ORDER BY item;
+      FROM dp__noisy CROSS JOIN dp__cal);
 
-CREATE OR REPLACE TEMP MACRO dp_group_by_public(tbl VARCHAR, items_tbl VARCHAR, epsilon DOUBLE,
+CREATE OR REPLACE TEMP MACRO dp__body_group_by_public(tbl VARCHAR, items_tbl VARCHAR, epsilon DOUBLE,
         max_items DOUBLE := 100, aggregates VARCHAR[] := ['count'], value_col VARCHAR := NULL,
         lower DOUBLE := NULL, upper DOUBLE := NULL, confidence DOUBLE := 0.95,
         user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__cal AS (
     SELECT unnest(dp__group_by_public_calibration(epsilon, max_items, aggregates, value_col, lower, upper,
-                                                  confidence, user_col, item_col))
-    WHERE dp__constant('tbl', tbl) AND dp__constant('items_tbl', items_tbl) AND dp__constant('epsilon', epsilon)
-      AND dp__constant('max_items', max_items) AND dp__constant('aggregates', aggregates)
-      AND dp__constant('value_col', value_col) AND dp__constant('lower', lower) AND dp__constant('upper', upper)
-      AND dp__constant('confidence', confidence) AND dp__constant('user_col', user_col)
-      AND dp__constant('item_col', item_col)),
+                                                  confidence, user_col, item_col))),
 -- The public domain: the distinct items of items_tbl's item_col column (public: its errors may name values).
 dp__selected AS MATERIALIZED (
-    SELECT DISTINCT coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent')),
+    SELECT DISTINCT dp__canonical(coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent')),
                              error('dpsql: column ' || item_col || ' (item_col) of items_tbl contains NULL; '
-                                   || 'filter it out first')) AS item
+                                   || 'filter it out first'))) AS item
     FROM (SELECT *, NULL AS dp__absent FROM query_table(items_tbl)
-          WHERE dp__check_column_list(items_tbl, ['item_col'], [item_col]))),
+          -- the public and the private item columns must have one type before they are joined: DuckDB's
+          -- join would otherwise cast the private items and quote one it cannot convert
+          WHERE dp__check_column_list(items_tbl, ['item_col'], [item_col])
+            AND dp__check_same_type(items_tbl, item_col, 'items_tbl', tbl, item_col, 'item_col'))),
 dp__totals AS (
     SELECT r.user_id, r.item, sum(r.v) AS v
     FROM dp__user_item_value_rows(tbl, value_col, user_col := user_col, item_col := item_col) AS r
@@ -171,11 +156,6 @@ dp__stats AS MATERIALIZED (
           QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s))) <= max_items)
     CROSS JOIN dp__cal
     GROUP BY item),
-dp__paid AS MATERIALIZED (SELECT dp__charge('dp_group_by_public', 'user', tbl, aggregate_epsilon, 0.0,
-        {'items_tbl': items_tbl, 'max_items': max_items, 'aggregates': aggregates, 'value_col': value_col,
-         'lower': lower, 'upper': upper, 'confidence': confidence, 'user_col': user_col,
-         'item_col': item_col}::VARCHAR, dp__cal::VARCHAR) AS paid
-    FROM dp__cal WHERE (SELECT count(*) FROM dp__stats) + (SELECT count(*) FROM dp__selected) >= 0),
 dp__noisy AS MATERIALIZED (
     SELECT d.item,
            CASE WHEN c.count_scale IS NOT NULL
@@ -183,13 +163,11 @@ dp__noisy AS MATERIALIZED (
            CASE WHEN c.sum_scale IS NOT NULL
                 THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.s_steps, 0)))::DOUBLE * c.sum_granularity
                      + dp_granular_laplace_noise(c.sum_scale, c.sum_granularity) END AS s_noisy
-    FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item CROSS JOIN dp__cal AS c CROSS JOIN dp__paid
-    WHERE paid)
+    FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item CROSS JOIN dp__cal AS c)
 SELECT item, COLUMNS(lambda c: list_contains(aggregates, split_part(c, '_', 1)))
 FROM (SELECT item, n_noisy AS "count", count_scale AS count_scale, count_ci AS count_ci,
              s_noisy AS "sum", sum_scale AS sum_scale, sum_ci AS sum_ci,
              CASE WHEN n_noisy > 0 THEN greatest(lower, least(upper, s_noisy / n_noisy)) END AS mean,
              CASE WHEN n_noisy > 0 THEN least(upper - lower,
                   (mean_sum_ci + greatest(abs(lower), abs(upper)) * mean_count_ci) / n_noisy) END AS mean_ci
-      FROM dp__noisy CROSS JOIN dp__cal)
-ORDER BY item;
+      FROM dp__noisy CROSS JOIN dp__cal);

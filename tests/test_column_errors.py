@@ -45,8 +45,10 @@ LOCAL_CASES: dict[str, Case] = {
 
 
 def _public_macros() -> set[str]:
+    """The public macros of the three files: written there, or generated around a body written there."""
     text = "\n".join((_SQL / f).read_text() for f in _FILES)
-    return set(re.findall(r"CREATE OR REPLACE TEMP MACRO (dp_[a-z0-9]\w*)\(", text, re.I))
+    names = set(re.findall(r"CREATE OR REPLACE TEMP MACRO (dp_[a-z0-9]\w*)\(", text, re.I))
+    return names | {"dp_" + body for body in re.findall(r"CREATE OR REPLACE TEMP MACRO dp__body_(\w+)\(", text, re.I)}
 
 
 def _column_params() -> dict[str, list[str]]:

@@ -210,7 +210,7 @@ def test_models_charge_the_scope_budget_set_names(dbt_run):
     con = dpsql.connect(str(database))
     try:
         for name in ("user_items", '"dpsql_example"."main"."user_items"'):
-            with pytest.raises(duckdb.Error, match=f"scope '{SCOPE}' exceeded"):
+            with pytest.raises(dpsql.BudgetExceededError, match=f"scope '{SCOPE}' exceeded"):
                 dpsql.set_union(con, name, "weighted_gaussian", epsilon=0.1, delta=1e-5)
     finally:
         con.close()

@@ -128,14 +128,13 @@ def test_ledger_path_that_is_a_folder_is_a_ledger_io_error(tmp_path):
 def test_corrupt_ledger_is_a_ledger_io_error_and_nothing_is_released(tmp_path):
     path = tmp_path / "data.duckdb.dpsql-ledger"
     path.write_bytes(b"user_id,item\n" * 400)  # a data file where the ledger should be
-    with pytest.raises(dpsql.LedgerIOError, match=r"is not a dpsql ledger") as info:
+    with pytest.raises(dpsql.LedgerIOError, match=r"not a dpsql ledger") as info:
         Ledger(path).releases()
-    assert isinstance(info.value.__cause__, sqlite3.DatabaseError)
     assert not isinstance(info.value, dpsql.ParameterError)
     con = dpsql.connect(ledger=path)
     _table(con)
-    with pytest.raises(duckdb.Error, match=r"LedgerIOError: dpsql: cannot use the privacy ledger .*nothing was "
-                                           r"released or charged"):
+    with pytest.raises(duckdb.Error, match=r"LedgerIOError: dpsql: the privacy ledger .*not a dpsql ledger.*nothing "
+                                           r"was released or charged"):
         con.sql(RELEASE.format(eps=1.0)).fetchall()
     con.close()
     assert path.read_bytes() == b"user_id,item\n" * 400  # left as it was
@@ -182,3 +181,100 @@ def test_no_bare_builtin_raises():
     """dpsql raises its own classes (a caller can tell a bad argument from a broken ledger); a pure
     kernel's programmer-error check uses ParameterError too."""
     assert _bare_raises() == []
+
+
+# -- errors that come back through DuckDB (dpsql.errors.from_engine) ------------------------------
+
+def _engine_error(con: duckdb.DuckDBPyConnection, sql: str) -> duckdb.Error:
+    with pytest.raises(duckdb.Error) as info:
+        con.sql(sql).fetchall()
+    return info.value
+
+
+@pytest.mark.parametrize("cls", [errors.ParameterError, errors.InputError, errors.BudgetError,
+                                 errors.BudgetExceededError, errors.LedgerIOError, errors.DpsqlError])
+def test_a_dpsql_exception_raised_in_a_udf_comes_back_as_its_class(cls):
+    con = duckdb.connect()
+
+    def boom(x: int) -> int:
+        raise cls("refused, see the fix")
+
+    con.create_function("boom", boom, ["BIGINT"], "BIGINT")
+    exc = _engine_error(con, "SELECT boom(1)")
+    assert f"{cls.__name__}: dpsql: refused" in str(exc)  # what DuckDB makes of it
+    mapped = errors.from_engine(exc)
+    assert type(mapped) is cls and str(mapped) == "dpsql: refused, see the fix"
+    con.close()
+
+
+def test_the_old_class_name_and_ledger_import_still_map():
+    exc = duckdb.InvalidInputException("Invalid Input Error: Python exception occurred while executing the UDF: "
+                                       "DPParameterError: dpsql: epsilon must be > 0")
+    assert type(errors.from_engine(exc)) is dpsql.ParameterError
+    assert BudgetExceededError is errors.BudgetExceededError is dpsql.BudgetExceededError
+
+
+def test_an_sql_error_with_a_dpsql_message_is_an_input_or_parameter_error():
+    con = duckdb.connect()
+    data = errors.from_engine(_engine_error(con, "SELECT error('dpsql: column user_id (user_col) contains NULL; "
+                                                 "filter NULL users out first')"))
+    assert type(data) is dpsql.InputError and str(data).startswith("dpsql: column user_id (user_col) contains NULL")
+    param = errors.from_engine(_engine_error(con, "SELECT error('dpsql: order_col := ''x'' needs order_tbl')"))
+    assert type(param) is dpsql.ParameterError and str(param) == "dpsql: order_col := 'x' needs order_tbl"
+    con.close()
+
+
+def test_duckdb_refusing_a_non_constant_getvariable_is_a_parameter_error():
+    con = duckdb.connect()
+    exc = _engine_error(con, "SELECT getvariable(name) FROM (VALUES ('v')) t(name)")
+    assert isinstance(exc, duckdb.BinderException)
+    mapped = errors.from_engine(exc)
+    assert type(mapped) is dpsql.ParameterError and str(mapped) == errors.NOT_CONSTANT
+    for words in ("every parameter of a release must be a constant expression", "a literal, a prepared-statement "
+                  "parameter or getvariable('name')", "evaluated once", "nothing was read or charged"):
+        assert words in str(mapped)
+    con.close()
+
+
+def test_a_non_constant_release_parameter_is_a_parameter_error():
+    # The release path refuses it while planning (through a UDF or DuckDB's binder): either way a dpsql error.
+    con = dpsql.connect()
+    _table(con)
+    mapped = errors.from_engine(_engine_error(con, "FROM dp_set_union_weighted_gaussian('t', epsilon := random(), "
+                                                   "delta := 1e-5)"))
+    assert isinstance(mapped, dpsql.ParameterError)
+    assert "constant expression" in str(mapped) and "nothing was read or charged" in str(mapped)
+    assert dpsql.releases(con) == []
+    con.close()
+
+
+def test_other_errors_pass_unchanged():
+    con = duckdb.connect()
+
+    def other(x: int) -> int:
+        raise ZeroDivisionError("dpsql: not one of dpsql's classes")
+
+    con.create_function("other", other, ["BIGINT"], "BIGINT")
+    for sql in ("SELECT other(1)", "SELECT * FROM no_such_table", "SELECT error('a message of the user')"):
+        exc = _engine_error(con, sql)
+        assert errors.from_engine(exc) is exc, sql
+    value = ValueError("dpsql: a Python error")
+    assert errors.from_engine(value) is value
+    con.close()
+
+
+def test_engine_errors_raises_the_dpsql_class_from_the_duckdb_error():
+    con = dpsql.connect()
+    _table(con)
+    dpsql.set_budget(con, 1.0, 1e-3)
+    with pytest.raises(dpsql.BudgetExceededError, match=r"^dpsql: privacy budget of scope 'database' exceeded") \
+            as info:
+        with errors.engine_errors():
+            con.sql(RELEASE.format(eps=1.5)).fetchall()
+    assert isinstance(info.value.__cause__, duckdb.Error)
+    assert "BudgetExceededError: dpsql:" in str(info.value.__cause__)
+    with pytest.raises(duckdb.CatalogException) as unchanged:
+        with errors.engine_errors():
+            con.sql("FROM no_such_table").fetchall()
+    assert unchanged.value.__cause__ is None
+    con.close()

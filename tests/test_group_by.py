@@ -121,7 +121,7 @@ ROWS_SQL = ("CREATE TABLE t AS SELECT u AS user_id, 'i' || j AS item, (u % 7)::D
             "FROM range(3000) a(u), range(17) b(j) WHERE j <= u % 17")
 
 
-def test_selection_and_aggregates_are_charged_once_each_and_add_up():
+def test_selection_and_aggregates_are_one_release_charged_once_for_the_total():
     con = dpsql.connect()
     con.execute(ROWS_SQL)
     out = con.sql("SELECT * FROM dp_group_by('t', epsilon := 1.0, delta := 1e-5, max_items := 10, "
@@ -132,8 +132,8 @@ def test_selection_and_aggregates_are_charged_once_each_and_add_up():
     items = out.column("item").to_pylist()
     assert items == sorted(items) and set(items) <= {f"i{j}" for j in range(17)} and len(items) >= 10
     rel = con.execute("SELECT mechanism, unit, epsilon, delta FROM dp_releases() ORDER BY release_id").fetchall()
-    assert rel == [("dp_set_union_weighted_gaussian", "user", 0.4, 1e-5),
-                   ("dp_group_by (aggregates)", "user", 0.6, 0.0)]
+    # the selection (0.4, 1e-5) and the aggregates (0.6, 0): one release, one charge of the total
+    assert rel == [("dp_group_by", "user", 1.0, 1e-5)]
     means = [m for m in out.column("mean").to_pylist() if m is not None]
     assert all(0.0 <= m <= 6.0 for m in means)
     con.close()
@@ -394,9 +394,8 @@ def test_cli_group_by_selection_and_public_list(tmp_path, monkeypatch):
     code, _, err = _cli("group-by", "data.parquet", "--epsilon", "1")
     assert code == 2 and "--delta" in err
     code, text, err = _cli("budget", "releases", "data.parquet")
-    # three ledger rows: the selection (under its method's name), the aggregates, the public release
-    assert code == 0 and [line.split()[-1] for line in text.splitlines()[1:]] == [
-        "dp_set_union_weighted_gaussian", "(aggregates)", "dp_group_by_public"]
+    # two ledger rows: dp_group_by (its selection and aggregates, one charge), the public release
+    assert code == 0 and [line.split()[-1] for line in text.splitlines()[1:]] == ["dp_group_by", "dp_group_by_public"]
 
 
 # -- empirical audit -----------------------------------------------------------------------------
@@ -481,8 +480,9 @@ def test_pre_threshold_releases_only_items_with_enough_users_and_charges_its_sel
     released = out.column("item").to_pylist()
     assert released and all(len(users[x]) >= 70 for x in released)
     assert any(len(users[x]) < 70 for x in users)  # the filter had something to remove
+    # the selection (4, 1e-5) and the aggregates (4, 0): one charge of the total
     assert con.execute("SELECT mechanism, epsilon, delta FROM dp_releases() ORDER BY release_id").fetchall() == [
-        ("dp_group_by (selection)", 4.0, 1e-5), ("dp_group_by (aggregates)", 4.0, 0.0)]
+        ("dp_group_by", 8.0, 1e-5)]
     con.close()
 
 
@@ -491,7 +491,7 @@ def test_dbt_plugin_treats_both_macros_as_releases():
     dbt_plugin = pytest.importorskip("dpsql.dbt", reason="dbt is not installed")
     con = dpsql.connect()
     found = dbt_plugin.release_macros(con)
-    assert {"dp_group_by", "dp_group_by_public", "dp__group_by_pre_selection"} <= found
+    assert {"dp_group_by", "dp_group_by_public"} <= found
     con.close()
 
 

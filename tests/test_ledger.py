@@ -145,11 +145,11 @@ def test_each_set_union_method_charges_once(con, method):
     assert _new_releases(con, before) == [(f"dp_set_union_{method}", "user", "memory.main.t", 0.7, 1e-6)]
 
 
+# A release of several steps (top-k's domain and selection) is one body and one charge of its total
+# (dpsql/release.py).
 @pytest.mark.parametrize("sql, expected", [
-    ("FROM dp_top_k('t', 3, epsilon := 0.8, delta := 2e-6)",
-     {("dp_top_k (selection step)", 0.4, 1e-6), ("dp_set_union_weighted_gaussian", 0.4, 1e-6)}),
-    ("FROM dp_hitting_set('t', 2, epsilon := 0.8, delta := 2e-6)",
-     {("dp_hitting_set (peeling step)", 0.4, 1e-6), ("dp_set_union_weighted_gaussian", 0.4, 1e-6)}),
+    ("FROM dp_top_k('t', 3, epsilon := 0.8, delta := 2e-6)", {("dp_top_k", 0.8, 2e-6)}),
+    ("FROM dp_hitting_set('t', 2, epsilon := 0.8, delta := 2e-6)", {("dp_hitting_set", 0.8, 2e-6)}),
     ("FROM dp_top_k_limited_domain('t', 2, 5, epsilon := 0.8, delta := 2e-6)",
      {("dp_top_k_limited_domain", 0.8, 2e-6)}),
 ])
@@ -224,10 +224,11 @@ def test_over_budget_release_fails_whole_and_charges_nothing(con):
 def test_table_budget_through_sql(con):
     con.execute("CREATE VIEW v AS FROM t")
     dpsql.set_budget(con, 0.5, 1e-5, scope="t")
-    with pytest.raises(duckdb.Error, match="scope 'memory.main.t'"):
-        con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.6, delta := 1e-5)").fetchall()
-    con.sql("FROM dp_set_union_weighted_gaussian('v', epsilon := 0.6, delta := 1e-5)").fetchall()  # a view is its own name
-    (row,) = con.sql("SELECT count(*) FROM dp_releases() WHERE table_name = 'memory.main.v'").fetchall()
+    for name in ("t", "v"):  # a view is charged to the table it reads (tests/test_scopes.py)
+        with pytest.raises(duckdb.Error, match="scope 'memory.main.t'"):
+            con.sql(f"FROM dp_set_union_weighted_gaussian('{name}', epsilon := 0.6, delta := 1e-5)").fetchall()
+    con.sql("FROM dp_set_union_weighted_gaussian('v', epsilon := 0.5, delta := 1e-5)").fetchall()
+    (row,) = con.sql("SELECT count(*) FROM dp_releases() WHERE table_name = 'memory.main.t'").fetchall()
     assert row == (1,)
 
 
@@ -246,8 +247,8 @@ def test_dp_releases_columns(con):
                            "parameters", "calibration", "seeded"]
     (row,) = rel.fetchall()[-1:]
     cal = dpsql.calibrate("weighted_laplace", epsilon=1.0, delta=1e-5, max_items=3)
-    assert row[2] == "dp_set_union_weighted_laplace" and "'max_items': 3.0" in row[7]
-    assert f"'threshold': {cal.threshold!r}" in row[8]
+    assert row[2] == "dp_set_union_weighted_laplace" and row[4] == "memory.main.t"
+    assert json.loads(row[7])["max_items"] == 3 and json.loads(row[8])["threshold"] == cal.threshold
 
 
 # -- persistence and processes -------------------------------------------------------------------
@@ -549,3 +550,98 @@ def test_ledger_of_an_older_version_keeps_its_budgets(tmp_path):
     with pytest.raises(BudgetExceededError, match="scope 'shop.main.user_items'"):
         led.charge("m", "user", "shop.main.user_items", 0.5, 0.0)
     assert [r.seeded for r in led.releases()] == [False]
+
+
+def test_ledger_of_version_1_reads_its_table_as_the_one_scope(tmp_path):
+    # A ledger written before release_scopes existed: its releases keep their tbl as their scope, and
+    # releases of several scopes are added beside them.
+    path = L.sidecar_path(tmp_path / "shop.duckdb")
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE budgets (scope TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL NOT NULL);
+        CREATE TABLE releases (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, mechanism TEXT NOT NULL,
+            unit TEXT NOT NULL, tbl TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL,
+            parameters TEXT NOT NULL, calibration TEXT NOT NULL, seeded INTEGER NOT NULL DEFAULT 0);
+        INSERT INTO budgets VALUES ('shop.main.orders', 1.0, 1e-5);
+        INSERT INTO releases VALUES (1, 0, 'm', 'user', 'shop.main.orders', 0.75, 0, '', '', 0);
+        PRAGMA user_version = 1;""")
+    db.commit()
+    db.close()
+    led = Ledger(path)
+    assert [(r.table, r.scopes) for r in led.releases()] == [("shop.main.orders", ("shop.main.orders",))]
+    both = L.ScopeSet([("shop.main.orders", None), ("shop.main.refunds", None)])
+    with pytest.raises(BudgetExceededError, match="scope 'shop.main.orders'"):
+        led.charge("m", "user", "v", 0.5, 0.0, scope=both)
+    led.charge("m", "user", "v", 0.25, 0.0, scope=both)
+    assert [(s.scope, s.epsilon_spent, s.releases) for s in led.status()] == [
+        ("database", 1.0, 2), ("shop.main.orders", 1.0, 2), ("shop.main.refunds", 0.25, 1)]
+    assert led.releases()[-1].table == "shop.main.orders, shop.main.refunds"
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchall() == [(2,)]
+
+
+def test_release_of_several_scopes_must_fit_each_and_is_recorded_once():
+    led = Ledger()
+    led.set_budget(1.0, 1e-4, scope="b")
+    two = L.ScopeSet([("memory.main.a", None), ("memory.main.b", None)])
+    rel = led.charge("m", "user", "joined", 0.75, 1e-6, scope=two)
+    assert rel.scopes == ("memory.main.a", "memory.main.b") and len(led.releases()) == 1
+    with pytest.raises(BudgetExceededError, match="scope 'memory.main.b'"):
+        led.charge("m", "user", "joined", 0.5, 1e-6, scope=two)
+    led.charge("m", "user", "a", 0.5, 1e-6, scope=L.ScopeSet([("memory.main.a", None)]))
+    assert [(s.scope, s.epsilon_spent, s.releases) for s in led.status()] == [
+        ("database", 1.25, 2), ("memory.main.a", 1.25, 2), ("memory.main.b", 0.75, 1)]
+    # a release that reads no table or file is charged to 'database' alone
+    assert led.charge("m", "user", "constants", 0.125, 0.0, scope=L.ScopeSet([])).scopes == ()
+    assert [s.releases for s in led.status()] == [3, 2, 1]
+
+
+def test_scopes_of_another_database_go_to_its_sidecar_all_or_nothing(tmp_path):
+    data = tmp_path / "hr.duckdb"
+    sidecar = Ledger(L.sidecar_path(data))
+    sidecar.set_budget(1.0, 1e-4)
+    led = Ledger(tmp_path / "session.dpsql-ledger")
+    mixed = L.ScopeSet([("memory.main.local", None), ("hr.main.staff", str(data))])
+    led.charge("m", "user", "v", 0.75, 0.0, scope=mixed)
+    assert [r.scopes for r in led.releases()] == [("memory.main.local",)]
+    assert [r.scopes for r in sidecar.releases()] == [("hr.main.staff",)]
+    with pytest.raises(BudgetExceededError, match=r"scope 'database' exceeded.*in the ledger .*hr\.duckdb\.dpsql"):
+        led.charge("m", "user", "v", 0.5, 0.0, scope=mixed)
+    assert len(led.releases()) == 1 and len(sidecar.releases()) == 1  # neither recorded the refused one
+    led.homes.add(os.path.realpath(data))  # a connection opened on hr.duckdb charges its tables here
+    led.charge("m", "user", "v", 0.5, 0.0, scope=mixed)
+    assert len(led.releases()) == 2 and len(sidecar.releases()) == 1
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"", "is empty"),
+    (b"item,count\nw1,3\n", "is not a SQLite file"),
+    (b"SQLite format 3\x00" + b"\x10\x00" + b"\x00" * 30, "is truncated"),
+])
+def test_broken_ledger_file_is_an_error_not_a_new_ledger(tmp_path, content, problem):
+    path = tmp_path / "d.duckdb.dpsql-ledger"
+    path.write_bytes(content)
+    led = Ledger(path)
+    for use in (led.budgets, led.releases, lambda: led.set_budget(1.0, 1e-5),
+                lambda: led.charge("m", "user", "t", 1.0, 1e-5)):
+        with pytest.raises(dpsql.LedgerIOError, match=rf"dpsql: the privacy ledger {path} {problem}.*nothing was "
+                                                       rf"released or charged.*restore it.*delete it.*forgets"):
+            use()
+    assert path.read_bytes() == content  # untouched
+
+
+def test_sqlite_file_without_the_ledger_tables_is_refused(tmp_path):
+    path = tmp_path / "foreign.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE notes (x)")
+    db.commit()
+    db.close()
+    with pytest.raises(dpsql.LedgerIOError, match="without dpsql's tables"):
+        Ledger(path).budgets()
+    assert [r[0] for r in sqlite3.connect(path).execute("SELECT name FROM sqlite_master")] == ["notes"]
+
+
+def test_missing_ledger_file_is_created_whole(tmp_path):
+    path = tmp_path / "new.dpsql-ledger"
+    assert Ledger(path).budgets() == []
+    assert path.read_bytes().startswith(b"SQLite format 3\x00")
+    assert sorted(os.listdir(tmp_path)) == ["new.dpsql-ledger"]  # no temporary file left behind

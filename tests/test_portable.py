@@ -124,13 +124,13 @@ def test_every_marked_stage_translates_to_spark_sql():
 
 
 def test_unmarked_stages_and_stray_bindings_are_refused():
-    with pytest.raises(TranslationError, match=r"the CTE dp__m2_noisy1 of dp_set_union_mad2r is not an exported stage"):
-        stage_sql("dp_set_union_mad2r", {}, output="dp__m2_noisy1")
-    with pytest.raises(TranslationError, match=r"the macro dp_set_union_mad2r is not an exported stage"):
-        stage_sql("dp_set_union_mad2r", {"dp__capped_user_items_window": "c"})
+    with pytest.raises(TranslationError, match=r"the CTE dp__m2_noisy1 of dp__body_set_union_mad2r is not an exported stage"):
+        stage_sql("dp__body_set_union_mad2r", {}, output="dp__m2_noisy1")
+    with pytest.raises(TranslationError, match=r"the macro dp__body_set_union_mad2r is not an exported stage"):
+        stage_sql("dp__body_set_union_mad2r", {"dp__capped_user_items_window": "c"})
     with pytest.raises(TranslationError, match=r"cannot bind 'dp__m2_p1', which is neither a relation parameter "
                                                r"nor an input"):
-        stage_sql("dp_set_union_mad2r", {"dp__m2_noisy1": "n", "dp__m2_p1": "p"}, output="dp__m2_items2")
+        stage_sql("dp__body_set_union_mad2r", {"dp__m2_noisy1": "n", "dp__m2_p1": "p"}, output="dp__m2_items2")
     with pytest.raises(TranslationError, match="no table macro named"):
         stage_sql("dp__nope", {})
 
@@ -167,7 +167,7 @@ def test_translated_stages_are_the_macros_with_bindings():
     with pytest.raises(TranslationError, match="b_min"):
         stage_sql("dp__user_weight_rows", {"rows_rel": "rows"}, {"b_max": 2.0})
     # A CTE of a release macro comes with what it reads and nothing else: no calibration, no noise.
-    items2 = stage_sql("dp_set_union_mad2r", {"dp__m2_noisy1": "noisy", "dp__m2_cal": "cal"},
+    items2 = stage_sql("dp__body_set_union_mad2r", {"dp__m2_noisy1": "noisy", "dp__m2_cal": "cal"},
                        output="dp__m2_items2")
     assert "calibration" not in items2.lower() and "noise" not in items2.lower()
     assert "FROM noisy" in items2 and "cal AS dp__m2_cal" in items2

@@ -213,3 +213,52 @@ def test_weak_parameters_warn_in_every_family(sql):
         con.execute(sql).fetchall()
     assert any(issubclass(w.category, WeakPrivacyWarning) for w in caught), sql
     con.close()
+
+
+# -- dpsql's own exceptions, not DuckDB's wrapper (dpsql.errors.engine_errors) -------------------------------
+
+OVER_BUDGET = {
+    "set_union": lambda con: dpsql.set_union(con, "t", "weighted_gaussian", epsilon=1.0, delta=1e-5),
+    "set_union_default": lambda con: dpsql.set_union(con, "t", epsilon=1.0, delta=1e-5),
+    "set_union_progress": lambda con: dpsql.set_union(con, "t", "weighted_gaussian", epsilon=1.0, delta=1e-5,
+                                                      progress=lambda pct: None),
+    "top_k": lambda con: dpsql.top_k(con, "t", 2, epsilon=1.0, delta=1e-5),
+    "hitting_set": lambda con: dpsql.hitting_set(con, "t", 2, epsilon=1.0, delta=1e-5),
+    "top_k_limited_domain": lambda con: dpsql.top_k_limited_domain(con, "t", 1, 2, epsilon=1.0, delta=1e-5),
+    "group_by": lambda con: dpsql.group_by(con, "t", epsilon=1.0, delta=1e-5),
+    "weighted_sample": lambda con: dpsql.weighted_sample(con, "t", 1.0, 1e-5, key_col="item"),
+    "max_coverage": lambda con: dpsql.optimize.max_coverage(con, "sets", "cands", 1, 1.0),
+}
+
+
+@pytest.mark.parametrize("name", list(OVER_BUDGET))
+def test_over_budget_raises_dpsql_budget_exceeded_error(con, name):
+    con.execute("CREATE TABLE sets AS SELECT * FROM (VALUES (1, 10), (2, 11)) v(set_id, element)")
+    con.execute("CREATE TABLE cands AS SELECT * FROM (VALUES (1), (2)) v(set_id)")
+    dpsql.set_budget(con, epsilon=0.1, delta=1e-3)  # less than any first step of these releases
+    with pytest.raises(dpsql.BudgetExceededError) as info:
+        OVER_BUDGET[name](con)
+    exc = info.value
+    assert isinstance(exc, dpsql.BudgetError) and isinstance(exc, dpsql.DpsqlError)
+    assert not isinstance(exc, duckdb.Error)
+    assert str(exc).startswith("dpsql: privacy budget of scope 'database' exceeded") and "Error:" not in str(exc)
+    assert isinstance(exc.__cause__, duckdb.Error) and "BudgetExceededError: dpsql:" in str(exc.__cause__)
+    assert _charged(con) == 0
+
+
+def test_a_parameter_the_engine_refuses_raises_dpsql_parameter_error(con):
+    # order_col without order_tbl is refused by the macro's SQL check (an SQL error(), no class name).
+    with pytest.raises(dpsql.ParameterError, match=r"^dpsql: order_col := 'item' needs order_tbl") as info:
+        dpsql.set_union(con, "t", "greedy_update", epsilon=1.0, delta=1e-5, order_col="item")
+    assert isinstance(info.value, DPParameterError) and isinstance(info.value, ValueError)
+    assert isinstance(info.value.__cause__, duckdb.InvalidInputException)
+    assert _charged(con) == 0
+
+
+def test_a_null_user_raises_dpsql_input_error(con):
+    con.execute("INSERT INTO t VALUES (NULL, 'common')")
+    with pytest.raises(dpsql.InputError, match=r"^dpsql: column user_id \(user_col\) contains NULL") as info:
+        dpsql.set_union(con, "t", "weighted_gaussian", epsilon=1.0, delta=1e-5)
+    assert not isinstance(info.value, dpsql.ParameterError)
+    assert isinstance(info.value.__cause__, duckdb.Error)
+    assert _charged(con) == 0

@@ -36,7 +36,8 @@ def test_every_statement_creates_a_temp_macro():
     for path in sql_files():
         text = re.sub(r"--[^\n]*", "", path.read_text(encoding="utf-8"))
         statements = [stmt.query.strip().rstrip(";").strip() for stmt in duckdb.extract_statements(text)]
-        assert statements
+        # (00_release.sql only documents the generated releasing macros, dpsql.release.wrapper_sql)
+        assert statements or path.name == "00_release.sql"
         for sql in statements:
             assert re.match(r"CREATE OR REPLACE TEMP MACRO \w+\(", sql), (path.name, sql[:80])
 

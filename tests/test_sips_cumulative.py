@@ -71,7 +71,7 @@ def test_calibration_from_the_formulas(epsilon, delta, split, drop_margin, max_b
         if drop_margin is None:
             assert r.drop_below is None
         else:  # hopeless: the mean is c_r of its standard deviations below the last threshold, c_r falling
-            c_r = drop_margin * (1 - 0.6 * k / (len(rounds) - 1))  # from drop_margin to 0.4 drop_margin
+            c_r = drop_margin * (1 - 0.6 * k / (len(rounds) - 1))  # down to 0.5 drop_margin (round 6 of 7)
             assert r.drop_below == pytest.approx(last.threshold - c_r * r.mean_sigma, rel=1e-12, abs=1e-12)
     acc = cumulative.sips_cumulative_accounting(epsilon, delta, 100, **kw)
     assert acc.accountant == "gaussian" and acc.delta <= delta and acc.event_delta == pytest.approx(q * delta)

@@ -123,31 +123,30 @@ def test_salt_is_fresh_per_query(con):
 
 # The CTEs each release stores (DuckDB materialises a CTE that is MATERIALIZED or read more than
 # once). On a table larger than memory every stored copy of the (user, item) rows spills to disk
-# (benchmarks/README.md, "Out-of-core"). Besides the one-row calibration (stored: its parameters are
-# evaluated once per release, sql/00_release.sql), the one-row charge and the salt:
+# (benchmarks/README.md, "Out-of-core"). Besides what the generated wrapper stores (the bound
+# parameters and their check, one row each; the released items; the one-row charge) and the salt:
 # - count/weighted read the capped rows once; dp__capped_user_items stores the distinct pairs and
 #   the per-user degrees, which its join reads three times (faster than a window over all pairs);
-#   the item weights (one row per item) are stored because the charge waits for them;
+#   the item weights (one row per item) are stored as well;
 # - MAD, DP-SIPS and MAD2R re-read the capped rows, so they store them once, capped by the window
 #   (no pairs, no degrees); DP-SIPS adds each round's released items; MAD2R adds round one's noisy
 #   weights and the candidates' biases (one row per item) and round two's rows;
-# - cumulative DP-SIPS stores each round's running sums (one row per item not yet released) and the
-#   rows of the items no round has released yet (they shrink from round to round).
-_BASIC = {"dp__cal", "dp__paid", "dp__salt", "dp__pairs", "dp__degrees", "dp__weights"}
+# - cumulative DP-SIPS stores each round's running sums (one row per item not yet released), the
+#   rows of the items no round has released yet (they shrink from round to round) and its size check.
+_WRAPPER = {"dp__bound", "dp__checked", "dp__released", "dp__paid"}
+_BASIC = _WRAPPER | {"dp__salt", "dp__pairs", "dp__degrees", "dp__weights"}
 STORED = {
     "count_gaussian": _BASIC,
     "count_laplace": _BASIC,
     "weighted_gaussian": _BASIC,
     "weighted_laplace": _BASIC,
-    "mad": {"dp__mad_cal", "dp__mad_paid", "dp__salt", "dp__mad_rows"},
-    "sips": {"dp__s_cal", "dp__s_paid", "dp__salt", "dp__s_rows", "dp__s_r1", "dp__s_r2", "dp__s_r3", "dp__s_r4",
-             "dp__s_r5"},
+    "mad": _WRAPPER | {"dp__salt", "dp__mad_rows"},
+    "sips": _WRAPPER | {"dp__salt", "dp__s_rows", "dp__s_r1", "dp__s_r2", "dp__s_r3", "dp__s_r4", "dp__s_r5"},
     # the default seven rounds store the rows kept for rounds 2..7 (by the users' ids, dp__sc_uid); the
     # chain's eighth round reads nothing (its rows are pruned, its filter is false) and stores an empty table
-    "sips_cumulative": {"dp__sc_cal", "dp__sc_paid", "dp__salt", "dp__sc_rows", "dp__sc_uid"}
+    "sips_cumulative": _WRAPPER | {"dp__salt", "dp__sc_rows", "dp__sc_uid", "dp__sc_size"}
     | {f"dp__sc_z{r}" for r in range(1, 9)} | {f"dp__sc_k{r}" for r in range(1, 7)},
-    "mad2r": {"dp__m2_cal", "dp__m2_paid", "dp__salt", "dp__m2_rows", "dp__m2_noisy1", "dp__m2_items2",
-              "dp__m2_rows2"},
+    "mad2r": _WRAPPER | {"dp__salt", "dp__m2_rows", "dp__m2_noisy1", "dp__m2_items2", "dp__m2_rows2"},
 }
 
 
@@ -252,7 +251,7 @@ def test_soundness_released_items_are_in_the_capped_input(method):
 
 
 @pytest.mark.parametrize("item_type, value", [("BIGINT", 7), ("VARCHAR", "seven"), ("DATE", "2024-01-02"),
-                                               ("DOUBLE", 1.5)])
+                                               ("DECIMAL(18,6)", 1.5)])
 def test_output_is_one_item_column_of_the_input_type(con, item_type, value):
     load(con, [(u, value) for u in range(200)], item_type=item_type)
     rel = con.sql("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := 5.0, delta := 1e-5)")

@@ -12,7 +12,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from dpsql.errors import InputError
+from dpsql.errors import InputError, engine_errors
 from dpsql.validation import DELTA_MIN, K_LIMIT, DPParameterError, check_k, check_identifier, check_table_name, sql_string
 
 
@@ -165,7 +165,8 @@ def _literal(value: Optional[float]) -> str:
 
 def _release(con: duckdb.DuckDBPyConnection, call: str) -> pa.Table:
     """Run one releasing macro (it validates, charges once and orders its rows) and return its rows in order."""
-    return con.sql(f"FROM {call}").to_arrow_table()
+    with engine_errors():  # dpsql's own exception (e.g. BudgetExceededError), not duckdb's wrapper
+        return con.sql(f"FROM {call}").to_arrow_table()
 
 
 def _flat(arr: pa.Array, i: int, dtype=np.int64, what: str = "id") -> np.ndarray:

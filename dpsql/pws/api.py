@@ -5,6 +5,7 @@ from typing import Optional
 
 import pyarrow as pa
 
+from dpsql.errors import engine_errors
 from dpsql.pws.params import check_pws_parameters
 from dpsql.pws.sanitizer import check_frequency_range
 from dpsql.validation import check_identifier, check_table_name, sql_string
@@ -28,4 +29,5 @@ def weighted_sample(con, tbl: str, epsilon: float, delta: float, *, tau: Optiona
            f"tau := {'NULL' if tau is None else repr(tau)}, scheme := {sql_string(scheme)}, power := {power!r}, "
            f"with_frequencies := {'true' if with_frequencies else 'false'}, key_col := {sql_string(key_col)}, "
            f"freq_col := {freq})")
-    return con.sql(sql).to_arrow_table()
+    with engine_errors():  # dpsql's own exception (e.g. BudgetExceededError), not duckdb's wrapper
+        return con.sql(sql).to_arrow_table()
