@@ -307,7 +307,7 @@ def udfs(source: object) -> list[Udf]:
     def share(name, epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split, pre_threshold,
               confidence):
         # The selection's epsilon: every parameter is checked here, so a bad one fails before the
-        # selection (which charges its own share) runs.
+        # selection runs (the release's wrapper charges the total once).
         cal = group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection,
                                    split, confidence, pre_threshold)
         return cal.selection_epsilon if name == "epsilon" else cal.selection_delta

@@ -531,19 +531,26 @@ def test_failing_charge_is_a_clear_error_and_records_nothing(tmp_path, monkeypat
     con.close()
 
 
-def test_ledger_of_an_older_version_keeps_its_budgets(tmp_path):
-    # Ledgers written before scopes were catalog identities: their scopes are re-keyed, not orphaned.
+def _old_ledger(tmp_path, extra_columns: str, rows: str):
+    """The sidecar of shop.duckdb as an older dpsql wrote it: its two tables (releases with
+    ``extra_columns``), then the SQL ``rows``."""
     path = L.sidecar_path(tmp_path / "shop.duckdb")
     db = sqlite3.connect(path)
-    db.executescript("""
+    db.executescript(f"""
         CREATE TABLE budgets (scope TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL NOT NULL);
         CREATE TABLE releases (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, mechanism TEXT NOT NULL,
             unit TEXT NOT NULL, tbl TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL,
-            parameters TEXT NOT NULL, calibration TEXT NOT NULL);
-        INSERT INTO budgets VALUES ('user_items', 1.0, 1e-5), ('database', 5.0, 1e-4);
-        INSERT INTO releases VALUES (1, 0, 'm', 'user', 'user_items', 0.75, 0, '', '');""")
+            parameters TEXT NOT NULL, calibration TEXT NOT NULL{extra_columns});""" + rows)
     db.commit()
     db.close()
+    return path
+
+
+def test_ledger_of_an_older_version_keeps_its_budgets(tmp_path):
+    # Ledgers written before scopes were catalog identities: their scopes are re-keyed, not orphaned.
+    path = _old_ledger(tmp_path, "", """
+        INSERT INTO budgets VALUES ('user_items', 1.0, 1e-5), ('database', 5.0, 1e-4);
+        INSERT INTO releases VALUES (1, 0, 'm', 'user', 'user_items', 0.75, 0, '', '');""")
     led = Ledger(path)
     assert [(s.scope, s.epsilon_budget, s.epsilon_spent, s.seeded_releases) for s in led.status()] == [
         ("database", 5.0, 0.75, 0), ("shop.main.user_items", 1.0, 0.75, 0)]
@@ -555,18 +562,10 @@ def test_ledger_of_an_older_version_keeps_its_budgets(tmp_path):
 def test_ledger_of_version_1_reads_its_table_as_the_one_scope(tmp_path):
     # A ledger written before release_scopes existed: its releases keep their tbl as their scope, and
     # releases of several scopes are added beside them.
-    path = L.sidecar_path(tmp_path / "shop.duckdb")
-    db = sqlite3.connect(path)
-    db.executescript("""
-        CREATE TABLE budgets (scope TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL NOT NULL);
-        CREATE TABLE releases (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, mechanism TEXT NOT NULL,
-            unit TEXT NOT NULL, tbl TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL,
-            parameters TEXT NOT NULL, calibration TEXT NOT NULL, seeded INTEGER NOT NULL DEFAULT 0);
+    path = _old_ledger(tmp_path, ", seeded INTEGER NOT NULL DEFAULT 0", """
         INSERT INTO budgets VALUES ('shop.main.orders', 1.0, 1e-5);
         INSERT INTO releases VALUES (1, 0, 'm', 'user', 'shop.main.orders', 0.75, 0, '', '', 0);
         PRAGMA user_version = 1;""")
-    db.commit()
-    db.close()
     led = Ledger(path)
     assert [(r.table, r.scopes) for r in led.releases()] == [("shop.main.orders", ("shop.main.orders",))]
     both = L.ScopeSet([("shop.main.orders", None), ("shop.main.refunds", None)])

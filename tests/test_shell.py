@@ -149,6 +149,20 @@ def test_dpsql_macros_and_parameter_errors():
     assert "\n" not in r.stderr.strip()
 
 
+def test_budget_and_non_constant_parameter_errors_are_dpsql_messages_once(tmp_path):
+    # An over-budget release prints dpsql's message once (not "BudgetExceededError: dpsql: ..."); a
+    # parameter that is not a constant is DuckDB's binder refusal, shown as dpsql's explanation.
+    db = str(tmp_path / "s.duckdb")
+    from dpsql.ledger import sidecar_path
+    Ledger(sidecar_path(db)).set_budget(0.5, 1e-4)  # the 'database' scope of s.duckdb
+    r = shell(f"{SETUP} SELECT * FROM dp_set_union('t', epsilon := 1, delta := 1e-5);", database=db)
+    line = r.stderr.strip()
+    assert r.returncode == 1 and line.startswith("Error: dpsql: privacy budget") and line.count("dpsql:") == 1
+    r = shell(f"{SETUP} SELECT * FROM dp_set_union('t', epsilon := random() + 1, delta := 1e-5);")
+    line = r.stderr.strip()
+    assert r.returncode == 1 and line.startswith("Error: dpsql: every parameter of a release must be a constant")
+
+
 def test_quit_and_unknown_dot_command():
     r = shell(stdin="SELECT 1 AS one;\n.quit\nSELECT 2 AS two;\n")
     assert r.returncode == 0 and "one" in r.stdout and "two" not in r.stdout
