@@ -32,7 +32,7 @@ import duckdb.func
 from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql import calibration, ledger as ledger_mod, mechanisms, noise, subsampling, union
-from dpsql import keys, release, state
+from dpsql import keys, ledger_sql, release, state
 from dpsql.state import source_of
 from dpsql.udf import Udf, scalar
 from dpsql.validation import DPParameterError
@@ -149,7 +149,7 @@ def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource
     ledger = ledger_mod.ledger_for(con, ledger, state.current_ledger(con))  # before any change: a refused ledger changes nothing
     existing = _registered_udfs(con)
     declared = [udf for provider in UDF_PROVIDERS for udf in provider(source)] + \
-        ledger_mod.udfs(ledger, seeded=source.seeded)
+        ledger_sql.udfs(ledger, seeded=source.seeded)
     for udf in declared:
         if udf.name in existing:  # re-registering (e.g. with another seed) replaces the UDF
             con.remove_function(udf.name)

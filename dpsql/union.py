@@ -133,8 +133,11 @@ def udfs(source) -> list[Udf]:
         return True
 
     def release_check(method, bound_json):
-        # dp_set_union's check: the chosen method's declaration validates and calibrates the parameters
-        return release.check_release(METHODS[check_method(method)], json.loads(bound_json))
+        # dp_set_union's check: the chosen method's declaration validates and calibrates the common
+        # parameters it has (greedy_update has no max_items: the dispatcher does not pass it one)
+        mech = METHODS[check_method(method)]
+        bound = {k: v for k, v in json.loads(bound_json).items() if k in mech.param_names}
+        return release.check_release(mech, bound)
 
     def method_is(method, candidate):
         # Never raises: for an unknown method every branch of dp_set_union then folds to false and
