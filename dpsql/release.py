@@ -67,7 +67,8 @@ def release_sql(macro: str, params: Sequence[Param], body: str, check: str, chec
     # getvariable() accepts only a constant name: DuckDB's binder refuses any other (sql/00_release.sql).
     binds = "\n      AND ".join(f"(getvariable('dp__bind:' || {n}::VARCHAR) IS NULL OR true)" for n in names)
     args = ", ".join(p.name if p.required else f"{p.name} := {p.name}" for p in params)
-    sent = "to_json({" + ", ".join(f"'{n}': {n}" for n in checked) + "})::VARCHAR"
+    # the check and the charge read the bound row (the body gets the same constant expressions)
+    sent = "to_json({" + ", ".join(f"'{n}': dp__bound.{n}" for n in checked) + "})::VARCHAR"
     return f"""\
 CREATE OR REPLACE TEMP MACRO {macro}({_signature(params)}) AS TABLE
 WITH dp__bound AS MATERIALIZED (
