@@ -28,6 +28,7 @@ macro can get these wrong by hand:
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 from typing import Any, Callable, Mapping, Sequence
@@ -100,21 +101,17 @@ def wrappers_sql(mechs: Mapping[str, Mechanism]) -> str:
 
 
 def _text(value: Any) -> str:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return json.dumps([v for v in value])
-    if hasattr(value, "__dataclass_fields__"):
-        return json.dumps({k: getattr(value, k) for k in value.__dataclass_fields__}, default=repr)
-    return json.dumps(value, default=repr)
+    """A calibration as JSON text (a dataclass by its fields; anything JSON cannot hold by its repr)."""
+    return json.dumps(dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type)
+                      else value, default=repr)
 
 
 def check_release(mech: Mechanism, bound: Mapping[str, Any]) -> dict[str, Any]:
     """Validate the bound parameters by the declaration and calibrate them: what the charge records.
 
     Returns the release's total ``epsilon`` and ``delta`` (0 for a mechanism without delta), its
-    other parameters and its calibration as JSON text, and the ``macro`` and ``unit`` it is charged as. Raises :class:`dpsql.errors.ParameterError`
-    naming the parameter; runs before any row is read.
+    other parameters and its calibration as JSON text, and the ``macro`` and ``unit`` it is charged as.
+    Raises :class:`dpsql.errors.ParameterError` naming the parameter; runs before any row is read.
     """
     values = mech.validate(**dict(bound))
     calibration = ""

@@ -204,7 +204,7 @@ def epsilons_checked(monkeypatch):
 
 @pytest.mark.parametrize("method", ["mad2r", "weighted_gaussian", "policy_gaussian"])
 def test_the_dispatcher_calibrates_only_the_method_it_runs(epsilons_checked, method):
-    # The pruned branches receive a NULL epsilon (dp__dispatched) and stop at its check: the values
+    # The pruned branches receive a NULL epsilon (sql/90_dispatch.sql) and stop at its check: the values
     # calibrated are exactly those of the method's own macro. (Before: every branch calibrated, 4-6 s at
     # max_items 100,000 against 0.15 s for the method's macro.)
     direct = epsilons_checked(f"FROM {union.METHODS[method].macro}('t', epsilon := 0.7, delta := 1e-5, "
