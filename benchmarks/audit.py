@@ -1,6 +1,6 @@
-"""Empirical privacy audit of every mechanism (``dpsql.audit``): the full table.
+"""Empirical privacy audit of every mechanism (``dpsql.tools.audit``): the full table.
 
-For each mechanism of ``dpsql.audit.MECHANISMS`` (the shipped releases and deliberately broken
+For each mechanism of ``dpsql.tools.audit.MECHANISMS`` (the shipped releases and deliberately broken
 variants), pilot runs choose a neighbouring pair and an event, then fresh trials of that pair give
 a Clopper-Pearson lower bound on the realised epsilon at ``--confidence``. A trial is one copy of
 a replicated pair (``--runs`` copies released in one SQL call per dataset) or, for the
@@ -21,7 +21,8 @@ import os
 import platform
 import time
 
-from dpsql import audit, mechanisms
+from dpsql.tools import audit
+from dpsql.core import registry as mechanisms
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument("--confidence", type=float, default=0.95)
     parser.add_argument("--seed", type=int, default=2026)
-    parser.add_argument("--mechanisms", nargs="*", default=None, help="default: all of dpsql.audit.MECHANISMS")
+    parser.add_argument("--mechanisms", nargs="*", default=None, help="default: all of dpsql.tools.audit.MECHANISMS")
     parser.add_argument("--json", action="store_true", help="also print one JSON object per result")
     args = parser.parse_args()
 

@@ -3,7 +3,7 @@
 Bit generators (all keyed from the OS CSPRNG, as the private source is):
 
 * ``philox``: numpy's Philox-4x64 (a statistical counter-based generator; the noise source before ChaCha20);
-* ``chacha20``: ``randomgen.ChaCha``, 20 rounds -- the private :class:`dpsql.noise.NoiseSource` as shipped;
+* ``chacha20``: ``randomgen.ChaCha``, 20 rounds -- the private :class:`dpsql.core.noise.NoiseSource` as shipped;
 * ``aes-ctr``: ``randomgen.AESCounter`` (AES-128 in counter mode; fast only with AES-NI).
 
 UDFs: granular Laplace / Gaussian (``dp_granular_laplace_noise``, ``dp_granular_gaussian_noise``, the only ones
@@ -36,7 +36,7 @@ import duckdb.func
 import numpy as np
 from randomgen import AESCounter
 
-from dpsql import calibration, noise
+from dpsql.core import calibration, noise
 
 SCALE = 1.0  # Laplace b and Gaussian sigma, in value units
 

@@ -61,7 +61,7 @@ def child(db: str, table: str, mechanism: str, memory_limit: str, temp_dir: str,
     """Run one mechanism in this process and return its measurements."""
     import duckdb
     import dpsql
-    from dpsql.ledger import Ledger
+    from dpsql.core.ledger import Ledger
 
     con = duckdb.connect(db, read_only=True, config={"memory_limit": memory_limit, "temp_directory": temp_dir,
                                                      "threads": threads, "preserve_insertion_order": False})

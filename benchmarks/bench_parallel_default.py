@@ -168,7 +168,8 @@ def simulated_sips(path: Path, users: float, seed: int, options: dict, epsilon: 
     """
     import numpy as np
 
-    from dpsql import accounting, adaptive, calibration
+    from dpsql.core import accounting, calibration
+    from dpsql.union import adaptive
 
     rng = np.random.default_rng(seed)
     u, i = _capped_pairs(path, users, max_items, rng)
@@ -287,7 +288,7 @@ def released(path: Path, users: float, seed: int, threads: int, method: str, opt
              epsilon: float, delta: float, max_items: int) -> int:
     """Items released by one seeded run of ``method`` on the (subsampled) dataset."""
     import dpsql
-    import dpsql.mechanisms
+    import dpsql.core.registry
 
     if method == "sim_sips":
         return simulated_sips(path, users, seed, options, epsilon, delta, int(options.get("max_items", max_items)))
@@ -296,7 +297,7 @@ def released(path: Path, users: float, seed: int, threads: int, method: str, opt
         con.execute(f"SET threads = {threads}")
         keep = "" if users >= 100 else f"WHERE hash(user_id) % 10000 < {int(users * 100)}"
         con.execute(f"CREATE VIEW t AS SELECT user_id, item FROM read_parquet('{path}') {keep}")
-        declared = {param.name for param in dpsql.mechanisms.set_union_methods()[method].params}
+        declared = {param.name for param in dpsql.core.registry.set_union_methods()[method].params}
         opts = {"max_items": max_items, **options} if "max_items" in declared else dict(options)
         return dpsql.set_union(con, "t", method, epsilon=epsilon, delta=delta, **opts).num_rows
     finally:

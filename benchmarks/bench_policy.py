@@ -2,7 +2,7 @@
 
 End to end (SQL call to result) against the Basic macro (``dp_set_union_weighted_gaussian``) on
 the same connection, A/B interleaved in one process, for each kernel (numba, python). The time
-inside the policy loop is measured by wrapping ``dpsql.policy.run_policy``; "entries/s" is
+inside the policy loop is measured by wrapping ``dpsql.union.policy.run_policy``; "entries/s" is
 capped entries x passes / loop time. Peak memory (``--memory``) runs every configuration once in
 a fresh subprocess and reports its maximum RSS (engine + Python) and the tracemalloc peak of the
 Python side (the CSR, the histogram, the noise).
@@ -87,10 +87,10 @@ def open_dataset(name: str):
 
 
 class KernelTimer:
-    """Wrap dpsql.policy.run_policy to time the policy loop of each macro call."""
+    """Wrap dpsql.union.policy.run_policy to time the policy loop of each macro call."""
 
     def __init__(self):
-        from dpsql import policy
+        from dpsql.union import policy
 
         self.policy = policy
         self.real = policy.run_policy
@@ -117,7 +117,7 @@ class KernelTimer:
 
 
 def run_once(con, method: str, kernel: str, timer: KernelTimer):
-    from dpsql import policy
+    from dpsql.union import policy
 
     policy.KERNEL = kernel
     timer.last = None
@@ -188,7 +188,7 @@ def main() -> None:
         print(json.dumps(single(*args.single)))
         return
 
-    from dpsql import policy
+    from dpsql.union import policy
 
     kernels = [k for k in args.kernels.split(",") if k != "numba" or policy.numba_available()]
     methods = args.methods.split(",")

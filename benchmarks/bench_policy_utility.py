@@ -42,8 +42,8 @@ METHODS = ["policy_laplace", "policy_gaussian", "greedy_update_user_order", "gre
 
 def greedy_user_order(con, seed: int, epsilon: float, delta: float) -> int:
     """Released count of GreedyUpdate with a per-user keyed fill order (the previous macro's order)."""
-    from dpsql import policy
-    from dpsql.noise import NoiseSource
+    from dpsql.union import policy
+    from dpsql.core.noise import NoiseSource
 
     src = NoiseSource(seed=seed)
     s_user, s_tie = src.salt() & 0x7FFFFFFFFFFFFFFF, src.salt() & 0x7FFFFFFFFFFFFFFF

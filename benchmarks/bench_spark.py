@@ -5,7 +5,7 @@ default ``t10m`` of ``benchmarks/data/zipf.duckdb``, generated when missing) and
 MAD2R at (1, 1e-5, 100), split [0.1, 0.9] (the defaults):
 
     DuckDB: SELECT count(*) FROM dp_set_union_mad2r('p', ...)   -- p: a view over read_parquet
-    Spark:  dpsql.spark.set_union(spark.read.parquet(path), 'mad2r', ...).count()
+    Spark:  dpsql.frontends.spark.set_union(spark.read.parquet(path), 'mad2r', ...).count()
 
 DuckDB uses its default thread count (all cores), Spark ``local[N]`` (``--cores``, default 2)
 with ``--partitions`` shuffle partitions. One unmeasured warm-up run of each (JVM and Python
@@ -84,7 +84,7 @@ def main() -> int:
     args = parser.parse_args()
     warnings.simplefilter("ignore", FutureWarning)
 
-    from dpsql import spark as dpspark
+    from dpsql.frontends import spark as dpspark
 
     table = ensure_table(args.db, args.rows)
     with tempfile.TemporaryDirectory() as folder:

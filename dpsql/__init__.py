@@ -4,15 +4,16 @@
 on a DuckDB connection; ``dpsql.set_union(con, table, method=...)`` is the Python
 entry point of the set-union family.
 """
-from dpsql.registration import connect, register, register_macros
+from dpsql.core.registration import connect, register, register_macros
 from dpsql.union import DEFAULT_METHOD, METHODS, calibrate, set_union
-from dpsql.errors import BudgetError, DPParameterError, DpsqlError, InputError, LedgerIOError, ParameterError
+from dpsql.core.errors import BudgetError, DPParameterError, DpsqlError, InputError, LedgerIOError, ParameterError
 from dpsql.pws import weighted_sample  # ELEMENT-level privacy (one row), not user-level
 from dpsql.topk import hitting_set, top_k, top_k_limited_domain
 from dpsql.groupby import group_by
-from dpsql.ledger import BudgetExceededError
-from dpsql.state import budget, releases, set_budget
-from dpsql import optimize, subsampling
+from dpsql.core.ledger import BudgetExceededError
+from dpsql.core.state import budget, releases, set_budget
+from dpsql import optimize
+from dpsql.optimize import subsampling
 
 __version__ = "0.1.0"
 

@@ -3,7 +3,7 @@ import sys
 
 if __name__ == "__main__":
     try:
-        from dpsql.cli import main
+        from dpsql.frontends.cli import main
     except KeyboardInterrupt:  # Ctrl-C while importing: nothing has run yet
         sys.exit(130)
     raise SystemExit(main())

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 import dpsql
-from dpsql import demo
+from dpsql.tools import demo
 
 
 def coverage(con, methods: list[str]) -> dict[str, list[tuple]]:

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import SparkSession
 
-    from dpsql import spark as dpspark
+    from dpsql.frontends import spark as dpspark
 
     path = args.parquet or str(resources.files("dpsql") / "data" / "askreddit_unigrams.parquet")
     session = (SparkSession.builder.master(args.master).appName("dpsql-mad2r")

@@ -1,4 +1,4 @@
-"""Tight composition of multi-round releases (dpsql.accounting), recomputed independently with scipy."""
+"""Tight composition of multi-round releases (dpsql.core.accounting), recomputed independently with scipy."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import pytest
 from scipy import special, stats
 from scipy.optimize import brentq, minimize_scalar
 
-from dpsql import accounting, calibration
+from dpsql.core import accounting, calibration
 
 
 def analytic_gaussian_delta(mu: float, eps: float) -> float:

@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 from scipy import special, stats
 
 import dpsql
-from dpsql import adaptive, calibration, union
-from dpsql.registration import source_of
-from dpsql.validation import DPParameterError, derived_budget
+from dpsql.union import adaptive
+from dpsql.core import calibration
+from dpsql import union
+from dpsql.core.registration import source_of
+from dpsql.core.validation import DPParameterError, derived_budget
 
 from conftest import seeded
 
@@ -879,7 +881,7 @@ def test_cli_json_lists_the_rounds(tmp_path):
 
     import pyarrow.parquet as pq
 
-    from dpsql import cli
+    from dpsql.frontends import cli
 
     rows = zipf_rows(random.Random(3), n_users=200, n_items=40, max_deg=20)
     path = tmp_path / "data.parquet"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpsql import adaptive
+from dpsql.union import adaptive
 
 from conftest import seeded
 

@@ -1,4 +1,4 @@
-"""dpsql.audit: Clopper-Pearson bounds, the replica fast path, and audits of correct and broken mechanisms.
+"""dpsql.tools.audit: Clopper-Pearson bounds, the replica fast path, and audits of correct and broken mechanisms.
 
 The audits run on seeded (NOT private) connections, so they are deterministic; the confidence
 levels below are fixed in advance so that a correct mechanism fails with probability <= 1 %
@@ -14,9 +14,10 @@ import pytest
 from scipy import stats
 
 import dpsql
-from dpsql import adaptive, audit
-from dpsql.validation import DPParameterError
-from dpsql.errors import DpsqlError
+from dpsql.union import adaptive
+from dpsql.tools import audit
+from dpsql.core.validation import DPParameterError
+from dpsql.core.errors import DpsqlError
 
 
 @pytest.mark.parametrize("k,n,alpha", [(0, 10, 0.05), (3, 10, 0.05), (10, 10, 0.05), (1, 1000, 0.01),

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
-from dpsql import calibration as cal
-from dpsql.validation import DPParameterError
+from dpsql.core import calibration as cal
+from dpsql.core.validation import DPParameterError
 
 E10 = math.exp(-10)
 
@@ -229,7 +229,7 @@ def test_grid_sensitivity_hand_values(args, steps):
        frac=st.lists(st.floats(-1.0, 1.0), min_size=5, max_size=5), sens=st.floats(0.01, 10.0))
 def test_rounded_l1_distance_within_rounded_sensitivity(x, k, frac, sens):
     import numpy as np
-    from dpsql.noise import round_to_grid
+    from dpsql.core.noise import round_to_grid
     g = 2.0 ** -k
     xa = np.array(x)
     d = np.array(frac[:len(x)])

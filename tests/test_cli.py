@@ -3,7 +3,7 @@
 A few runs go through `python -m dpsql` in subprocesses, all started at once in
 a module fixture (each process spends most of its time importing, so running
 them side by side keeps the module fast); the other cases call
-``dpsql.cli.main`` in this process, which is the same code without the import.
+``dpsql.frontends.cli.main`` in this process, which is the same code without the import.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from dpsql.cli import main
+from dpsql.frontends.cli import main
 
 BUDGET = ["--epsilon", "1", "--delta", "1e-5"]
 PARAMS = [*BUDGET, "--max-items", "10"]
@@ -246,7 +246,7 @@ def test_seed_reproduces(data):
 # the rows always reach the user. Each test reads the ledger the run was charged to.
 
 def charges(ledger: Path) -> int:
-    from dpsql.ledger import Ledger
+    from dpsql.core.ledger import Ledger
 
     return len(Ledger(ledger).releases())
 
@@ -368,10 +368,10 @@ def test_bad_output_fails_before_the_charge(data, tmp_path, output, words):
 
 
 def failing_write(monkeypatch, *, probe: bool):
-    """Make dpsql.cli._write fail with 'no space left' for the real output (and for the probe if ``probe``)."""
+    """Make dpsql.frontends.cli._write fail with 'no space left' for the real output (and for the probe if ``probe``)."""
     import errno
 
-    import dpsql.cli as cli_mod
+    import dpsql.frontends.cli as cli_mod
 
     real = cli_mod._write
 
@@ -442,7 +442,7 @@ def test_seeded_output_is_marked_not_private(data, tmp_path):
 
 
 def test_budget_show_marks_seeded_releases(tmp_path):
-    from dpsql.ledger import Ledger
+    from dpsql.core.ledger import Ledger
 
     path = tmp_path / "l.dpsql-ledger"
     ledger = Ledger(path)
@@ -473,7 +473,7 @@ def test_budget_show_marks_seeded_releases(tmp_path):
 
 
 def test_seeded_cli_release_is_recorded_as_seeded(data, tmp_path):
-    from dpsql.ledger import Release
+    from dpsql.core.ledger import Release
 
     if "seeded" not in {f.name for f in __import__("dataclasses").fields(Release)}:
         pytest.skip("this ledger does not record whether a release was seeded")
@@ -550,7 +550,7 @@ def test_readme_cli_example_runs_with_the_sql_max_items_default(data, tmp_path):
 
 def test_left_out_flags_charge_what_the_sql_defaults_charge(tmp_path):
     import dpsql
-    from dpsql.ledger import Ledger
+    from dpsql.core.ledger import Ledger
 
     db = events_db(tmp_path)
     sql_ledger, cli_ledger = tmp_path / "sql.dpsql-ledger", tmp_path / "cli.dpsql-ledger"
@@ -838,7 +838,7 @@ def test_ctrl_c_during_a_long_release_stops_cleanly(tmp_path):
 def test_ctrl_c_after_the_charge_delivers_the_release(data, tmp_path, monkeypatch):
     import signal
 
-    from dpsql.ledger import Ledger
+    from dpsql.core.ledger import Ledger
 
     real = Ledger.charge
 
@@ -860,7 +860,7 @@ def test_ctrl_c_before_the_charge_records_nothing(data, tmp_path, monkeypatch):
     import signal
     import time
 
-    import dpsql.cli as cli_mod
+    import dpsql.frontends.cli as cli_mod
 
     real = cli_mod._load_input
 
@@ -879,7 +879,7 @@ def test_ctrl_c_before_the_charge_records_nothing(data, tmp_path, monkeypatch):
 
 def test_duckdb_draws_no_progress_bar_into_the_output():
     # DuckDB prints its progress bar on stdout once a query takes 2 s: it would land among the items.
-    import dpsql.cli as cli_mod
+    import dpsql.frontends.cli as cli_mod
 
     con = cli_mod._connect(None)
     try:

@@ -13,12 +13,12 @@ import duckdb
 import pytest
 
 import dpsql
-from dpsql.registration import sql_dir
+from dpsql.core.registration import sql_dir
 
 from test_release import CASES as RELEASE_CASES, Case, _call, _n_releases
 
 _SQL = sql_dir()
-_FILES = ("60_evaluation.sql", "70_pws.sql", "80_optimize.sql")
+_FILES = ("60_tools/evaluation.sql", "70_pws/pws.sql", "80_optimize/optimize.sql")
 
 _EVAL_DATA = ("CREATE TABLE t AS SELECT u AS user_id, 'i' || j AS item FROM range(30) a(u), range(5) b(j) WHERE j <= u % 5;"
               "CREATE TABLE rel AS SELECT * FROM (VALUES ('i0'), ('i1')) v(item);")

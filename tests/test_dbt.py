@@ -1,4 +1,4 @@
-"""The dbt-duckdb plugin (dpsql.dbt) and the example dbt project in examples/dbt.
+"""The dbt-duckdb plugin (dpsql.frontends.dbt) and the example dbt project in examples/dbt.
 
 Skipped when dbt-core / dbt-duckdb are not installed (``pip install dpsql[dbt]``).
 """
@@ -41,7 +41,7 @@ def test_import_dpsql_does_not_load_dbt():
 
 def test_plugin_registers_macros_on_cursors():
     base = _plugin_base()
-    plugin = base.create("dpsql.dbt", config={})  # as dbt-duckdb does for `module: dpsql.dbt`
+    plugin = base.create("dpsql.frontends.dbt", config={})  # as dbt-duckdb does for `module: dpsql.frontends.dbt`
     con = duckdb.connect()
     plugin.configure_connection(con)
     con.execute("CREATE TABLE user_items AS SELECT i AS user_id, 'common' AS item FROM range(2000) t(i)")
@@ -58,7 +58,7 @@ def test_plugin_registers_macros_on_cursors():
 
 def test_plugin_budget_config_limits_releases(tmp_path):
     base = _plugin_base()
-    plugin = base.create("dpsql.dbt", config={"ledger": str(tmp_path / "l.dpsql-ledger"),
+    plugin = base.create("dpsql.frontends.dbt", config={"ledger": str(tmp_path / "l.dpsql-ledger"),
                                               "budget": {"epsilon": 1.5, "delta": 1e-4}})
     con = duckdb.connect()
     plugin.configure_connection(con)
@@ -67,13 +67,13 @@ def test_plugin_budget_config_limits_releases(tmp_path):
     with pytest.raises(duckdb.Error, match="exceeded"):
         con.execute("SELECT * FROM dp_set_union_weighted_gaussian('user_items', epsilon := 1.0, delta := 1e-5)").fetchall()
     with pytest.raises(ValueError, match="budget must be a mapping"):
-        base.create("dpsql.dbt", config={"budget": {"epsilon": 1.0}})
+        base.create("dpsql.frontends.dbt", config={"budget": {"epsilon": 1.0}})
 
 
 def test_plugin_budget_scope_is_the_table_identity(tmp_path):
     """``budget: {scope: user_items}`` limits the table dbt's models name as "events"."main"."user_items"."""
     base = _plugin_base()
-    plugin = base.create("dpsql.dbt", config={"budget": {"epsilon": 1.0, "delta": 1e-4, "scope": "user_items"}})
+    plugin = base.create("dpsql.frontends.dbt", config={"budget": {"epsilon": 1.0, "delta": 1e-4, "scope": "user_items"}})
     con = duckdb.connect(str(tmp_path / "events.duckdb"))
     try:
         plugin.configure_connection(con)
@@ -185,7 +185,7 @@ def test_view_ephemeral_and_table_function_releases_are_refused(dbt_run):
         con.close()
     assert names.isdisjoint({"release_view", "release_function", "release_ephemeral", "from_ephemeral"})
     # only the table, incremental and external models were charged, once each, to the sidecar ledger
-    from dpsql.ledger import Ledger, sidecar_path
+    from dpsql.core.ledger import Ledger, sidecar_path
     charged = Ledger(sidecar_path(dbt_run.project / "dpsql_example.duckdb")).releases()
     assert sorted((r.mechanism, r.epsilon) for r in charged) == CHARGED
 
@@ -195,7 +195,7 @@ def test_models_charge_the_scope_budget_set_names(dbt_run):
     `dpsql budget set DB --scope user_items` sets."""
     budget_set = {s["scope"]: s for s in json.loads(dbt_run.budget.stdout)["scopes"]}
     assert budget_set[SCOPE]["epsilon_budget"] == SCOPE_EPSILON  # the name the CLI resolved user_items to
-    from dpsql.ledger import Ledger, sidecar_path
+    from dpsql.core.ledger import Ledger, sidecar_path
     database = dbt_run.project / "dpsql_example.duckdb"
     charged = Ledger(sidecar_path(database)).releases()
     assert {r.table for r in charged} == {SCOPE} and len(charged) == len(CHARGED)
@@ -256,7 +256,7 @@ RELEASES = frozenset({"dp__charge", "dp_set_union", "dp_top_k"})
     ('create temporary table "t2__dbt_tmp20261124" as (select * from dp_set_union(\'t\'))', None),
 ])
 def test_stored_release_detection(sql, refused):
-    dbt_module = pytest.importorskip("dpsql.dbt", reason="dbt-duckdb is not installed", exc_type=ImportError)
+    dbt_module = pytest.importorskip("dpsql.frontends.dbt", reason="dbt-duckdb is not installed", exc_type=ImportError)
     reason = dbt_module.stored_release(sql, RELEASES)
     if refused is None:
         assert reason is None
@@ -266,7 +266,7 @@ def test_stored_release_detection(sql, refused):
 
 def test_release_macros_come_from_the_catalog():
     _plugin_base()
-    from dpsql.dbt import release_macros
+    from dpsql.frontends.dbt import release_macros
 
     import dpsql
     names = release_macros(dpsql.connect())

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import dpsql
-from dpsql import demo
-from dpsql.cli import main
+from dpsql.tools import demo
+from dpsql.frontends.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dpsql
-from dpsql.shell import run_shell
+from dpsql.frontends.shell import run_shell
 
 from conftest import seeded
 

@@ -12,8 +12,8 @@ import pytest
 
 import dpsql
 from dpsql import groupby as gb
-from dpsql.calibration import default_granularity
-from dpsql.validation import DPParameterError
+from dpsql.core.calibration import default_granularity
+from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
 
@@ -363,7 +363,7 @@ def _cli(*argv):
     import io
     import json
 
-    from dpsql import cli
+    from dpsql.frontends import cli
 
     out, err = io.StringIO(), io.StringIO()
     code = cli.main(list(argv), out=out, err=err)
@@ -402,7 +402,7 @@ def test_cli_group_by_selection_and_public_list(tmp_path, monkeypatch):
 
 
 def test_audit_of_the_aggregate_step_is_tight_and_does_not_refute():
-    from dpsql import audit
+    from dpsql.tools import audit
 
     # 3 users vs 4 on 2 public items, max_items 2: P["both noisy counts >= 4"] is e^epsilon times
     # likelier with the added user, so a correct calibration gives a bound near, never above, epsilon;
@@ -488,7 +488,7 @@ def test_pre_threshold_releases_only_items_with_enough_users_and_charges_its_sel
 
 def test_dbt_plugin_treats_both_macros_as_releases():
     # dbt models may only store a release as a table (the plugin refuses views over a release)
-    dbt_plugin = pytest.importorskip("dpsql.dbt", reason="dbt is not installed")
+    dbt_plugin = pytest.importorskip("dpsql.frontends.dbt", reason="dbt is not installed")
     con = dpsql.connect()
     found = dbt_plugin.release_macros(con)
     assert {"dp_group_by", "dp_group_by_public"} <= found

@@ -15,8 +15,8 @@ import duckdb
 import pytest
 
 import dpsql
-from dpsql import ledger as L
-from dpsql.ledger import BudgetExceededError, Ledger
+from dpsql.core import ledger as L
+from dpsql.core.ledger import BudgetExceededError, Ledger
 
 
 # -- pure ledger ---------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def test_each_set_union_method_charges_once(con, method):
 
 
 # A release of several steps (top-k's domain and selection) is one body and one charge of its total
-# (dpsql/release.py).
+# (dpsql/core/release.py).
 @pytest.mark.parametrize("sql, expected", [
     ("FROM dp_top_k('t', 3, epsilon := 0.8, delta := 2e-6)", {("dp_top_k", 0.8, 2e-6)}),
     ("FROM dp_hitting_set('t', 2, epsilon := 0.8, delta := 2e-6)", {("dp_hitting_set", 0.8, 2e-6)}),
@@ -317,7 +317,7 @@ def test_two_processes_never_both_spend_the_last_budget(tmp_path):
 # -- CLI -----------------------------------------------------------------------------------------
 
 def test_cli_budget_set_show_and_release(tmp_path, capsys):
-    from dpsql.cli import main
+    from dpsql.frontends.cli import main
     data = tmp_path / "events.parquet"
     duckdb.sql(f"COPY (SELECT i % 40 AS user_id, i % 9 AS item FROM range(400) r(i)) TO '{data}'")
     assert main(["budget", "set", str(data), "--epsilon", "1.0", "--delta", "1e-5"]) == 0
@@ -401,7 +401,7 @@ def test_every_spelling_charges_one_scope(tmp_path):
         ("database", 1.0, 1), ("memory.main.t", 1.0, 1)]
     # a budget set with any spelling is the budget of that one scope
     dpsql.set_budget(con, epsilon=3.0, delta=1e-4, scope='"MEMORY".main.T')
-    assert [(b.scope, b.epsilon) for b in dpsql.state.ledger_of(con).budgets()] == [("memory.main.t", 3.0)]
+    assert [(b.scope, b.epsilon) for b in dpsql.core.state.ledger_of(con).budgets()] == [("memory.main.t", 3.0)]
     con.sql("SELECT * FROM dp_set_union_weighted_gaussian('memory.t', epsilon := 2.0, delta := 1e-5)").fetchall()
     assert [r.table for r in dpsql.releases(con)] == ["memory.main.t", "memory.main.t"]
     con.close()
@@ -423,7 +423,7 @@ def test_dbt_relation_cli_scope_and_attached_file_are_one_scope(tmp_path):
     con = dpsql.connect(db)
     con.execute("CREATE TABLE user_items AS SELECT i % 100 AS user_id, 'w' || (i % 3) AS item FROM range(1000) r(i)")
     con.close()
-    from dpsql.cli import main
+    from dpsql.frontends.cli import main
     assert main(["budget", "set", str(db), "--epsilon", "1.0", "--delta", "1e-4", "--scope", "user_items"]) == 0
     con = dpsql.connect(db)
     con.sql("""FROM dp_set_union_weighted_gaussian('"shop"."main"."user_items"', epsilon := 0.75, delta := 1e-5)""").fetchall()
@@ -448,7 +448,7 @@ def test_file_scopes_are_resolved_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     con = dpsql.connect()
     dpsql.set_budget(con, epsilon=1.0, delta=1e-5, scope="events.parquet")
-    assert [b.scope for b in dpsql.state.ledger_of(con).budgets()] == [os.path.realpath(data)]
+    assert [b.scope for b in dpsql.core.state.ledger_of(con).budgets()] == [os.path.realpath(data)]
     con.sql("FROM dp_set_union_weighted_gaussian('./events.parquet', epsilon := 1.0, delta := 1e-5)").fetchall()
     for name in ["events.parquet", str(data), "sub/../events.parquet", '"events.parquet"', "link.parquet"]:
         assert con.execute("SELECT count(*) FROM query_table(?)", [name]).fetchall() == [(500,)]

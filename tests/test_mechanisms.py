@@ -1,4 +1,4 @@
-"""Every mechanism is declared once (dpsql.mechanism) and every front end derives from the declarations.
+"""Every mechanism is declared once (dpsql.core.mechanism) and every front end derives from the declarations.
 
 A declaration that disagrees with its SQL macro, lacks its proof note, or is missing from a front end
 fails here -- so adding a mechanism is its module (with its declaration), its SQL file and its tests.
@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 
 import dpsql
-from dpsql import audit, cli, ledger, mechanisms, release, union
-from dpsql.mechanism import PRIVACY_UNITS, REQUIRED, Mechanism, Param
-from dpsql.registration import sql_dir
+from dpsql.tools import audit
+from dpsql.frontends import cli
+from dpsql.core import ledger, registry as mechanisms, release
+from dpsql import union
+from dpsql.core.mechanism import PRIVACY_UNITS, REQUIRED, Mechanism, Param
+from dpsql.core.registration import sql_dir, sql_files
 
 from test_release import CASES as RELEASE_CASES
 
@@ -91,7 +94,7 @@ def test_each_mechanism_is_a_release_case(name):
 
 
 def test_dispatcher_is_generated_from_the_declarations():
-    shipped = (sql_dir() / "90_dispatch.sql").read_text(encoding="utf-8")
+    shipped = (sql_dir() / "30_union/90_dispatch.sql").read_text(encoding="utf-8")
     assert shipped == union.dispatch_sql(), "regenerate sql/90_dispatch.sql from dpsql.union.dispatch_sql()"
     for name, mech in union.METHODS.items():
         assert f"FROM {release.body_macro(mech)}(tbl" in shipped and f"dp__method_is(method, '{name}')" in shipped
@@ -116,14 +119,14 @@ def test_the_cli_offers_every_method_and_every_method_option():
 
 
 def test_spark_runs_the_declared_parallel_methods():
-    spark = pytest.importorskip("dpsql.spark")
+    spark = pytest.importorskip("dpsql.frontends.spark")
     assert tuple(spark.PARALLEL_METHODS) == tuple(n for n, m in union.METHODS.items() if m.spark)
 
 
 def test_every_set_union_and_top_k_mechanism_is_audited():
     audited = " ".join(case.sql(1.0, 1e-5) for case in audit.MECHANISMS.values())
     for mech in list(union.METHODS.values()) + [ALL["top_k"]]:
-        assert f"{mech.macro}(" in audited, f"dpsql.audit has no case for {mech.name}"
+        assert f"{mech.macro}(" in audited, f"dpsql.tools.audit has no case for {mech.name}"
 
 
 def test_python_api_validates_against_the_declaration():
@@ -165,9 +168,9 @@ def test_a_declaration_refuses_an_unknown_unit_and_duplicate_parameters():
 def test_only_the_generated_wrappers_charge():
     # A mechanism's SQL holds its body: the charge (and the unit it records, the declaration's) is the
     # generated wrapper's alone (tests/test_release.py checks the unit each release records).
-    for path in sql_dir().glob("*.sql"):
+    for path in sql_files():
         text = path.read_text(encoding="utf-8")
-        if path.name != "05_ledger.sql":
+        if path.relative_to(sql_dir()).as_posix() != "00_core/05_ledger.sql":
             assert "dp__charge(" not in text, path.name
     for mech in ALL.values():
         assert "dp__charge(dp__checked.macro, dp__checked.unit," in release.wrapper_sql(mech)
@@ -179,7 +182,7 @@ def epsilons_checked(monkeypatch):
     check_epsilon is spied on)."""
     import sys
 
-    from dpsql import validation
+    from dpsql.core import validation
     seen: list = []
     original = validation.check_epsilon
 

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import dpsql
-from dpsql import metrics
-from dpsql.cli import main
-from dpsql.validation import DPParameterError
+from dpsql.tools import metrics
+from dpsql.frontends.cli import main
+from dpsql.core.validation import DPParameterError
 
 TOY = {1: {"a", "b"}, 2: {"a"}, 3: {"a", "c"}}  # docs/proofs/reference_checks.md E1: N = 5, N(a) = 3
 

@@ -11,9 +11,9 @@ import pytest
 from scipy import stats
 
 import dpsql
-from dpsql import noise
-from dpsql.registration import source_of
-from dpsql.validation import DPParameterError
+from dpsql.core import noise
+from dpsql.core.registration import source_of
+from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
 

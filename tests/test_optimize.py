@@ -10,8 +10,8 @@ import pytest
 
 import dpsql
 from dpsql import optimize
-from dpsql.noise import NoiseSource
-from dpsql.validation import DPParameterError
+from dpsql.core.noise import NoiseSource
+from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
 
@@ -124,7 +124,7 @@ def test_k_median_bicriteria_realised_sensitivity_at_most_one():
             g[chosen] = -np.inf
             return g
 
-        out = dpsql.subsampling.repeated_em(NoiseSource(trial), rounds, scores, LN2 / 2)
+        out = dpsql.optimize.subsampling.repeated_em(NoiseSource(trial), rounds, scores, LN2 / 2)
         total = sum(abs((cost(out[:i], w_full) - cost(out[:i + 1], w_full))
                         - (cost(out[:i], w_minus) - cost(out[:i + 1], w_minus))) for i in range(len(out)))
         assert total <= 1 + 1e-9
@@ -469,7 +469,7 @@ def matroid_tables(con, s, e, m, parts, caps):
 
 
 def test_sql_matroid_coverage_equals_kernel_and_python_api_on_the_same_seed():
-    from dpsql.registration import source_of
+    from dpsql.core.registration import source_of
 
     s, e, m, n = planted(2, n=3000, small=40)
     parts, caps = np.arange(m) % 3, [2, 1, 2]
@@ -529,7 +529,7 @@ def k_median_tables(con, dist, locations):
 
 @pytest.mark.parametrize("q", [1, 2])
 def test_sql_k_median_equals_python_api_on_the_same_seed(q):
-    from dpsql.registration import source_of
+    from dpsql.core.registration import source_of
 
     dist, locations = metric_instance(2)
     con_sql, con_py = seeded(31), seeded(31)

@@ -91,7 +91,7 @@ def macro_signature(name: str) -> list[tuple[str, str, str | None]]:
     (duckdb_functions() lists names and types, not defaults)."""
     import re
 
-    from dpsql.registration import sql_files
+    from dpsql.core.registration import sql_files
 
     for path in sql_files():
         text = path.read_text(encoding="utf-8")
@@ -148,7 +148,7 @@ def test_declarations_match_the_registered_macros():
         for p in mech.params:
             if not p.required and p.default is not None and p.check is not None:
                 p.check(p.default)
-    with pytest.raises(dpsql.validation.DPParameterError, match="epsilon is required by dp_max_coverage"):
+    with pytest.raises(dpsql.core.validation.DPParameterError, match="epsilon is required by dp_max_coverage"):
         optimize.MECHANISMS[0].validate(tbl="sets", candidates_tbl="cands", k=2)
     assert optimize.MECHANISMS[0].calibrate(epsilon=1.0) == pytest.approx(1 - math.exp(-1.0), rel=1e-15)
 
@@ -252,7 +252,7 @@ def test_issue_attack_order_is_epsilon_close_on_the_neighbours():
     # The order the macro releases on the attack's data is drawn from the mechanism's distribution
     # (the kernel behind dp_max_coverage, with the same dense ids: A = 0, B = 1, two candidates), and
     # that distribution is eps-close on D and D'.
-    from dpsql.noise import NoiseSource
+    from dpsql.core.noise import NoiseSource
 
     eps, runs = 1.0, 4000
     exact = {"D": _first_a_probability(eps, 2, 1), "D'": _first_a_probability(eps, 2, 0)}
@@ -343,7 +343,7 @@ def test_python_release_functions_validate_before_the_charge():
            lambda: optimize.k_median(con, "kp", "kc", "kd", 2, 1.0, 10, q=3),
            lambda: optimize.k_median(con, "kp", "kc", "kd", 2, 1.0, 10, distance_col="dist")]
     for call in bad:
-        with pytest.raises(dpsql.validation.DPParameterError):
+        with pytest.raises(dpsql.core.validation.DPParameterError):
             call()
     assert _n_releases(con) == 0
 
@@ -469,7 +469,7 @@ def test_a_key_conversion_that_can_fail_is_refused_before_the_charge():
     assert optimize.check_key_types("set_col", "DATE", "VARCHAR")
     assert optimize.check_key_types("set_col", "FLOAT", "DOUBLE")
     for private, common in (("VARCHAR", "INTEGER"), ("VARCHAR", "DATE"), ("BIGINT", "FLOAT"), ("DOUBLE", "BIGINT")):
-        with pytest.raises(dpsql.validation.DPParameterError, match="set_col"):
+        with pytest.raises(dpsql.core.validation.DPParameterError, match="set_col"):
             optimize.check_key_types("set_col", private, common)
 
 

@@ -9,11 +9,11 @@ import pyarrow as pa
 import pytest
 
 import dpsql
-from dpsql import policy
-from dpsql.calibration import SetUnionCalibration
-from dpsql.noise import NoiseSource
-from dpsql.registration import source_of
-from dpsql.validation import DPParameterError
+from dpsql.union import policy
+from dpsql.core.calibration import SetUnionCalibration
+from dpsql.core.noise import NoiseSource
+from dpsql.core.registration import source_of
+from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
 
@@ -911,7 +911,7 @@ def test_cli_passes_alpha_and_passes(tmp_path):
 
     import pyarrow.parquet as pq
 
-    from dpsql.cli import main
+    from dpsql.frontends.cli import main
 
     rng = np.random.default_rng(2)
     users = np.repeat(np.arange(300), 8)

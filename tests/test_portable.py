@@ -1,8 +1,8 @@
-"""The SQL stages other engines translate (dpsql.portable), checked without Java or pyspark.
+"""The SQL stages other engines translate (dpsql.frontends.portable), checked without Java or pyspark.
 
 A stage another engine may translate is marked ``-- dpsql:portable <name>`` directly above its
 definition in ``sql/*.sql``. Here: every mark names the macro or CTE below it, every stage the
-Spark backend addresses is marked (read from dpsql/spark.py's source, so a new call cannot skip
+Spark backend addresses is marked (read from dpsql/frontends/spark.py's source, so a new call cannot skip
 the mark), each marked stage translates to Spark SQL that sqlglot parses, unmarked stages and
 bindings that are not inputs are refused, and the Spark backend's method list, options and
 required budget come from the mechanism declarations. Skips only when sqlglot is missing."""
@@ -18,12 +18,13 @@ import pytest
 sqlglot = pytest.importorskip("sqlglot")
 
 import dpsql  # noqa: E402
-from dpsql import portable, union  # noqa: E402
-from dpsql import spark as dspark  # noqa: E402  (importable without pyspark: pyspark is imported lazily)
-from dpsql.mechanisms import set_union_methods  # noqa: E402
-from dpsql.portable import MARKER, Stage, TranslationError, macros, stage_sql, stages  # noqa: E402
-from dpsql.registration import sql_files  # noqa: E402
-from dpsql.validation import DPParameterError  # noqa: E402
+from dpsql.frontends import portable
+from dpsql import union
+from dpsql.frontends import spark as dspark
+from dpsql.core.registry import set_union_methods  # noqa: E402
+from dpsql.frontends.portable import MARKER, Stage, TranslationError, macros, stage_sql, stages  # noqa: E402
+from dpsql.core.registration import sql_files  # noqa: E402
+from dpsql.core.validation import DPParameterError  # noqa: E402
 
 
 def _body(macro: str):
@@ -68,7 +69,7 @@ def test_every_mark_names_the_macro_or_cte_below_it():
 
 
 def _spark_calls() -> list[tuple[str, frozenset, str | None]]:
-    """Every (macro, relation keys, output) that dpsql/spark.py translates, read from its source.
+    """Every (macro, relation keys, output) that dpsql/frontends/spark.py translates, read from its source.
 
     A call whose macro, output or relation keys are not literals fails here: the stages the
     backend addresses must be visible to this test.
@@ -140,7 +141,7 @@ def test_a_misplaced_mark_is_an_error(monkeypatch, tmp_path):
     bad.write_text("CREATE OR REPLACE TEMP MACRO dp__x(rel VARCHAR) AS TABLE\n"
                    "-- dpsql:portable dp__y\n"
                    "WITH dp__z AS (SELECT 1 AS a) FROM dp__z;\n")
-    monkeypatch.setattr("dpsql.registration.sql_files", lambda: [bad])
+    monkeypatch.setattr("dpsql.core.registration.sql_files", lambda: [bad])
     portable.stages.cache_clear()
     try:
         with pytest.raises(TranslationError, match=r"99_bad.sql:2: the mark -- dpsql:portable dp__y is not directly "

@@ -11,8 +11,8 @@ from scipy import stats
 
 import dpsql
 from dpsql import pws
-from dpsql.registration import source_of
-from dpsql.validation import DPParameterError
+from dpsql.core.registration import source_of
+from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
 
@@ -449,7 +449,7 @@ def test_cli_weighted_sample_json_and_errors(tmp_path):
 
     import pyarrow.parquet as pq
 
-    from dpsql.cli import main
+    from dpsql.frontends.cli import main
 
     path = tmp_path / "ev.parquet"
     pq.write_table(pa.table({"item": np.repeat(np.array(["a", "b", "c"]), [400, 50, 1])}), path)
@@ -640,7 +640,7 @@ def test_group_by_input_is_validated_before_any_draw_and_keeps_the_key_statistic
 
 def _granular_release_probability(f: int, T: float, scale: float, g: float) -> float:
     """P[f + g Z >= T], Z ~ DLap(scale/g): T - f is a whole number of grid steps."""
-    from dpsql import calibration
+    from dpsql.core import calibration
     steps = (T - f) / g
     assert steps == int(steps)
     return math.exp(calibration.discrete_laplace_log_tail(int(steps), scale, g))
@@ -648,7 +648,7 @@ def _granular_release_probability(f: int, T: float, scale: float, g: float) -> f
 
 @pytest.mark.parametrize("granularity, freqs", [(1.0, (1, 10, 14, 16, 20)), (None, (5, 14, 15, 16, 20))])
 def test_sbh_granular_release_probability_matches_the_discrete_laplace_tail(granularity, freqs):
-    from dpsql import calibration
+    from dpsql.core import calibration
     eps, delta, n = 0.5, 1e-3, 20_000
     g = granularity if granularity is not None else calibration.choose_granularity(1 / eps, None, 1.0)
     T = calibration.discrete_laplace_threshold(1 / eps, g, delta / 2, 1.0)
@@ -673,7 +673,7 @@ def test_sbh_granular_release_probability_matches_the_discrete_laplace_tail(gran
 
 
 def test_sbh_granular_threshold_is_close_to_the_continuous_one():
-    from dpsql import calibration
+    from dpsql.core import calibration
     eps, delta = 0.5, 1e-3
     T_cont = pws.sbh_threshold(eps, delta)
     g = calibration.choose_granularity(1 / eps, None, 1.0)
@@ -687,7 +687,7 @@ def test_sbh_granular_threshold_is_close_to_the_continuous_one():
 def test_sbh_released_numbers_are_exact_grid_points(seeded_con, eps, granularity):
     """Mironov's low-bit attack tells frequency 5 from 6 by which doubles can come out: every released
     number is an exact multiple of g <= 1, i.e. each one is reachable from both frequencies."""
-    from dpsql import calibration
+    from dpsql.core import calibration
     g = calibration.choose_granularity(1 / eps, granularity, 1.0)
     load_frequencies(seeded_con, {5: 3000, 6: 3000, 400: 3000})
     arg = "" if granularity is None else f", granularity := {granularity!r}"

@@ -9,8 +9,9 @@ import pyarrow as pa
 import pytest
 
 import dpsql
-from dpsql import adaptive, topk, union
-from dpsql.validation import (DELTA_MIN, EPSILON_MIN, WEAK_DELTA, WEAK_EPSILON, DPParameterError,
+from dpsql.union import adaptive
+from dpsql import topk, union
+from dpsql.core.validation import (DELTA_MIN, EPSILON_MIN, WEAK_DELTA, WEAK_EPSILON, DPParameterError,
                               WeakPrivacyWarning, check_delta, check_epsilon, warn_weak_parameters)
 
 
@@ -202,7 +203,7 @@ def test_warning_is_a_user_warning():
 def test_weak_parameters_warn_in_every_family(sql):
     import warnings as _warnings
 
-    from dpsql.validation import WeakPrivacyWarning
+    from dpsql.core.validation import WeakPrivacyWarning
 
     con = dpsql.connect()
     con.execute("CREATE TABLE ev AS SELECT 'k' || (i % 5) AS item FROM range(100) r(i)")
@@ -215,7 +216,7 @@ def test_weak_parameters_warn_in_every_family(sql):
     con.close()
 
 
-# -- dpsql's own exceptions, not DuckDB's wrapper (dpsql.errors.engine_errors) -------------------------------
+# -- dpsql's own exceptions, not DuckDB's wrapper (dpsql.core.errors.engine_errors) -------------------------------
 
 OVER_BUDGET = {
     "set_union": lambda con: dpsql.set_union(con, "t", "weighted_gaussian", epsilon=1.0, delta=1e-5),

@@ -15,7 +15,7 @@ import duckdb
 import pytest
 
 import dpsql
-from dpsql import cli
+from dpsql.frontends import cli
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

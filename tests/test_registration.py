@@ -8,7 +8,7 @@ import duckdb
 import pytest
 
 import dpsql
-from dpsql.registration import source_of, sql_dir, sql_files
+from dpsql.core.registration import source_of, sql_dir, sql_files
 
 EXPECTED_MACROS = {
     "dp_gaussian_sigma", "dp_gaussian_threshold", "dp_laplace_threshold",
@@ -28,16 +28,16 @@ def test_sql_files_ship_inside_the_installed_package():
     if not (pkg / "sql").is_dir() and (pkg.parent / "pyproject.toml").is_file():
         pytest.skip("dpsql is imported from a source checkout; CI runs this against the installed wheel")
     assert sql_dir() == pkg / "sql"
-    names = {p.name for p in sql_files()}
-    assert {"10_calibration.sql", "20_contribution_bounding.sql", "30_set_union.sql", "90_dispatch.sql"} <= names
+    names = {p.relative_to(sql_dir()).as_posix() for p in sql_files()}
+    assert {"00_core/10_calibration.sql", "00_core/20_contribution_bounding.sql", "30_union/10_basic.sql", "30_union/90_dispatch.sql"} <= names
 
 
 def test_every_statement_creates_a_temp_macro():
     for path in sql_files():
         text = re.sub(r"--[^\n]*", "", path.read_text(encoding="utf-8"))
         statements = [stmt.query.strip().rstrip(";").strip() for stmt in duckdb.extract_statements(text)]
-        # (00_release.sql only documents the generated releasing macros, dpsql.release.wrapper_sql)
-        assert statements or path.name == "00_release.sql"
+        # (00_core/00_release.sql only documents the generated releasing macros, dpsql.core.release.wrapper_sql)
+        assert statements or path.relative_to(sql_dir()).as_posix() == "00_core/00_release.sql"
         for sql in statements:
             assert re.match(r"CREATE OR REPLACE TEMP MACRO \w+\(", sql), (path.name, sql[:80])
 
@@ -129,28 +129,28 @@ def spent():
 
 def test_reregistering_keeps_the_ledger(spent):
     # A re-run notebook cell calls register again: the spent budget must stay spent.
-    ledger = dpsql.state.ledger_of(spent)
+    ledger = dpsql.core.state.ledger_of(spent)
     dpsql.register(spent)
     with pytest.warns(UserWarning):
         dpsql.register(spent, seed=1)
     dpsql.register(spent, ledger=ledger)  # the same ledger, named explicitly
-    assert dpsql.state.ledger_of(spent) is ledger
+    assert dpsql.core.state.ledger_of(spent) is ledger
     with pytest.raises(duckdb.Error, match="scope 'database' exceeded"):
         _spend(spent, 0.5)
     assert [(s.scope, s.epsilon_spent, s.releases) for s in dpsql.budget(spent)][0] == ("database", 0.75, 1)
 
 
 def test_reregistering_with_another_ledger_is_refused_while_it_holds_releases(spent, tmp_path):
-    ledger = dpsql.state.ledger_of(spent)
-    for other in (dpsql.ledger.Ledger(), tmp_path / "other.dpsql-ledger"):
+    ledger = dpsql.core.state.ledger_of(spent)
+    for other in (dpsql.core.ledger.Ledger(), tmp_path / "other.dpsql-ledger"):
         with pytest.raises(dpsql.DPParameterError, match="already charges its releases.*restart its spending"):
             dpsql.register(spent, ledger=other)
     threads = spent.execute("SELECT current_setting('threads')").fetchall()
     with pytest.raises(dpsql.DPParameterError, match="already charges"):
-        dpsql.register(spent, seed=2, ledger=dpsql.ledger.Ledger())
+        dpsql.register(spent, seed=2, ledger=dpsql.core.ledger.Ledger())
     assert not source_of(spent).seeded  # a refused registration changed nothing
     assert spent.execute("SELECT current_setting('threads')").fetchall() == threads
-    assert dpsql.state.ledger_of(spent) is ledger and not (tmp_path / "other.dpsql-ledger").exists()
+    assert dpsql.core.state.ledger_of(spent) is ledger and not (tmp_path / "other.dpsql-ledger").exists()
     _spend(spent, 0.25)  # still charged to the first ledger, whose budget it exhausts
     assert ledger.status()[0].epsilon_spent == pytest.approx(1.0)
 
@@ -162,9 +162,9 @@ def test_an_empty_ledger_may_be_replaced(tmp_path):
         path = tmp_path / "chosen.dpsql-ledger"
         dpsql.register(con, ledger=path)
         dpsql.register(con, ledger=str(path))  # the same file: the same ledger object
-        assert dpsql.state.ledger_of(con).path == path
+        assert dpsql.core.state.ledger_of(con).path == path
         _spend(con, 0.5)
-        assert [r.epsilon for r in dpsql.ledger.Ledger(path).releases()] == [0.5]
+        assert [r.epsilon for r in dpsql.core.ledger.Ledger(path).releases()] == [0.5]
     finally:
         con.close()
 
@@ -178,7 +178,7 @@ def test_a_ledger_that_was_never_written_may_be_replaced(tmp_path):
             _spend(con, 0.5)
         dpsql.register(con, ledger=tmp_path / "good.dpsql-ledger")
         _spend(con, 0.5)
-        assert [r.epsilon for r in dpsql.ledger.Ledger(tmp_path / "good.dpsql-ledger").releases()] == [0.5]
+        assert [r.epsilon for r in dpsql.core.ledger.Ledger(tmp_path / "good.dpsql-ledger").releases()] == [0.5]
         assert not (tmp_path / "missing").exists()
     finally:
         con.close()
@@ -196,7 +196,7 @@ def test_register_works_on_a_cursor_of_a_registered_connection(con):
     try:
         assert dpsql.register(cur) is cur  # only its macros: the UDFs are the connection's
         assert cur.execute("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5)").fetchall() == [("x",)]
-        assert dpsql.state.ledger_of(cur) is dpsql.state.ledger_of(con)
+        assert dpsql.core.state.ledger_of(cur) is dpsql.core.state.ledger_of(con)
         assert source_of(cur) is source_of(con)
         dpsql.register(con)  # the parent again, afterwards
         dpsql.register(cur)
@@ -216,7 +216,7 @@ def test_a_cursor_registered_first_then_its_connection():
         dpsql.register(cur)
         dpsql.register(con)  # used to raise "No function by the name of 'dp__check_constant'"
         assert con.execute("SELECT * FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5)").fetchall() == [("x",)]
-        assert dpsql.state.ledger_of(con) is dpsql.state.ledger_of(cur)
+        assert dpsql.core.state.ledger_of(con) is dpsql.core.state.ledger_of(cur)
         assert len(dpsql.releases(cur)) == 1
         cur.close()
         # DuckDB dropped the closed cursor's references to the UDFs; dpsql keeps its own (this crashed)
@@ -235,7 +235,7 @@ def test_two_connections_to_one_file_share_the_functions_and_the_ledger(tmp_path
     a.execute("CREATE TABLE t AS SELECT i % 100 AS user_id, 'x' AS item FROM range(1000) r(i)")
     b = dpsql.connect(path)  # the same instance in this process: used to fail with "No function by the name"
     try:
-        assert dpsql.state.ledger_of(a) is dpsql.state.ledger_of(b)
+        assert dpsql.core.state.ledger_of(a) is dpsql.core.state.ledger_of(b)
         a.close()  # the owner of the UDFs; b calls them afterwards (this crashed the process)
         assert b.execute("SELECT * FROM dp_set_union_weighted_gaussian('t', epsilon := 1.0, delta := 1e-5)").fetchall() == [("x",)]
         assert [r.epsilon for r in dpsql.releases(b)] == [1.0]
@@ -250,7 +250,7 @@ def test_a_seed_or_ledger_on_a_cursor_is_refused(con, tmp_path):
             dpsql.register(cur, seed=1)
         with pytest.raises(dpsql.DPParameterError, match="ledger applies to the whole database"):
             dpsql.register(cur, ledger=tmp_path / "other.dpsql-ledger")
-        dpsql.register(cur, ledger=dpsql.state.ledger_of(con))  # the same ledger is fine
+        dpsql.register(cur, ledger=dpsql.core.state.ledger_of(con))  # the same ledger is fine
         assert not source_of(con).seeded and not (tmp_path / "other.dpsql-ledger").exists()
     finally:
         cur.close()

@@ -1,4 +1,4 @@
-"""The release path every mechanism goes through (dpsql/release.py, sql/00_release.sql).
+"""The release path every mechanism goes through (dpsql/core/release.py, sql/00_release.sql).
 
 A release is everything a user can observe. These tests enumerate every releasing macro and every
 public Python release function from what is registered, so a new one that misses a channel fails
@@ -21,10 +21,10 @@ import pytest
 
 import dpsql
 from dpsql import optimize
-from dpsql.audit import epsilon_lower_bound
-from dpsql import mechanisms
-from dpsql.release import body_macro, sorted_release, wrapper_sql
-from dpsql.validation import DPParameterError
+from dpsql.tools.audit import epsilon_lower_bound
+from dpsql.core import registry as mechanisms
+from dpsql.core.release import body_macro, sorted_release, wrapper_sql
+from dpsql.core.validation import DPParameterError
 
 # -- what is registered --------------------------------------------------------------------------
 
@@ -382,14 +382,14 @@ def _public_functions() -> dict[str, object]:
 
 # Functions that take a connection but release nothing.
 NOT_RELEASES = {
-    "dpsql.registration.register", "dpsql.registration.register_macros", "dpsql.registration.source_of",
-    "dpsql.registration.register_functions",
-    "dpsql.ledger.ledger_for", "dpsql.ledger.database_path",
-    "dpsql.state.set_budget", "dpsql.state.budget", "dpsql.state.releases",
-    "dpsql.state.attach", "dpsql.state.state_of", "dpsql.state.source_of", "dpsql.state.ledger_of",
-    "dpsql.state.current_ledger",
-    "dpsql.ledger.resolve_scope",
-    "dpsql.optimize.baselines.eval_set_cover_cost", "dpsql.metrics.evaluate",  # NON-private evaluation
+    "dpsql.core.registration.register", "dpsql.core.registration.register_macros", "dpsql.core.registration.source_of",
+    "dpsql.core.registration.register_functions",
+    "dpsql.core.ledger.ledger_for", "dpsql.core.ledger.database_path",
+    "dpsql.core.state.set_budget", "dpsql.core.state.budget", "dpsql.core.state.releases",
+    "dpsql.core.state.attach", "dpsql.core.state.state_of", "dpsql.core.state.source_of", "dpsql.core.state.ledger_of",
+    "dpsql.core.state.current_ledger",
+    "dpsql.core.ledger.resolve_scope",
+    "dpsql.optimize.baselines.eval_set_cover_cost", "dpsql.tools.metrics.evaluate",  # NON-private evaluation
 }
 
 # Each public release function: the data it needs, a call at epsilon 0.8, and the column(s) its rows
@@ -577,7 +577,7 @@ def test_multi_step_release_is_all_or_nothing(name):
         try:
             con.execute(TWO_STEPS[name].format(t="ev")).fetchall()
         except duckdb.Error as exc:
-            raise dpsql.errors.from_engine(exc) from exc
+            raise dpsql.core.errors.from_engine(exc) from exc
     assert _n_releases(con) == 0
     dpsql.set_budget(con, epsilon=1.6, delta=1e-4, scope="ev")
     assert len(con.execute(TWO_STEPS[name].format(t="ev")).fetchall()) > 0

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import dpsql
-from dpsql import scopes
-from dpsql.ledger import Ledger, sidecar_path
-from dpsql.shell import run_shell
+from dpsql.core import scopes
+from dpsql.core.ledger import Ledger, sidecar_path
+from dpsql.frontends.shell import run_shell
 
 MACRO = "dp_set_union_weighted_gaussian"
 
@@ -260,7 +260,7 @@ def test_unparsable_statement_with_the_name_is_refused():
     with pytest.raises(dpsql.DPParameterError, match=r"tbl 'cohort': the running statement cannot be parsed"):
         scopes.trace("cohort", catalog)
     # a name that is no identifier of the statement cannot be one of its CTEs
-    names = dpsql.ledger.NameContext(relations=frozenset({("memory", "main", "kept")}))
+    names = dpsql.core.ledger.NameContext(relations=frozenset({("memory", "main", "kept")}))
     assert scopes.trace("kept", scopes.Catalog(names, query=catalog.query)) == (scopes.Source("memory.main.kept"),)
 
 

@@ -2,7 +2,7 @@
 
 The end-to-end runs go through `python -m dpsql shell` in subprocesses started
 together; one runs it in a real terminal (tmux); the rest calls
-``dpsql.shell.run_shell`` or ``dpsql.cli.main`` in this process.
+``dpsql.frontends.shell.run_shell`` or ``dpsql.frontends.cli.main`` in this process.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from types import SimpleNamespace
 import pytest
 
 import dpsql
-import dpsql.shell as shell_mod
-from dpsql.cli import main as cli_main
-from dpsql.ledger import Ledger
-from dpsql.shell import is_complete, run_shell, split_statements
+import dpsql.frontends.shell as shell_mod
+from dpsql.frontends.cli import main as cli_main
+from dpsql.core.ledger import Ledger
+from dpsql.frontends.shell import is_complete, run_shell, split_statements
 
 # Every user holds all 7 items: weight 300/sqrt(7) ~ 113 against a threshold near 19.
 SETUP = ("CREATE TABLE t AS SELECT 'u' || u AS user_id, 'w' || w AS item "
@@ -153,7 +153,7 @@ def test_budget_and_non_constant_parameter_errors_are_dpsql_messages_once(tmp_pa
     # An over-budget release prints dpsql's message once (not "BudgetExceededError: dpsql: ..."); a
     # parameter that is not a constant is DuckDB's binder refusal, shown as dpsql's explanation.
     db = str(tmp_path / "s.duckdb")
-    from dpsql.ledger import sidecar_path
+    from dpsql.core.ledger import sidecar_path
     Ledger(sidecar_path(db)).set_budget(0.5, 1e-4)  # the 'database' scope of s.duckdb
     r = shell(f"{SETUP} SELECT * FROM dp_set_union('t', epsilon := 1, delta := 1e-5);", database=db)
     line = r.stderr.strip()

@@ -1,4 +1,4 @@
-"""DP-SIPS with the cumulative release rule (dpsql/cumulative.py, docs/proofs/sips_cumulative.md).
+"""DP-SIPS with the cumulative release rule (dpsql/union/cumulative.py, docs/proofs/sips_cumulative.md).
 
 Three ways: the calibration from its formulas (scipy, not the module's helpers), the property the
 proof needs on random neighbouring datasets (the engine's round weights), and release frequencies of
@@ -16,9 +16,10 @@ import pytest
 from scipy import stats
 
 import dpsql
-from dpsql import calibration, cumulative
-from dpsql.registration import source_of, sql_dir
-from dpsql.validation import DPParameterError
+from dpsql.core import calibration
+from dpsql.union import cumulative
+from dpsql.core.registration import source_of, sql_dir
+from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
 from test_adaptive import load, sets_of, zipf_rows
@@ -188,7 +189,7 @@ def test_bad_parameters_are_refused_before_the_charge(sql, message):
 def test_a_table_too_large_for_the_32_bit_ids_is_refused_before_the_charge():
     """From round two on, users and items are 32-bit ids: 2^32 capped rows or more are refused before the
     charge. Checked with the shipped macro's bound lowered to 40 rows (a 2^32-row table is out of reach)."""
-    text = (sql_dir() / "42_sips_cumulative.sql").read_text(encoding="utf-8")
+    text = (sql_dir() / "30_union/30_cumulative.sql").read_text(encoding="utf-8")
     assert text.count("< 4294967296 THEN true") == 1
     con = dpsql.connect()
     try:
@@ -482,7 +483,7 @@ def test_cumulative_rule_releases_more_than_per_round_sips_on_the_same_data():
     assert totals["sips_cumulative"] > totals["sips"], totals
 
 
-@pytest.mark.filterwarnings("ignore::dpsql.validation.WeakPrivacyWarning")
+@pytest.mark.filterwarnings("ignore::dpsql.core.validation.WeakPrivacyWarning")
 def test_unused_rounds_draw_no_noise_and_one_salt_per_query():
     rows = zipf_rows(random.Random(4), n_users=200, n_items=300, max_deg=30)
     con = seeded(11)

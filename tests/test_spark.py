@@ -1,4 +1,4 @@
-"""The Spark backend (dpsql.spark) against the DuckDB macros: the translated stages give the same
+"""The Spark backend (dpsql.frontends.spark) against the DuckDB macros: the translated stages give the same
 pre-noise weights on the same capped data, the translated cap is uniform and per-user (its two
 forms give the same rows), releases have the distribution the calibration predicts on both
 engines, and bad input fails with the same errors. The session's Python workers cannot import
@@ -22,8 +22,10 @@ import pytest
 from scipy import stats
 
 import dpsql
-from dpsql import adaptive, calibration, union
-from dpsql.validation import DPParameterError
+from dpsql.union import adaptive
+from dpsql.core import calibration
+from dpsql import union
+from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
 
@@ -169,7 +171,7 @@ def assert_same_weights(spark_rows, duck_rows):
 
 @pytest.mark.parametrize("weighting", ["count", "inverse", "inverse_sqrt"])
 def test_independent_weights_agree(capped, weighting):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     con, frame = capped
     duck = con.execute(f"SELECT item, w FROM dp__set_union_weights('c', '{weighting}', "
@@ -179,7 +181,7 @@ def test_independent_weights_agree(capped, weighting):
 
 @pytest.mark.parametrize("tau,d_max", [(3.0, 4), (1.0, 50)])
 def test_mad_weights_agree(capped, tau, d_max):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     con, frame = capped
     duck = con.execute(f"SELECT item, w, w_init, w_trunc, w_reroute FROM dp__mad_weights('c', {tau}, "
@@ -194,7 +196,7 @@ def test_mad_weights_agree(capped, tau, d_max):
 
 @pytest.mark.parametrize("b_min,b_max", [(0.5, 2.0), (0.8, 1.0)])  # closed form; Alg. 2's loop (pandas)
 def test_biased_mad_weights_agree(spark, capped, b_min, b_max):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     con, _ = capped
     rng = random.Random(11)
@@ -209,7 +211,7 @@ def test_biased_mad_weights_agree(spark, capped, b_min, b_max):
 
 
 def test_sips_round_weights_agree(spark, capped):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     con, frame = capped
     removed = ["i0", "i3", "i5"]
@@ -225,7 +227,7 @@ def test_sips_round_weights_agree(spark, capped):
 # ---------------------------------------------------------------------------
 
 def test_spark_cap_is_per_user_and_uniform(spark):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     # 2,000 users with the same 10 items and one small user, capped to 3 items.
     n_users, n_items, cap = 2000, 10, 3
@@ -298,7 +300,7 @@ def _threshold(method: str) -> float:
 @pytest.mark.parametrize("method", ["count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian",
                                     "mad", "mad2r", "sips"])
 def test_release_distribution_matches_duckdb(spark, method):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     k = max(1, round(_threshold(method)))  # items near the (last round's) threshold
     p = _release_probability(method, k)
@@ -320,7 +322,7 @@ def test_release_distribution_matches_duckdb(spark, method):
 
 
 def test_top_k_domain_is_the_set_union_at_half_budget(spark):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
     from dpsql import topk
 
     half = calibration.weighted_gaussian_calibration(EPS / 2, DELTA / 2, 1)
@@ -336,7 +338,7 @@ def test_top_k_domain_is_the_set_union_at_half_budget(spark):
 
 def test_release_is_drawn_once(spark):
     """Reading the returned DataFrame twice gives the same items: Spark does not redraw the noise."""
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     cal = calibration.weighted_gaussian_calibration(EPS, DELTA, 1)
     k = round(cal.threshold)
@@ -372,7 +374,7 @@ def _sql_value(v) -> str:
 
 @pytest.mark.parametrize("method,common,options", BAD)
 def test_bad_parameters_fail_like_duckdb(spark, method, common, options):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     frame = spark.createDataFrame(arrow([(1, "a")]))
     with pytest.raises(DPParameterError) as spark_err:
@@ -389,7 +391,7 @@ def test_bad_parameters_fail_like_duckdb(spark, method, common, options):
 
 
 def test_bad_columns_and_methods(spark):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     frame = spark.createDataFrame(arrow([(1, "a")]))
     with pytest.raises(DPParameterError, match=r"user_col := 'uid' is not a column of the DataFrame; "
@@ -409,7 +411,7 @@ def test_bad_columns_and_methods(spark):
 
 @pytest.mark.parametrize("column", ["user_id", "item"])
 def test_null_users_and_items_fail_like_duckdb(spark, column, monkeypatch):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     rows = pa.table({"user_id": pa.array([1, 2], pa.int64()), "item": pa.array(["a", "b"], pa.string())})
     idx = rows.schema.get_field_index(column)
@@ -460,7 +462,7 @@ def test_task_functions_import_neither_duckdb_nor_dpsql(tmp_path):
     """The functions dpsql ships to Spark tasks, unpickled and run where duckdb and dpsql cannot be imported."""
     _need("pyspark")
     from pyspark import cloudpickle
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     noise = dspark._noise_task(dspark._Noise("gaussian", 1.0, 0.0, strict=True), seed=7, stage=1, keep_all=False)
     with dspark._by_value():
@@ -587,7 +589,7 @@ GB_ARGS = dict(aggregates=["count", "sum"], value_col="v", lower=-1.0, upper=5.0
 def test_group_by_stats_are_dp_group_by_pre_noise(spark):
     """The translated dp__stats on Spark gives DuckDB's dp_group_by counts and bounded sums, exactly."""
     from dpsql import groupby as gb
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     rows = gb_rows(21)
     assert max(len({i for u2, i, _ in rows if u2 == u}) for u in range(50)) <= GB_MAX
@@ -625,7 +627,7 @@ def _gb_duck(gb_table, items=None, **kwargs):
 @pytest.mark.parametrize("aggregates", [["count"], ["sum", "mean"], ["mean", "count", "sum"]])
 def test_group_by_columns_order_and_calibration_are_dpsql_group_by_s(spark, aggregates):
     from dpsql import groupby as gb
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     rows = gb_rows(3)
     listed = ["g9", "g0", "g3", "zz_nobody", "g1"]
@@ -664,7 +666,7 @@ def test_group_by_columns_order_and_calibration_are_dpsql_group_by_s(spark, aggr
 def test_group_by_count_noise_has_the_calibrated_scale(spark):
     """Released - true count over 400 public items (no cap): on the grid, E|Z| = b, the interval covers."""
     from dpsql import groupby as gb
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     n_items, conf = 400, 0.8
     rows = [(k * 100 + u, f"x{k:03d}", 1.0) for k in range(n_items) for u in range(k % 7)]
@@ -684,7 +686,7 @@ def test_group_by_count_noise_has_the_calibrated_scale(spark):
 
 
 def test_group_by_count_only_calibration_numbers(spark):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     frame = spark.createDataFrame(gb_arrow(gb_rows(4)))
     out = dspark.group_by(frame, epsilon=1.0, delta=1e-5, max_items=10, selection="count_laplace", seed=4)
@@ -700,7 +702,7 @@ def test_group_by_stats_of_neighbours_move_within_the_calibrated_sensitivity(spa
     """Adding one user (same salt: every other user keeps its items) moves the bounded aggregates by at
     most the sensitivity the noise is calibrated to."""
     from dpsql import groupby as gb
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     rnd = random.Random(100 + trial)
     items = [f"x{k}" for k in range(20)]
@@ -731,7 +733,7 @@ def test_group_by_stats_of_neighbours_move_within_the_calibrated_sensitivity(spa
 @pytest.mark.parametrize("weighting", ["count", "inverse_sqrt"])
 def test_pre_selection_weights_are_the_set_union_weights_with_user_counts(capped, weighting):
     """dp_group_by's pre-thresholded selection weighs as dp__set_union_weights (DuckDB) on the same capped rows."""
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     con, frame = capped
     got = {r["item"]: (r["n"], r["w"]) for r in dspark.pre_selection_weights(frame, weighting).collect()}
@@ -744,7 +746,7 @@ def test_pre_selection_weights_are_the_set_union_weights_with_user_counts(capped
 
 
 def test_group_by_pre_threshold_selects_only_items_with_enough_users(spark):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     rows = gb_rows(8, n_users=60)
     users = {}
@@ -758,7 +760,7 @@ def test_group_by_pre_threshold_selects_only_items_with_enough_users(spark):
 
 
 def test_group_by_refuses_selections_without_a_spark_form_before_reading(spark, monkeypatch):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     drawn = []
     monkeypatch.setattr(dspark, "secure_source", lambda: drawn.append("salt"))
@@ -781,7 +783,7 @@ def test_group_by_refuses_selections_without_a_spark_form_before_reading(spark, 
     dict(epsilon=-1.0, delta=1e-5),
 ])
 def test_group_by_bad_parameters_fail_like_dpsql_group_by(spark, kwargs):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     con = dpsql.connect()
     try:
@@ -796,7 +798,7 @@ def test_group_by_bad_parameters_fail_like_dpsql_group_by(spark, kwargs):
 
 
 def test_group_by_public_refuses_delta_like_dpsql_group_by(spark):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     items = spark.createDataFrame([("a",)], "item string")
     with pytest.raises(DPParameterError, match="^dpsql: delta does not apply with items_tbl"):
@@ -804,7 +806,7 @@ def test_group_by_public_refuses_delta_like_dpsql_group_by(spark):
 
 
 def test_group_by_null_user_fails_like_duckdb(spark, monkeypatch):
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     rows = pa.table({"user_id": pa.array([1, None], pa.int64()), "item": pa.array(["a", "b"]),
                      "v": pa.array([1.0, 2.0], pa.float64())})
@@ -829,7 +831,7 @@ def test_group_by_null_user_fails_like_duckdb(spark, monkeypatch):
 
 def test_group_by_value_column_is_numeric_and_its_nulls_are_skipped_like_duckdb(spark):
     from dpsql import groupby as gb
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     text = pa.table({"user_id": pa.array([1, 2], pa.int64()), "item": pa.array(["a", "b"]),
                      "v": pa.array(["1", "secret"])})
@@ -853,7 +855,7 @@ def test_the_spark_default_is_a_method_spark_runs(spark):
     method they run, and refuse DuckDB's default by name."""
     import inspect
 
-    from dpsql import spark as dspark
+    from dpsql.frontends import spark as dspark
 
     assert dspark.DEFAULT_METHOD in dspark.PARALLEL_METHODS and dspark.DEFAULT_METHOD == "mad2r"
     assert union.DEFAULT_METHOD not in dspark.PARALLEL_METHODS

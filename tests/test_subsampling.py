@@ -11,9 +11,10 @@ import pytest
 from scipy import stats
 
 import dpsql
-from dpsql import optimize, subsampling
-from dpsql.noise import NoiseSource
-from dpsql.validation import DPParameterError
+from dpsql import optimize
+from dpsql.optimize import subsampling
+from dpsql.core.noise import NoiseSource
+from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
 

@@ -11,9 +11,11 @@ import pytest
 from scipy import stats
 
 import dpsql
-from dpsql import calibration, metrics, registration, topk
-from dpsql.noise import NoiseSource
-from dpsql.validation import DPParameterError
+from dpsql.core import calibration, registration
+from dpsql.tools import metrics
+from dpsql import topk
+from dpsql.core.noise import NoiseSource
+from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
 

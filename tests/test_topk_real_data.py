@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpsql import metrics, topk
+from dpsql.tools import metrics
+from dpsql import topk
 
 from conftest import seeded
 

@@ -17,8 +17,8 @@ from scipy import stats
 
 import dpsql
 from dpsql import union
-from dpsql.registration import source_of
-from dpsql.validation import DPParameterError
+from dpsql.core.registration import source_of
+from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
 

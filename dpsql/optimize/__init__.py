@@ -1,9 +1,9 @@
-"""Pure epsilon-DP combinatorial optimisation by subsampling ([SUB], Ghazi et al.), thin on :mod:`dpsql.subsampling`.
+"""Pure epsilon-DP combinatorial optimisation by subsampling ([SUB], Ghazi et al.), thin on :mod:`dpsql.optimize.subsampling`.
 
 Privacy unit: one record, add/remove -- a universe element with all its memberships (coverage, set
 cover, matroid coverage), a user's whole stream (heavy hitters), a point (k-median). Every mechanism
 here is "an ln 2-add-DP algorithm run on ``S_p(D)`` with ``p = 1 - e^-eps``" and hence pure eps-DP by
-[SUB] Cor. 3.2 (see :mod:`dpsql.subsampling`), except DPGreedyScaling (set cover), which splits its
+[SUB] Cor. 3.2 (see :mod:`dpsql.optimize.subsampling`), except DPGreedyScaling (set cover), which splits its
 budget itself. One module per mechanism states its math and privacy argument.
 
 What the proofs take as public. [SUB] fixes the candidate universe ``[m]`` before the data: a record is
@@ -18,7 +18,7 @@ the public universe are ignored: such a row is no membership of X, and an error 
 whether some record holds a value the caller chose.
 
 Layout: each mechanism has a numpy kernel (compact integer ids) taking a
-:class:`~dpsql.noise.NoiseSource`; kernels are private (leading underscore): they release without
+:class:`~dpsql.core.noise.NoiseSource`; kernels are private (leading underscore): they release without
 charging, and only the UDFs (:mod:`dpsql.optimize.udfs`) call them. Each public release function runs
 the SQL macro of ``sql/80_optimize.sql``, which validates, charges the ledger once and returns rows in a
 data-independent order. :mod:`dpsql.optimize.baselines` (``nonprivate_*``, ``*_cost``,
@@ -29,7 +29,7 @@ from __future__ import annotations
 from functools import partial
 from typing import cast
 
-from dpsql.mechanism import REQUIRED, Mechanism, Param
+from dpsql.core.mechanism import REQUIRED, Mechanism, Param
 from dpsql.optimize.baselines import (coverage_value, eval_set_cover_cost, nonprivate_greedy_coverage,
                                       nonprivate_greedy_set_cover, set_cover_cost)
 from dpsql.optimize.common import (ETA_MIN, K_LIMIT, _check_positive_param, _Coverage, check_beta, check_eta,
@@ -42,8 +42,8 @@ from dpsql.optimize.matroid_coverage import (_matroid_coverage_arrays, _priv_con
 from dpsql.optimize.max_coverage import _coverage_greedy, _max_coverage_arrays, max_coverage
 from dpsql.optimize.set_cover import _greedy_scaling, greedy_scaling_epsilons, set_cover
 from dpsql.optimize.udfs import udfs
-from dpsql.subsampling import subsampling_probability
-from dpsql.validation import check_epsilon, check_identifier, check_table_name
+from dpsql.optimize.subsampling import subsampling_probability
+from dpsql.core.validation import check_epsilon, check_identifier, check_table_name
 
 __all__ = [
     "check_k", "check_failure_probability", "check_beta", "check_eta", "check_key_types",
@@ -67,7 +67,7 @@ def _check_tau_constant(value: object) -> float:
 
 
 def _check_q(q: object) -> int:
-    from dpsql.errors import ParameterError
+    from dpsql.core.errors import ParameterError
 
     if q not in (1, 2):
         raise ParameterError(f"q must be 1 (k-median) or 2 (k-means) (got {q!r})")

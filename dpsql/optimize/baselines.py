@@ -10,7 +10,7 @@ import duckdb
 import numpy as np
 
 from dpsql.optimize.common import _columns, _Coverage
-from dpsql.validation import sql_string
+from dpsql.core.validation import sql_string
 
 
 def nonprivate_greedy_coverage(set_idx, elem_idx, n_sets: int, n_elems: int, k: int) -> list[int]:

@@ -12,8 +12,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from dpsql.errors import InputError, engine_errors
-from dpsql.validation import DELTA_MIN, K_LIMIT, DPParameterError, check_k, check_identifier, check_table_name, sql_string
+from dpsql.core.errors import InputError, engine_errors
+from dpsql.core.validation import DELTA_MIN, K_LIMIT, DPParameterError, check_k, check_identifier, check_table_name, sql_string
 
 
 

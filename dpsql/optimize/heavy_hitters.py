@@ -21,11 +21,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from dpsql.noise import NoiseSource
+from dpsql.core.noise import NoiseSource
 from dpsql.optimize.common import (_check_positive_param, _columns, _ids, _literal, _release, check_failure_probability,
                                    check_k)
-from dpsql.subsampling import EPS0, above_threshold, exponential_rate, poisson_subsample, subsampling_probability
-from dpsql.validation import DPParameterError, check_epsilon, sql_string
+from dpsql.optimize.subsampling import EPS0, above_threshold, exponential_rate, poisson_subsample, subsampling_probability
+from dpsql.core.validation import DPParameterError, check_epsilon, sql_string
 
 
 def heavy_hitters_calibration(epsilon: float, k: int, horizon: int, n_buckets: int,

@@ -24,10 +24,10 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from dpsql.noise import NoiseSource
+from dpsql.core.noise import NoiseSource
 from dpsql.optimize.common import K_LIMIT, _columns, _ids, _literal, _release, check_k
-from dpsql.subsampling import EPS0, poisson_subsample, repeated_em, subsampling_probability
-from dpsql.validation import DPParameterError, check_epsilon, sql_string
+from dpsql.optimize.subsampling import EPS0, poisson_subsample, repeated_em, subsampling_probability
+from dpsql.core.validation import DPParameterError, check_epsilon, sql_string
 
 
 def _check_n_bound(n_bound: object) -> int:

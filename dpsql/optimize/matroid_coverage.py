@@ -24,11 +24,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from dpsql.noise import NoiseSource
+from dpsql.core.noise import NoiseSource
 from dpsql.optimize.common import (_columns, _Coverage, _gather, _ids, _literal, _release, check_eta,
                                    check_failure_probability, check_k)
-from dpsql.subsampling import EPS0, exp_mech, poisson_subsample, subsampling_probability
-from dpsql.validation import DPParameterError, check_epsilon, sql_string
+from dpsql.optimize.subsampling import EPS0, exp_mech, poisson_subsample, subsampling_probability
+from dpsql.core.validation import DPParameterError, check_epsilon, sql_string
 
 
 def _matroid_parts(part_of_set, capacities, n_sets: int) -> tuple[np.ndarray, np.ndarray]:

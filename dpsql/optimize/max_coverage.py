@@ -9,7 +9,7 @@ probability ``∝ 2^{q_i(c)}``, ``q_i(c)`` = sampled elements of ``S_c`` not cov
 Privacy (unit: one universe element with all its memberships, add/remove). The scores are monotone in
 the data and an added element raises the chosen set's score in at most one round (the round that covers
 it), so Repeated-EM is ``ln 2``-add-DP ([SUB] Thm 4.3); on ``S_p(D)`` with ``p = 1 - e^-epsilon`` it is
-epsilon-DP ([SUB] Cor. 3.2, :mod:`dpsql.subsampling`). The candidate list is public, so the support of
+epsilon-DP ([SUB] Cor. 3.2, :mod:`dpsql.optimize.subsampling`). The candidate list is public, so the support of
 the output does not depend on the data. Full argument: ``docs/proofs/max_coverage.md``.
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from dpsql.noise import NoiseSource
+from dpsql.core.noise import NoiseSource
 from dpsql.optimize.common import _columns, _Coverage, _literal, _release, check_k
-from dpsql.subsampling import EPS0, exp_mech, poisson_subsample, subsampling_probability
-from dpsql.validation import check_epsilon, sql_string
+from dpsql.optimize.subsampling import EPS0, exp_mech, poisson_subsample, subsampling_probability
+from dpsql.core.validation import check_epsilon, sql_string
 
 
 def _coverage_greedy(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_elems: int, k: int,

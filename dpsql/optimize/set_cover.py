@@ -22,10 +22,10 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from dpsql.noise import NoiseSource
+from dpsql.core.noise import NoiseSource
 from dpsql.optimize.common import _check_positive_param, _columns, _Coverage, _literal, _release
-from dpsql.subsampling import EPS0, poisson_subsample
-from dpsql.validation import check_epsilon, sql_string
+from dpsql.optimize.subsampling import EPS0, poisson_subsample
+from dpsql.core.validation import check_epsilon, sql_string
 
 
 def greedy_scaling_epsilons(epsilon: float, rounds: int) -> list[float]:

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR
 
-from dpsql.noise import NoiseSource
+from dpsql.core.noise import NoiseSource
 from dpsql.optimize.common import (_check_positive_param, _flat, _scalars, check_eta, check_failure_probability,
                                    check_k, check_key_types)
 from dpsql.optimize.heavy_hitters import _thresh_monitor, heavy_hitters_calibration
@@ -19,9 +19,9 @@ from dpsql.optimize.k_median import _check_n_bound, _k_median, _metric
 from dpsql.optimize.matroid_coverage import _matroid_coverage_arrays
 from dpsql.optimize.max_coverage import _coverage_greedy
 from dpsql.optimize.set_cover import _greedy_scaling
-from dpsql.subsampling import EPS0, subsampling_probability
-from dpsql.udf import Udf, scalar
-from dpsql.validation import DPParameterError, check_epsilon, check_identifier, warn_weak_parameters
+from dpsql.optimize.subsampling import EPS0, subsampling_probability
+from dpsql.core.udf import Udf, scalar
+from dpsql.core.validation import DPParameterError, check_epsilon, check_identifier, warn_weak_parameters
 
 
 def udfs(source: NoiseSource) -> list[Udf]:

@@ -12,7 +12,7 @@ mechanism), :mod:`~dpsql.pws.sbh` (the ``sbh_histogram`` mechanism), :mod:`~dpsq
 (post-processing estimates), :mod:`~dpsql.pws.udfs` (DuckDB UDFs) and :mod:`~dpsql.pws.api` (Python
 release function).
 
-Release path (``dpsql.release``): every macro checks that each parameter is a constant and validates
+Release path (``dpsql.core.release``): every macro checks that each parameter is a constant and validates
 all of them, including the frequency range the tables can serve (:func:`check_frequency_range`) and the
 SbH grid against its noise scale (:func:`sbh_granularity`), before the ledger charge; rows come out
 sorted by key; an error raised once the data is read names a column, never a value. Released numbers
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from dpsql.calibration import check_granularity
-from dpsql.mechanism import REQUIRED, Mechanism, Param
+from dpsql.core.calibration import check_granularity
+from dpsql.core.mechanism import REQUIRED, Mechanism, Param
 from dpsql.pws.api import weighted_sample
 from dpsql.pws.estimators import (_coefficients, estimator_coefficients, estimator_moments,
                                   sum_estimate_error)
@@ -42,7 +42,7 @@ from dpsql.pws.sbh import (SBH_NOISE_MODES, check_sbh_noise, sbh_calibration, sb
 from dpsql.pws.tokens import (FrequencyTable, frequency_rows_reference, frequency_table,
                               optimal_frequency_probability)
 from dpsql.pws.udfs import udfs
-from dpsql.validation import check_delta, check_identifier, check_table_name
+from dpsql.core.validation import check_delta, check_identifier, check_table_name
 
 __all__ = [
     "SCHEMES", "GS", "ESTIMATORS", "check_pws_parameters", "L_value", "sampling_probabilities",
@@ -71,7 +71,7 @@ _KEY_FREQ = (
 
 
 def _check_with_frequencies(value: object) -> bool:
-    from dpsql.errors import ParameterError
+    from dpsql.core.errors import ParameterError
 
     if not isinstance(value, bool):
         raise ParameterError(f"with_frequencies must be true or false (got {value!r})")

@@ -5,10 +5,10 @@ from typing import Optional
 
 import pyarrow as pa
 
-from dpsql.errors import engine_errors
+from dpsql.core.errors import engine_errors
 from dpsql.pws.params import check_pws_parameters
 from dpsql.pws.sanitizer import check_frequency_range
-from dpsql.validation import check_identifier, check_table_name, sql_string
+from dpsql.core.validation import check_identifier, check_table_name, sql_string
 
 
 def weighted_sample(con, tbl: str, epsilon: float, delta: float, *, tau: Optional[float] = None,

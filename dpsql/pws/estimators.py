@@ -18,7 +18,7 @@ import numpy as np
 from dpsql.pws.keys import L_value
 from dpsql.pws.params import MAX_UNBIASED_TOKEN, _check_estimator, _g_fn
 from dpsql.pws.tokens import FrequencyTable, frequency_table
-from dpsql.validation import DPParameterError
+from dpsql.core.validation import DPParameterError
 
 
 def _rows_for_tokens(table: FrequencyTable, n_tokens: int, num) -> tuple[dict, int]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from dpsql.pws.params import (MAX_KEY_CHECK, check_power, check_pws_epsilon, check_pws_parameters, check_scheme,
                               check_tau)
-from dpsql.validation import DPParameterError, check_delta, check_epsilon
+from dpsql.core.validation import DPParameterError, check_delta, check_epsilon
 
 
 def L_value(epsilon: float, delta: float) -> float:

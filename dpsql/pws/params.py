@@ -1,6 +1,6 @@
 """PWS parameters: the sampling schemes, estimators and table-size limits, and their checks.
 
-Every check raises :class:`~dpsql.errors.ParameterError` naming the parameter and the fix; all run
+Every check raises :class:`~dpsql.core.errors.ParameterError` naming the parameter and the fix; all run
 before a table is read or the budget charged.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
-from dpsql.validation import DPParameterError, check_delta, check_epsilon, check_positive
+from dpsql.core.validation import DPParameterError, check_delta, check_epsilon, check_positive
 
 # Sanitizing with tokens needs the pi_{i,j} rows up to the largest frequency before the rows
 # become shifts of each other; beyond these limits the call is refused rather than exhausting memory.

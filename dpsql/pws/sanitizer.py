@@ -31,7 +31,7 @@ import numpy as np
 from dpsql.pws.keys import KeyTable, L_value, _first_q_one, key_table
 from dpsql.pws.params import MAX_FREQUENCY_ROWS, MAX_KEY_CHECK, MAX_PI_LOOKUP, check_pws_parameters
 from dpsql.pws.tokens import FrequencyTable
-from dpsql.validation import DPParameterError
+from dpsql.core.validation import DPParameterError
 
 
 # Kernel of the sanitizers: "auto" (numba when installed), "numba" or "numpy". For benchmarks and tests; all

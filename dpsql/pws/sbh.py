@@ -24,10 +24,10 @@ from typing import Callable, Optional, cast
 
 import numpy as np
 
-from dpsql.calibration import check_granularity, choose_granularity, discrete_laplace_threshold
-from dpsql.noise import MAX_SCALE_STEPS
+from dpsql.core.calibration import check_granularity, choose_granularity, discrete_laplace_threshold
+from dpsql.core.noise import MAX_SCALE_STEPS
 from dpsql.pws.params import check_pws_parameters
-from dpsql.validation import DPParameterError, check_delta, check_epsilon
+from dpsql.core.validation import DPParameterError, check_delta, check_epsilon
 
 
 # The released SbH counts carry granular noise only (sql/70_pws.sql, dp_sbh_histogram). Textbook floating-point
@@ -73,7 +73,7 @@ def sbh_calibration(epsilon: object, delta: object, tau: object = None, scheme: 
     """The calibration of ``dp_sbh_histogram``: noise ``scale = 1/epsilon``, its grid and the release threshold.
 
     ``threshold`` is the smallest grid point ``T`` with ``P[1 + g DLap(scale/g) >= T] <= delta/2``
-    (:func:`dpsql.calibration.discrete_laplace_threshold`): a new key passes with probability ``<= delta/2``.
+    (:func:`dpsql.core.calibration.discrete_laplace_threshold`): a new key passes with probability ``<= delta/2``.
     """
     g = sbh_granularity(epsilon, delta, tau, scheme, power, noise, granularity)
     # epsilon and delta are numbers here: sbh_granularity validated them

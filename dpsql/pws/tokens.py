@@ -12,7 +12,7 @@ import numpy as np
 
 from dpsql.pws.keys import KeyTable, L_value, _first_q_one, key_table
 from dpsql.pws.params import MAX_FREQUENCY_CELLS, MAX_FREQUENCY_ROWS, check_pws_parameters
-from dpsql.validation import DPParameterError
+from dpsql.core.validation import DPParameterError
 
 
 def frequency_rows_reference(epsilon: float, delta: float, pi: Sequence[float]) -> list[list[float]]:

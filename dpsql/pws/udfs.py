@@ -14,8 +14,8 @@ from dpsql.pws.params import _check_estimator, _check_g, check_power, check_pws_
 from dpsql.pws.sanitizer import _draw_tokens, _grown, _report_keys, _spec_params, sanitizer_spec
 from dpsql.pws.sbh import sbh_granularity, sbh_noisy_values, sbh_threshold
 from dpsql.pws.tokens import frequency_table
-from dpsql.udf import Udf, scalar
-from dpsql.validation import DPParameterError, warn_weak_parameters
+from dpsql.core.udf import Udf, scalar
+from dpsql.core.validation import DPParameterError, warn_weak_parameters
 
 
 def _const(arr: pa.Array, name: str):

@@ -1,0 +1,1 @@
+"""The core: what every release needs, knowing no mechanism by name."""

@@ -1,0 +1,337 @@
+"""The pre-noise stages of ``sql/*.sql`` translated for other SQL engines (one definition, two dialects).
+
+The DuckDB macros stay the only definition of each stage. This module reads a
+macro's body from the shipped macro files, binds its relation parameters
+(``query_table(rows_rel)``, a nested macro call such as
+``dp__capped_user_items(...)``, or a CTE of the macro) to relations of the
+target engine, binds its scalar parameters to literals, and renders the result
+with sqlglot in the target dialect (Spark SQL for :mod:`dpsql.frontends.spark`).
+
+Only pre-noise stages are translated: noise, calibration, validation and any
+bookkeeping in a release macro's ``cal`` CTE stay in Python (the target backend
+calls the same functions). ``output`` selects one CTE of a macro and the CTEs it
+reads, so the noisy parts of a release macro are never translated.
+
+Exported stages are marked in the SQL. A macro or CTE another engine may
+translate (a whole macro, or one CTE as ``output``) has the line
+``-- dpsql:portable <name>`` directly above its definition; :func:`stages` lists
+them. :func:`stage_sql` refuses any other stage, and binds only the stage's
+relation parameters and its inputs (the CTEs and nested macros it reads), so a
+backend addresses no internal name of a macro beyond the marked stage's
+interface; ``tests/test_portable.py`` checks the marks and their translations.
+
+The translation also makes the DuckDB dialect's implicit choices explicit:
+
+* a decimal literal (``1.0``) is a DOUBLE, as in DuckDB's arithmetic with
+  doubles; Spark would type it DECIMAL and round divisions to 6 digits;
+* ``error(msg)`` becomes ``raise_error(msg)``;
+* ``hash(...)`` (DuckDB: 64 bits) becomes ``xxhash64(...)``: Spark's ``hash`` is
+  a 32-bit murmur3, whose collisions would tie the cap's ranking keys;
+* ``AS [NOT] MATERIALIZED`` hints are dropped (the caller materialises);
+* a ``UNION ALL`` branch whose ``WHERE`` is constant after binding is pruned,
+  as DuckDB prunes it when planning (UserWeights' closed form vs. its UDF).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping, Optional
+
+__all__ = ["Macro", "Stage", "macros", "stages", "stage_sql", "TranslationError", "MARKER"]
+
+_MACRO = re.compile(r"^CREATE OR REPLACE TEMP MACRO (\w+)\((.*?)\) AS TABLE\s*\n(.*?);[ \t]*$", re.S | re.M)
+_NESTED_MACRO_PREFIXES = ("dp__", "dp_")
+# The one form of an export mark: a line of its own, directly above the macro or CTE it names.
+MARKER = "-- dpsql:portable"
+_MARK = re.compile(r"^-- dpsql:portable (\w+)[ \t]*$")
+_MACRO_HEAD = re.compile(r"^CREATE OR REPLACE TEMP MACRO (\w+)\(")
+_CTE_HEAD = re.compile(r"^(?:WITH\s+)?(\w+)\s+AS\s+(?:NOT\s+)?(?:MATERIALIZED\s+)?\(", re.I)
+# DuckDB functions whose Spark SQL counterpart has another name (same semantics).
+_RENAMED = {"error": "raise_error", "hash": "xxhash64"}
+
+
+class TranslationError(ValueError):
+    """A stage uses a construct that has no binding or no translation."""
+
+
+@dataclass(frozen=True)
+class Macro:
+    """A table macro of ``sql/*.sql``: its name, parameter names and body (a query)."""
+
+    name: str
+    params: tuple[str, ...]
+    body: str
+
+
+def _param_names(signature: str) -> tuple[str, ...]:
+    names = []
+    for part in re.split(r",(?![^\[]*\])", signature):
+        part = part.strip()
+        if part:
+            names.append(part.split()[0])
+    return tuple(names)
+
+
+@lru_cache(maxsize=1)
+def macros() -> dict[str, Macro]:
+    """Every table macro of the shipped macro files, by name."""
+    from dpsql.core.registration import sql_files
+
+    found: dict[str, Macro] = {}
+    for path in sql_files():
+        for m in _MACRO.finditer(path.read_text()):
+            found[m.group(1)] = Macro(m.group(1), _param_names(m.group(2)), m.group(3))
+    return found
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A marked stage: a table macro (``cte`` is None) or one CTE of a macro's body."""
+
+    macro: str
+    cte: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        return self.macro if self.cte is None else f"{self.macro}.{self.cte}"
+
+
+def _marks() -> list[tuple[str, int, str, Optional[Stage]]]:
+    """Every export mark of the macro files: (file, line, name, the stage below it or None)."""
+    from dpsql.core.registration import sql_files
+
+    found: list[tuple[str, int, str, Optional[Stage]]] = []
+    for path in sql_files():
+        lines = path.read_text().splitlines()
+        macro = None
+        for i, line in enumerate(lines):
+            head = _MACRO_HEAD.match(line)
+            if head:
+                macro = head.group(1)
+            mark = _MARK.match(line)
+            if not mark and line.startswith(MARKER):
+                found.append((path.name, i + 1, line[len(MARKER):].strip(), None))  # malformed: reported
+                continue
+            if not mark:
+                continue
+            name, below = mark.group(1), (lines[i + 1] if i + 1 < len(lines) else "")
+            stage = None
+            if (m := _MACRO_HEAD.match(below)) and m.group(1) == name:
+                stage = Stage(name)
+            elif (m := _CTE_HEAD.match(below)) and m.group(1) == name and macro is not None:
+                stage = Stage(macro, name)
+            found.append((path.name, i + 1, name, stage))
+    return found
+
+
+@lru_cache(maxsize=1)
+def stages() -> dict[str, Stage]:
+    """The stages marked ``-- dpsql:portable <name>``, by :attr:`Stage.name` (``macro`` or ``macro.cte``).
+
+    A mark that is not directly above the definition of the macro or CTE it names is an error.
+    """
+    out: dict[str, Stage] = {}
+    for file, line, name, stage in _marks():
+        if stage is None:
+            raise TranslationError(f"{file}:{line}: the mark {MARKER} {name} is not directly above the "
+                                   f"definition of a macro or CTE named {name!r}")
+        out[stage.name] = stage
+    return out
+
+
+def _check_marked(stage: Stage) -> None:
+    if stage.name not in stages():
+        what = f"the CTE {stage.cte} of {stage.macro}" if stage.cte else f"the macro {stage.macro}"
+        raise TranslationError(
+            f"{what} is not an exported stage: only a macro or CTE marked '{MARKER} <name>' in the macro files "
+            f"is translated (exported: {', '.join(sorted(stages()))})")
+
+
+def _sqlglot():
+    try:
+        import sqlglot
+        from sqlglot import exp
+        from sqlglot.optimizer.simplify import simplify
+    except ImportError as err:  # pragma: no cover - the spark extra installs it
+        raise ImportError("dpsql's SQL translation needs sqlglot: pip install 'dpsql[spark]'") from err
+    return sqlglot, exp, simplify
+
+
+def _literal(exp, value: object):
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, str):
+        return exp.Literal.string(value)
+    if isinstance(value, (int, float)):
+        return exp.Literal.number(repr(float(value)))  # a decimal literal: the DOUBLE pass casts it
+    raise TranslationError(f"cannot bind a constant of type {type(value).__name__}")
+
+
+def _referenced(exp, node, names: set[str]) -> set[str]:
+    """CTE names that ``node`` reads (as a table or through ``query_table('name')``)."""
+    found = {t.name for t in node.find_all(exp.Table) if isinstance(t.this, exp.Identifier) and t.name in names}
+    for fn in node.find_all(exp.Anonymous):
+        if fn.name.lower() == "query_table" and fn.expressions and fn.expressions[0].is_string:
+            if fn.expressions[0].this in names:
+                found.add(fn.expressions[0].this)
+    return found
+
+
+def _inputs(exp, tree, output: Optional[str]) -> set[str]:
+    """The CTEs and nested macros (table functions) the stage reads, directly or through its CTEs."""
+    with_ = tree.args.get("with_") or tree.args.get("with")
+    ctes = {c.alias: c for c in (with_.expressions if with_ else [])}
+    if output is None:
+        nodes = [tree]
+        found = set(ctes)
+    else:
+        if output not in ctes:
+            raise TranslationError(f"no CTE named {output!r} (CTEs: {', '.join(ctes)})")
+        found, todo = set(), [output]
+        while todo:
+            name = todo.pop()
+            if name not in found:
+                found.add(name)
+                todo.extend(_referenced(exp, ctes[name].this, set(ctes)))
+        nodes = [ctes[name].this for name in found]
+        found.discard(output)
+    for node in nodes:
+        found |= {t.this.name for t in node.find_all(exp.Table) if isinstance(t.this, exp.Anonymous)
+                  and t.this.name.lower().startswith(_NESTED_MACRO_PREFIXES)}
+    return found
+
+
+def _select_output(exp, tree, output: str, dropped: set[str]):
+    """``WITH <the CTEs output needs, minus dropped> SELECT * FROM output``."""
+    with_ = tree.args.get("with_") or tree.args.get("with")
+    ctes = {c.alias: c for c in (with_.expressions if with_ else [])}
+    if output not in ctes:
+        raise TranslationError(f"no CTE named {output!r} (CTEs: {', '.join(ctes)})")
+    needed, todo = set(), [output]
+    while todo:
+        name = todo.pop()
+        if name in needed or name in dropped:
+            continue
+        needed.add(name)
+        todo.extend(_referenced(exp, ctes[name].this, set(ctes)))
+    kept = [c.copy() for name, c in ctes.items() if name in needed]
+    query = exp.select("*").from_(output)
+    for c in kept:
+        query = query.with_(c.alias, as_=c.this)
+    return query
+
+
+def _drop_ctes(exp, tree, dropped: set[str]):
+    with_ = tree.args.get("with_") or tree.args.get("with")
+    if with_:
+        keep = [c for c in with_.expressions if c.alias not in dropped]
+        if keep:
+            with_.set("expressions", keep)
+        else:
+            with_.pop()
+    return tree
+
+
+def _prune_constant_branches(exp, simplify, tree):
+    for union in list(tree.find_all(exp.Union)):
+        # (side, its WHERE node, the folded WHERE): sqlglot nodes are untyped; WHERE is None only with no verdict
+        sides: list[tuple[Any, Any, Optional[bool]]] = []
+        for side in (union.this, union.expression):
+            where = side.args.get("where") if isinstance(side, exp.Select) else None
+            verdict = None
+            if where is not None and not list(where.find_all(exp.Column)):
+                folded = simplify(where.this.copy())
+                if isinstance(folded, exp.Boolean):
+                    verdict = folded.this
+            sides.append((side, where, verdict))
+        alive = [(s, w, v) for s, w, v in sides if v is not False]
+        for s, w, v in alive:
+            if v is True:
+                w.pop()
+        if len(alive) == 1:
+            if union is tree:
+                key = "with_" if "with_" in union.args else "with"
+                with_ = union.args.get(key)
+                tree = alive[0][0]
+                tree.pop()
+                if with_ is not None:
+                    tree.set(key, with_.pop())
+            else:
+                union.replace(alive[0][0])
+        elif not alive:
+            raise TranslationError("every branch of a UNION ALL is pruned")
+    return tree
+
+
+def stage_sql(macro: str, relations: Mapping[str, str], constants: Optional[Mapping[str, object]] = None,
+              output: Optional[str] = None, dialect: str = "spark") -> str:
+    """The body of ``macro`` with its parameters bound, rendered in ``dialect``.
+
+    ``relations`` maps relation parameters (read via ``query_table(p)``), nested
+    macro names and CTE names to relation names of the target engine (a bound CTE
+    is dropped from the query). ``constants`` binds scalar parameters. ``output``
+    selects one CTE (and what it reads) instead of the macro's final SELECT.
+    The stage must be marked (:func:`stages`) and ``relations`` may bind only
+    relation parameters and inputs of the stage; anything else raises
+    :class:`TranslationError`.
+    """
+    sqlglot, exp, simplify = _sqlglot()
+    defs = macros()
+    if macro not in defs:
+        raise TranslationError(f"no table macro named {macro!r} in the macro files")
+    constants = dict(constants or {})
+    stage = Stage(macro, output)
+    _check_marked(stage)
+    tree = sqlglot.parse_one(defs[macro].body, read="duckdb")
+    inputs = _inputs(exp, tree, output)
+    for key in relations:  # a relation parameter, or a CTE or nested macro the stage reads
+        if key not in defs[macro].params and key not in inputs:
+            raise TranslationError(f"{stage.name}: cannot bind {key!r}, which is neither a relation parameter "
+                                   f"nor an input of the stage (its inputs: {', '.join(sorted(inputs)) or 'none'})")
+    dropped = set(relations) & {c.alias for c in tree.find_all(exp.CTE)}
+    tree = _select_output(exp, tree, output, dropped) if output else _drop_ctes(exp, tree, dropped)
+    params = set(defs[macro].params)
+
+    def bind(node):
+        if isinstance(node, exp.CTE):
+            node.set("materialized", None)
+            return node
+        if isinstance(node, exp.Table) and isinstance(node.this, exp.Anonymous):
+            fn = node.this
+            if fn.name.lower() == "query_table":
+                arg = fn.expressions[0]
+                key = arg.this if arg.is_string else arg.name
+                if key not in relations and arg.is_string:
+                    return exp.Table(this=exp.to_identifier(key), alias=node.args.get("alias"))
+                if key not in relations:
+                    raise TranslationError(f"{macro}: relation parameter {key!r} is not bound")
+                return exp.Table(this=exp.to_identifier(relations[key]),
+                                 alias=node.args.get("alias") or exp.TableAlias(this=exp.to_identifier(key)))
+            if fn.name in relations:
+                return exp.Table(this=exp.to_identifier(relations[fn.name]), alias=node.args.get("alias"))
+            raise TranslationError(f"{macro}: the table function {fn.name} has no binding")
+        if isinstance(node, exp.Table) and node.name in relations and node.name in dropped:
+            return exp.Table(this=exp.to_identifier(relations[node.name]),
+                             alias=node.args.get("alias") or exp.TableAlias(this=exp.to_identifier(node.name)))
+        if isinstance(node, exp.Column) and not node.table and node.name in params:
+            if node.name not in constants:
+                raise TranslationError(f"{macro}: scalar parameter {node.name!r} is not bound")
+            return _literal(exp, constants[node.name])
+        if isinstance(node, exp.Anonymous) and node.name.lower() in _RENAMED:
+            node.set("this", _RENAMED[node.name.lower()])
+        return node
+
+    def as_double(node):
+        if isinstance(node, exp.Literal) and not node.is_string and re.search(r"[.eE]", node.this):
+            return exp.Cast(this=node.copy(), to=exp.DataType.build("double"))
+        return node
+
+    tree = tree.transform(bind)
+    tree = _prune_constant_branches(exp, simplify, tree)
+    tree = tree.transform(as_double)
+    leftover = [f.name for f in tree.find_all(exp.Anonymous) if f.name.lower().startswith(_NESTED_MACRO_PREFIXES)]
+    if leftover:
+        raise TranslationError(f"{macro}: {', '.join(sorted(set(leftover)))} cannot run outside DuckDB; "
+                               "bind it to a relation or keep this stage in Python")
+    return tree.sql(dialect=dialect)

@@ -1,0 +1,1001 @@
+"""``dpsql shell``: an SQL prompt on a DuckDB connection with dpsql registered.
+
+Input is read line by line. A line starting with ``.`` at the start of a
+statement is a dot command (DuckDB's everyday ones: ``.mode``, ``.output``,
+``.timer``, ``.schema``, ``.read``, ``.maxrows``, ``.tables``, ``.bail``,
+``.help``, ``.quit``); anything else accumulates until a statement ends with
+``;`` outside quotes and comments, and then every statement of the input runs
+in order. Errors are one ``Error: ...`` line on stderr. ``-c SQL`` stops at the
+first error; a script on standard input goes on after an error unless
+``-bail``; both exit 1 if anything failed. The prompt reports errors and
+carries on.
+
+Output modes (``.mode``, or the flags ``-csv``, ``-json``, ``-markdown``,
+``-line``): duckbox (default), csv, json, jsonlines, markdown, line. Each result
+is read once and held, then drawn: a release is never run twice to be shown.
+duckbox shows ``.maxrows`` rows (default 40), except for a release (a statement
+that charged the ledger), which is shown whole, or as CSV when it is too long
+for a box, so that no released row is lost. Ctrl-C stops a running statement
+(nothing is charged if it comes before the charge); once a statement has
+charged a release it finishes and its rows are shown. Ctrl-C ends a script.
+
+Ledger rule, the same as the other commands': a session charges ``--ledger
+FILE`` if given, else the sidecar ``DATABASE.dpsql-ledger`` of the database it
+opens (what ``dpsql budget show DATABASE`` reads), else, with no database, an
+in-memory ledger forgotten at exit. ``dpsql set-union data.parquet`` charges
+``data.parquet.dpsql-ledger`` because that is the file it opens; to charge the
+same ledger from an in-memory shell, pass ``--ledger data.parquet.dpsql-ledger``
+(the shell says so when an in-memory session releases from a file).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional, TextIO, TypeVar
+
+import duckdb
+
+import dpsql
+from dpsql.core import ledger as ledger_mod, state
+from dpsql.core.errors import DpsqlError, LedgerIOError, ParameterError, from_engine
+
+__all__ = ["split_statements", "is_complete", "error_line", "Shell", "run_shell", "add_arguments", "run_args",
+           "MODES"]
+
+HISTORY_FILE = ".dpsql_history"
+PROMPT = "dpsql> "
+CONTINUATION = "   ...> "
+MODES = ("duckbox", "csv", "json", "jsonlines", "markdown", "line")
+DEFAULT_MAXROWS = 40
+# The box renderer draws at most this many rows; a longer release is printed as CSV instead.
+_BOX_ROWS = 9999
+_HUGE = 10**6
+_MAX_READ_DEPTH = 16
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_T = TypeVar("_T")
+
+HELP = """\
+Enter SQL statements terminated by ';'. A statement may span several lines.
+dpsql's macros are registered on this connection, for example:
+  SELECT * FROM dp_set_union('my_table', method := 'weighted_gaussian',
+                             epsilon := 1.0, delta := 1e-5, max_items := 100);
+Methods: {methods}.
+Table names are strings ('my_table'). Every release is charged to the privacy ledger:
+  SELECT * FROM dp_budget();     -- spent and remaining (epsilon, delta) per scope
+  SELECT * FROM dp_releases();   -- one row per release
+(set budgets with dpsql.set_budget(...) or 'dpsql budget set DATABASE --epsilon E --delta D').
+Ledger of this session: {ledger}.
+  The rule: --ledger FILE if given, else DATABASE.dpsql-ledger next to the database file,
+  else (no database) an in-memory ledger forgotten at exit. 'dpsql set-union data.parquet'
+  charges data.parquet.dpsql-ledger: pass --ledger data.parquet.dpsql-ledger to charge it here.
+Dot commands (at the start of a line):
+  .help               show this text
+  .tables             list tables and views
+  .schema [PATTERN]   CREATE statements of tables, views and indexes (names matching PATTERN, LIKE)
+  .mode [MODE]        output mode: {modes} (no MODE: show it)
+  .output [FILE]      send results to FILE (no FILE: back to stdout)
+  .maxrows [N]        rows duckbox shows (default {maxrows}); a release is always shown whole
+  .timer on|off       print the run time of each statement
+  .read FILE          run the SQL and dot commands of FILE
+  .bail on|off        stop a script (-c, standard input, .read) at its first error
+  .quit, .exit        leave (Ctrl-D also works; Ctrl-C stops a running statement, except a release
+                      already charged: that one finishes so that its rows are shown)
+Flags: -c SQL, -csv, -json, -markdown, -line, -readonly, -bail, --ledger FILE ('dpsql shell --help')."""
+
+
+# --------------------------------------------------------------------------
+# Splitting SQL text into statements
+# --------------------------------------------------------------------------
+
+_IDENT_CHAR = re.compile(r"[A-Za-z0-9_$\x80-\U0010ffff]")
+_DOLLAR_TAG = re.compile(r"\$([A-Za-z_\x80-\U0010ffff][A-Za-z0-9_\x80-\U0010ffff]*)?\$")
+
+
+def _scan(text: str) -> Iterator[tuple[int, str]]:
+    """Yield ``(position, kind)`` for each top-level ``;`` (kind ``";"``) and each
+    significant character outside quotes and comments (kind ``"x"``); finally
+    ``(len(text), "open")`` if a quote or comment is still open at the end.
+
+    Covers what DuckDB's parser accepts: '...' and "..." with doubled quotes,
+    E'...' with backslash escapes, $tag$...$tag$, -- line comments and nested
+    /* */ block comments.
+    """
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in " \t\r\n\f\v":
+            i += 1
+        elif c == ";":
+            yield i, ";"
+            i += 1
+        elif text.startswith("--", i):
+            end = text.find("\n", i)
+            i = n if end < 0 else end + 1
+        elif text.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if text.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+            if depth:
+                yield n, "open"
+                return
+        elif c in "'\"":
+            yield i, "x"
+            backslash = c == "'" and i > 0 and text[i - 1] in "eE" and (i < 2 or not _IDENT_CHAR.match(text[i - 2]))
+            i += 1
+            while True:
+                if i >= n:
+                    yield n, "open"
+                    return
+                if backslash and text[i] == "\\":
+                    i += 2
+                elif text[i] == c:
+                    if text.startswith(c, i + 1):  # doubled quote: an escaped quote
+                        i += 2
+                    else:
+                        i += 1
+                        break
+                else:
+                    i += 1
+        elif c == "$" and (i == 0 or not _IDENT_CHAR.match(text[i - 1])) and (dollar := _DOLLAR_TAG.match(text, i)):
+            yield i, "x"
+            tag = dollar.group(0)
+            end = text.find(tag, i + len(tag))
+            if end < 0:
+                yield n, "open"
+                return
+            i = end + len(tag)
+        else:
+            yield i, "x"
+            i += 1
+
+
+def split_statements(text: str) -> list[str]:
+    """The statements of ``text`` without their terminating ``;``.
+
+    Semicolons inside quotes, dollar-quoted strings and comments do not split.
+    Pieces that hold only whitespace or comments are dropped; a last statement
+    without ``;`` is kept.
+    """
+    pieces, start, significant = [], 0, False
+    for pos, kind in _scan(text):
+        if kind == ";":
+            if significant:
+                pieces.append(text[start:pos])
+            start, significant = pos + 1, False
+        elif kind == "x":
+            significant = True
+        else:  # an unterminated quote or comment: the rest is one (invalid) statement
+            significant = significant or bool(text[start:].strip())
+            break
+    if significant:
+        pieces.append(text[start:])
+    return [p.strip() for p in pieces]
+
+
+def is_complete(text: str) -> bool:
+    """Whether ``text`` ends with a statement's ``;`` (outside quotes and comments)."""
+    last = None
+    for _, kind in _scan(text):
+        last = kind
+    return last == ";"
+
+
+# --------------------------------------------------------------------------
+# Running statements
+# --------------------------------------------------------------------------
+
+_UDF_PREFIX = "Python exception occurred while executing the UDF: "
+
+
+_UNBOUND_NAME = re.compile(r'Referenced (column|table) "[^"]+" (was )?not found')
+_DPSQL_SIGNATURE = re.compile(r"Macro dp_\w+\(\) does not support the supplied arguments")
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for an error: its message up to the source excerpt DuckDB appends, whitespace collapsed.
+
+    An engine error that carries a dpsql error (raised in a UDF or by SQL's error(), or DuckDB's refusal
+    of a non-constant release parameter) is shown as that ``dpsql:`` message, once.
+    """
+    exc = from_engine(exc)
+    message = str(exc).strip() or type(exc).__name__
+    kept = []
+    for line in message.splitlines():
+        if line.startswith("LINE ") or line.lstrip().startswith("^"):
+            break
+        kept.append(line.strip())
+    text = " ".join(part for part in kept if part)
+    # A dpsql parameter error raised inside a UDF is clearer without the engine's wrapper text.
+    if _UDF_PREFIX in text:
+        text = text.split(_UDF_PREFIX, 1)[1]
+    elif text.startswith("Invalid Input Error: dpsql:"):  # a dpsql check raised by SQL's error()
+        text = text[len("Invalid Input Error: "):]
+    if _UNBOUND_NAME.search(text):
+        # The usual cause with dpsql: a table passed to a macro as a bare identifier, which the
+        # binder takes for a column. Macros take the table's name as a string (the ledger records it).
+        text += " (if this names a table passed to a dpsql macro, quote it: dp_set_union('events', ...))"
+    elif _DPSQL_SIGNATURE.search(text):
+        # The binder matched no typed signature: a parameter of the wrong type or a missing
+        # required one (epsilon and delta have no default).
+        text += (" (dpsql: pass tables and columns as quoted strings, numbers such as epsilon := 1.0 unquoted,"
+                 " and always epsilon and delta)")
+    return f"Error: {text}"
+
+
+# --------------------------------------------------------------------------
+# Drawing results
+# --------------------------------------------------------------------------
+
+# Statements whose result is the engine's bare report ("Count" or "Success"),
+# not rows the user asked for: nothing is printed for them, as in DuckDB's CLI.
+_REPORT_COLUMNS = (["Count"], ["Success"])
+
+
+def _query_only(statement: duckdb.Statement) -> bool:
+    return list(statement.expected_result_type) == [duckdb.ExpectedResultType.QUERY_RESULT]
+
+
+def _texts(rows: duckdb.DuckDBPyRelation) -> list[tuple[Any, ...]]:
+    """Every value as DuckDB writes it (None for NULL), so numbers read as in duckbox and in COPY."""
+    return rows.select("CAST(COLUMNS(*) AS VARCHAR)").fetchall()
+
+
+def _csv_field(value: Optional[str]) -> str:
+    # NULL is an empty field and '' a quoted one, as DuckDB's COPY writes them.
+    if value is None:
+        return ""
+    if value == "" or any(c in value for c in ',"\r\n'):
+        return '"' + value.replace('"', '""') + '"'
+    return value
+
+
+def _json_value(text: Optional[str]) -> str:
+    if text is None:
+        return "null"
+    # JSON has no NaN or infinities: keep them as strings rather than write invalid JSON.
+    return json.dumps(text) if text in ("NaN", "Infinity", "-Infinity") else text
+
+
+def _json_objects(rows: duckdb.DuckDBPyRelation, names: list[str]) -> list[str]:
+    keys = [json.dumps(name) for name in names]
+    return ["{" + ",".join(f"{k}:{_json_value(v)}" for k, v in zip(keys, row)) + "}"
+            for row in rows.select("to_json(COLUMNS(*))").fetchall()]
+
+
+def _markdown_cell(value: Optional[str]) -> str:
+    text = "NULL" if value is None else value
+    return text.replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
+
+
+def render(rows: duckdb.DuckDBPyRelation, names: list[str], mode: str, *, max_rows: int,
+           max_width: Optional[int] = None) -> str:
+    """The text of a held result in ``mode`` (one of :data:`MODES`); duckbox shows ``max_rows`` rows."""
+    if mode == "duckbox":
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):  # the renderer prints; keep its text for our stream
+            rows.show(max_rows=max_rows, max_width=max_width, max_col_width=max_width)
+        return buffer.getvalue().rstrip("\n") + "\n"
+    if mode == "json":
+        objects = _json_objects(rows, names)
+        return "[" + ",\n".join(objects) + "]\n"
+    if mode == "jsonlines":
+        return "".join(o + "\n" for o in _json_objects(rows, names))
+    values = _texts(rows)
+    if mode == "csv":
+        return "".join(",".join(_csv_field(v) for v in line) + "\n" for line in [tuple(names), *values])
+    if mode == "markdown":
+        cells = [[_markdown_cell(v) for v in line] for line in values]
+        heads = [_markdown_cell(n) for n in names]
+        widths = [max([3, len(h), *(len(line[i]) for line in cells)]) for i, h in enumerate(heads)]
+        lines = ["| " + " | ".join(h.center(w) for h, w in zip(heads, widths)) + " |",
+                 "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+        lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |" for line in cells]
+        return "\n".join(lines) + "\n"
+    if mode == "line":
+        width = max([5, *(len(n) for n in names)])
+        blocks = ["".join(f"{n:>{width}} = {'NULL' if v is None else v}\n" for n, v in zip(names, line))
+                  for line in values]
+        return "\n".join(blocks)
+    raise ParameterError(f"unknown output mode {mode!r}; use one of {', '.join(MODES)}")
+
+
+# --------------------------------------------------------------------------
+# The shell
+# --------------------------------------------------------------------------
+
+TABLES_SQL = """
+SELECT CASE WHEN table_catalog = current_database() AND table_schema = current_schema() THEN table_name
+            ELSE table_catalog || '.' || table_schema || '.' || table_name END AS name,
+       CASE table_type WHEN 'VIEW' THEN 'view' ELSE 'table' END AS kind
+FROM information_schema.tables
+WHERE table_schema NOT IN ('information_schema', 'pg_catalog')
+ORDER BY table_catalog = current_database() DESC, name
+"""
+
+SCHEMA_SQL = """
+SELECT sql FROM (
+    SELECT database_name AS d, schema_name AS s, table_name AS n, 0 AS k, sql FROM duckdb_tables()
+    WHERE NOT internal AND ($1 IS NULL OR table_name ILIKE $1)
+    UNION ALL
+    SELECT database_name, schema_name, view_name, 1, sql FROM duckdb_views()
+    WHERE NOT internal AND ($1 IS NULL OR view_name ILIKE $1)
+    UNION ALL
+    SELECT database_name, schema_name, table_name, 2, sql FROM duckdb_indexes()
+    WHERE sql IS NOT NULL AND ($1 IS NULL OR table_name ILIKE $1 OR index_name ILIKE $1))
+WHERE sql IS NOT NULL
+ORDER BY d = current_database() DESC, d, s, n, k
+"""
+
+
+class _Gate:
+    """Orders Ctrl-C and the ledger's charge within one statement.
+
+    Ctrl-C before the charge stops the statement and no charge can follow; after the
+    charge the statement runs to its end, so that a charged release reaches the user.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.charged = False
+
+    def reset(self) -> None:
+        with self.lock:
+            self.stopping = self.charged = False
+
+    def stop(self) -> bool:
+        """Ask to stop; False if a release is already charged (the statement must finish)."""
+        with self.lock:
+            if self.charged:
+                return False
+            self.stopping = True
+            return True
+
+
+class _ShellLedger(ledger_mod.Ledger):
+    """A ledger whose charges wait for, and are refused after, a Ctrl-C (see :class:`_Gate`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = _Gate()
+
+    def charge(self, mechanism: str, unit: str, table: str, epsilon: float, delta: float,
+               parameters: str = "", calibration: str = "", *, seeded: bool = False,
+               scope: Optional[str] = None) -> ledger_mod.Release:
+        with self.gate.lock:
+            if self.gate.stopping:
+                raise DpsqlError("dpsql: interrupted (Ctrl-C) before the release was charged")
+            release = super().charge(mechanism, unit, table, epsilon, delta, parameters, calibration,
+                                     seeded=seeded, scope=scope)
+            self.gate.charged = True
+            return release
+
+
+class Shell:
+    """Feeds lines of input to a connection and draws the results.
+
+    ``interactive``: a person at a prompt (errors never end the session).
+    ``bail``: a script (-c, standard input, ``.read``) stops at its first error.
+    ``width``: returns the terminal's width for duckbox (asked at each result, as the window may
+    change), or None for the renderer's default.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, *, interactive: bool, bail: bool = False,
+                 mode: str = "duckbox", out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+                 width: Optional[Callable[[], int]] = None):
+        self.con = con
+        self.interactive = interactive
+        self.bail = bail
+        self.mode = mode
+        self.maxrows = DEFAULT_MAXROWS
+        self.timer = False
+        self.width = width
+        self.stdout = out
+        self.out = out            # where results go (.output FILE changes it)
+        self.output_name: Optional[str] = None
+        self.err = err
+        self.ledger = state.ledger_of(con)
+        # Orders Ctrl-C and the charge when the ledger is the shell's own (see run_shell); on another
+        # ledger a charge is seen by counting its releases.
+        self.gate: Optional[_Gate] = self.ledger.gate if isinstance(self.ledger, _ShellLedger) else None
+        self.buffer: list[str] = []
+        self.errors = 0
+        self.interrupted = False
+        self.done = False
+        self._depth = 0
+        self._noted_files: set[str] = set()
+
+    @property
+    def failed(self) -> bool:
+        return self.errors > 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether an unfinished statement is waiting for more lines."""
+        return bool(self.buffer)
+
+    # -- input --------------------------------------------------------------------------------
+    def feed(self, line: str) -> None:
+        """Take one line; run the buffered statements once they end with ``;``."""
+        if not self.buffer and line.strip().startswith("."):
+            self.dot_command(line.strip())
+            return
+        if not self.buffer and not line.strip():
+            return
+        self.buffer.append(line)
+        text = "\n".join(self.buffer)
+        if is_complete(text):
+            self.buffer = []
+            self.run(text)
+
+    def feed_all(self, lines: Iterable[str]) -> None:
+        """Feed a script's lines; stop at ``.quit``, an interrupt, or (with bail) its first error."""
+        errors = self.errors
+        for line in lines:
+            self.feed(line.rstrip("\r\n"))
+            if self.done or (self.bail and self.errors > errors):
+                self.buffer = []
+                return
+        self.finish()
+
+    def finish(self) -> None:
+        """At the end of input run what is left, even without a final ``;``."""
+        text = "\n".join(self.buffer)
+        self.buffer = []
+        if text.strip():
+            self.run(text)
+
+    def cancel(self) -> None:
+        """Forget an unfinished statement (Ctrl-C at the prompt)."""
+        self.buffer = []
+
+    # -- statements ---------------------------------------------------------------------------
+    def run(self, text: str) -> bool:
+        """Run every statement of ``text`` in order, stopping at the first error."""
+        for sql in split_statements(text):
+            try:
+                self.execute(sql)
+            except KeyboardInterrupt:
+                self._interrupted()
+                return False
+            except Exception as exc:  # every failure is reported as one line, never a traceback
+                if _is_interrupt(exc):
+                    self._interrupted()
+                else:
+                    self._error(error_line(exc))
+                return False
+        return True
+
+    def _interrupted(self) -> None:
+        self.interrupted = True
+        self._error("Error: interrupted")
+        if not self.interactive:  # Ctrl-C ends a script, -bail or not
+            self.done = True
+
+    def execute(self, sql: str) -> None:
+        """Run one statement and draw its rows (nothing for DDL and DML)."""
+        parsed = duckdb.extract_statements(sql)
+        if not parsed:  # only comments
+            return
+        started, cpu = time.perf_counter(), os.times()
+        before = 0 if self.gate else len(self.ledger.releases())  # releases already charged
+        try:
+            with _ctrl_c_requests() as requests:
+                held = self._in_worker(lambda: self._compute(sql, parsed[-1]), requests)
+                if held is not None:
+                    self._show(held, charged=self.gate.charged if self.gate
+                               else len(self.ledger.releases()) > before)
+            if requests and not self.interactive:  # Ctrl-C came as the statement ended: the script stops
+                self.interrupted = self.done = True
+        finally:
+            if self.timer:
+                self._print_timer(started, cpu)
+
+    def _show(self, held: tuple[Any, ...], charged: bool) -> None:
+        if held[0] == "plan":
+            self._emit(held[1], charged=False)
+            return
+        _, names, rows = held
+        try:
+            text = self._draw(rows, names, charged)
+        except Exception:
+            if not charged:
+                raise
+            # A charged release must reach the user; the engine's message could quote a value.
+            self._error(f"Error: dpsql: the release could not be drawn in {self.mode} mode; its rows "
+                        f"follow as plain CSV")
+            text = "".join(",".join(_csv_field(None if v is None else str(v)) for v in line) + "\n"
+                           for line in [tuple(names), *rows.fetchall()])
+        self._emit(text, charged=charged)
+        if charged:
+            self._note_file_releases()
+
+    def _compute(self, sql: str, last: duckdb.Statement) -> Optional[tuple[Any, ...]]:
+        """Run ``sql`` and hold its rows (in the worker thread): None, ("plan", text) or ("rows", names, rows)."""
+        relation = self.con.sql(sql)
+        if relation is None or (not _query_only(last) and relation.columns in _REPORT_COLUMNS):
+            return None
+        if last.type == duckdb.StatementType.EXPLAIN and relation.columns == ["explain_key", "explain_value"]:
+            # A plan is drawn text; inside a table cell its line breaks would show as "\n".
+            return "plan", "".join(str(plan).rstrip("\n") + "\n" for _, plan in relation.fetchall())
+        names = list(relation.columns)
+        # Read once and hold: every drawing reads the held rows, never the query again.
+        return "rows", names, relation.materialize()
+
+    def _in_worker(self, work: Callable[[], _T], requests: list[int]) -> _T:
+        """``work()`` in a worker thread while this (main) thread waits and watches for Ctrl-C.
+
+        The engine does not always notice Ctrl-C while it runs a query on several threads: here
+        the main thread sees it (``requests``, filled by :func:`_ctrl_c_requests`) and interrupts
+        the connection, unless the statement has already charged a release: then the statement
+        finishes, so that its rows are shown. A Ctrl-C that stopped the statement raises
+        KeyboardInterrupt once the worker has ended (the connection is never left busy).
+        """
+        result: dict[str, Any] = {}
+        finished = threading.Event()
+
+        def target() -> None:
+            try:
+                result["value"] = work()
+            except BaseException as exc:  # re-raised in the main thread
+                result["error"] = exc
+            finally:
+                finished.set()
+
+        if self.gate:
+            self.gate.reset()
+        worker = threading.Thread(target=target, name="dpsql-shell-statement", daemon=True)
+        worker.start()
+        stopped = noted = False
+        handled = 0
+        while not finished.wait(0.1):
+            if len(requests) == handled:
+                continue
+            handled = len(requests)
+            if self.gate is None or self.gate.stop():
+                stopped = True
+                self.con.interrupt()
+            elif not noted:
+                noted = True
+                self._say("dpsql: interrupted after the release was charged; finishing it so that its "
+                          "rows are not lost")
+        worker.join()
+        if "error" in result:
+            if stopped:
+                raise KeyboardInterrupt from None
+            raise result["error"]
+        return result["value"]
+
+    def _draw(self, rows: duckdb.DuckDBPyRelation, names: list[str], charged: bool) -> str:
+        if self.mode != "duckbox" or not charged:
+            return render(rows, names, self.mode, max_rows=self.maxrows,
+                          max_width=self.width() if self.width else None)
+        # A release is shown whole (its rows exist once: running it again would be another release).
+        count = rows.shape[0]
+        if count > _BOX_ROWS:
+            self._say(f"dpsql: this release has {count} rows, more than a box can show: printed as CSV so "
+                      f"that none is lost (use .mode csv and .output FILE for large releases)")
+            return render(rows, names, "csv", max_rows=count)
+        return render(rows, names, "duckbox", max_rows=max(count, 1), max_width=_HUGE)
+
+    def _note_file_releases(self) -> None:
+        """Say once per file when an in-memory ledger took a release that read a file (see the module doc)."""
+        if self.ledger.path is not None:
+            return
+        for release in self.ledger.releases():
+            scope = release.table
+            if os.path.isabs(scope) and scope not in self._noted_files:
+                self._noted_files.add(scope)
+                self._say(f"dpsql: note: this release read {scope} and was charged to this session's "
+                          f"in-memory ledger, which is forgotten at exit. 'dpsql set-union' charges "
+                          f"{scope}{ledger_mod.LEDGER_SUFFIX}; start the shell with --ledger "
+                          f"{scope}{ledger_mod.LEDGER_SUFFIX} to charge that ledger")
+
+    def _print_timer(self, started: float, cpu: os.times_result) -> None:
+        now = os.times()
+        self.stdout.write(f"Run Time (s): real {time.perf_counter() - started:.3f} "
+                          f"user {now.user - cpu.user:.6f} sys {now.system - cpu.system:.6f}\n")
+        self.stdout.flush()
+
+    def _emit(self, text: str, *, charged: bool) -> None:
+        """Write a result; a release whose --output write fails is printed on stdout instead."""
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except OSError as exc:
+            if self.out is self.stdout:
+                raise
+            name = self.output_name
+            self._close_output()
+            self._error(f"Error: dpsql: could not write to .output {name!r} ({exc.strerror or exc}); "
+                        f"results go to stdout again" + ("; the release is printed there" if charged else ""))
+            if charged:
+                self.stdout.write(text)
+                self.stdout.flush()
+
+    def _say(self, line: str) -> None:
+        self.out.flush()
+        print(line, file=self.err, flush=True)
+
+    def _error(self, line: str) -> None:
+        self._say(line)
+        self.errors += 1
+
+    # -- dot commands -------------------------------------------------------------------------
+    def dot_command(self, line: str) -> None:
+        """Handle one dot command (see HELP)."""
+        command, _, rest = line.partition(" ")
+        command, arg = command.lower(), rest.strip()
+        handler = _DOT_COMMANDS.get(command)
+        if handler is None:
+            self._error(f"Error: dpsql: unknown command {command!r}; enter .help for the list")
+            return
+        handler(self, arg)
+
+    def _quit(self, arg: str) -> None:
+        self.done = True
+
+    def _help(self, arg: str) -> None:
+        ledger = str(self.ledger.path) if self.ledger.path else "in memory, forgotten at exit"
+        print(HELP.format(methods=", ".join(dpsql.METHODS), ledger=ledger, modes=", ".join(MODES),
+                          maxrows=DEFAULT_MAXROWS), file=self.stdout, flush=True)
+
+    def _tables(self, arg: str) -> None:
+        try:
+            names = self.con.sql(TABLES_SQL).fetchall()
+        except Exception as exc:
+            self._error(error_line(exc))
+            return
+        self._emit("".join((name if kind == "table" else f"{name} (view)") + "\n" for name, kind in names),
+                   charged=False)
+
+    def _schema(self, arg: str) -> None:
+        pattern = _unquote(arg) if arg else None
+        try:
+            statements = self.con.execute(SCHEMA_SQL, [pattern]).fetchall()
+        except Exception as exc:
+            self._error(error_line(exc))
+            return
+        if pattern is not None and not statements:
+            self._error(f"Error: dpsql: .schema: no table, view or index matches {pattern!r} "
+                        f"(a LIKE pattern; .tables lists them)")
+            return
+        self._emit("".join(sql.rstrip().rstrip(";") + ";\n" for (sql,) in statements), charged=False)
+
+    def _mode(self, arg: str) -> None:
+        if not arg:
+            print(f"current output mode: {self.mode}", file=self.stdout, flush=True)
+            return
+        mode = arg.split()[0].lower()
+        if mode not in MODES:
+            self._error(f"Error: dpsql: .mode {mode!r} is not supported; use one of {', '.join(MODES)}")
+            return
+        self.mode = mode
+
+    def _output(self, arg: str) -> None:
+        if not arg:
+            self._close_output()
+            return
+        name = _unquote(arg)
+        if self._is_ledger(name):
+            # Opening it for writing would empty it: every budget and release it holds would be lost.
+            self._error(f"Error: dpsql: .output {name!r} is a privacy ledger (a *{ledger_mod.LEDGER_SUFFIX} file, "
+                        f"this session's ledger, or a file holding one); writing results there would destroy its "
+                        f"budgets and releases. Name another file; results still go to "
+                        f"{self.output_name or 'stdout'}")
+            return
+        try:
+            stream = open(name, "w", encoding="utf-8", newline="")
+        except OSError as exc:
+            self._error(f"Error: dpsql: .output: cannot write {name!r} ({exc.strerror or exc}); "
+                        f"results still go to {self.output_name or 'stdout'}")
+            return
+        self._close_output()
+        self.out, self.output_name = stream, name
+
+    def _is_ledger(self, name: str) -> bool:
+        """Whether ``name`` is a ledger (or one of its SQLite journals): by its name, as this session's
+        ledger under any path (a link to it included), or by its content (a dpsql ledger's tables)."""
+        suffix = re.compile(re.escape(ledger_mod.LEDGER_SUFFIX) + r"(-journal|-wal|-shm)?$", re.IGNORECASE)
+        if suffix.search(name) or suffix.search(os.path.realpath(name)):
+            return True
+        own = self.ledger.path
+        if own is not None and os.path.realpath(name) == os.path.realpath(own):
+            return True
+        try:
+            if own is not None and os.path.samefile(name, own):
+                return True
+            with open(name, "rb") as f:
+                if f.read(len(_SQLITE_MAGIC)) != _SQLITE_MAGIC:
+                    return False
+            db = sqlite3.connect(Path(name).resolve().as_uri() + "?mode=ro", uri=True)
+            try:
+                tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            finally:
+                db.close()
+            return {"budgets", "releases"} <= tables
+        except (OSError, sqlite3.Error):  # no such file (yet), or no SQLite database: not a ledger
+            return False
+
+    def _close_output(self) -> None:
+        if self.out is not self.stdout:
+            try:
+                self.out.close()
+            except OSError:
+                pass
+        self.out, self.output_name = self.stdout, None
+
+    def _maxrows(self, arg: str) -> None:
+        if not arg:
+            print(f"current max rows: {self.maxrows}", file=self.stdout, flush=True)
+            return
+        try:
+            value = int(arg)
+        except ValueError:
+            value = 0
+        if value < 1:
+            self._error(f"Error: dpsql: .maxrows needs a whole number of rows >= 1 (got {arg!r}), "
+                        f"e.g. .maxrows 100")
+            return
+        self.maxrows = value
+
+    def _switch(self, name: str, arg: str) -> Optional[bool]:
+        value = {"on": True, "off": False, "1": True, "0": False, "true": True, "false": False}.get(arg.lower())
+        if value is None:
+            self._error(f"Error: dpsql: {name} needs on or off (got {arg!r})")
+        return value
+
+    def _timer(self, arg: str) -> None:
+        value = self._switch(".timer", arg)
+        if value is not None:
+            self.timer = value
+
+    def _bail(self, arg: str) -> None:
+        value = self._switch(".bail", arg)
+        if value is not None:
+            self.bail = value
+
+    def _read(self, arg: str) -> None:
+        if not arg:
+            self._error("Error: dpsql: .read needs a FILE, e.g. .read setup.sql")
+            return
+        name = _unquote(arg)
+        if self._depth >= _MAX_READ_DEPTH:
+            self._error(f"Error: dpsql: .read {name!r}: files read each other more than {_MAX_READ_DEPTH} "
+                        f"levels deep; is a file reading itself?")
+            return
+        try:
+            with open(name, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self._error(f"Error: dpsql: .read: cannot read {name!r} ({reason})")
+            return
+        saved, self.buffer = self.buffer, []
+        self._depth += 1
+        try:
+            self.feed_all(text.splitlines())
+        finally:
+            self._depth -= 1
+            self.buffer = saved
+
+
+_DOT_COMMANDS: dict[str, Callable[[Shell, str], None]] = {
+    ".quit": Shell._quit, ".exit": Shell._quit, ".q": Shell._quit,
+    ".help": Shell._help, ".tables": Shell._tables, ".schema": Shell._schema, ".mode": Shell._mode,
+    ".output": Shell._output, ".maxrows": Shell._maxrows, ".timer": Shell._timer, ".bail": Shell._bail,
+    ".read": Shell._read,
+}
+
+
+@contextlib.contextmanager
+def _ctrl_c_requests() -> Iterator[list[int]]:
+    """While a statement runs and its rows are drawn, Ctrl-C is recorded in the yielded list, not raised.
+
+    A KeyboardInterrupt raised at an arbitrary point could leave the connection busy or lose a
+    charged release's rows; the statement's code checks the list where stopping is safe.
+    Outside the main thread (where no signal handler can be set) nothing changes.
+    """
+    requests: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield requests
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: requests.append(signum))
+    try:
+        yield requests
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _is_interrupt(exc: Exception) -> bool:
+    # Ctrl-C while the engine runs comes back as the engine's interrupt error, not as KeyboardInterrupt.
+    return isinstance(exc, duckdb.InterruptException) or str(exc).strip() == "Query interrupted"
+
+
+def _unquote(text: str) -> str:
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+# --------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------
+
+def _setup_readline() -> Optional[Callable[[], None]]:
+    """Enable line editing and load the history file; return a function that saves it, if possible."""
+    try:
+        import readline
+    except ImportError:  # e.g. Windows without pyreadline: plain input() still works
+        return None
+    try:
+        path = Path.home() / HISTORY_FILE
+    except (RuntimeError, KeyError):  # no resolvable home directory
+        return None
+    try:
+        readline.read_history_file(path)
+    except (FileNotFoundError, PermissionError, OSError):
+        pass
+    readline.set_history_length(1000)
+
+    def save() -> None:
+        try:
+            readline.write_history_file(path)
+        except OSError:  # an unwritable home is not an error for a prompt
+            pass
+
+    return save
+
+
+def banner(shell: Shell, database: str) -> str:
+    """The first lines of an interactive session: versions, database, and the ledger it charges."""
+    if shell.ledger.path is None:
+        ledger = ("Releases are charged to an in-memory ledger, forgotten at exit "
+                  "(--ledger FILE keeps one; .help explains the rule).")
+    else:
+        ledger = f"Releases are charged to the ledger {shell.ledger.path}."
+    return (f"dpsql {dpsql.__version__} (DuckDB {duckdb.__version__}) on {database}.\n{ledger}\n"
+            "Enter .help for help, .quit or Ctrl-D to leave.")
+
+
+def _interactive(shell: Shell, database: str) -> None:
+    save_history = _setup_readline()
+    print(banner(shell, database), file=shell.stdout, flush=True)
+    try:
+        while not shell.done:
+            try:
+                line = input(CONTINUATION if shell.pending else PROMPT)
+            except EOFError:
+                print(file=shell.stdout)
+                break
+            except KeyboardInterrupt:  # Ctrl-C drops the statement being typed, as in other SQL shells
+                print(file=shell.stdout)
+                shell.cancel()
+                continue
+            shell.feed(line)
+    finally:
+        if save_history is not None:
+            save_history()
+
+
+def _ledger_path(ledger: Optional[str]) -> Optional[Path]:
+    """The --ledger file, checked: its folder exists and it is no data file (a typo must not clobber data)."""
+    if ledger is None:
+        return None
+    path = Path(ledger)
+    if not path.parent.is_dir():
+        raise ParameterError(f"dpsql: --ledger {ledger!r}: folder {str(path.parent)!r} does not exist")
+    if path.is_dir():
+        raise ParameterError(f"dpsql: --ledger {ledger!r} is a folder; name a ledger file, e.g. "
+                             f"{str(path / ('data' + ledger_mod.LEDGER_SUFFIX))!r}")
+    try:
+        head = b""
+        if path.is_file() and path.stat().st_size > 0:
+            with open(path, "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+    except OSError as exc:
+        raise LedgerIOError(f"dpsql: --ledger {ledger!r} cannot be read ({exc.strerror or exc}); make it readable "
+                            f"or name another ledger file") from exc
+    if head and head != _SQLITE_MAGIC:
+        raise ParameterError(f"dpsql: --ledger {ledger!r} is not a dpsql ledger (a data file?); pass the "
+                             f"ledger file, e.g. {ledger + ledger_mod.LEDGER_SUFFIX!r}")
+    return path
+
+
+def _terminal_width() -> int:
+    return shutil.get_terminal_size().columns
+
+
+def session_ledger(database: str, ledger: Optional[Path]) -> ledger_mod.Ledger:
+    """The ledger a session charges (the rule of the module docstring)."""
+    in_memory = database in ("", ":memory:")
+    if ledger is not None:
+        return _ShellLedger(ledger, database="memory" if in_memory else ledger_mod.database_alias(database))
+    return _ShellLedger(None if in_memory else ledger_mod.sidecar_path(database))
+
+
+def run_shell(database: Optional[str] = None, command: Optional[str] = None, *,
+              mode: str = "duckbox", readonly: bool = False, bail: bool = False, ledger: Optional[str] = None,
+              stdin: TextIO = sys.stdin, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Run the shell on ``database`` (in memory if None) and return the exit code.
+
+    With ``command``, run that SQL (stopping at its first error); else read stdin
+    to its end when it is not a terminal (going on after errors unless ``bail``);
+    else prompt. Exit code: 0, 1 if a script had an error, 2 for a bad option,
+    130 if interrupted. ``ledger``: see the module docstring.
+    """
+    database = database or ":memory:"
+    try:
+        if mode not in MODES:
+            raise ParameterError(f"dpsql: unknown output mode {mode!r}; use one of {', '.join(MODES)}")
+        if readonly and database == ":memory:":
+            raise ParameterError("dpsql: -readonly needs a DATABASE file (an in-memory database is always writable)")
+        ledger_path = _ledger_path(ledger)
+    except ParameterError as exc:
+        print(f"Error: {exc}", file=err, flush=True)
+        return 2
+    except LedgerIOError as exc:
+        print(f"Error: {exc}", file=err, flush=True)
+        return 1
+    try:
+        con = dpsql.connect(database, read_only=readonly, ledger=session_ledger(database, ledger_path))
+    except Exception as exc:
+        print(error_line(exc), file=err, flush=True)
+        return 1
+    shell = None
+    try:
+        interactive = command is None and stdin.isatty()
+        shell = Shell(con, interactive=interactive, bail=bail or command is not None, mode=mode, out=out, err=err,
+                      width=_terminal_width if interactive and out.isatty() else None)
+        if command is not None:
+            shell.feed_all(command.splitlines())
+        elif interactive:
+            _interactive(shell, database)
+        else:
+            shell.feed_all(stdin)
+        if interactive:
+            return 0
+        return 130 if shell.interrupted else (1 if shell.failed else 0)
+    finally:
+        if shell is not None:
+            shell._close_output()
+        con.close()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``dpsql shell`` options (DuckDB's CLI spellings: ``-csv``, ``-json``, ``-readonly``, ``-bail``)."""
+    parser.add_argument("database", nargs="?", metavar="DATABASE", help="DuckDB database file (default: in memory)")
+    parser.add_argument("-c", dest="command", metavar="SQL", help="run SQL and exit (stops at the first error)")
+    parser.add_argument("-readonly", "--readonly", action="store_true", help="open DATABASE read-only "
+                        "(releases are still charged to its ledger)")
+    parser.add_argument("-bail", "--bail", action="store_true",
+                        help="stop a script read from standard input at its first error")
+    for mode in ("csv", "json", "markdown", "line"):
+        parser.add_argument(f"-{mode}", f"--{mode}", dest="mode", action="store_const", const=mode,
+                            help=f"output mode {mode} (.mode {mode})")
+    parser.set_defaults(mode="duckbox")
+    parser.add_argument("--ledger", metavar="FILE",
+                        help="privacy ledger to charge (default: DATABASE.dpsql-ledger; with no DATABASE an "
+                             "in-memory ledger, forgotten at exit)")
+
+
+def run_args(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Run the shell with the options :func:`add_arguments` parsed."""
+    return run_shell(args.database, args.command, mode=args.mode, readonly=args.readonly, bail=args.bail,
+                     ledger=args.ledger, out=out, err=err)

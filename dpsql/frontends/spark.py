@@ -1,0 +1,784 @@
+"""The parallel set-union mechanisms on a Spark DataFrame of (user, item) rows.
+
+``set_union(df, method, ...)`` runs ``count_laplace``, ``count_gaussian``,
+``weighted_laplace``, ``weighted_gaussian``, ``mad``, ``mad2r`` and ``sips`` and
+returns a Spark DataFrame with one column ``item`` (the released items);
+``top_k_domain`` is the domain step of ``dp_top_k`` / ``dp_hitting_set``;
+``group_by`` is ``dp_group_by`` / ``dp_group_by_public`` (selection by a parallel
+method, then granular Laplace count / sum / mean per item, as :func:`dpsql.group_by`).
+The sequential policies have no parallel form: run them with DuckDB.
+
+One definition of every stage: the contribution bounding and the pre-noise
+weights are the stages of ``sql/20_contribution_bounding.sql``,
+``sql/30_set_union.sql``, ``sql/40_adaptive.sql`` and ``sql/97_group_by.sql`` marked
+``-- dpsql:portable <name>``, translated to Spark SQL by :mod:`dpsql.frontends.portable`
+(which refuses unmarked stages); the methods and their options are the
+declarations of :mod:`dpsql.core.registry` (``Mechanism.spark``); validation and
+calibration are the declarations' checks and the functions of
+:mod:`dpsql.core.calibration` / :mod:`dpsql.union.adaptive` (same numbers, same errors);
+noise is :class:`dpsql.core.noise.NoiseSource`, drawn in vectorised Arrow batches.
+
+Privacy argument: the same as the DuckDB macros (``dpsql.union``,
+``dpsql.union.adaptive``, ``dpsql.groupby``), given the three properties it relies on, kept here:
+
+* **cap**: each user's distinct items are capped to ``max_items`` by ranking them
+  with a 64-bit hash keyed with a secret salt from the secure source (one salt
+  per release, drawn on the driver): a uniform sample without replacement that
+  depends only on that user's rows. The ranking key is the macros'
+  ``hash(xor(hash(user_id, item), s))`` with Spark's 64-bit ``xxhash64`` for
+  DuckDB's ``hash``, so the two engines cap differently but identically distributed;
+* **noise**: one :class:`NoiseSource` per Spark task, keyed with 256 bits from
+  the OS CSPRNG of the executor; never Spark's ``rand()``;
+* **one draw per release**: every noisy intermediate that is read twice (MAD2R's
+  round-one noisy weights, each DP-SIPS round's released set) and the returned
+  release are materialised once with an eager local checkpoint, so Spark's lazy
+  re-evaluation cannot redraw noise (a second draw would be a second release).
+  A lost checkpoint block fails the job instead of recomputing it.
+
+The noisy weights never leave the function; only released items are returned.
+A ``seed`` makes runs reproducible for tests (up to Spark's row order) and the
+release **NOT private**, as ``dpsql.connect(seed=N)``.
+
+Input. A NULL user or item is refused before anything is drawn, with the
+:class:`~dpsql.core.validation.DPParameterError` (and the text) DuckDB's macros give,
+``dpsql: column user_id (user_col) contains NULL; ...``. The check is one extra
+scan of the input's two columns.
+
+Executors. The functions dpsql runs in Spark tasks (the noise of each stage and
+MAD2R's UserWeights) are shipped by value: a task imports numpy, pyarrow,
+randomgen and pandas, never ``dpsql`` or ``duckdb``, so executors need neither
+(the driver's dpsql code runs there, whatever version they have installed). On a
+local master (``local``, ``local[N]``, ``local-cluster``), whose Python workers
+run on this machine, dpsql's own tasks run with the driver's interpreter
+(``sys.executable``) unless ``PYSPARK_PYTHON`` named one when the session was
+created: PySpark's default is ``python3`` from ``PATH``, which in a virtualenv
+that is not activated lacks the packages. The session is not changed: your own
+UDFs still run with ``PYSPARK_PYTHON`` (set it to ``sys.executable`` before
+creating the session for them). On a cluster, set ``PYSPARK_PYTHON`` to an
+interpreter the executors have.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+import threading
+import uuid
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from dpsql.union import adaptive
+from dpsql.core import calibration
+from dpsql import groupby, topk, union
+from dpsql.union.adaptive import user_weights_batch
+from dpsql.core.registry import set_union_methods
+from dpsql.core.noise import NOT_PRIVATE_WARNING, NoiseSource, secure_source
+from dpsql.frontends.portable import stage_sql
+from dpsql.core.validation import (DPParameterError, check_column_pair, check_identifier, check_max_items,
+                              derived_budget, warn_weak_parameters)
+
+__all__ = ["PARALLEL_METHODS", "DEFAULT_METHOD", "set_union", "top_k_domain", "capped_user_items", "set_union_weights",
+           "mad_weights", "mad_biased_weights", "sips_round_weights", "group_by", "group_by_stats",
+           "pre_selection_weights"]
+
+# The methods with a parallel form, as declared (Mechanism.spark); the policies are sequential.
+PARALLEL_METHODS = tuple(n for n, m in set_union_methods().items() if m.spark)
+# The Spark backend's default: the best method it runs (DuckDB's default, sips_cumulative, has no
+# Spark form yet).
+DEFAULT_METHOD = "mad2r"
+# The weighting of dp__set_union_weights each one-round release macro uses (sql/30_set_union.sql).
+_WEIGHTING = {"count_laplace": "count", "count_gaussian": "count", "weighted_laplace": "inverse",
+              "weighted_gaussian": "inverse_sqrt"}
+_noise_stage = itertools.count(1)
+
+
+# --------------------------------------------------------------------------
+# Plumbing: views for the translated stages, materialisation, noise per task
+# --------------------------------------------------------------------------
+
+def _run_stage(macro: str, inputs: Mapping[str, Any], constants: Optional[Mapping[str, object]] = None,
+               output: Optional[str] = None):
+    """Run the Spark translation of ``macro`` on DataFrames bound to its relations."""
+    session = next(iter(inputs.values())).sparkSession
+    names = {key: f"dp__spark_{uuid.uuid4().hex}" for key in inputs}
+    for key, frame in inputs.items():
+        frame.createOrReplaceTempView(names[key])
+    try:
+        return session.sql(stage_sql(macro, names, constants, output=output))
+    finally:  # the analysed plan keeps the views' plans
+        for name in names.values():
+            session.catalog.dropTempView(name)
+
+
+def _one_row(session, row: Mapping[str, float]):
+    """A one-row relation of parameters, marked for broadcast (the stages CROSS JOIN it with the rows)."""
+    from pyspark.sql import functions as F
+
+    # Literals, not createDataFrame of a Python list: that would run a Python task (another interpreter).
+    return F.broadcast(session.range(1).select(*(F.lit(float(v)).cast("double").alias(k) for k, v in row.items())))
+
+
+def _materialise(frame):
+    """Evaluate ``frame`` once; later reads see these rows (noise is not redrawn).
+
+    An eager local checkpoint, not ``persist()``: the translated SQL reads its inputs through
+    temporary views, and Spark's cache lookup did not match them (the plans showed every read of
+    a persisted input recomputed from the source), while a checkpoint cuts the lineage.
+    """
+    return frame.localCheckpoint(eager=True)
+
+
+# PySpark's worker interpreter when PYSPARK_PYTHON is not set (SparkContext.pythonExec).
+_SPARK_DEFAULT_PYTHON = "python3"
+_shipping_lock = threading.RLock()
+
+
+def _local_context(session):
+    """The SparkContext of ``session`` if its Python workers run here with PySpark's default interpreter."""
+    try:
+        sc = session.sparkContext
+    except Exception:  # Spark Connect: no driver-side context, the server picks the interpreter
+        return None
+    if not str(sc.master).startswith("local") or sc.pythonExec != _SPARK_DEFAULT_PYTHON:
+        return None
+    return sc
+
+
+@contextmanager
+def _by_value():
+    """While held, PySpark pickles dpsql's functions and classes by value (tasks never import dpsql)."""
+    from pyspark import cloudpickle
+
+    with _shipping_lock:
+        registered = "dpsql" in cloudpickle.list_registry_pickle_by_value()
+        if not registered:
+            cloudpickle.register_pickle_by_value(sys.modules["dpsql"])
+        try:
+            yield
+        finally:
+            if not registered:
+                cloudpickle.unregister_pickle_by_value(sys.modules["dpsql"])
+
+
+@contextmanager
+def _shipping(session):
+    """Around the creation of a Python UDF of dpsql (PySpark pickles it then and records the interpreter).
+
+    The function goes by value (:func:`_by_value`) and, on a local master with PySpark's default
+    interpreter, is run by ``sys.executable``; the session's setting is restored on exit.
+    """
+    with _by_value():
+        sc = _local_context(session)
+        if sc is None:
+            yield
+            return
+        previous, sc.pythonExec = sc.pythonExec, sys.executable
+        try:
+            yield
+        finally:
+            sc.pythonExec = previous
+
+
+def _task_source(seed: Optional[int], stage: int) -> NoiseSource:
+    """The noise source of one Spark task: OS CSPRNG keyed, or derived from (seed, stage, partition)."""
+    if seed is None:
+        return NoiseSource()
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    partition = ctx.partitionId() if ctx is not None else 0
+    return NoiseSource(int(np.random.SeedSequence([seed, stage, partition]).generate_state(1, np.uint64)[0]))
+
+
+@dataclass(frozen=True)
+class _Noise:
+    kind: str          # "gaussian" or "laplace" (a NoiseSource method)
+    scale: float       # standard deviation / Laplace b
+    threshold: float   # release if noisy > threshold (strict) or >= threshold
+    strict: bool
+
+
+def _noise_task(noise: _Noise, seed: Optional[int], stage: int,
+                keep_all: bool) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow function of :func:`_noisy`: numpy, pyarrow and (by value) :class:`NoiseSource` only."""
+    kind, scale, threshold, strict = noise.kind, float(noise.scale), float(noise.threshold), noise.strict
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        source = _task_source(seed, stage)
+        draw = getattr(source, kind)
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            w = batch.column(batch.schema.get_field_index("w")).to_numpy(zero_copy_only=False)
+            noisy = w + draw(np.full(len(w), scale))
+            items = batch.column(batch.schema.get_field_index("item"))
+            if keep_all:
+                yield pa.RecordBatch.from_arrays([items, pa.array(noisy, pa.float64())], ["item", "noisy"])
+            else:
+                passed = noisy > threshold if strict else noisy >= threshold
+                yield pa.RecordBatch.from_arrays([items.filter(pa.array(passed))], ["item"])
+
+    return run
+
+
+def _noisy(weights, noise: _Noise, seed: Optional[int], keep_all: bool = False):
+    """``(item[, noisy])`` of the rows of ``weights`` (item, w) whose ``w + noise`` passes the threshold.
+
+    With ``keep_all`` every row is returned with its noisy weight (MAD2R's round one, internal only).
+    """
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    item_field = weights.schema["item"]
+    fields = [StructField("item", item_field.dataType, item_field.nullable)]
+    if keep_all:
+        fields.append(StructField("noisy", DoubleType(), False))
+    run = _noise_task(noise, seed, next(_noise_stage), keep_all)
+    with _shipping(weights.sparkSession):
+        return weights.select("item", "w").mapInArrow(run, StructType(fields))
+
+
+# --------------------------------------------------------------------------
+# Input and contribution bounding
+# --------------------------------------------------------------------------
+
+def _null_message(col: str, param: str) -> str:
+    # The text of dp__user_items (sql/20_contribution_bounding.sql).
+    what = "users" if param == "user_col" else "items"
+    return f"dpsql: column {col} ({param}) contains NULL; filter NULL {what} out first, e.g. with a view"
+
+
+def _checked_rows(df, user_col: str, item_col: str, value_col: Optional[str] = None):
+    """(user_id, item[, v]) per row of ``df``: ``dp__user_item_rows`` (with ``value_col``: ``dp__user_item_value_rows``).
+
+    Built here, in Python: column lookup (a ``value_col`` must be numeric, as the macro's binder
+    requires), then one scan that refuses a NULL user or item with DuckDB's error, before anything
+    is drawn. ``v`` is the value as DOUBLE; a NULL value stays NULL and the sum skips it.
+    """
+    from pyspark.sql import functions as F
+
+    user_col = check_identifier("user_col", user_col)
+    item_col = check_identifier("item_col", item_col)
+    check_column_pair(user_col, item_col)
+    checked = [("user_col", user_col), ("item_col", item_col)]
+    if value_col is not None:
+        checked.append(("value_col", check_identifier("value_col", value_col)))
+    columns = {c.lower(): c for c in df.columns}
+    for param, col in checked:
+        if col.lower() not in columns:
+            raise DPParameterError(f"{param} := {col!r} is not a column of the DataFrame; its columns are "
+                                   f"{', '.join(df.columns)}")
+
+    if value_col is not None:
+        # As the macro's `+ 0::DOUBLE`: a numeric column (the schema), whose NULLs the sum skips.
+        kind = df.schema[columns[value_col.lower()]].dataType
+        if not isinstance(kind, _numeric_types()):
+            raise DPParameterError(f"value_col := {value_col!r} has type {kind.simpleString()}, not a number; "
+                                   f"convert it first, e.g. with a cast to double")
+    keys = [(param, col) for param, col in checked if param != "value_col"]
+    for param, col in keys:  # by identity, as the SQL readers (sql/15_checks.sql): on the schema, no rows read
+        problem = _key_type_problem(df.schema[columns[col.lower()]].dataType)
+        if problem:
+            raise DPParameterError(f"{param} := {col!r} has type {df.schema[columns[col.lower()]].dataType.simpleString()}, "
+                                   f"which cannot be a grouping key: {problem}")
+
+    # Checked here, in Python, because a raise_error inside the job reaches the driver as a Java stack
+    # trace whose exception type depends on the plan (and whose text may lack the message).
+    nulls = df.select(*(F.max(F.col(f"`{columns[col.lower()]}`").isNull().cast("int")).alias(param)
+                        for param, col in keys)).first()
+    for param, col in keys:
+        if nulls is not None and nulls[param]:
+            raise DPParameterError(_null_message(col, param))
+
+    def not_null(param: str, col: str):
+        # A guard for input that changes between the check and the release (e.g. a non-deterministic source).
+        return F.coalesce(F.col(f"`{columns[col.lower()]}`"), F.raise_error(F.lit(_null_message(col, param))))
+
+    names = {"user_col": "user_id", "item_col": "item", "value_col": "v"}
+    selected = [not_null(param, col).alias(names[param]) for param, col in keys]
+    if value_col is not None:
+        selected.append(F.col(f"`{columns[value_col.lower()]}`").cast("double").alias("v"))
+    return df.select(*selected)
+
+
+def _key_type_problem(kind) -> Optional[str]:
+    """Why a key (user or item) of Spark type ``kind`` does not group by identity, or None.
+
+    As ``dp__key_type_problem`` (sql/15_checks.sql): equal values that print differently would release
+    whichever private row's spelling came first. Binary strings, integers, decimals, dates, timestamps,
+    booleans and binaries are exact; a collated string (Spark 4's ``UTF8_LCASE``, ...), a float or double
+    (-0.0 = 0.0, NaN), an interval, and a nested value holding any of those or a string are refused.
+    """
+    from pyspark.sql import types as T
+
+    fix = "cast it first, e.g. to a binary-collated string or a decimal"
+    if isinstance(kind, T.StringType):
+        collation = getattr(kind, "collation", "UTF8_BINARY")
+        return None if collation == "UTF8_BINARY" else f"under collation {collation} equal strings print differently; {fix}"
+    if isinstance(kind, (T.FloatType, T.DoubleType)):
+        return f"equal floating-point values print differently (-0.0 = 0.0, NaN); {fix}"
+    if isinstance(kind, (T.ArrayType, T.MapType, T.StructType)):
+        children = ([kind.elementType] if isinstance(kind, T.ArrayType) else
+                    [kind.keyType, kind.valueType] if isinstance(kind, T.MapType) else [f.dataType for f in kind.fields])
+        if any(isinstance(c, T.StringType) or _key_type_problem(c) for c in children):
+            return f"a nested value holding strings or floating-point numbers may hold equal values that print differently; {fix}"
+        return None
+    exact = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DecimalType, T.DateType, T.TimestampType,
+             T.TimestampNTZType, T.BooleanType, T.BinaryType)
+    return None if isinstance(kind, exact) else f"dpsql does not know that equal {kind.simpleString()} values print alike; {fix}"
+
+
+def _numeric_types() -> tuple[type, ...]:
+    from pyspark.sql import types as T
+
+    return (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
+
+
+def _user_items(df, user_col: str, item_col: str):
+    """``dp__user_items``: distinct (user_id, item) pairs; a NULL user or item raises DuckDB's error first.
+
+    The rows of ``dp__user_item_rows`` are :func:`_checked_rows`; the pairs are the translated macro.
+    """
+    return _run_stage("dp__user_items", {"dp__user_item_rows": _checked_rows(df, user_col, item_col)})
+
+
+def _salt_relation(session, salt: int):
+    """The one-row ``dp__salt`` (column ``s``) of the capping macros, for the salt drawn on the driver."""
+    from pyspark.sql import functions as F
+
+    return F.broadcast(session.range(1).select(F.lit(int(salt)).cast("long").alias("s")))
+
+
+def capped_user_items(pairs, max_items: int, salt: int, *, window: bool = False):
+    """(user_id, item, d) with each user's distinct items capped to ``max_items``: ``dp__capped_user_items``.
+
+    The translated macro (``window``: ``dp__capped_user_items_window``, the same rows for one salt)
+    with its ``dp__salt`` bound to ``salt``: a user with more items keeps the ``max_items`` of
+    smallest ``hash(xor(hash(user_id, item), s))``, a uniform sample without replacement that depends
+    only on the user's rows and the secret salt. ``d`` is the capped degree.
+    """
+    max_items = check_max_items(max_items)
+    return _run_stage("dp__capped_user_items_window" if window else "dp__capped_user_items",
+                      {"dp__user_items": pairs, "dp__salt": _salt_relation(pairs.sparkSession, salt)},
+                      {"max_items": max_items})
+
+
+# --------------------------------------------------------------------------
+# Pre-noise stages (translated macros). NOT releases: exact aggregates of the data.
+# --------------------------------------------------------------------------
+
+def set_union_weights(capped, weighting: str):
+    """``dp__set_union_weights``: (item, w) of capped rows (user_id, item, d); weighting count/inverse/inverse_sqrt."""
+    if weighting not in ("count", "inverse", "inverse_sqrt"):
+        raise DPParameterError(f"weighting must be count, inverse or inverse_sqrt (got {weighting!r})")
+    return _run_stage("dp__set_union_weights", {"dp__capped_user_items": capped}, {"weighting": weighting})
+
+
+def _mad_stage(rows, params: Mapping[str, float]):
+    """``dp__mad_stage`` on rows (user_id, item, d, uw) with (tau, alpha, min_degree, max_degree)."""
+    return _run_stage("dp__mad_stage", {"rows_rel": rows, "params_rel": _one_row(rows.sparkSession, params)})
+
+
+def _user_weight_rows(biased, b_min: float, b_max: float):
+    """``dp__user_weight_rows``: (user_id, item, d, uw) of rows (user_id, item, b) ([MAD] Alg. 2).
+
+    The closed form (b_min * b_max >= 1) is the translated macro; otherwise Alg. 2's loop runs in
+    :func:`dpsql.union.adaptive.user_weights_batch` (the function behind DuckDB's ``dp__user_weights``), one
+    pandas group per user.
+    """
+    if b_min * b_max >= 1.0:
+        return _run_stage("dp__user_weight_rows", {"rows_rel": biased}, {"b_min": b_min, "b_max": b_max})
+
+    schema = (f"user_id {biased.schema['user_id'].dataType.simpleString()}, "
+              f"item {biased.schema['item'].dataType.simpleString()}, d long, uw double")
+    with _shipping(biased.sparkSession):
+        return biased.groupBy("user_id").applyInPandas(_user_weights_task(b_min, b_max), schema)
+
+
+def _user_weights_task(b_min: float, b_max: float):
+    """The applyInPandas function of :func:`_user_weight_rows` (one user's rows): numpy and pandas only."""
+    b_min, b_max = float(b_min), float(b_max)
+
+    def per_user(frame):
+        b = frame["b"].to_numpy(dtype=np.float64)
+        uw = user_weights_batch(b, np.array([0, len(b)]), b_min, b_max)
+        return frame.assign(d=len(b), uw=uw)[["user_id", "item", "d", "uw"]]
+
+    return per_user
+
+
+def _mad_params(tau: object, max_adaptive_degree: object, max_items: object, b_min: object, b_max: object) -> dict:
+    """MAD's parameters, from the function behind ``dp__mad_parameters``."""
+    row = adaptive.mad_parameters(tau, max_adaptive_degree, max_items, b_min, b_max)
+    return {k: row[k] for k in ("tau", "alpha", "min_degree", "max_degree")}
+
+
+def mad_weights(capped, tau: float, max_adaptive_degree: int = 50, max_items: int = 100):
+    """``dp__mad_weights`` on capped rows (user_id, item, d): (item, w, w_init, w_trunc, w_reroute). Testing/audit."""
+    params = _mad_params(tau, max_adaptive_degree, max_items, 1.0, 1.0)
+    rows = _run_stage("dp__body_set_union_mad", {"dp__capped_user_items_window": capped}, output="dp__mad_rows")
+    return _mad_stage(rows, params)
+
+
+def mad_biased_weights(rows, tau: float, max_adaptive_degree: int = 50, b_min: float = 0.5, b_max: float = 2.0):
+    """``dp__mad_biased_weights`` on capped rows (user_id, item, b): biased MAD as in MAD2R's round two."""
+    params = _mad_params(tau, max_adaptive_degree, max_adaptive_degree, b_min, b_max)
+    return _mad_stage(_user_weight_rows(rows.select("user_id", "item", "b"), b_min, b_max), params)
+
+
+def sips_round_weights(rows, removed):
+    """One DP-SIPS round's Basic weights (item, w) on rows (user_id, item) minus the items of ``removed``."""
+    return _run_stage("dp__sips_round", {"rows_rel": rows.select("user_id", "item"),
+                                         "removed_rel": removed.select("item")}, output="dp__sr_weights")
+
+
+# --------------------------------------------------------------------------
+# Releases
+# --------------------------------------------------------------------------
+
+_options_of = union.options_of
+
+
+def _validated(method: str, common: Mapping[str, object], options: Mapping[str, object]) -> dict:
+    """Every parameter of ``method`` checked by its declaration (defaults filled in), as dpsql.set_union does.
+
+    The declaration without ``tbl``: the DataFrame is not a table name.
+    """
+    mech = set_union_methods()[method]
+    union.check_options(method, options)
+    without_tbl = dataclasses.replace(mech, params=tuple(p for p in mech.params if p.name != "tbl"))
+    return without_tbl.validate(**common, **options)
+
+
+def _release_independent(capped, method: str, cal: calibration.SetUnionCalibration, seed):
+    weights = set_union_weights(capped, _WEIGHTING[method])
+    return _noisy(weights, _Noise(cal.noise, cal.scale, cal.threshold, strict=True), seed)
+
+
+def _release_mad(capped, r: adaptive.MadRound, seed):
+    rows = _run_stage("dp__body_set_union_mad", {"dp__capped_user_items_window": capped}, output="dp__mad_rows")
+    weights = _mad_stage(rows, r.sql_row())
+    return _noisy(weights, _Noise("gaussian", r.sigma, r.rho, strict=False), seed)
+
+
+def _release_mad2r(capped, c: adaptive.Mad2rCalibration, seed):
+    session = capped.sparkSession
+    cal = _one_row(session, {**c.round1.sql_row("1"), **c.round2.sql_row("2"),
+                             "lower_offset": c.lower_offset, "upper_offset": c.upper_offset})
+    rows = _materialise(_run_stage("dp__body_set_union_mad2r", {"dp__capped_user_items_window": capped}, output="dp__m2_rows"))
+    # Round one's noisy weights: drawn once, read twice (the release and round two's biases).
+    noisy1 = _materialise(_noisy(_mad_stage(rows, c.round1.sql_row()),
+                                 _Noise("gaussian", c.round1.sigma, 0.0, strict=False), seed, keep_all=True))
+    released1 = noisy1.where(noisy1["noisy"] >= c.round1.rho).select("item")
+    items2 = _run_stage("dp__body_set_union_mad2r", {"dp__m2_noisy1": noisy1, "dp__m2_cal": cal}, output="dp__m2_items2")
+    biased = _run_stage("dp__body_set_union_mad2r", {"dp__m2_rows": rows, "dp__m2_items2": items2},
+                        output="dp__m2_biased")
+    rows2 = _materialise(_user_weight_rows(biased, c.round2.b_min, c.round2.b_max))  # read 3 times
+    released2 = _noisy(_mad_stage(rows2, c.round2.sql_row()),
+                       _Noise("gaussian", c.round2.sigma, c.round2.rho, strict=False), seed)
+    return released1.unionByName(released2)
+
+
+def _release_sips(capped, rounds: Sequence[calibration.RoundCalibration], seed):
+    rows = _run_stage("dp__body_set_union_sips", {"dp__capped_user_items_window": capped}, output="dp__s_rows")
+    removed = rows.select("item").limit(0)
+    released = []
+    for r in rounds:
+        weights = sips_round_weights(rows, removed)
+        # Each round's set is drawn once: it is both output and removed from the later rounds.
+        out = _materialise(_noisy(weights, _Noise("gaussian", r.scale, r.threshold, strict=False), seed))
+        released.append(out)
+        removed = removed.unionByName(out)
+    result = released[0]
+    for out in released[1:]:
+        result = result.unionByName(out)
+    return result
+
+
+# Each adaptive method's calibration (its options as keywords) and its release from the capped rows.
+# method -> (its calibration, its Spark release of that calibration)
+_ADAPTIVE: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    "mad": (adaptive.mad_calibration, _release_mad), "mad2r": (adaptive.mad2r_calibration, _release_mad2r),
+    "sips": (adaptive.sips_calibration, _release_sips)}
+
+
+def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,
+              max_items: int = 100, user_col: str = "user_id", item_col: str = "item",
+              seed: Optional[int] = None, **options):
+    """Release items of the Spark DataFrame ``df`` under user-level (epsilon, delta)-DP.
+
+    The Spark counterpart of :func:`dpsql.set_union` for the parallel methods
+    (:data:`PARALLEL_METHODS`); ``options`` are the method's own parameters as
+    declared (e.g. MAD2R's ``split``, ``max_adaptive_degree``, ``beta``, ``b_min``,
+    ``b_max``, ``c_lb``, ``c_ub``). Every parameter is validated before any row is read.
+    Returns a materialised DataFrame with one column ``item`` (the input's type).
+    ``seed`` is for tests only: the release is then NOT private.
+    """
+    method = union.check_method(method)
+    if method not in PARALLEL_METHODS:
+        raise DPParameterError(f"method {method!r} has no Spark form; the Spark backend runs "
+                               f"{', '.join(PARALLEL_METHODS)} (run {method} with DuckDB)")
+    values = _validated(method, {"epsilon": epsilon, "delta": delta, "max_items": max_items,
+                                 "user_col": user_col, "item_col": item_col}, options)
+    epsilon, delta, max_items = values["epsilon"], values["delta"], values["max_items"]
+    union.calibrate(method, epsilon, delta, max_items)  # as dpsql.set_union: the method at its defaults
+    if method in _ADAPTIVE:
+        calibrate, release = _ADAPTIVE[method]
+        cal = calibrate(epsilon, delta, max_items, **{n: values[n] for n in _options_of(method)})
+    else:
+        cal = union.calibrate(method, epsilon, delta, max_items)
+    pairs = _user_items(df, values["user_col"], values["item_col"])
+    if seed is not None:
+        warnings.warn(NOT_PRIVATE_WARNING, stacklevel=2)
+        salt = NoiseSource(int(seed)).salt()
+    else:
+        salt = secure_source().salt()
+    if method in _WEIGHTING:
+        released = _release_independent(capped_user_items(pairs, max_items, salt), method, cal, seed)
+    else:  # the adaptive stages read the capped rows several times: cap once (the macros' window form)
+        capped = _materialise(capped_user_items(pairs, max_items, salt, window=True))
+        released = release(capped, cal, seed)
+    # Sorted: the partitions' order depends on the data (README, "What a release shows").
+    return _materialise(released.orderBy("item"))
+
+
+def top_k_domain(df, k: int, *, epsilon: float, delta: float, max_items: int = 100,
+                 domain_method: str = topk.DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
+                 item_col: str = "item", seed: Optional[int] = None):
+    """The domain step of ``dp_top_k`` / ``dp_hitting_set``: ``domain_method`` at (epsilon/2, delta/2).
+
+    The same budget split and validation as :func:`dpsql.topk.top_k_calibration` ([MM] Alg. 2); the
+    selection step (epsilon/2, delta/2) is left to the caller, e.g. on the (small) domain in DuckDB.
+    """
+    cal = topk.top_k_calibration(k, epsilon, delta, max_items, domain_method)
+    return set_union(df, cal.domain_method, epsilon=cal.domain_epsilon, delta=cal.domain_delta,
+                     max_items=max_items, user_col=user_col, item_col=item_col, seed=seed)
+
+
+# --------------------------------------------------------------------------
+# Private GROUP BY (dp_group_by, dp_group_by_public)
+# --------------------------------------------------------------------------
+
+def _group_by_cal_relation(session, cal: groupby.GroupByCalibration):
+    """The one-row ``dp__cal`` the ``dp__stats`` stage reads: lower, upper, sum_granularity (NULL if unused)."""
+    from pyspark.sql import functions as F
+
+    row = {"lower": cal.lower, "upper": cal.upper, "sum_granularity": cal.sum_granularity}
+    return F.broadcast(session.range(1).select(*(F.lit(None if v is None else float(v)).cast("double").alias(k)
+                                                 for k, v in row.items())))
+
+
+def group_by_stats(rows, selected, max_items: int, salt: int, cal: groupby.GroupByCalibration):
+    """(item, n, s_steps) of the selected items: the stage ``dp__stats`` of ``dp_group_by``. NOT a release.
+
+    ``rows`` (user_id, item, v), ``selected`` (item). Each user's total per selected item; each user
+    keeps at most ``max_items`` of its selected items (ranked by ``hash(xor(hash(user_id, item), s))``
+    with ``s = salt``, as the cap of :func:`capped_user_items`); ``n`` users per item and ``s_steps``,
+    the sum of the totals clamped to ``[lower, upper]`` and rounded to the sum's grid, in grid steps
+    (NULL when no sum is measured). Items no kept user holds have no row. Testing/audit.
+    """
+    max_items = check_max_items(max_items)
+    if "v" not in rows.columns:
+        from pyspark.sql import functions as F
+
+        rows = rows.withColumn("v", F.lit(None).cast("double"))
+    session = rows.sparkSession
+    return _run_stage("dp__body_group_by", {"dp__user_item_value_rows": rows.select("user_id", "item", "v"),
+                                      "dp__selected": selected.select("item"),
+                                      "dp__salt": _salt_relation(session, salt),
+                                      "dp__cal": _group_by_cal_relation(session, cal)},
+                      {"max_items": max_items}, output="dp__stats")
+
+
+def _group_by_columns(aggregates: Sequence[str]) -> list[str]:
+    """The released columns after ``item``, in the macro's order (sql/97_group_by.sql)."""
+    every = ("count", "count_scale", "count_ci", "sum", "sum_scale", "sum_ci", "mean", "mean_ci")
+    return [c for c in every if c.split("_")[0] in aggregates]
+
+
+def _group_by_task(cal: groupby.GroupByCalibration, seed: Optional[int],
+                   stage: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow function of :func:`_group_by_noisy` on (item, n, s_steps): the macro's ``dp__noisy`` and output.
+
+    Noise is ``dp_granular_laplace_noise`` (the same Arrow function, on the task's source).
+    """
+    from dpsql.core.noise import _granular_noise
+
+    columns = _group_by_columns(cal.aggregates)
+    # (scale, grid) of each measurement made; None when the aggregates do not need it
+    count = None if cal.count_scale is None else (float(cal.count_scale), float(cal.count_granularity or 0.0))
+    total = None if cal.sum_scale is None else (float(cal.sum_scale), float(cal.sum_granularity or 0.0))
+    mean = None
+    if "mean" in cal.aggregates:
+        assert cal.lower is not None and cal.upper is not None
+        assert cal.mean_sum_ci is not None and cal.mean_count_ci is not None
+        # (lower, upper, the numerator of mean_ci): the macro's mean and mean_ci
+        mean = (cal.lower, cal.upper, cal.mean_sum_ci + max(abs(cal.lower), abs(cal.upper)) * cal.mean_count_ci)
+    constants = {"count_scale": cal.count_scale, "count_ci": cal.count_ci, "sum_scale": cal.sum_scale,
+                 "sum_ci": cal.sum_ci}
+    limit = float(2 ** 50)  # groupby._cal_row's sum_limit, in grid steps
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        granular = _granular_noise(_task_source(seed, stage), "discrete_laplace", "scale")
+        for batch in batches:
+            size = batch.num_rows
+            if size == 0:
+                continue
+            out: dict[str, Any] = {"item": batch.column(batch.schema.get_field_index("item"))}
+
+            def steps(name: str) -> np.ndarray:
+                col = batch.column(batch.schema.get_field_index(name))
+                return np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+            def noise(scale: float, g: float) -> np.ndarray:
+                return granular(pa.array(np.full(size, scale)), pa.array(np.full(size, g))).to_numpy()
+
+            n_noisy = s_noisy = np.zeros(size)
+            if count is not None:
+                n_noisy = steps("n").astype(np.float64) + noise(*count)
+                out["count"] = n_noisy
+            if total is not None:
+                s = np.clip(steps("s_steps"), -limit, limit).astype(np.float64) * total[1]
+                s_noisy = s + noise(*total)
+                out["sum"] = s_noisy
+            if mean is not None:
+                # post-processing of the released count and sum (the macro's CASE WHEN n_noisy > 0)
+                lower, upper, ci = mean
+                positive = n_noisy > 0
+                safe = np.where(positive, n_noisy, 1.0)
+                out["mean"] = pa.array(np.clip(s_noisy / safe, lower, upper), pa.float64(), mask=~positive)
+                out["mean_ci"] = pa.array(np.minimum(upper - lower, ci / safe), pa.float64(), mask=~positive)
+            for name, value in constants.items():
+                out[name] = np.full(size, value, dtype=np.float64) if value is not None else None
+            names = ["item", *columns]
+            yield pa.RecordBatch.from_arrays([out[c] if isinstance(out[c], (pa.Array, pa.ChunkedArray))
+                                              else pa.array(out[c], pa.float64()) for c in names], names)
+
+    return run
+
+
+def _group_by_noisy(stats, cal: groupby.GroupByCalibration, seed: Optional[int]):
+    """The released rows of (item, n, s_steps): one row per item, the requested columns (internal)."""
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    item_field = stats.schema["item"]
+    fields = [StructField("item", item_field.dataType, item_field.nullable)]
+    fields += [StructField(c, DoubleType(), c.startswith("mean")) for c in _group_by_columns(cal.aggregates)]
+    run = _group_by_task(cal, seed, next(_noise_stage))
+    with _shipping(stats.sparkSession):
+        return stats.select("item", "n", "s_steps").mapInArrow(run, StructType(fields))
+
+
+def pre_selection_weights(capped, weighting: str):
+    """(item, n, w) of capped rows (user_id, item, d): ``dp__weights`` of ``dp__group_by_pre_selection``. Testing/audit.
+
+    ``n`` capped users per item and the weight ``w`` of ``weighting`` (count, inverse, inverse_sqrt).
+    """
+    from pyspark.sql import functions as F
+
+    if weighting not in ("count", "inverse", "inverse_sqrt"):
+        raise DPParameterError(f"weighting must be count, inverse or inverse_sqrt (got {weighting!r})")
+    row = F.broadcast(capped.sparkSession.range(1).select(F.lit(weighting).alias("weighting")))
+    return _run_stage("dp__group_by_pre_selection", {"dp__capped_user_items": capped, "dp__cal": row},
+                      output="dp__weights")
+
+
+def _pre_selection(pairs, method: str, epsilon: float, delta: float, max_items: int, pre_threshold: int,
+                   salt: int, seed: Optional[int]):
+    """``dp__group_by_pre_selection``: items with ``>= pre_threshold`` capped users, weight shifted by T - 1.
+
+    The weights are the translated stage ``dp__weights``; the method's own noise and strict threshold
+    (:func:`dpsql.union.calibrate`, as ``dp__group_by_pre_calibration``) through :func:`_noisy`.
+    """
+    from pyspark.sql import functions as F
+
+    with derived_budget():
+        sel = union.calibrate(method, epsilon, delta, max_items)
+    weights = pre_selection_weights(capped_user_items(pairs, max_items, salt), _WEIGHTING[method])
+    shifted = weights.where(F.col("n") >= F.lit(pre_threshold)).select(
+        "item", (F.col("w") - F.lit(float(pre_threshold - 1))).alias("w"))
+    return _noisy(shifted, _Noise(sel.noise, sel.scale, sel.threshold, strict=True), seed)
+
+
+def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: Sequence[str] = ("count",),
+             value_col: Optional[str] = None, lower: Optional[float] = None, upper: Optional[float] = None,
+             max_items: int = 100, selection: str = DEFAULT_METHOD, split: float = groupby.DEFAULT_SPLIT,
+             pre_threshold: int = 1, confidence: float = groupby.DEFAULT_CONFIDENCE, items=None,
+             user_col: str = "user_id", item_col: str = "item", seed: Optional[int] = None):
+    """Private GROUP BY item of the Spark DataFrame ``df``: the Spark counterpart of :func:`dpsql.group_by`.
+
+    The same parameters, checks, calibration, contribution bounding, granular Laplace noise and
+    columns (``item``, then per aggregate its value, scale and interval half-width), rows sorted by
+    item. Without ``items`` the items are selected by ``selection`` (one of :data:`PARALLEL_METHODS`,
+    or with ``pre_threshold > 1`` the pre-thresholded one-shot weighting) at ``(epsilon split,
+    delta)``; ``items`` is a DataFrame of public items (column ``item_col``): every listed item gets
+    a row at ``(epsilon, 0)`` and ``delta`` must be left out. Every parameter is validated before
+    any row is read; then one scan refuses a NULL user or item, or a NULL or non-numeric
+    ``value_col`` value in any row (DuckDB checks the values of the selected or listed items only),
+    with DuckDB's text before anything is drawn. No ledger: as :func:`set_union`, nothing is
+    charged (keep the account yourself: the call spends ``(epsilon, delta)``, or ``(epsilon, 0)``
+    with ``items``). The aggregates' cap has its own salt (as the macro's ``dp__salt``).
+    ``seed`` is for tests only: the release is then NOT private.
+    """
+    public = items is not None
+    mech = {m.name: m for m in groupby.MECHANISMS}["group_by_public" if public else "group_by"]
+    declared = dataclasses.replace(mech, params=tuple(p for p in mech.params if p.name not in ("tbl", "items_tbl")))
+    common = {"epsilon": epsilon, "max_items": max_items, "aggregates": aggregates, "value_col": value_col,
+              "lower": lower, "upper": upper, "confidence": confidence, "user_col": user_col, "item_col": item_col}
+    if public:
+        values = declared.validate(**common)
+        cal = groupby.check_call(epsilon, delta, max_items, values["aggregates"], value_col, lower, upper, None, None,
+                                 pre_threshold, confidence, public=True)
+    else:
+        values = declared.validate(**common, delta=delta, selection=selection, split=split,
+                                   pre_threshold=pre_threshold)
+        cal = groupby.check_call(epsilon, delta, max_items, values["aggregates"], value_col, lower, upper, selection,
+                                 split, pre_threshold, confidence, public=False)
+        if cal.pre_threshold == 1 and cal.selection not in PARALLEL_METHODS:
+            raise DPParameterError(f"selection {cal.selection!r} has no Spark form; the Spark "
+                                   f"backend selects with {', '.join(PARALLEL_METHODS)} (run selection := "
+                                   f"'{cal.selection}' with DuckDB's dp_group_by)")
+    warn_weak_parameters(epsilon, None if public else delta, what=mech.macro, stacklevel=2)
+    max_items = values["max_items"]
+    rows = _checked_rows(df, values["user_col"], values["item_col"], values["value_col"])
+    if public:
+        selected = _public_items(items, values["item_col"])
+    if seed is not None:
+        warnings.warn(NOT_PRIVATE_WARNING, stacklevel=2)
+        salt = NoiseSource(int(np.random.SeedSequence([int(seed), 1]).generate_state(1, np.uint64)[0])).salt()
+    else:
+        salt = secure_source().salt()
+    if not public:
+        assert cal.selection is not None
+        with derived_budget():  # shares of the budget checked above
+            if cal.pre_threshold > 1:
+                pairs = _run_stage("dp__user_items", {"dp__user_item_rows": rows.select("user_id", "item")})
+                pre_salt = secure_source().salt() if seed is None else NoiseSource(int(seed)).salt()
+                selected = _materialise(_pre_selection(pairs, cal.selection, cal.selection_epsilon,
+                                                       cal.selection_delta, max_items, cal.pre_threshold, pre_salt,
+                                                       seed))
+            else:
+                selected = set_union(df, cal.selection, epsilon=cal.selection_epsilon, delta=cal.selection_delta,
+                                     max_items=max_items, user_col=values["user_col"], item_col=values["item_col"],
+                                     seed=seed)
+    stats = group_by_stats(rows, selected, max_items, salt, cal)
+    joined = selected.select("item").join(stats, "item", "left")
+    return _materialise(_group_by_noisy(joined, cal, seed).orderBy("item"))
+
+
+def _public_items(items, item_col: str):
+    """The distinct items of the public DataFrame ``items`` (column ``item_col``); a NULL is refused."""
+    from pyspark.sql import functions as F
+
+    columns = {c.lower(): c for c in items.columns}
+    if item_col.lower() not in columns:
+        raise DPParameterError(f"item_col := {item_col!r} is not a column of items; its columns are "
+                               f"{', '.join(items.columns)}")
+    col = F.col(f"`{columns[item_col.lower()]}`")
+    if items.where(col.isNull()).limit(1).count():
+        raise DPParameterError(f"dpsql: column {item_col} (item_col) of items contains NULL; filter it out first")
+    return items.select(col.alias("item")).distinct()

@@ -1,0 +1,1 @@
+"""Tools around the mechanisms: the audit, NON-PRIVATE evaluation metrics, the demo."""

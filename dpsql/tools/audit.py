@@ -1,0 +1,972 @@
+"""Empirical privacy audit: a statistical LOWER bound on the epsilon each mechanism realises.
+
+An audit cannot prove privacy; it can refute a claim. For neighbouring datasets D, D' and an
+event S on the output, (epsilon, delta)-DP implies P[M(D') in S] <= e^epsilon P[M(D) in S] + delta,
+so with a one-sided Clopper-Pearson lower bound p_hi_low of P[M(D') in S] and an upper bound
+p_lo_up of P[M(D) in S]
+
+    epsilon >= ln((p_hi_low - delta) / p_lo_up)
+
+holds with probability >= ``confidence`` (Bonferroni: each bound at level (1 - confidence)/2;
+the event is chosen on separate pilot runs, so only these two bounds are tested). Both
+directions (adding and removing the user or element) are tried.
+
+**Fast seeded path (replicas).** The user-level weight-and-threshold mechanisms treat disjoint
+(users, items) blocks independently: every item's noise is its own draw, a user's weights and
+cap depend only on that user's items, and every aggregate is per item or per user. So R disjoint
+copies of a small pair (user ids and items offset by the copy index) stacked in ONE table and
+released by the real macro ONCE on a seeded connection give R independent Bernoulli trials of
+every event on one copy's audited items. Per method:
+
+* ``count_*``, ``weighted_*``, ``mad``, ``mad2r``, ``sips``, ``sips_cumulative`` and the top-k
+  domain step: per-item Gaussian/Laplace draws, per-user weights (UserWeights of MAD2R reads only
+  the user's own items' biases; DP-SIPS removes and drops items per item, its cap reads the user's
+  own items), per-item thresholds: blocks are independent.
+* ``policy_*`` and ``greedy_update`` visit users sequentially in a salted hash order, which
+  interleaves the copies. A user only moves the weights of its own items, so a copy's weights
+  depend on the relative order of its own users only; the datasets used here (users holding one
+  item, weights at least 1 below the cutoff Gamma) give the same weights in every order, so the
+  weights are deterministic and the copies exactly independent.
+* ``dp_top_k``: with k = every item of the table, the released set is the (epsilon/2, delta/2)
+  domain (the Gumbel step only ranks it), audited against (epsilon/2, delta/2).
+* ``dp_group_by`` (``group_by_count``): its aggregate step over a public domain; an item counts as
+  released when its noisy count reaches n + 1 (post-processing of the release).
+* ``dp_weighted_sample`` and ``dp_sbh_histogram`` are ELEMENT level: one draw per key, so each
+  key is a copy; D has a key of frequency i, D' of frequency i + 1.
+
+**Whole outputs (:class:`OutputCase`).** A release is everything a user observes, not only which
+items it holds. Replicas see one copy's items inside a larger output, so they cannot see the
+row order or the number of rows of a release. A whole-output case therefore runs the real
+macro once per trial over one whole table D or D' (fresh salt and noise per query, so the
+trials are independent) and its events are on the complete ordered output: the first row is
+x, the rows are in sorted order, >= k / <= k rows, the output is exactly s, row r is in it, and
+their complements; the pilot picks among them. Cases: the row-order attack (2000 users hold
+A..E, the added user holds only E and is stored first) on every set-union method
+(``policy_laplace`` with 2 threads, as in the attack), ``dp_top_k`` (rows in its DP rank order)
+and the ``dp_set_union`` dispatcher; the spelling of a released item (``spelling_*``: values equal under
+a collation, the added user's spelling stored first); the number of rows
+(``rows_weighted_gaussian``, a function of the released set, audited anyway); candidate sets of
+``dp_max_coverage`` / ``dp_set_cover`` (an element that is a set's only element, removed).
+:func:`check_refusal` checks that a non-constant epsilon is refused before the charge.
+
+Broken variants (``broken_sigma``, ``broken_mad_min``, ``broken_order``: weighted_gaussian
+without its ORDER BY, ``broken_coverage``: candidate sets taken from the private rows) are built
+on the audit's own connection from the shipped SQL text with one substitution each (the shipped
+macros are not changed); the audit must report a lower bound above their claimed epsilon.
+
+Seeded connections are NOT private: this module is for testing the implementation only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Union, cast
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+from scipy.special import betaincinv
+
+import dpsql
+from dpsql.core.errors import DpsqlError
+from dpsql.union import adaptive
+from dpsql.core import registry as mechanisms, registration, release
+from dpsql import pws, union
+from dpsql.core.validation import DPParameterError, check_delta, check_epsilon
+
+__all__ = ["AuditResult", "MECHANISMS", "OutputCase", "RefusalResult", "VOLATILE_SPLIT", "audit", "audit_all",
+           "check_refusal",
+           "clopper_pearson", "epsilon_lower_bound", "to_markdown"]
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics
+# --------------------------------------------------------------------------------------------
+
+def clopper_pearson(successes: int, trials: int, alpha: float) -> tuple[float, float]:
+    """One-sided Clopper-Pearson bounds, each holding with probability >= 1 - alpha.
+
+    lower = Beta^{-1}(alpha; k, n - k + 1) (0 if k = 0), upper = Beta^{-1}(1 - alpha; k + 1, n - k)
+    (1 if k = n) (Clopper & Pearson 1934).
+    """
+    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
+        raise DPParameterError(f"trials must be a whole number >= 1 (got {trials!r})")
+    if isinstance(successes, bool) or not isinstance(successes, (int, np.integer)) or not 0 <= successes <= trials:
+        raise DPParameterError(f"successes must be a whole number in 0..trials (got {successes!r})")
+    if not (isinstance(alpha, (int, float)) and 0.0 < alpha < 1.0):
+        raise DPParameterError(f"alpha must be a number with 0 < alpha < 1 (got {alpha!r})")
+    k, n = int(successes), int(trials)
+    lower = 0.0 if k == 0 else float(betaincinv(k, n - k + 1, alpha))
+    upper = 1.0 if k == n else float(betaincinv(k + 1, n - k, 1.0 - alpha))
+    return lower, upper
+
+
+def epsilon_lower_bound(hits_hi: int, hits_lo: int, runs: int, delta: float, confidence: float) -> float:
+    """ln((p_hi_low - delta) / p_lo_up), or 0 when p_hi_low <= delta; holds w.p. >= confidence.
+
+    hits_hi / hits_lo: how often the event occurred on the dataset where it is likelier / less
+    likely, out of ``runs`` trials each; each bound at level (1 - confidence) / 2 (Bonferroni).
+    """
+    confidence = _check_confidence(confidence)
+    alpha = (1.0 - confidence) / 2.0
+    p_hi_low, _ = clopper_pearson(hits_hi, runs, alpha)
+    _, p_lo_up = clopper_pearson(hits_lo, runs, alpha)
+    if p_hi_low <= delta:
+        return 0.0
+    return max(0.0, math.log((p_hi_low - delta) / p_lo_up))
+
+
+def _check_confidence(confidence: object) -> float:
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
+            or not 0.0 < float(confidence) < 1.0:
+        raise DPParameterError(f"confidence must be a number with 0 < confidence < 1 (got {confidence!r}), "
+                               f"e.g. confidence := 0.95")
+    return float(confidence)
+
+
+def _check_runs(runs: object, name: str = "runs", least: int = 20) -> int:
+    if isinstance(runs, bool) or not isinstance(runs, (int, np.integer)) or runs < least:
+        raise DPParameterError(f"{name} must be a whole number >= {least} (got {runs!r}); "
+                               f"the bounds of fewer trials are vacuous")
+    return int(runs)
+
+
+def _check_power(runs: int, epsilon: float, delta: float, confidence: float) -> None:
+    """Refuse ``runs`` too few to ever refute ``epsilon``: even a certain event on one dataset that
+    never occurs on the other (``runs`` vs 0 hits) would give a bound <= epsilon."""
+    if epsilon_lower_bound(runs, 0, runs, delta, confidence) > epsilon:
+        return
+    need = runs
+    while epsilon_lower_bound(need, 0, need, delta, confidence) <= epsilon:
+        need *= 2
+    raise DPParameterError(f"runs = {runs} is too few to refute epsilon = {epsilon:g} at confidence {confidence:g} "
+                           f"(the largest possible bound is {epsilon_lower_bound(runs, 0, runs, delta, confidence):.2f});"
+                           f" use runs >= {need}")
+
+
+# --------------------------------------------------------------------------------------------
+# Neighbouring pairs and their replicas
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pair:
+    """One small neighbouring pair. User level: ``base`` rows (user, item) are D, D' adds the rows
+    ``added`` of ONE new user. Element level: ``base`` rows (key, frequency) are D and D' adds one
+    element to each key in ``added``. Items/keys/users are small local ids; ``audited`` are the
+    items whose number released is the per-copy statistic."""
+
+    base: tuple[tuple[int, int], ...]
+    added: tuple[tuple[int, int], ...]
+    audited: tuple[int, ...]
+    label: str
+
+
+def _single_item_pairs(n_values: Sequence[int], t: int) -> list[Pair]:
+    """n base users each holding items 0..t-1; the added user holds the same t items."""
+    pairs = []
+    for n in n_values:
+        base = tuple((u, i) for u in range(n) for i in range(t))
+        added = tuple((n, i) for i in range(t))
+        pairs.append(Pair(base, added, tuple(range(t)), f"{n} users hold the {t} item(s) the added user holds"))
+    return pairs
+
+
+def _grid(threshold: float, scale: float, unit: float, zs: Sequence[float]) -> list[int]:
+    """Base user counts n with base weight n*unit near threshold - unit + z*scale (dedup, >= 0)."""
+    out = []
+    for z in zs:
+        n = max(0, int(round((threshold - unit + z * scale) / unit)))
+        if n not in out:
+            out.append(n)
+    return out
+
+
+_ZS = (-4.0, -3.0, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0)
+
+
+def _mad_min_pair(n: int, d_max: int = 4) -> Pair:
+    """User B (id 0) holds x = 0 and y = 1..d_max-1; n users of degree 1 hold each y; the added
+    user holds only x. Only B adapts through x, so with the correct r(i) = max{0, .} the y weights
+    do not move (r(x) = 0 in both datasets); with min{0, .} r(x) goes from 1 - d_max tau to
+    1 - tau/(1 + 1/d_max) and B reroutes alpha * (change)/d_max^2 more to every y."""
+    base = [(0, i) for i in range(d_max)]
+    uid = 1
+    for y in range(1, d_max):
+        for _ in range(n):
+            base.append((uid, y))
+            uid += 1
+    return Pair(tuple(base), ((uid, 0),), tuple(range(1, d_max)),
+                f"B holds x and {d_max - 1} y; {n} degree-1 users per y; added user holds x")
+
+
+def _mad_min_pairs(tau: float, rho: float) -> list[Pair]:
+    """:func:`_mad_min_pair` at max_adaptive_degree 4 (each y moves by ~0.15 tau ~ 1.1 sigma at
+    (1, 1e-5), an ell_2 shift of ~7.5 against the sensitivity 1), n around rho and tau."""
+    return [_mad_min_pair(n) for n in sorted({max(1, int(round(v)))
+                                              for v in (rho - 4, rho, tau - 2, tau, tau + 2, tau + 6)})]
+
+
+def _element_pairs(freqs: Sequence[int]) -> list[Pair]:
+    return [Pair(((0, i),), ((0, 1),), (0,), f"key of frequency {i} vs {i + 1}") for i in freqs]
+
+
+def _stack(pair: Pair, copies: int, user_level: bool) -> tuple[pa.Table, pa.Table, int]:
+    """D and D' of ``copies`` disjoint copies of ``pair``; item id = copy * n_items + local item."""
+    if user_level:
+        n_users = max(u for u, _ in pair.base + pair.added) + 1
+        n_items = max(i for _, i in pair.base + pair.added) + 1
+        base = np.array(pair.base, dtype=np.int64).reshape(-1, 2)
+        full = np.array(pair.base + pair.added, dtype=np.int64)
+        offs = np.arange(copies, dtype=np.int64)
+
+        def table(rows: np.ndarray) -> pa.Table:
+            users = (offs[:, None] * n_users + rows[None, :, 0]).ravel()
+            items = (offs[:, None] * n_items + rows[None, :, 1]).ravel()
+            return pa.table({"user_id": users, "item": items})
+
+        return table(base), table(full), n_items
+    # element level: (key, frequency); D' adds one element to the listed keys
+    n_items = max(k for k, _ in pair.base) + 1
+    freq = np.zeros(n_items, dtype=np.int64)
+    for k, f in pair.base:
+        freq[k] += f
+    freq2 = freq.copy()
+    for k, f in pair.added:
+        freq2[k] += f
+    offs = np.arange(copies, dtype=np.int64)
+    keys = (offs[:, None] * n_items + np.arange(n_items)[None, :]).ravel()
+
+    def etable(f: np.ndarray) -> pa.Table:
+        return pa.table({"item": keys, "n": np.tile(f, copies)})
+
+    return etable(freq), etable(freq2), n_items
+
+
+def _merge(pairs: Sequence[Pair], user_level: bool) -> tuple[Pair, list[tuple[int, ...]]]:
+    """Several pairs side by side (disjoint ids) as one pair, and each one's audited items.
+
+    D' of the merged pair adds one user per part; the parts are independent blocks, so each
+    part's statistic has exactly the distribution it has on its own pair (used for the pilot).
+    """
+    base, added, audited = [], [], []
+    u_off = i_off = 0
+    for p in pairs:
+        rows = p.base + p.added
+        if user_level:
+            base += [(u + u_off, i + i_off) for u, i in p.base]
+            added += [(u + u_off, i + i_off) for u, i in p.added]
+            u_off += max(u for u, _ in rows) + 1
+        else:
+            base += [(k + i_off, f) for k, f in p.base]
+            added += [(k + i_off, f) for k, f in p.added]
+        audited.append(tuple(i + i_off for i in p.audited))
+        i_off += max(i for _, i in rows) + 1 if user_level else max(k for k, _ in rows) + 1
+    merged = Pair(tuple(base), tuple(added), tuple(a for part in audited for a in part), "merged")
+    return merged, audited
+
+
+def _released_counts(items: np.ndarray, audited: Sequence[int], n_items: int, copies: int) -> np.ndarray:
+    """Per copy, how many of the ``audited`` local items were released."""
+    items = np.asarray(items, dtype=np.int64)
+    hit = np.isin(items % n_items, np.array(audited, dtype=np.int64))
+    return np.bincount(items[hit] // n_items, minlength=copies)
+
+
+# --------------------------------------------------------------------------------------------
+# Mechanisms
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Mechanism:
+    """An audited release: SQL over table ``{tbl}``, its claimed (epsilon, delta) and the pairs."""
+
+    name: str
+    sql: Callable[[float, float], str]
+    claim: Callable[[float, float], tuple[float, float]]
+    pairs: Callable[[float, float], list[Pair]]
+    user_level: bool = True
+    setup: Optional[Callable[[object], None]] = None
+    broken: bool = False
+    note: str = ""
+
+
+def _macro_statement(text: str, name: str) -> str:
+    """The ``CREATE ... MACRO name(...) ...;`` statement of a shipped SQL file."""
+    start = text.find(f"CREATE OR REPLACE TEMP MACRO {name}(")
+    if start < 0:
+        raise DpsqlError(f"dpsql.tools.audit: macro {name} not found in the shipped SQL; update the audit variant")
+    end = text.find(";\n", start)
+    return text[start:end + 1]
+
+
+def _substitute(statement: str, old: str, new: str) -> str:
+    if statement.count(old) != 1:
+        raise DpsqlError(f"dpsql.tools.audit: expected exactly one {old!r} in the shipped macro "
+                           f"(found {statement.count(old)}); update the audit variant")
+    return statement.replace(old, new)
+
+
+def _sql_text(file_name: str) -> str:
+    return (registration.sql_dir() / file_name).read_text(encoding="utf-8")
+
+
+def _broken_release(con, name: str, macro: str, file_name: str, body: Sequence[tuple[str, str]] = (),
+                    wrapper: Sequence[tuple[str, str]] = ()) -> None:
+    """Mechanism ``name``'s release registered as ``macro``: its shipped body (from ``file_name``) with
+    the substitutions ``body``, inside its generated wrapper with the substitutions ``wrapper``."""
+    declared = mechanisms.all_mechanisms()[name]
+    variant = dataclasses.replace(declared, macro=macro)
+    stmt = _macro_statement(_sql_text(file_name), release.body_macro(declared))
+    stmt = _substitute(stmt, f"MACRO {release.body_macro(declared)}(", f"MACRO {release.body_macro(variant)}(")
+    for old, new in body:
+        stmt = _substitute(stmt, old, new)
+    con.execute(stmt)
+    text = release.wrapper_sql(variant)
+    for old, new in wrapper:
+        text = _substitute(text, old, new)
+    con.execute(text)
+
+
+def _register_broken_sigma(con) -> None:
+    """Weighted Gaussian with noise sigma/4 (threshold unchanged): a wrong calibration."""
+    _broken_release(con, "weighted_gaussian", "dp__audit_broken_sigma", "30_union/10_basic.sql",
+                    body=[("dp_gaussian_noise(scale)", "dp_gaussian_noise(scale / 4.0)")])
+
+
+def _register_broken_mad(con) -> None:
+    """MAD with the printed r(i) = min{0, (w_init - tau)/w_init} of Alg. 3 line 6 (the erratum)."""
+    text = _sql_text("30_union/20_adaptive.sql")
+    stage = _macro_statement(text, "dp__mad_stage")
+    stage = _substitute(stage, "MACRO dp__mad_stage(", "MACRO dp__audit_min_mad_stage(")
+    stage = _substitute(stage, "SELECT item, (w_init - tau) / w_init AS r",
+                        "SELECT item, least(0.0, (w_init - tau) / w_init) AS r")
+    # every item with w_init > 0 now has r <= 0 (r = 0 if w_init = 0, as in docs/proofs/mad.md)
+    stage = _substitute(stage, "WHERE w_init > tau)", "WHERE w_init > 0)")
+    weights = _macro_statement(text, "dp__mad_weights")
+    weights = _substitute(weights, "MACRO dp__mad_weights(", "MACRO dp__audit_min_mad_weights(")
+    weights = _substitute(weights, "FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")
+    for statement in (stage, weights):
+        con.execute(statement)
+    _broken_release(con, "mad", "dp__audit_min_mad", "30_union/20_adaptive.sql",
+                    body=[("FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")])
+
+
+def _threshold_pairs(method: str, max_items: int, t: int, unit: float):
+    def pairs(epsilon: float, delta: float) -> list[Pair]:
+        cal = dpsql.calibrate(method, epsilon, delta, max_items)
+        return _single_item_pairs(_grid(cal.threshold, cal.scale, unit, _ZS), t)
+    return pairs
+
+
+def _set_union_sql(macro: str, max_items: Optional[int], extra: str = "") -> Callable[[float, float], str]:
+    cap = "" if max_items is None else f", max_items := {max_items}"
+    return lambda e, d: f"SELECT item FROM {macro}('{{tbl}}', epsilon := {e!r}, delta := {d!r}{cap}{extra})"
+
+
+def _same(e: float, d: float) -> tuple[float, float]:
+    return e, d
+
+
+def _mad_min_pair_fn(epsilon: float, delta: float) -> list[Pair]:
+    r = adaptive.mad_round(epsilon, delta, 100, 4)
+    return _mad_min_pairs(r.tau, r.rho)
+
+
+def _pws_pairs(epsilon: float, delta: float) -> list[Pair]:
+    pi = pws.key_probabilities(epsilon, delta, 200)
+    # frequencies whose reporting probability is between 1e-4 and 0.999 (the informative range)
+    return _element_pairs([int(i) for i in range(1, len(pi) - 1) if 1e-4 <= pi[i] <= 0.999][:12])
+
+
+def _sbh_pairs(epsilon: float, delta: float) -> list[Pair]:
+    threshold = pws.sbh_threshold(epsilon, delta)
+    return _element_pairs(_grid(threshold, 1.0 / epsilon, 1.0, _ZS))
+
+
+def _boost_pairs(epsilon: float, delta: float) -> list[Pair]:
+    """``sips_cumulative``'s dropping and cap: n users hold item 0; the added user holds it and three
+    items of its own, which the early rounds drop, so its weight on item 0 grows from 1/2 to
+    min(1/sqrt(1), 2/sqrt(4)) = 1, the largest the cap allows (sensitivity 1 on item 0)."""
+    cal = dpsql.calibrate("sips_cumulative", epsilon, delta, 100)
+    pairs = []
+    for n in _grid(cal.threshold, cal.scale, 1.0, _ZS):
+        base = tuple((u, 0) for u in range(n))
+        added = tuple((n, i) for i in range(4))
+        pairs.append(Pair(base, added, (0, 1, 2, 3),
+                          f"{n} users hold item 0; the added user holds it and 3 items of its own"))
+    return pairs
+
+
+_GU_ALPHA = 3.0
+
+
+def _greedy_pairs(epsilon: float, delta: float) -> list[Pair]:
+    cal = dpsql.calibrate("greedy_update", epsilon, delta, 1)
+    # Gamma = max(rho + alpha/epsilon, 1): keep base weights <= Gamma - 1 (order-invariant fills)
+    gamma = max(cal.threshold + _GU_ALPHA / epsilon, 1.0)
+    return _single_item_pairs([n for n in _grid(cal.threshold, cal.scale, 1.0, _ZS) if n <= gamma - 1], 1)
+
+
+def _policy_pairs(method: str):
+    def pairs(epsilon: float, delta: float) -> list[Pair]:
+        cal = dpsql.calibrate(method, epsilon, delta, 100)
+        gamma = cal.threshold + 5.0 * cal.scale   # alpha = 5 (the default): Gamma = rho + alpha * scale
+        return _single_item_pairs([n for n in _grid(cal.threshold, cal.scale, 1.0, _ZS) if n <= gamma - 1], 1)
+    return pairs
+
+
+def _top_k_pairs(epsilon: float, delta: float) -> list[Pair]:
+    cal = dpsql.calibrate("weighted_gaussian", epsilon / 2, delta / 2, 100)
+    return _single_item_pairs(_grid(cal.threshold, cal.scale, 1.0, _ZS), 1)
+
+
+# count methods at max_items = 4: the added user's 4 items carry the whole l1 (l2) sensitivity 4 (2)
+_COUNT_CAP = 4
+
+_REPLICA_MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
+    Mechanism("count_laplace", _set_union_sql("dp_set_union_count_laplace", _COUNT_CAP), _same,
+              _threshold_pairs("count_laplace", _COUNT_CAP, _COUNT_CAP, 1.0), note=f"max_items {_COUNT_CAP}"),
+    Mechanism("count_gaussian", _set_union_sql("dp_set_union_count_gaussian", _COUNT_CAP), _same,
+              _threshold_pairs("count_gaussian", _COUNT_CAP, _COUNT_CAP, 1.0), note=f"max_items {_COUNT_CAP}"),
+    Mechanism("weighted_laplace", _set_union_sql("dp_set_union_weighted_laplace", 100), _same,
+              _threshold_pairs("weighted_laplace", 100, 1, 1.0)),
+    Mechanism("weighted_gaussian", _set_union_sql("dp_set_union_weighted_gaussian", 100), _same,
+              _threshold_pairs("weighted_gaussian", 100, 1, 1.0)),
+    Mechanism("mad", _set_union_sql("dp_set_union_mad", 100), _same, _threshold_pairs("mad", 100, 1, 1.0)),
+    Mechanism("mad_adaptive", _set_union_sql("dp_set_union_mad", 100, ", max_adaptive_degree := 4"), _same,
+              _mad_min_pair_fn, note="max_adaptive_degree 4, rerouting dataset"),
+    Mechanism("mad2r", _set_union_sql("dp_set_union_mad2r", 100), _same, _threshold_pairs("mad2r", 100, 1, 1.0)),
+    Mechanism("sips", _set_union_sql("dp_set_union_sips", 100), _same, _threshold_pairs("sips", 100, 1, 1.0)),
+    Mechanism("sips_cumulative", _set_union_sql("dp_set_union_sips_cumulative", 100), _same,
+              _threshold_pairs("sips_cumulative", 100, 1, 1.0), note="last round's running mean"),
+    Mechanism("sips_cumulative_boost", _set_union_sql("dp_set_union_sips_cumulative", 100), _same, _boost_pairs,
+              note="dropping: the added user's own items dropped, its weight on a shared item capped"),
+    Mechanism("policy_laplace", _set_union_sql("dp_set_union_policy_laplace", 100), _same,
+              _policy_pairs("policy_laplace")),
+    Mechanism("policy_gaussian", _set_union_sql("dp_set_union_policy_gaussian", 100), _same,
+              _policy_pairs("policy_gaussian")),
+    Mechanism("greedy_update", _set_union_sql("dp_set_union_greedy_update", None, f", alpha := {_GU_ALPHA}"),
+              _same, _greedy_pairs),
+    Mechanism("top_k_domain",
+              lambda e, d: (f"SELECT item FROM dp_top_k('{{tbl}}', {{n_items}}, "
+                            f"epsilon := {e!r}, delta := {d!r}, max_items := 100)"),
+              lambda e, d: (e / 2, d / 2), _top_k_pairs, note="k = all items: the domain step at (eps/2, delta/2)"),
+    # dp_group_by's aggregate step (the selection is a set-union release, audited above): 3 users hold
+    # 2 public items, the added user both; an item is "released" when its noisy count is >= 4 = n + 1,
+    # so "2 of 2 released" has probability ratio e^(2 epsilon / max_items) = e^epsilon at max_items 2.
+    Mechanism("group_by_count",
+              lambda e, d: (f"SELECT item FROM dp_group_by_public('{{tbl}}', '{{tbl}}', epsilon := {e!r}, "
+                            f"max_items := 2) WHERE \"count\" >= 4"),
+              lambda e, d: (e, 0.0), lambda e, d: _single_item_pairs([3], 2),
+              note="public domain, max_items 2; event: noisy count >= n + 1"),
+    Mechanism("pws_weighted_sample",
+              lambda e, d: f"SELECT key AS item FROM dp_weighted_sample('{{tbl}}', {e!r}, {d!r}, "
+                           f"key_col := 'item', freq_col := 'n')",
+              _same, _pws_pairs, user_level=False, note="element level"),
+    Mechanism("sbh_histogram",
+              lambda e, d: f"SELECT key AS item FROM dp_sbh_histogram('{{tbl}}', {e!r}, {d!r}, "
+                           f"key_col := 'item', freq_col := 'n')",
+              _same, _sbh_pairs, user_level=False, note="element level"),
+    Mechanism("broken_sigma", _set_union_sql("dp__audit_broken_sigma", 100), _same,
+              _threshold_pairs("weighted_gaussian", 100, 1, 1.0), setup=_register_broken_sigma, broken=True,
+              note="BROKEN: weighted_gaussian with sigma/4"),
+    Mechanism("broken_mad_min", _set_union_sql("dp__audit_min_mad", 100, ", max_adaptive_degree := 4"), _same,
+              _mad_min_pair_fn, setup=_register_broken_mad, broken=True,
+              note="BROKEN: MAD with r(i) = min{0, .}, max_adaptive_degree 4"),
+]}
+
+
+# --------------------------------------------------------------------------------------------
+# Whole-output cases: one release of the real macro per trial
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OutputPair:
+    """Neighbouring tables D (``d0``) and D' (``d1``), rows stored in the given order (the order
+    is part of the attack: an added row stored first must not move the release's first row)."""
+
+    d0: pa.Table
+    d1: pa.Table
+    label: str
+
+
+@dataclass(frozen=True)
+class OutputCase:
+    """An audited release whose trials are whole runs of ``sql`` over one table: the events are on
+    the complete ordered output (its first row, whether it is sorted, its number of rows, the exact
+    output, a row being in it). ``threads``: DuckDB threads of the audit connection."""
+
+    name: str
+    sql: Callable[[float, float], str]
+    claim: Callable[[float, float], tuple[float, float]]
+    pairs: Callable[[float, float], list[OutputPair]]
+    setup: Optional[Callable[[object], None]] = None
+    broken: bool = False
+    note: str = ""
+    threads: int = 1
+
+
+# Items A..E under names too long for DuckDB's compressed keys: a GROUP BY over one-letter strings
+# (packed into small integers) comes out in key order, hiding the hash-table order whose leak the
+# broken case must show; the shipped macros sort either way.
+_ORDER_ITEMS = tuple(f"order audit item {c}" for c in "ABCDE")
+_ORDER_USERS = 2000
+
+
+def _order_pairs(epsilon: float, delta: float) -> list[OutputPair]:
+    """D: 2000 users each holding A..E (every item far above any threshold); D' adds, as the FIRST
+    stored row, one user holding only E. Which items are released hardly depends on that user
+    (weights capped at Gamma by the policies can miss an item, equally often on D and D'), so the
+    difference to look for is in the order of the rows."""
+    d0 = pa.table({"user_id": np.repeat(np.arange(_ORDER_USERS, dtype=np.int64), len(_ORDER_ITEMS)),
+                   "item": list(_ORDER_ITEMS) * _ORDER_USERS})
+    d1 = pa.concat_tables([pa.table({"user_id": np.array([-1], dtype=np.int64), "item": [_ORDER_ITEMS[-1]]}), d0])
+    return [OutputPair(d0, d1, f"{_ORDER_USERS} users hold A..E; the added user holds E, stored first")]
+
+
+_ROWS_T = 4
+
+
+def _row_count_pairs(epsilon: float, delta: float) -> list[OutputPair]:
+    """n users each holding items 0..3, D' adds (stored first) a user holding the same 4 items; n
+    puts each item's weight n/2 (weighted Gaussian, 1/sqrt(4) per user) near rho - 1/2 + z sigma."""
+    cal = dpsql.calibrate("weighted_gaussian", epsilon, delta, 100)
+    out = []
+    for n in _grid(cal.threshold, cal.scale, 1.0 / math.sqrt(_ROWS_T), (-1.0, 0.0, 1.0)):
+        d0 = pa.table({"user_id": np.repeat(np.arange(n, dtype=np.int64), _ROWS_T),
+                       "item": np.tile(np.arange(_ROWS_T, dtype=np.int64), n)})
+        d1 = pa.concat_tables([pa.table({"user_id": np.full(_ROWS_T, -1, dtype=np.int64),
+                                         "item": np.arange(_ROWS_T, dtype=np.int64)}), d0])
+        out.append(OutputPair(d0, d1, f"{n} users hold the {_ROWS_T} items the added user holds"))
+    return out
+
+
+def _coverage_pairs(epsilon: float, delta: float) -> list[OutputPair]:
+    """The record (element) 3 is the only element of set B: D holds it, D' does not."""
+    d0 = pa.table({"set_id": ["A", "A", "B"], "element": np.array([1, 2, 3], dtype=np.int64)})
+    d1 = d0.slice(0, 2)
+    return [OutputPair(d0, d1, "sets A = {1, 2}, B = {3}; D' removes element 3")]
+
+
+_SPELLING_USERS = 300
+
+
+def _spelling_pairs(epsilon: float, delta: float) -> list[OutputPair]:
+    """D: 300 users hold 'cafe'; D' adds, as the FIRST stored row, one user holding 'café'. Read under an
+    accent-blind collation, the two spellings compare equal: a release that kept whichever row's spelling
+    it met first would show 'café' on D' only (the attack on item identity)."""
+    d0 = pa.table({"user_id": np.arange(_SPELLING_USERS, dtype=np.int64), "item": ["cafe"] * _SPELLING_USERS})
+    d1 = pa.concat_tables([pa.table({"user_id": np.array([-1], dtype=np.int64), "item": ["café"]}), d0])
+    return [OutputPair(d0, d1, f"{_SPELLING_USERS} users hold 'cafe'; the added user holds 'café' "
+                               "(equal under NOACCENT), stored first")]
+
+
+def _spelling_sql(macro: str) -> Callable[[float, float], str]:
+    # The table read through a CTE that gives the items an accent-blind collation.
+    return lambda e, d: (f"WITH dp__audit_noaccent AS (SELECT user_id, item COLLATE NOACCENT AS item FROM {{tbl}}) "
+                         f"SELECT item FROM {macro}('dp__audit_noaccent', epsilon := {e!r}, delta := {d!r})")
+
+
+def _register_unsorted(con) -> None:
+    """Weighted Gaussian whose output keeps the engine's hash order (its wrapper without ORDER BY ALL):
+    a row-order leak."""
+    _broken_release(con, "weighted_gaussian", "dp__audit_unsorted", "30_union/10_basic.sql",
+                    wrapper=[("\nORDER BY ALL;", ";")])
+
+
+_CANDIDATES = "dp__audit_candidates"
+
+
+def _create_candidates(con) -> None:
+    """The public candidate sets A and B of :func:`_coverage_pairs` (the same table for D and D')."""
+    con.execute(f"CREATE OR REPLACE TABLE {_CANDIDATES} AS SELECT unnest(['A', 'B']) AS set_id")
+
+
+def _register_private_candidates(con) -> None:
+    """Max coverage whose candidate sets are the set ids of the PRIVATE rows (the attack): a set whose
+    only element is removed leaves the output's support."""
+    _create_candidates(con)
+    _broken_release(con, "max_coverage", "dp__audit_private_candidates", "80_optimize/optimize.sql",
+                    body=[("FROM dp__candidate_sets(candidates_tbl,", "FROM dp__candidate_sets(tbl,")])
+
+
+def _coverage_sql(macro: str, k: Optional[int]) -> Callable[[float, float], str]:
+    k_arg = "" if k is None else f", {k}"
+    columns = "rank" if k is not None else "position"
+    return lambda e, d: (f"SELECT {columns}, set_id FROM {macro}('{{tbl}}', '{_CANDIDATES}'{k_arg}, "
+                         f"epsilon := {e!r})")
+
+
+def _pure(e: float, d: float) -> tuple[float, float]:
+    return e, 0.0
+
+
+_OUTPUT_CASES: list[OutputCase] = [
+    OutputCase("order_weighted_gaussian", _set_union_sql("dp_set_union_weighted_gaussian", 100), _same,
+               _order_pairs, note="row order, added row stored first"),
+    OutputCase("order_policy_laplace", _set_union_sql("dp_set_union_policy_laplace", 100), _same,
+               _order_pairs, note="row order, added row stored first, 2 threads", threads=2),
+    # every other declared set-union method (a new one is audited here without an edit)
+    *[OutputCase(f"order_{name}", _set_union_sql(m.macro, None), _same, _order_pairs,
+                 note="row order, added row stored first")
+      for name, m in union.METHODS.items() if name not in ("weighted_gaussian", "policy_laplace")],
+    # the rows are in the DP (Gumbel) rank order: the first row may depend on the data up to epsilon
+    OutputCase("order_top_k", lambda e, d: f"SELECT rank, item FROM dp_top_k('{{tbl}}', 5, epsilon := {e!r}, "
+                                           f"delta := {d!r})",
+               _same, _order_pairs, note="k = 5: rank order"),
+    OutputCase("order_set_union", lambda e, d: f"SELECT item FROM dp_set_union('{{tbl}}', epsilon := {e!r}, "
+                                               f"delta := {d!r})",
+               _same, _order_pairs, note="row order through the dispatcher (default method)"),
+    OutputCase("rows_weighted_gaussian", _set_union_sql("dp_set_union_weighted_gaussian", 100), _same,
+               _row_count_pairs, note="whole output: number of rows, order, exact output"),
+    # item identity: the released spelling of a group is the group's, not the first private row's
+    OutputCase("spelling_weighted_gaussian", _spelling_sql("dp_set_union_weighted_gaussian"), _same,
+               _spelling_pairs, note="item spelling: NOACCENT 'cafe'/'café', added user's spelling stored first"),
+    OutputCase("spelling_set_union", _spelling_sql("dp_set_union"), _same, _spelling_pairs,
+               note="item spelling through the dispatcher (default method)"),
+    OutputCase("coverage_max_coverage", _coverage_sql("dp_max_coverage", 5), _pure, _coverage_pairs,
+               setup=_create_candidates, note="record level, public candidate sets, k = 5"),
+    OutputCase("coverage_set_cover", _coverage_sql("dp_set_cover", None), _pure, _coverage_pairs,
+               setup=_create_candidates, note="record level, public candidate sets"),
+    OutputCase("broken_order", _set_union_sql("dp__audit_unsorted", 100), _same, _order_pairs,
+               setup=_register_unsorted, broken=True, note="BROKEN: weighted_gaussian without ORDER BY"),
+    OutputCase("broken_coverage", _coverage_sql("dp__audit_private_candidates", 5), _pure, _coverage_pairs,
+               setup=_register_private_candidates, broken=True,
+               note="BROKEN: max coverage with candidate sets from the private rows"),
+]
+
+MECHANISMS: dict[str, Mechanism | OutputCase] = {**_REPLICA_MECHANISMS, **{c.name: c for c in _OUTPUT_CASES}}
+
+
+# --------------------------------------------------------------------------------------------
+# The audit
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AuditResult:
+    """One audit: the claim, the lower bound at ``confidence``, and the event that gave it.
+
+    ``p_hat`` = (empirical P of the event on the dataset where it is likelier, on the other one);
+    ``p_bounds`` = (Clopper-Pearson lower bound of the first, upper bound of the second).
+    """
+
+    mechanism: str
+    claimed_epsilon: float
+    delta: float
+    epsilon_lower_bound: float
+    runs: int
+    event: str
+    p_hat: tuple[float, float]
+    p_bounds: tuple[float, float]
+    confidence: float
+    dataset: str
+    seconds: float = field(default=0.0, compare=False)
+
+    @property
+    def refuted(self) -> bool:
+        """True iff the audit shows, at ``confidence``, that the claim does not hold."""
+        return self.epsilon_lower_bound > self.claimed_epsilon
+
+
+def _events(t: int) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]]:
+    """Events on a copy's number c of audited items released: c >= k and c <= k."""
+    # The ignores: mypy cannot infer a lambda with a default argument (k, bound per event) against its type.
+    out: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] = [
+        (f">= {k} of {t} released", (lambda c, k=k: c >= k)) for k in range(1, t + 1)]  # type: ignore[misc]
+    out += [(f"<= {k} of {t} released", (lambda c, k=k: c <= k)) for k in range(0, t)]  # type: ignore[misc]
+    return out
+
+
+def _load(con, data: pa.Table) -> None:
+    """``data`` as the table dp__audit_data, rows stored in their order (DuckDB's preserve_insertion_order)."""
+    con.execute("DROP TABLE IF EXISTS dp__audit_data")
+    con.register("dp__audit_arrow", data)
+    con.execute("CREATE TABLE dp__audit_data AS SELECT * FROM dp__audit_arrow")
+    con.unregister("dp__audit_arrow")
+
+
+def _run(con, mechanism: Mechanism, epsilon: float, delta: float, pairs: Sequence[Pair], copies: int
+         ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each pair, the per-copy released counts on D and on D' (one SQL call per dataset)."""
+    merged, audited = _merge(pairs, mechanism.user_level)
+    d0, d1, n_items = _stack(merged, copies, mechanism.user_level)
+    counts = []
+    for data in (d0, d1):
+        _load(con, data)
+        sql = mechanism.sql(epsilon, delta).replace("{tbl}", "dp__audit_data")
+        sql = sql.replace("{n_items}", str(n_items * copies))
+        items = con.sql(sql).to_arrow_table().column("item").to_numpy()
+        counts.append([_released_counts(items, a, n_items, copies) for a in audited])
+    return list(zip(counts[0], counts[1]))
+
+
+def _best(c0: np.ndarray, c1: np.ndarray, t: int, runs: int, delta: float, confidence: float
+          ) -> tuple[float, str, Callable, bool]:
+    """The event of :func:`_events` and direction with the largest predicted bound at ``runs`` trials."""
+    return _best_of([(name, ev, int(np.sum(ev(c0))), int(np.sum(ev(c1)))) for name, ev in _events(t)],
+                    len(c0), runs, delta, confidence)
+
+
+def _best_of(hits: Sequence[tuple[str, Callable, int, int]], n: int, runs: int, delta: float, confidence: float
+             ) -> tuple[float, str, Callable, bool]:
+    """Of events ``(name, predicate, hits on D, hits on D')`` seen in ``n`` pilot trials, the one and
+    the direction with the largest predicted bound at ``runs`` trials.
+
+    The prediction plugs pessimistic pilot estimates (one-sided Clopper-Pearson at ~1 standard
+    deviation, alpha = 0.16) into :func:`epsilon_lower_bound`: events seen only a few times in
+    the pilot are not favoured by their noise. Ties (typically all 0) go to the largest difference
+    of pilot hits, so the report names the event that differed most.
+    """
+    best: tuple[float, str, Optional[Callable], bool] = (-1.0, "", None, True)
+    key = (-1.0, -1)
+    for name, ev, k0, k1 in hits:
+        for forward, (hi, lo) in ((True, (k1, k0)), (False, (k0, k1))):
+            p_hi = clopper_pearson(hi, n, 0.16)[0]
+            p_lo = clopper_pearson(lo, n, 0.16)[1]
+            b = epsilon_lower_bound(int(round(p_hi * runs)), min(runs, int(round(p_lo * runs))), runs, delta,
+                                    confidence)
+            if (b, hi - lo) > key:
+                best, key = (b, name, ev, forward), (b, hi - lo)
+    # the first event replaces the placeholder (every bound is >= 0 > -1): ev is set when hits is not empty
+    return cast(tuple[float, str, Callable, bool], best)
+
+
+def _audit_replicas(con, mech: Mechanism, epsilon: float, delta: float, runs: int, pilot_runs: int,
+                    confidence: float) -> tuple[Pair, str, int, int, bool]:
+    """Pilot over every candidate pair's copies, then ``runs`` fresh copies of the chosen pair:
+    (pair, event name, hits on D, hits on D', forward)."""
+    _, claimed_delta = mech.claim(epsilon, delta)
+    choice: tuple[float, Optional[Pair], str, Optional[Callable], bool] = (-1.0, None, "", None, True)
+    candidates = mech.pairs(epsilon, delta)
+    for pair, (c0, c1) in zip(candidates, _run(con, mech, epsilon, delta, candidates, pilot_runs)):
+        b, name, ev, forward = _best(c0, c1, len(pair.audited), runs, claimed_delta, confidence)
+        if b > choice[0]:
+            choice = (b, pair, name, ev, forward)
+    # the first candidate replaces the placeholder (every bound is >= 0 > -1): pair and ev are set
+    _, pair, name, ev, forward = cast(tuple[float, Pair, str, Callable, bool], choice)
+    ((c0, c1),) = _run(con, mech, epsilon, delta, [pair], runs)
+    return pair, name, int(np.sum(ev(c0))), int(np.sum(ev(c1))), forward
+
+
+def _row_key(row: tuple) -> tuple:
+    """Sort key of an output row as DuckDB's ORDER BY ... ASC orders it (NULLs last)."""
+    return tuple((v is None, v) for v in row)
+
+
+def _show(value: object, width: int = 48) -> str:
+    """Short printable form of a row or an output; long ones end with a digest so they stay distinct."""
+    text = repr(value[0]) if isinstance(value, tuple) and len(value) == 1 else repr(value)
+    if len(text) <= width:
+        return text
+    return f"{text[:width - 12]}...#{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+def _output_events(outputs: Sequence[tuple], most_common: int = 20
+                   ) -> list[tuple[str, Callable[[tuple], bool]]]:
+    """Events on one whole ordered output (a tuple of row tuples), from the outputs of a pilot.
+
+    The first row is x (or there are no rows); the rows are in sorted order; >= k / <= k rows; the
+    output is exactly s (the ``most_common`` outputs of the pilot); row r is in the output (the
+    ``most_common`` rows). Each but the counts also as its complement.
+    """
+    firsts: dict[tuple, int] = {}
+    exact: dict[tuple, int] = {}
+    rows: dict[tuple, int] = {}
+    sizes = set()
+    for o in outputs:
+        firsts[o[:1]] = firsts.get(o[:1], 0) + 1
+        exact[o] = exact.get(o, 0) + 1
+        for r in set(o):
+            rows[r] = rows.get(r, 0) + 1
+        sizes.add(len(o))
+    base: list[tuple[str, Callable[[tuple], bool]]] = [
+        ("rows in sorted order", lambda o: list(o) == sorted(o, key=_row_key))]
+    # __getitem__, not get: the same count for every key, typed as a sort key (get may return None)
+    # The ignores: mypy cannot infer a lambda with a default argument (bound per event) against its type.
+    for f in sorted(firsts, key=firsts.__getitem__, reverse=True):
+        base.append((f"first row {_show(f[0])}" if f else "no rows", lambda o, f=f: o[:1] == f))  # type: ignore[misc]
+    for s in sorted(exact, key=exact.__getitem__, reverse=True)[:most_common]:
+        base.append((f"output = {_show(s)}", lambda o, s=s: o == s))  # type: ignore[misc]
+    for r in sorted(rows, key=rows.__getitem__, reverse=True)[:most_common]:
+        base.append((f"row {_show(r)} in the output", lambda o, r=r: r in o))  # type: ignore[misc]
+    events = base + [(f"NOT ({name})", lambda o, p=p: not p(o)) for name, p in base]
+    top = max(sizes)
+    events += [(f">= {k} rows", lambda o, k=k: len(o) >= k) for k in range(1, top + 1)]
+    events += [(f"<= {k} rows", lambda o, k=k: len(o) <= k) for k in range(0, top)]
+    return events
+
+
+def _run_outputs(con, case: OutputCase, epsilon: float, delta: float, pair: OutputPair, trials: int
+                 ) -> tuple[list[tuple], list[tuple]]:
+    """``trials`` whole releases on D and on D': each output as the tuple of its rows, in order.
+
+    Every release is a fresh query on the same connection, so it draws a fresh salt and fresh
+    noise: the trials are independent.
+    """
+    sql = case.sql(epsilon, delta).replace("{tbl}", "dp__audit_data")
+    out = []
+    for data in (pair.d0, pair.d1):
+        _load(con, data)
+        out.append([tuple(con.sql(sql).fetchall()) for _ in range(trials)])
+    return out[0], out[1]
+
+
+def _audit_outputs(con, case: OutputCase, epsilon: float, delta: float, runs: int, pilot_runs: int,
+                   confidence: float) -> tuple[OutputPair, str, int, int, bool]:
+    """Pilot (choose pair, event, direction), then ``runs`` fresh releases per dataset of the chosen
+    pair: (pair, event name, hits on D, hits on D', forward)."""
+    _, claimed_delta = case.claim(epsilon, delta)
+    choice: tuple[float, Optional[OutputPair], str, Optional[Callable], bool] = (-1.0, None, "", None, True)
+    for pair in case.pairs(epsilon, delta):
+        o0, o1 = _run_outputs(con, case, epsilon, delta, pair, pilot_runs)
+        hits = [(name, ev, sum(map(ev, o0)), sum(map(ev, o1))) for name, ev in _output_events(o0 + o1)]
+        b, name, ev, forward = _best_of(hits, pilot_runs, runs, claimed_delta, confidence)
+        if b > choice[0]:
+            choice = (b, pair, name, ev, forward)
+    # the first pair replaces the placeholder (every bound is >= 0 > -1): pair and ev are set
+    _, pair, name, ev, forward = cast(tuple[float, OutputPair, str, Callable, bool], choice)
+    o0, o1 = _run_outputs(con, case, epsilon, delta, pair, runs)
+    return pair, name, sum(map(ev, o0)), sum(map(ev, o1)), forward
+
+
+def audit(mechanism: str, epsilon: float = 1.0, delta: float = 1e-5, runs: int = 20_000,
+          confidence: float = 0.95, seed: int = 0, pilot_runs: Optional[int] = None) -> AuditResult:
+    """Audit one mechanism of :data:`MECHANISMS` at (epsilon, delta).
+
+    Pilot: ``pilot_runs`` trials (default runs/10, at least 250) of every candidate pair choose the
+    pair, the event and the direction; then ``runs`` fresh trials of the chosen pair give the
+    Clopper-Pearson bound. A trial is one copy of a replicated pair (:class:`Mechanism`) or one
+    whole release (:class:`OutputCase`). Uses a seeded (NOT private) connection.
+    """
+    if not isinstance(mechanism, str) or mechanism not in MECHANISMS:
+        raise DPParameterError(f"mechanism must be one of {', '.join(MECHANISMS)} (got {mechanism!r})")
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    runs = _check_runs(runs)
+    confidence = _check_confidence(confidence)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise DPParameterError(f"seed must be an integer (got {seed!r})")
+    pilot_runs = max(250, runs // 10) if pilot_runs is None else _check_runs(pilot_runs, "pilot_runs")
+    mech = MECHANISMS[mechanism]
+    claimed_eps, claimed_delta = mech.claim(epsilon, delta)
+    _check_power(runs, claimed_eps, claimed_delta, confidence)
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the seeded connection's NOT-private warning
+        con = dpsql.connect(seed=int(seed))
+    try:
+        con.execute("SET enable_progress_bar = false")
+        if isinstance(mech, OutputCase) and mech.threads != 1:
+            con.execute(f"SET threads = {int(mech.threads)}")
+        if mech.setup is not None:
+            mech.setup(con)
+        pair: Union[Pair, OutputPair]
+        if isinstance(mech, OutputCase):
+            pair, name, k0, k1, forward = _audit_outputs(con, mech, epsilon, delta, runs, pilot_runs, confidence)
+        else:
+            pair, name, k0, k1, forward = _audit_replicas(con, mech, epsilon, delta, runs, pilot_runs, confidence)
+    finally:
+        con.close()
+    hi, lo = (k1, k0) if forward else (k0, k1)
+    alpha = (1.0 - confidence) / 2.0
+    bound = epsilon_lower_bound(hi, lo, runs, claimed_delta, confidence)
+    direction = "P[D'] vs P[D]" if forward else "P[D] vs P[D']"
+    return AuditResult(
+        mechanism=mechanism, claimed_epsilon=claimed_eps, delta=claimed_delta, epsilon_lower_bound=bound,
+        runs=runs, event=f"{name}, {direction}", p_hat=(hi / runs, lo / runs),
+        p_bounds=(clopper_pearson(hi, runs, alpha)[0], clopper_pearson(lo, runs, alpha)[1]),
+        confidence=confidence, dataset=pair.label, seconds=time.perf_counter() - started)
+
+
+_VOLATILE = "CASE WHEN random() < 0.5 THEN 0.01 ELSE 1000 END"
+# The attack on a LIST parameter: a split that flips between two lists at each use (a sequence drives it).
+VOLATILE_SPLIT = "CASE WHEN nextval('dp__audit_flip') % 2 = 0 THEN [1e-6::DOUBLE, 1 - 1e-6] ELSE [1 - 1e-6::DOUBLE, 1e-6] END"
+# an epsilon whose literal occurs once in each case's SQL, so the refusal check can replace it
+_PROBE_EPSILON = 0.8125
+
+
+@dataclass(frozen=True)
+class RefusalResult:
+    """Whether a release refused a non-constant parameter: ``refused`` iff it raised the binder's refusal
+    of a non-constant parameter (or a ``dpsql:`` error naming it) and charged nothing (``charges``: ledger
+    rows the attempt added)."""
+
+    mechanism: str
+    expression: str
+    refused: bool
+    charges: int
+    message: str
+    parameter: str = "epsilon"
+
+
+def check_refusal(mechanism: str, expression: str = _VOLATILE, seed: int = 0,
+                  parameter: str = "epsilon") -> RefusalResult:
+    """Run ``mechanism``'s release on its first dataset D with ``parameter := expression``.
+
+    A table macro substitutes the expression at every use of the parameter, so a non-constant one
+    could take one value in the charge and another in the threshold (e.g. :data:`VOLATILE_SPLIT` for a
+    LIST parameter such as ``split``); the release must refuse it before reading data or charging
+    (sql/00_release.sql). Nothing to audit statistically: this checks the refusal.
+    """
+    if not isinstance(mechanism, str) or mechanism not in MECHANISMS:
+        raise DPParameterError(f"mechanism must be one of {', '.join(MECHANISMS)} (got {mechanism!r})")
+    if not isinstance(expression, str) or not expression.strip():
+        raise DPParameterError(f"expression must be a non-empty SQL expression (got {expression!r})")
+    if not isinstance(parameter, str) or not parameter.isidentifier():
+        raise DPParameterError(f"parameter must be a parameter name (got {parameter!r})")
+    mech = MECHANISMS[mechanism]
+    delta = 1e-5
+    probe = repr(_PROBE_EPSILON)
+    sql = _substitute(mech.sql(_PROBE_EPSILON, delta), probe,
+                      f"({expression})" if parameter == "epsilon" else f"{probe}, {parameter} := ({expression})")
+    if isinstance(mech, OutputCase):
+        data, n_items = mech.pairs(_PROBE_EPSILON, delta)[0].d0, 1
+    else:
+        data, _, n_items = _stack(mech.pairs(_PROBE_EPSILON, delta)[0], 1, mech.user_level)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the seeded connection's NOT-private warning
+        con = dpsql.connect(seed=int(seed))
+    try:
+        if mech.setup is not None:
+            mech.setup(con)
+        _load(con, data)
+        con.execute("CREATE SEQUENCE IF NOT EXISTS dp__audit_flip")
+        sql = sql.replace("{tbl}", "dp__audit_data").replace("{n_items}", str(n_items))
+        count = "SELECT count(*) FROM dp_releases()"
+        before = con.sql(count).fetchall()[0][0]
+        try:
+            con.sql(sql).fetchall()
+            message = ""
+        except duckdb.Error as exc:
+            message = str(exc)
+        charges = con.sql(count).fetchall()[0][0] - before
+    finally:
+        con.close()
+    bound = "must be a constant expression" in message  # the binder's refusal (sql/00_release.sql)
+    refused = (bound or ("dpsql:" in message and parameter in message)) and charges == 0
+    return RefusalResult(mechanism, expression, refused, int(charges), message, parameter)
+
+
+def audit_all(epsilon: float = 1.0, delta: float = 1e-5, runs: int = 20_000, confidence: float = 0.95,
+              seed: int = 0, mechanisms: Optional[Sequence[str]] = None) -> list[AuditResult]:
+    """:func:`audit` of every mechanism (or of ``mechanisms``), seeds seed, seed + 1, ..."""
+    names = list(MECHANISMS) if mechanisms is None else list(mechanisms)
+    return [audit(m, epsilon, delta, runs, confidence, seed + j) for j, m in enumerate(names)]
+
+
+def to_markdown(results: Sequence[AuditResult]) -> str:
+    """The audit table: mechanism, claim, lower bound, runs, event, dataset."""
+    lines = ["| mechanism | claimed ε (δ) | audited lower bound on ε | runs | p̂ (likelier, other) | event | dataset | s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        flag = " **REFUTED**" if r.refuted else ""
+        note = MECHANISMS[r.mechanism].note if r.mechanism in MECHANISMS else ""
+        name = f"`{r.mechanism}`" + (f" ({note})" if note else "")
+        lines.append(f"| {name} | {r.claimed_epsilon:g} ({r.delta:g}) | {r.epsilon_lower_bound:.3f}{flag} | "
+                     f"{r.runs:,} | {r.p_hat[0]:.4f}, {r.p_hat[1]:.4f} | {r.event} | {r.dataset} | "
+                     f"{r.seconds:.1f} |")
+    return "\n".join(lines)

@@ -1,0 +1,346 @@
+"""Set union / partition selection: the method registry and the Python API.
+
+Problem ([DPSU] Sec. 1): every user holds a set of items; release as many items
+of the union as possible under user-level add/remove (epsilon, delta)-DP.
+The engine caps each user's distinct items to ``max_items`` (uniform sample
+that depends only on that user's rows), aggregates one weight per item, and
+releases the items whose weight plus calibrated noise exceeds a threshold
+([DPSU] Alg. 1 with an independent update policy; [MAD] Alg. 1).
+
+Privacy argument, per method (user-level, add/remove one user with any set):
+
+* after capping, one user touches at most ``max_items`` coordinates;
+* ``count_*`` adds 1 to each: l1 sensitivity ``max_items``, l2 ``sqrt(max_items)``;
+  ``weighted_laplace`` adds ``1/d``: l1 sensitivity 1; ``weighted_gaussian``
+  adds ``1/sqrt(d)``: l2 sensitivity 1;
+* Laplace/Gaussian noise of that sensitivity makes the noisy histogram over the
+  items of both neighbours (epsilon, 0)- resp. (epsilon, delta/2)-DP;
+* items only the added user holds (``t <= max_items`` of them, weight
+  ``<= h(t)``) pass the threshold with probability ``<= delta`` (Laplace) resp.
+  ``<= delta/2`` (Gaussian) -- see :mod:`dpsql.core.calibration` -- which pays for
+  releasing a set whose support depends on the data ([DPSU] Thm 4.1, 5.1).
+
+Only the set of items is released; the noisy weights never leave the query.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from types import ModuleType
+import time
+import warnings
+from functools import lru_cache
+from typing import Callable, Iterable, Optional, cast
+
+import duckdb
+import pyarrow as pa
+from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
+
+from dpsql.union import adaptive, basic, cumulative, policy
+from dpsql.core import calibration, release
+from dpsql.core.errors import engine_errors
+from dpsql.core.mechanism import Mechanism, Param, sql_literal
+from dpsql.core.state import current_ledger, source_of
+from dpsql.core.udf import Udf, scalar
+from dpsql.core.validation import (
+    DPParameterError,
+    check_column_pair,
+    check_delta,
+    check_epsilon,
+    check_identifier,
+    check_max_items,
+    check_table_name,
+    derived_budget,
+    sql_string,
+    warn_weak_parameters,
+)
+
+__all__ = ["FAMILY_MODULES", "METHODS", "DEFAULT_METHOD", "COMMON_PARAMS", "options_of", "check_options", "calibrate", "set_union", "udfs"]
+
+
+# The modules declaring set-union methods (their MECHANISMS), in the order front ends list the methods.
+# A new set-union module is added here; registration also registers its ``udfs``.
+FAMILY_MODULES: tuple[ModuleType, ...] = (basic, adaptive, cumulative, policy)
+METHODS: dict[str, Mechanism] = {m.name: m for mod in FAMILY_MODULES for m in mod.MECHANISMS}
+
+# The parameters every set-union macro shares; dp_set_union passes exactly these on (the others keep
+# their defaults there and are reached through the method's own macro).
+COMMON_PARAMS = ("tbl", "epsilon", "delta", "max_items", "user_col", "item_col")
+
+
+def options_of(method: str) -> tuple[str, ...]:
+    """The parameters of ``method`` beyond :data:`COMMON_PARAMS` (e.g. MAD2R's split, a policy's alpha)."""
+    return tuple(n for n in METHODS[method].param_names if n not in COMMON_PARAMS)
+
+
+# The best parallel method measured on the shared real datasets (benchmarks/README.md, "Utility"):
+# DP-SIPS with the cumulative rule and dropping releases the most items of every parallel method on
+# every dataset at both settings, and more than every sequential policy on 9 of the 10.
+DEFAULT_METHOD = "sips_cumulative"
+
+
+def check_method(method: object) -> str:
+    """The name of a known set-union method."""
+    if not isinstance(method, str) or method not in METHODS:
+        raise DPParameterError(
+            f"method must be one of {', '.join(sorted(METHODS))} (got {method!r})")
+    return method
+
+
+@lru_cache(maxsize=256)
+def _calibrate(method: str, epsilon: float, delta: float, max_items: int) -> calibration.SetUnionCalibration:
+    # The user's values are checked (calibrate); the method's rounds and halves are shares of them.
+    with derived_budget():
+        # every set-union method declares its calibration (Mechanism.calibrate is optional in general)
+        calibrate = cast(Callable[..., calibration.SetUnionCalibration], METHODS[method].calibrate)
+        return calibrate(epsilon, delta, max_items)
+
+
+def check_options(method: str, options: Iterable[str]) -> None:
+    """Refuse, by name, an option that is not one of ``method``'s own parameters."""
+    for name in options:
+        if name not in options_of(method):
+            valid = ", ".join(options_of(method)) or "none"
+            raise DPParameterError(f"{name} does not apply to method {method!r} (its own parameters: {valid}); "
+                                   f"leave it out")
+
+
+def calibrate(method: str, epsilon: float, delta: float, max_items: int) -> calibration.SetUnionCalibration:
+    """Validate the parameters of ``method`` and return its noise and threshold."""
+    method = check_method(method)
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    max_items = check_max_items(max_items)
+    return _calibrate(method, epsilon, delta, max_items)
+
+
+def udfs(source) -> list[Udf]:
+    """Validation and calibration UDFs of the set-union macros (pure: folded when the query is planned)."""
+
+    def set_union_calibration(method, epsilon, delta, max_items, user_col, item_col):
+        check_column_pair(user_col, item_col)
+        cal = calibrate(method, epsilon, delta, max_items)
+        warn_weak_parameters(epsilon, delta, what=METHODS[method].macro, stacklevel=1)
+        return {"scale": cal.scale, "threshold": cal.threshold}
+
+    def set_union_scale(method, epsilon, delta, max_items):
+        return calibrate(method, epsilon, delta, max_items).scale
+
+    def set_union_threshold(method, epsilon, delta, max_items):
+        return calibrate(method, epsilon, delta, max_items).threshold
+
+    def check_method_udf(method):
+        check_method(method)
+        return True
+
+    def release_check(method, bound_json):
+        # dp_set_union's check: the chosen method's declaration validates and calibrates the common
+        # parameters it has (greedy_update has no max_items: the dispatcher does not pass it one)
+        mech = METHODS[check_method(method)]
+        bound = {k: v for k, v in json.loads(bound_json).items() if k in mech.param_names}
+        return release.check_release(mech, bound)
+
+    def method_is(method, candidate):
+        # Never raises: for an unknown method every branch of dp_set_union then folds to false and
+        # is pruned before execution (nothing drawn, nothing charged); dp__check_method reports it.
+        return method == candidate
+
+    d = DOUBLE
+    return [
+        Udf("dp__set_union_calibration", scalar(set_union_calibration), (VARCHAR, d, d, d, VARCHAR, VARCHAR),
+            duckdb.struct_type({"scale": DOUBLE, "threshold": DOUBLE})),
+        Udf("dp__set_union_scale", scalar(set_union_scale), (VARCHAR, d, d, d), DOUBLE),
+        Udf("dp__set_union_threshold", scalar(set_union_threshold), (VARCHAR, d, d, d), DOUBLE),
+        Udf("dp__check_method", scalar(check_method_udf), (VARCHAR,), BOOLEAN),
+        Udf("dp__method_is", scalar(method_is), (VARCHAR, VARCHAR), BOOLEAN),
+        Udf("dp__set_union_release_check", scalar(release_check), (VARCHAR, VARCHAR), release.check_type()),
+    ]
+
+
+
+def _table_columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
+    """Column names of ``table`` as the macros read it (``query_table``): a table or view name, or a
+    file path DuckDB can read (Parquet, CSV, JSON, ...). Reads the schema only, no rows."""
+    try:
+        rows = con.execute("SELECT column_name FROM (DESCRIBE SELECT * FROM query_table($1))", [table]).fetchall()
+    except duckdb.CatalogException:
+        raise DPParameterError(
+            f"table {table!r} does not exist: it is neither a table or view of this connection nor a file DuckDB "
+            f"can read; pass "
+            f"the name of a table or view (as a string, e.g. 'user_items' or 'main.user_items') or a file path "
+            f"such as 'events.parquet'") from None
+    except duckdb.IOException as exc:
+        raise DPParameterError(f"table {table!r}: DuckDB cannot read this file ({str(exc).splitlines()[0]}); "
+                               f"pass an existing Parquet/CSV/JSON file or a table name") from None
+    return [str(r[0]) for r in rows]
+
+
+def _check_registered(con: object, macro: str) -> None:
+    """Refuse, naming the fix, a connection or cursor on which dpsql's macros were not created."""
+    if not isinstance(con, duckdb.DuckDBPyConnection):
+        raise DPParameterError(f"con must be a DuckDB connection or cursor (got {type(con).__name__}); "
+                               f"open one with dpsql.connect()")
+    if current_ledger(con) is not None:
+        return  # registered by dpsql.register, which creates the macros (the catalog query costs ~15 ms)
+    found = con.execute("SELECT count(*) FROM duckdb_functions() WHERE function_name = $1", [macro]).fetchall()
+    if not found[0][0]:
+        raise DPParameterError(
+            f"this connection has no dpsql macros ({macro} is missing); call dpsql.register(con) first. TEMP "
+            f"macros belong to one connection: each cursor needs its own dpsql.register(cursor)")
+
+
+def _check_columns(con: duckdb.DuckDBPyConnection, table: str, user_col: str, item_col: str) -> None:
+    columns = _table_columns(con, table)
+    check_column_pair(user_col, item_col)
+    names = {c.lower() for c in columns}
+    for param, col in (("user_col", user_col), ("item_col", item_col)):
+        if col.lower() not in names:
+            raise DPParameterError(
+                f"{param} := {col!r} is not a column of {table!r}; its columns are {', '.join(columns)}. "
+                f"Pass {param} := '<column name>'")
+
+
+def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_METHOD, *,
+              epsilon: float, delta: float, max_items: Optional[int] = None,
+              user_col: str = "user_id", item_col: str = "item",
+              progress: Optional[Callable[[float], None]] = None, **options: object) -> pa.Table:
+    """Release items of ``table`` under user-level (epsilon, delta)-DP.
+
+    ``table`` is what the SQL macros accept as ``tbl``: a table or view name
+    (``'user_items'``, ``'main.user_items'``) or a file path DuckDB can read
+    (``'events.parquet'``, ``'events.csv'``).
+
+    Runs the SQL macro of ``method`` once on a connection prepared by
+    :func:`dpsql.register` and returns the released items as a one-column
+    Arrow table (``item``, of the input's type). Every parameter is validated
+    (against the method's declaration) before the table is read. ``progress``,
+    if given, is called with the engine's completion percentage (0-100) while
+    the query runs. ``options`` are the method's own parameters
+    (:func:`options`: e.g. MAD2R's ``split``, a policy's ``alpha``); left out,
+    they keep the macro's defaults, as does ``max_items=None``.
+    """
+    method = check_method(method)
+    mech = METHODS[method]
+    _check_registered(con, mech.macro)
+    if progress is not None and not callable(progress):
+        raise DPParameterError(f"progress must be a function of one number (0-100) or None (got {progress!r})")
+    check_options(method, options)
+    given: dict[str, object] = {"tbl": table, "epsilon": epsilon, "delta": delta, "user_col": user_col,
+                                "item_col": item_col, **options}
+    if max_items is not None:
+        if "max_items" not in mech.param_names:
+            raise DPParameterError(f"max_items does not apply to method {method!r} (it has no cap); leave it out")
+        given["max_items"] = max_items
+    values = mech.validate(**given)  # every parameter checked once, typed
+    calibrate(method, values["epsilon"], values["delta"], values.get("max_items", 1))
+    _check_columns(con, values["tbl"], values["user_col"], values["item_col"])
+    named = ", ".join(f"{name} := {sql_literal(values[name])}" for name in mech.param_names
+                      if name != "tbl" and name in given)
+    sql = f"SELECT item FROM {mech.macro}({sql_string(values['tbl'])}, {named})"
+    if progress is None:
+        with engine_errors():  # dpsql's own exception (e.g. BudgetExceededError), not duckdb's wrapper
+            return con.sql(sql).to_arrow_table()
+    if method in policy.POLICIES:  # the kernel reports the share of users processed
+        relay = policy.ProgressRelay(progress)
+        with policy.reporting(source_of(con), relay.kernel):
+            return _run_with_progress(con, sql, relay.engine)
+    return _run_with_progress(con, sql, progress)
+
+
+def _run_with_progress(con: duckdb.DuckDBPyConnection, sql: str,
+                       progress: Optional[Callable[[float], None]], interval: float = 0.5) -> pa.Table:
+    """Run ``sql`` in a worker thread and report ``con.query_progress()`` meanwhile."""
+    result: dict = {}
+
+    def work() -> None:
+        try:
+            with engine_errors():
+                result["table"] = con.sql(sql).to_arrow_table()
+        except BaseException as exc:  # re-raised in the caller's thread
+            result["error"] = exc
+
+    def report(pct: float) -> None:
+        # A charged release must reach the caller: a failing callback is reported, not raised.
+        nonlocal progress
+        if progress is None:
+            return
+        try:
+            progress(pct)
+        except Exception as exc:
+            warnings.warn(f"dpsql: the progress callback failed ({type(exc).__name__}); progress is no longer "
+                          f"reported, the release goes on", RuntimeWarning, stacklevel=3)
+            progress = None
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    last = -1.0
+    while worker.is_alive():
+        worker.join(interval)
+        try:
+            pct = float(con.query_progress())
+        except Exception:  # progress is best effort; the query's own error wins
+            pct = -1.0
+        if pct >= 0 and pct != last:
+            report(pct)
+            last = pct
+    if "error" in result:
+        raise result["error"]
+    report(100.0)
+    return result["table"]
+
+
+# -- the dp_set_union dispatcher, generated from the declarations ---------------------------------------
+
+_DISPATCH_HEADER = """\
+-- GENERATED from the set-union declarations (dpsql.union.METHODS) by dpsql.union.dispatch_sql():
+-- do not edit; write dpsql.union.dispatch_sql() to sql/90_dispatch.sql after adding a method
+-- (tests/test_mechanisms.py fails while this file and the declarations disagree).
+--
+-- dp__body_set_union(tbl, epsilon, delta, method := ...): the BODY of every set-union method, by name,
+-- for the releases that use a set union as one of their steps (dp_top_k's domain, dp_group_by's
+-- selection): no binding and no charge here, the calling release's wrapper does both for its total.
+-- `method` is a constant (the caller's wrapper binds it), so DuckDB folds each branch's filter
+-- dp__method_is(method, '...') and prunes the untaken branches before execution (tests/test_union.py
+-- counts noise draws to prove it). DuckDB cannot fold a function that raises, so for an unknown method
+-- every filter stays and the last branch raises the error when the query runs. A method's own
+-- parameters beyond the common ones keep their defaults here.
+"""
+
+
+def dispatch_sql() -> str:
+    """The text of ``sql/90_dispatch.sql``: ``dp__body_set_union``, one branch per declared method's body."""
+    common = [METHODS[DEFAULT_METHOD].param(n) for n in COMMON_PARAMS]
+    method = f"method VARCHAR := {sql_literal(DEFAULT_METHOD)}"
+    # DuckDB: a parameter without a default cannot follow one with a default.
+    signature = ", ".join([f"{p.name} {p.sql_type}" for p in common if p.required] + [method]
+                          + [f"{p.name} {p.sql_type} := {p.sql_default()}" for p in common if not p.required])
+    branches = []
+    for key, mech in METHODS.items():
+        # the pruned branches get a NULL epsilon: their calibration stops at its first check while planning
+        # (DuckDB folds every branch's calibration before it prunes the branches not taken)
+        args = [f"epsilon := CASE WHEN dp__method_is(method, {sql_literal(key)}) THEN epsilon END"]
+        args += [f"{n} := {n}" for n in COMMON_PARAMS[2:] if n in mech.param_names]
+        branches.append(f"SELECT item FROM {release.body_macro(mech)}(tbl, {', '.join(args)})\n"
+                        f"WHERE dp__method_is(method, {sql_literal(key)})")
+    return (_DISPATCH_HEADER + f"\nCREATE OR REPLACE TEMP MACRO dp__body_set_union({signature}) AS TABLE\n"
+            + "\nUNION ALL\n".join(branches)
+            + "\nUNION ALL\n-- Always planned for an unknown method (its filter cannot be folded), and raises when run.\n"
+              "SELECT NULL AS item WHERE NOT dp__check_method(method);\n")
+
+
+def public_dispatch_sql() -> str:
+    """``dp_set_union(tbl, method := ...)``: one release for every set-union method, by name.
+
+    Generated at registration, like every releasing macro (:func:`dpsql.core.release.release_sql`): it binds
+    the common parameters and ``method`` (a constant, like every parameter), checks them by the chosen
+    method's declaration (``dp__set_union_release_check``: an unknown method is refused there, before
+    anything is read), runs that method's body through ``dp__body_set_union`` (the other branches are
+    pruned while planning) and charges it once, as the method's own macro.
+    """
+    common = [METHODS[DEFAULT_METHOD].param(n) for n in COMMON_PARAMS]
+    method = Param("method", "VARCHAR", DEFAULT_METHOD)
+    params = [p for p in common if p.required] + [method] + [p for p in common if not p.required]
+    return release.release_sql("dp_set_union", params, "dp__body_set_union",
+                               "dp__set_union_release_check(method, {bound})", COMMON_PARAMS)
+
+

@@ -1,0 +1,11 @@
+-- The release path (dpsql/core/release.py). Every releasing macro is GENERATED from its mechanism's
+-- declaration by dpsql.core.release.wrapper_sql: it binds every parameter once, validates and calibrates
+-- them by the declaration before any row is read, runs the mechanism's body, charges once, and returns
+-- the released rows sorted by their values. A mechanism's SQL file holds only its body.
+--
+-- Binding: each parameter x passes through getvariable('dp__bind:' || x::VARCHAR), written into the
+-- generated wrapper itself (a scalar macro cannot hold it: DuckDB binds a scalar macro's body when it
+-- is created, with x unknown). getvariable() takes only a constant name, and DuckDB's binder decides
+-- that (no volatile function such as random() or nextval(), no column, no subquery), whatever the
+-- type of x: scalars, LISTs and STRUCTs alike. A constant expression is folded to one value while
+-- planning, so every use reads that value.

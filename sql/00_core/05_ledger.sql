@@ -1,0 +1,44 @@
+-- Privacy-budget ledger (dpsql/core/ledger.py). Every releasing macro charges its (epsilon, delta) through
+-- dp__charge(...) in a one-row MATERIALIZED CTE that its output depends on: after validation, before any
+-- output row, exactly once per execution; over budget, the query fails and nothing is charged.
+-- The charge's last argument is the macro's calibration CTE cast to text (`cal::VARCHAR`): it makes
+-- DuckDB run the calibration, and with it the parameter checks, before the charge.
+
+-- What tracing `tbl` to the tables and files it reads needs from the connection (dpsql/core/scopes.py): a UDF
+-- cannot query the connection while the query that calls it runs, so the macro reads it: the names of
+-- every table and view, the text of every view (NULL for DuckDB's own) and macro, and the running
+-- statement (for its CTEs). One scan of duckdb_functions(): it lists every function, and is the slow part.
+CREATE OR REPLACE TEMP MACRO dp__catalog(tbl) AS {
+    'database': current_database(), 'schema': current_schema(), 'search_path': current_setting('search_path'),
+    'databases': (SELECT list({'name': database_name, 'path': path, 'type': type}) FROM duckdb_databases()),
+    'relations': (SELECT list({'database': database_name, 'schema': schema_name, 'name': table_name})
+                  FROM (SELECT database_name, schema_name, table_name FROM duckdb_tables()
+                        UNION ALL SELECT database_name, schema_name, view_name FROM duckdb_views())),
+    'views': (SELECT list({'database': database_name, 'schema': schema_name, 'name': view_name,
+                           'sql': CASE WHEN NOT internal THEN sql END}) FROM duckdb_views()),
+    'macros': (SELECT list({'name': function_name, 'type': function_type, 'definition': macro_definition})
+               FROM duckdb_functions() WHERE NOT internal AND function_type IN ('macro', 'table_macro')),
+    'query': current_query()};
+
+-- The charge every releasing macro makes (call shape unchanged: seven arguments). The scopes are the
+-- base tables and files `tbl` reads (through views and the statement's CTEs), each charged in the ledger
+-- of the database holding it; the release is marked seeded on a seeded connection.
+CREATE OR REPLACE TEMP MACRO dp__charge(mechanism, unit, tbl, epsilon, delta, parameters, calibration) AS
+    dp__charge_scoped(mechanism, unit, tbl, epsilon, delta, parameters, calibration, dp__catalog(tbl));
+
+-- Spent and remaining (epsilon, delta) per scope ('database' first, then each table with a budget or a release).
+-- Remaining is NULL for a scope without a budget. Composition is basic: sums. seeded_releases counts the
+-- scope's releases made on a seeded (NOT private) connection; they are charged like the others.
+CREATE OR REPLACE TEMP MACRO dp_budget() AS TABLE
+SELECT s.scope, s.epsilon_budget, s.delta_budget, s.epsilon_spent, s.delta_spent,
+       s.epsilon_remaining, s.delta_remaining, s.releases, s.seeded_releases
+FROM (SELECT unnest(dp__budget_status(0)) AS s);
+
+-- Every charged release, oldest first: when (a TIMESTAMP in UTC; a TIMESTAMPTZ would need pytz in Python),
+-- which mechanism, privacy unit ('user', 'record' or 'element'),
+-- which scopes (the tables and files it read, comma-separated), its (epsilon, delta), its other parameters, the calibration it
+-- used, and whether it was made on a seeded connection (reproducible noise: NOT private).
+CREATE OR REPLACE TEMP MACRO dp_releases() AS TABLE
+SELECT r.release_id, make_timestamp((r.released_at * 1e6)::BIGINT) AS released_at, r.mechanism, r.unit, r.table_name,
+       r.epsilon, r.delta, r.parameters, r.calibration, r.seeded
+FROM (SELECT unnest(dp__budget_releases(0)) AS r);
