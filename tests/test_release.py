@@ -389,6 +389,7 @@ NOT_RELEASES = {
     "dpsql.state.attach", "dpsql.state.state_of", "dpsql.state.source_of", "dpsql.state.ledger_of",
     "dpsql.state.current_ledger",
     "dpsql.ledger.resolve_scope",
+    "dpsql.runner.run",  # runs a caller's work (a release among others: tests/test_runner.py)
     "dpsql.optimize.baselines.eval_set_cover_cost", "dpsql.metrics.evaluate",  # NON-private evaluation
 }
 
