@@ -389,6 +389,7 @@ NOT_RELEASES = {
     "dpsql.core.state.attach", "dpsql.core.state.state_of", "dpsql.core.state.source_of", "dpsql.core.state.ledger_of",
     "dpsql.core.state.current_ledger",
     "dpsql.core.ledger.resolve_scope",
+    "dpsql.core.runner.run",  # runs a caller's work (a release among others: tests/test_runner.py)
     "dpsql.optimize.baselines.eval_set_cover_cost", "dpsql.tools.metrics.evaluate",  # NON-private evaluation
 }
 

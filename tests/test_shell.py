@@ -498,8 +498,11 @@ def test_in_a_real_terminal(tmp_path):
 # ---------------------------------------------------------------- Ctrl-C and the charge
 
 def _ctrl_c_while(work_before, work_after, charge: bool):
-    """Run a statement body in the shell's worker; it sends Ctrl-C to this process between two steps."""
+    """Run a statement body as the shell runs it (dpsql.core.runner, the shell's notice); it sends Ctrl-C to this
+    process between two steps."""
     import signal
+
+    from dpsql.core import runner
 
     sh = shell_mod.Shell(dpsql.connect(ledger=shell_mod.session_ledger(":memory:", None)), interactive=True,
                          out=io.StringIO(), err=io.StringIO())
@@ -514,8 +517,8 @@ def _ctrl_c_while(work_before, work_after, charge: bool):
         return work_after(sh)
 
     try:
-        with shell_mod._ctrl_c_requests() as requests:
-            return sh, sh._in_worker(work, requests)
+        with runner.Interrupts(notice=sh._say) as ctrl_c:
+            return sh, runner.run(sh.con, work, interrupts=ctrl_c)
     except KeyboardInterrupt:
         return sh, "interrupted"
 

@@ -81,7 +81,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Iterable, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Literal, Mapping, Optional, Sequence, Union
 
 import duckdb
 
@@ -476,8 +476,7 @@ class ScopeSet(str):
     """The scopes one release reads (:func:`dpsql.core.scopes.trace`), each with the DuckDB file that holds it
     (None: the connection's own data), as :meth:`Ledger.charge` takes them.
 
-    A str (its text lists the scopes) so that a ledger whose ``charge`` override types ``scope`` as
-    ``Optional[str]`` (the shell's, the CLI's) passes it on unchanged.
+    A str (its text lists the scopes), as :meth:`Ledger.charge` types ``scope`` as ``Optional[str]``.
     """
 
     sources: tuple[tuple[str, Optional[str]], ...]
@@ -512,6 +511,8 @@ class Ledger:
         self.aliases = {_alias_key(k): self.scope(v) for k, v in (aliases or {}).items()}
         self.homes: set[str] = set()
         self._lock = threading.Lock()
+        # Entered around every charge while set (:meth:`gated`): the runner's Ctrl-C gate (dpsql.core.runner).
+        self._gates: list[Callable[[], ContextManager[object]]] = []
         self._memory: Optional[sqlite3.Connection] = None
         self._ready = False  # the in-memory ledger's tables exist
         if self.path is None:
@@ -782,6 +783,20 @@ class Ledger:
                             math.fsum(spent[s][0]), math.fsum(spent[s][1]), spent[s][2], spent[s][3])
                 for s in order]
 
+    @contextlib.contextmanager
+    def gated(self, gate: Callable[[], ContextManager[object]]) -> Iterator[None]:
+        """While the block runs, every :meth:`charge` of this ledger runs inside ``gate()``: entered before
+        anything is checked or written (it may refuse the charge by raising), left after the commit.
+
+        The hook of :mod:`dpsql.core.runner`, which orders Ctrl-C and the charge with it; the gate applies to
+        every charge of this ledger meanwhile, from any thread or connection.
+        """
+        self._gates.append(gate)
+        try:
+            yield
+        finally:
+            self._gates.remove(gate)
+
     def charge(self, mechanism: str, unit: str, table: str, epsilon: float, delta: float,
                parameters: str = "", calibration: str = "", *, seeded: bool = False,
                scope: Optional[str] = None) -> Release:
@@ -798,6 +813,13 @@ class Ledger:
         and a ``dpsql:`` error (recording nothing) if a ledger cannot be written. Returns the release
         as this ledger recorded it (as the first other ledger did, if it holds none of its data).
         """
+        with contextlib.ExitStack() as gates:
+            for gate in list(self._gates):
+                gates.enter_context(gate())
+            return self._charge(mechanism, unit, table, epsilon, delta, parameters, calibration, seeded, scope)
+
+    def _charge(self, mechanism: str, unit: str, table: str, epsilon: float, delta: float, parameters: str,
+                calibration: str, seeded: bool, scope: Optional[str]) -> Release:
         if unit not in UNITS:
             raise DPParameterError(f"unit must be one of {UNITS} (got {unit!r})")
         epsilon = check_epsilon(epsilon)

@@ -28,27 +28,24 @@ import functools
 import json
 import os
 import re
-import signal
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from pathlib import Path
-from types import FrameType
-from typing import Any, Callable, NoReturn, Optional, Sequence, TextIO, TypeVar, Union
+from typing import Any, Callable, NoReturn, Optional, Sequence, TextIO
 
 import duckdb
 import pyarrow as pa
 
 import dpsql
-from dpsql.core import ledger as ledger_mod
+from dpsql.core import ledger as ledger_mod, runner
 from dpsql.core.errors import InputError, ParameterError, from_engine
 from dpsql.core.ledger import Ledger
 from dpsql.core.release import sorted_release
 from dpsql.frontends import shell as shell_mod
 from dpsql.frontends.shell import error_line
-from dpsql.core.validation import DPParameterError, check_identifier, sql_string
+from dpsql.core.validation import check_identifier, sql_string
 
 __all__ = ["main", "UsageError"]
 
@@ -550,7 +547,7 @@ def _progress_printer(err: TextIO) -> Callable[[float], None]:
     tty = err.isatty()
 
     def report(pct: float) -> None:
-        # Called while the release runs: an exception here would abandon a charged release.
+        # A closed stderr does not stop progress with a warning (dpsql.core.runner): it is silently skipped.
         try:
             if tty:
                 err.write(f"\rprogress: {pct:3.0f}%" + ("\n" if pct >= 100 else ""))
@@ -572,125 +569,12 @@ def _connect(seed: Optional[int], ledger: Optional[Ledger] = None) -> duckdb.Duc
     return con
 
 
-# --------------------------------------------------------------------------
-# Ctrl-C
-# --------------------------------------------------------------------------
-
-class _Interrupted(Exception):
-    """Ctrl-C stopped a command before anything was charged (exit code 130)."""
+def _interrupts(err: TextIO) -> runner.Interrupts:
+    """The Ctrl-C scope of a release command (dpsql.core.runner): a late Ctrl-C is said on stderr."""
+    return runner.Interrupts(notice=functools.partial(_say, err))
 
 
-_T = TypeVar("_T")
-
-
-class _Interrupts:
-    """Ctrl-C during a release: stop it if nothing is charged yet, else finish and deliver it.
-
-    The release runs in a worker thread (:meth:`run`) while the main thread waits, so the SIGINT
-    handler runs in the main thread between waits. Before the first charge it forbids any charge
-    (:meth:`charging`, under the same lock) and interrupts DuckDB (``con.interrupt()``): the
-    ledger records nothing. After a charge it only takes note: the rows are computed and
-    delivered, then the command exits with 130. Either way the connection is closed only once the
-    worker has stopped (closing a busy connection aborts the process).
-    """
-
-    def __init__(self, err: TextIO):
-        self.err = err
-        # Reentrant: the handler may run in the main thread while that thread holds the lock in run().
-        self.lock = threading.RLock()
-        self.charged = False
-        self.stopping = False
-        self.requested = False
-        self.con: Optional[duckdb.DuckDBPyConnection] = None
-        # the SIGINT handler replaced in __enter__ (signal.signal's handler type), restored in __exit__
-        self._previous: Union[Callable[[int, Optional[FrameType]], Any], int, None] = None
-
-    def __enter__(self) -> "_Interrupts":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-    def _handle(self, signum, frame) -> None:
-        with self.lock:
-            self.requested = True
-            if self.charged:
-                _say(self.err, "dpsql: interrupted after the release was charged; finishing it so that its "
-                               "rows are not lost")
-                return
-            self.stopping = True
-            con = self.con
-        if con is None:
-            raise KeyboardInterrupt  # no query is running and nothing is charged: stop right here
-        con.interrupt()
-
-    def charging(self) -> "_Interrupts._Gate":
-        """Held while the ledger records a charge: refuses it once Ctrl-C asked to stop."""
-        return _Interrupts._Gate(self)
-
-    class _Gate:
-        def __init__(self, owner: "_Interrupts"):
-            self.owner = owner
-
-        def __enter__(self) -> None:
-            self.owner.lock.acquire()
-            if self.owner.stopping:
-                self.owner.lock.release()
-                raise DPParameterError("dpsql: interrupted (Ctrl-C) before the release was charged")
-
-        def __exit__(self, exc_type, exc, tb) -> None:
-            if exc_type is None:
-                self.owner.charged = True
-            self.owner.lock.release()
-
-    def check(self) -> None:
-        """Raise :class:`_Interrupted` if Ctrl-C asked to stop (called between the steps of a command)."""
-        if self.stopping:
-            raise _Interrupted()
-
-    def run(self, con: duckdb.DuckDBPyConnection, work: Callable[[], _T]) -> _T:
-        """``work()`` in a worker thread, interruptible with Ctrl-C through ``con``."""
-        result: dict = {}
-
-        def target() -> None:
-            try:
-                result["value"] = work()
-            except BaseException as exc:  # re-raised in the main thread
-                result["error"] = exc
-
-        worker = threading.Thread(target=target, name="dpsql-release")
-        with self.lock:
-            self.con = con
-        worker.start()
-        try:
-            while worker.is_alive():
-                worker.join(0.1)
-        finally:
-            with self.lock:
-                self.con = None
-        if self.stopping:
-            raise _Interrupted()
-        if "error" in result:
-            raise result["error"]
-        return result["value"]
-
-
-class _GatedLedger(Ledger):
-    """A ledger whose charges pass through :meth:`_Interrupts.charging`."""
-
-    interrupts: Optional[_Interrupts] = None
-
-    def charge(self, *args: Any, **kwargs: Any) -> ledger_mod.Release:
-        if self.interrupts is None:
-            return super().charge(*args, **kwargs)
-        with self.interrupts.charging():
-            return super().charge(*args, **kwargs)
-
-
-def _input_ledger(args: argparse.Namespace, input_path: Path, kind: str) -> _GatedLedger:
+def _input_ledger(args: argparse.Namespace, input_path: Path, kind: str) -> Ledger:
     """The ledger a release from INPUT is charged to: --ledger, else the sidecar of the input file.
 
     The release reads the input through the TEMP table ``dpsql_input``; the ledger records the
@@ -702,8 +586,8 @@ def _input_ledger(args: argparse.Namespace, input_path: Path, kind: str) -> _Gat
         raise UsageError(f"--ledger {args.ledger!r}: folder {str(path.parent)!r} does not exist")
     if kind == "duckdb" and args.table:
         # A table scope is a catalog identity: the table of the input database, whatever the ledger's name.
-        return _GatedLedger(path, aliases={_VIEW: args.table}, database=ledger_mod.database_alias(input_path))
-    return _GatedLedger(path, aliases={_VIEW: str(input_path.resolve())})
+        return Ledger(path, aliases={_VIEW: args.table}, database=ledger_mod.database_alias(input_path))
+    return Ledger(path, aliases={_VIEW: str(input_path.resolve())})
 
 
 def _input_file(args: argparse.Namespace) -> tuple[Path, str, Optional[_Output], _Reader]:
@@ -861,7 +745,7 @@ def _fill_defaults(args: argparse.Namespace, macro: str, names: Sequence[tuple[s
                          f"has no default for {' or '.join(missing)}){why}")
 
 
-def _release(args: argparse.Namespace, err: TextIO, interrupts: _Interrupts,
+def _release(args: argparse.Namespace, err: TextIO, interrupts: runner.Interrupts,
              columns: Sequence[tuple[str, str]], probe_sql: str,
              run: Callable[[duckdb.DuckDBPyConnection], pa.Table]) -> tuple[pa.Table, Optional[_Output], float]:
     """Check, load INPUT, probe --output, then ``run`` the release (charged), interruptible with Ctrl-C.
@@ -872,9 +756,7 @@ def _release(args: argparse.Namespace, err: TextIO, interrupts: _Interrupts,
     input_path, kind, output, reader = _input_file(args)
     if args.seed is not None:
         print(SEED_WARNING, file=err, flush=True)
-    ledger = _input_ledger(args, input_path, kind)
-    ledger.interrupts = interrupts
-    con = _connect(args.seed, ledger)
+    con = _connect(args.seed, _input_ledger(args, input_path, kind))
 
     def work() -> tuple[pa.Table, float]:
         if getattr(args, "progress", False):
@@ -889,7 +771,7 @@ def _release(args: argparse.Namespace, err: TextIO, interrupts: _Interrupts,
         return released, time.perf_counter() - started
 
     try:
-        released, elapsed = interrupts.run(con, work)
+        released, elapsed = runner.run(con, work, interrupts=interrupts)
     finally:
         con.close()
     return _ordered(released), output, elapsed
@@ -897,7 +779,7 @@ def _release(args: argparse.Namespace, err: TextIO, interrupts: _Interrupts,
 
 def _finish(args: argparse.Namespace, released: pa.Table, output: Optional[_Output], mechanism: str,
             doc: dict, rows_key: str, rows_json: Callable[[pa.Table], list], out: TextIO, err: TextIO,
-            interrupts: _Interrupts, plain: Optional[Sequence[str]] = None) -> int:
+            interrupts: runner.Interrupts, plain: Optional[Sequence[str]] = None) -> int:
     """Deliver charged rows: --output, then the JSON document or plain lines (the columns ``plain``,
     default all); the exit code."""
     # Charged: from here on nothing may stop the rows from reaching the user.
@@ -990,7 +872,7 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                                max_items=max_items_given, user_col=user_col, item_col=item_col,
                                progress=_progress_printer(err) if args.progress else None, **options)
 
-    with _Interrupts(err) as interrupts:
+    with _interrupts(err) as interrupts:
         released, output, elapsed = _release(
             args, err, interrupts, [("--user-col", user_col), ("--item-col", item_col)],
             f"SELECT {_quote_ident(item_col)} AS item FROM {_VIEW} LIMIT 0", run)
@@ -1033,7 +915,7 @@ def _cmd_ranked(macro: str, function: Callable[..., pa.Table], args: argparse.Na
         return function(con, _VIEW, cal.k, epsilon=args.epsilon, delta=args.delta, max_items=args.max_items,
                         domain_method=args.domain_method, user_col=user_col, item_col=item_col)
 
-    with _Interrupts(err) as interrupts:
+    with _interrupts(err) as interrupts:
         released, output, _ = _release(
             args, err, interrupts, [("--user-col", user_col), ("--item-col", item_col)],
             f"SELECT 0::BIGINT AS rank, {_quote_ident(item_col)} AS item FROM {_VIEW} LIMIT 0", run)
@@ -1097,7 +979,7 @@ def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for agg in aggregates:
         probe += [f"0.0::DOUBLE AS {_quote_ident(agg)}"] + ([f"0.0::DOUBLE AS {agg}_scale"] if agg != "mean" else [])
         probe.append(f"0.0::DOUBLE AS {agg}_ci")
-    with _Interrupts(err) as interrupts:
+    with _interrupts(err) as interrupts:
         released, output, _ = _release(args, err, interrupts, columns,
                                        f"SELECT {', '.join(probe)} FROM {_VIEW} LIMIT 0", run)
         if public_delta:
@@ -1252,7 +1134,7 @@ def cmd_weighted_sample(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
                                        with_frequencies=args.with_frequencies, key_col=key_col, freq_col=freq_col)
         return released if args.with_frequencies else released.select(["key"])
 
-    with _Interrupts(err) as interrupts:
+    with _interrupts(err) as interrupts:
         released, output, _ = _release(args, err, interrupts, columns,
                                        f"SELECT {_quote_ident(key_col)} AS key{token} FROM {_VIEW} LIMIT 0", run)
         doc = {"mechanism": "pws", "privacy_unit": "element (one input row), NOT user", "epsilon": eps,
@@ -1538,7 +1420,7 @@ def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None,
         return args.func(args, out, err)
     except SystemExit as exc:  # --help and --version
         return exc.code if isinstance(exc.code, int) else 0
-    except (_Interrupted, KeyboardInterrupt, duckdb.InterruptException):
+    except (KeyboardInterrupt, duckdb.InterruptException):  # runner.Interrupted included
         print("Error: dpsql: interrupted (Ctrl-C); nothing was released or charged", file=err, flush=True)
         return 130
     except BrokenPipeError:

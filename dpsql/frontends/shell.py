@@ -36,19 +36,17 @@ import json
 import os
 import re
 import shutil
-import signal
 import sqlite3
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, TextIO, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
 
 import duckdb
 
 import dpsql
-from dpsql.core import ledger as ledger_mod, state
-from dpsql.core.errors import DpsqlError, LedgerIOError, ParameterError, from_engine
+from dpsql.core import ledger as ledger_mod, runner, state
+from dpsql.core.errors import LedgerIOError, ParameterError, from_engine
 
 __all__ = ["split_statements", "is_complete", "error_line", "Shell", "run_shell", "add_arguments", "run_args",
            "MODES"]
@@ -63,7 +61,6 @@ _BOX_ROWS = 9999
 _HUGE = 10**6
 _MAX_READ_DEPTH = 16
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-_T = TypeVar("_T")
 
 HELP = """\
 Enter SQL statements terminated by ';'. A statement may span several lines.
@@ -343,50 +340,6 @@ ORDER BY d = current_database() DESC, d, s, n, k
 """
 
 
-class _Gate:
-    """Orders Ctrl-C and the ledger's charge within one statement.
-
-    Ctrl-C before the charge stops the statement and no charge can follow; after the
-    charge the statement runs to its end, so that a charged release reaches the user.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.stopping = False
-        self.charged = False
-
-    def reset(self) -> None:
-        with self.lock:
-            self.stopping = self.charged = False
-
-    def stop(self) -> bool:
-        """Ask to stop; False if a release is already charged (the statement must finish)."""
-        with self.lock:
-            if self.charged:
-                return False
-            self.stopping = True
-            return True
-
-
-class _ShellLedger(ledger_mod.Ledger):
-    """A ledger whose charges wait for, and are refused after, a Ctrl-C (see :class:`_Gate`)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.gate = _Gate()
-
-    def charge(self, mechanism: str, unit: str, table: str, epsilon: float, delta: float,
-               parameters: str = "", calibration: str = "", *, seeded: bool = False,
-               scope: Optional[str] = None) -> ledger_mod.Release:
-        with self.gate.lock:
-            if self.gate.stopping:
-                raise DpsqlError("dpsql: interrupted (Ctrl-C) before the release was charged")
-            release = super().charge(mechanism, unit, table, epsilon, delta, parameters, calibration,
-                                     seeded=seeded, scope=scope)
-            self.gate.charged = True
-            return release
-
-
 class Shell:
     """Feeds lines of input to a connection and draws the results.
 
@@ -411,9 +364,6 @@ class Shell:
         self.output_name: Optional[str] = None
         self.err = err
         self.ledger = state.ledger_of(con)
-        # Orders Ctrl-C and the charge when the ledger is the shell's own (see run_shell); on another
-        # ledger a charge is seen by counting its releases.
-        self.gate: Optional[_Gate] = self.ledger.gate if isinstance(self.ledger, _ShellLedger) else None
         self.buffer: list[str] = []
         self.errors = 0
         self.interrupted = False
@@ -494,14 +444,14 @@ class Shell:
         if not parsed:  # only comments
             return
         started, cpu = time.perf_counter(), os.times()
-        before = 0 if self.gate else len(self.ledger.releases())  # releases already charged
         try:
-            with _ctrl_c_requests() as requests:
-                held = self._in_worker(lambda: self._compute(sql, parsed[-1]), requests)
+            # Ctrl-C while the statement runs and its rows are drawn is recorded, not raised: before the
+            # charge it stops the statement (nothing charged), after it the release is finished and shown.
+            with runner.Interrupts(notice=self._say) as ctrl_c:
+                held = runner.run(self.con, lambda: self._compute(sql, parsed[-1]), interrupts=ctrl_c)
                 if held is not None:
-                    self._show(held, charged=self.gate.charged if self.gate
-                               else len(self.ledger.releases()) > before)
-            if requests and not self.interactive:  # Ctrl-C came as the statement ended: the script stops
+                    self._show(held, charged=ctrl_c.charged)
+            if ctrl_c.requested and not self.interactive:  # Ctrl-C came as the statement ended: the script stops
                 self.interrupted = self.done = True
         finally:
             if self.timer:
@@ -537,50 +487,6 @@ class Shell:
         names = list(relation.columns)
         # Read once and hold: every drawing reads the held rows, never the query again.
         return "rows", names, relation.materialize()
-
-    def _in_worker(self, work: Callable[[], _T], requests: list[int]) -> _T:
-        """``work()`` in a worker thread while this (main) thread waits and watches for Ctrl-C.
-
-        The engine does not always notice Ctrl-C while it runs a query on several threads: here
-        the main thread sees it (``requests``, filled by :func:`_ctrl_c_requests`) and interrupts
-        the connection, unless the statement has already charged a release: then the statement
-        finishes, so that its rows are shown. A Ctrl-C that stopped the statement raises
-        KeyboardInterrupt once the worker has ended (the connection is never left busy).
-        """
-        result: dict[str, Any] = {}
-        finished = threading.Event()
-
-        def target() -> None:
-            try:
-                result["value"] = work()
-            except BaseException as exc:  # re-raised in the main thread
-                result["error"] = exc
-            finally:
-                finished.set()
-
-        if self.gate:
-            self.gate.reset()
-        worker = threading.Thread(target=target, name="dpsql-shell-statement", daemon=True)
-        worker.start()
-        stopped = noted = False
-        handled = 0
-        while not finished.wait(0.1):
-            if len(requests) == handled:
-                continue
-            handled = len(requests)
-            if self.gate is None or self.gate.stop():
-                stopped = True
-                self.con.interrupt()
-            elif not noted:
-                noted = True
-                self._say("dpsql: interrupted after the release was charged; finishing it so that its "
-                          "rows are not lost")
-        worker.join()
-        if "error" in result:
-            if stopped:
-                raise KeyboardInterrupt from None
-            raise result["error"]
-        return result["value"]
 
     def _draw(self, rows: duckdb.DuckDBPyRelation, names: list[str], charged: bool) -> str:
         if self.mode != "duckbox" or not charged:
@@ -804,25 +710,6 @@ _DOT_COMMANDS: dict[str, Callable[[Shell, str], None]] = {
 }
 
 
-@contextlib.contextmanager
-def _ctrl_c_requests() -> Iterator[list[int]]:
-    """While a statement runs and its rows are drawn, Ctrl-C is recorded in the yielded list, not raised.
-
-    A KeyboardInterrupt raised at an arbitrary point could leave the connection busy or lose a
-    charged release's rows; the statement's code checks the list where stopping is safe.
-    Outside the main thread (where no signal handler can be set) nothing changes.
-    """
-    requests: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield requests
-        return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: requests.append(signum))
-    try:
-        yield requests
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def _is_interrupt(exc: Exception) -> bool:
     # Ctrl-C while the engine runs comes back as the engine's interrupt error, not as KeyboardInterrupt.
     return isinstance(exc, duckdb.InterruptException) or str(exc).strip() == "Query interrupted"
@@ -926,8 +813,8 @@ def session_ledger(database: str, ledger: Optional[Path]) -> ledger_mod.Ledger:
     """The ledger a session charges (the rule of the module docstring)."""
     in_memory = database in ("", ":memory:")
     if ledger is not None:
-        return _ShellLedger(ledger, database="memory" if in_memory else ledger_mod.database_alias(database))
-    return _ShellLedger(None if in_memory else ledger_mod.sidecar_path(database))
+        return ledger_mod.Ledger(ledger, database="memory" if in_memory else ledger_mod.database_alias(database))
+    return ledger_mod.Ledger(None if in_memory else ledger_mod.sidecar_path(database))
 
 
 def run_shell(database: Optional[str] = None, command: Optional[str] = None, *,

@@ -24,11 +24,10 @@ Only the set of items is released; the noisy weights never leave the query.
 """
 from __future__ import annotations
 
+import functools
 import json
-import threading
 from types import ModuleType
 import time
-import warnings
 from functools import lru_cache
 from typing import Callable, Iterable, Optional, cast
 
@@ -37,7 +36,7 @@ import pyarrow as pa
 from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql.union import adaptive, basic, cumulative, policy
-from dpsql.core import calibration, release
+from dpsql.core import calibration, release, runner
 from dpsql.core.errors import engine_errors
 from dpsql.core.mechanism import Mechanism, Param, sql_literal
 from dpsql.core.state import current_ledger, source_of
@@ -240,53 +239,19 @@ def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_
     if progress is None:
         with engine_errors():  # dpsql's own exception (e.g. BudgetExceededError), not duckdb's wrapper
             return con.sql(sql).to_arrow_table()
-    if method in policy.POLICIES:  # the kernel reports the share of users processed
-        relay = policy.ProgressRelay(progress)
-        with policy.reporting(source_of(con), relay.kernel):
-            return _run_with_progress(con, sql, relay.engine)
-    return _run_with_progress(con, sql, progress)
+    # A policy's kernel reports the share of users processed: finer than the engine's percentage.
+    finer = functools.partial(policy.reporting, source_of(con)) if method in policy.POLICIES else None
+    return _run_with_progress(con, sql, progress, finer)
 
 
-def _run_with_progress(con: duckdb.DuckDBPyConnection, sql: str,
-                       progress: Optional[Callable[[float], None]], interval: float = 0.5) -> pa.Table:
-    """Run ``sql`` in a worker thread and report ``con.query_progress()`` meanwhile."""
-    result: dict = {}
+def _run_with_progress(con: duckdb.DuckDBPyConnection, sql: str, progress: Callable[[float], None],
+                       finer: Optional[runner.Finer] = None) -> pa.Table:
+    """Run ``sql`` with :func:`dpsql.core.runner.run`: progress reported meanwhile, Ctrl-C ordered with the charge."""
+    def fetch() -> pa.Table:
+        with engine_errors():  # dpsql's own exception (e.g. BudgetExceededError), not duckdb's wrapper
+            return con.sql(sql).to_arrow_table()
 
-    def work() -> None:
-        try:
-            with engine_errors():
-                result["table"] = con.sql(sql).to_arrow_table()
-        except BaseException as exc:  # re-raised in the caller's thread
-            result["error"] = exc
-
-    def report(pct: float) -> None:
-        # A charged release must reach the caller: a failing callback is reported, not raised.
-        nonlocal progress
-        if progress is None:
-            return
-        try:
-            progress(pct)
-        except Exception as exc:
-            warnings.warn(f"dpsql: the progress callback failed ({type(exc).__name__}); progress is no longer "
-                          f"reported, the release goes on", RuntimeWarning, stacklevel=3)
-            progress = None
-
-    worker = threading.Thread(target=work, daemon=True)
-    worker.start()
-    last = -1.0
-    while worker.is_alive():
-        worker.join(interval)
-        try:
-            pct = float(con.query_progress())
-        except Exception:  # progress is best effort; the query's own error wins
-            pct = -1.0
-        if pct >= 0 and pct != last:
-            report(pct)
-            last = pct
-    if "error" in result:
-        raise result["error"]
-    report(100.0)
-    return result["table"]
+    return runner.run(con, fetch, progress=progress, finer=finer)
 
 
 # -- the dp_set_union dispatcher, generated from the declarations ---------------------------------------
