@@ -43,6 +43,7 @@ sys.path.insert(0, str(HERE.parent))  # run from a source checkout without insta
 sys.path.insert(0, str(HERE))
 
 import dpsql  # noqa: E402
+from dpsql.core import sqltext  # noqa: E402
 from bench_set_union import FLOOR, _pct, ensure_table, machine_info, run_once  # noqa: E402
 
 METHODS = ("weighted_gaussian", "mad", "mad2r", "sips", "policy_gaussian", "policy_laplace", "greedy_update")
@@ -132,6 +133,8 @@ def main(argv=None) -> None:
     print(json.dumps(info))
     names = ["floor"] + [m for m in args.methods.split(",") if m]
     before_sql = Path(args.before_sql).read_text() if args.before_sql else None
+    if before_sql is not None and sqltext.BODY_MARKER in before_sql:  # its bodies get their generated headers
+        before_sql = sqltext.parse(before_sql, args.before_sql).sql
     results = []
     for rows in args.rows:
         table = ensure_table(args.db, rows, args.item_type)

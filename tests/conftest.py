@@ -75,3 +75,36 @@ def seeded_con():
     c = seeded(20261122)
     yield c
     c.close()
+
+
+def registered_signature(con, name: str) -> list[tuple[str, str, str | None]]:
+    """``(name, type, default as SQL text or None)`` of each parameter of the table macro ``name`` as
+    DuckDB holds it on ``con``.
+
+    ``duckdb_functions()`` lists a macro's parameter names and types but not their defaults; DuckDB's
+    binder prints the whole signature (its own rendering of the catalog entry) when a call does not
+    bind, so a call without arguments makes DuckDB report it.
+    """
+    import duckdb
+
+    from dpsql.core import sqltext
+
+    with pytest.raises(duckdb.BinderException) as info:
+        con.execute(f"FROM {name}()")
+    text = str(info.value)
+    head = f"\n\t{name}("
+    assert head in text, f"DuckDB did not list the signature of {name}: {text}"
+    line = text[text.index(head) + len(head):].split("\n", 1)[0]
+    assert line.endswith(")"), line
+    rows = con.execute("SELECT parameters, parameter_types FROM duckdb_functions() WHERE function_name = ? "
+                       "AND function_type = 'table_macro'", [name]).fetchall()
+    assert len(rows) == 1, name
+    reported = [(p.name, p.type, p.default) for p in sqltext.parameters(line[:-1])]
+    assert [(n, t) for n, t, _ in reported] == list(zip(*rows[0])), (name, reported)
+    return reported
+
+
+def same_value(con, a: str, b: str, sql_type: str) -> bool:
+    """Whether the SQL expressions ``a`` and ``b`` are the same value of ``sql_type``, by DuckDB."""
+    ((same,),) = con.execute(f"SELECT CAST({a} AS {sql_type}) IS NOT DISTINCT FROM CAST({b} AS {sql_type})").fetchall()
+    return bool(same)

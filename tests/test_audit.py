@@ -154,8 +154,10 @@ def test_mad_min_variant_exceeds_the_l2_sensitivity(d_max):
 def test_variant_builder_refuses_changed_sql():
     with pytest.raises(DpsqlError, match="exactly one"):
         audit._substitute("SELECT a FROM b", "no such text", "x")
-    with pytest.raises(DpsqlError, match="not found"):
-        audit._macro_statement("SELECT 1;\n", "dp_no_such_macro")
+    with pytest.raises(DpsqlError, match="macro dp_no_such_macro not found in the shipped SQL"):
+        audit._variant("dp_no_such_macro", "dp__audit_x")
+    with pytest.raises(DpsqlError, match="exactly one"):
+        audit._variant("dp__mad_stage", "dp__audit_x", [("no such text", "x")])
 
 
 @pytest.mark.parametrize("kwargs,name", [({"mechanism": "nope"}, "mechanism"),

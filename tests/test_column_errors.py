@@ -7,17 +7,14 @@ parameters ending in _col, so a new macro or column parameter without a valid ca
 """
 from __future__ import annotations
 
-import re
-
 import duckdb
 import pytest
 
 import dpsql
-from dpsql.core.registration import sql_dir
+from dpsql.core import sqltext
 
 from test_release import CASES as RELEASE_CASES, Case, _call, _n_releases
 
-_SQL = sql_dir()
 _FILES = ("60_tools/evaluation.sql", "70_pws/pws.sql", "80_optimize/optimize.sql")
 
 _EVAL_DATA = ("CREATE TABLE t AS SELECT u AS user_id, 'i' || j AS item FROM range(30) a(u), range(5) b(j) WHERE j <= u % 5;"
@@ -46,9 +43,9 @@ LOCAL_CASES: dict[str, Case] = {
 
 def _public_macros() -> set[str]:
     """The public macros of the three files: written there, or generated around a body written there."""
-    text = "\n".join((_SQL / f).read_text() for f in _FILES)
-    names = set(re.findall(r"CREATE OR REPLACE TEMP MACRO (dp_[a-z0-9]\w*)\(", text, re.I))
-    return names | {"dp_" + body for body in re.findall(r"CREATE OR REPLACE TEMP MACRO dp__body_(\w+)\(", text, re.I)}
+    mine = [m.name for m in sqltext.macros().values() if m.file in _FILES]
+    return {n for n in mine if n.startswith("dp_") and not n.startswith("dp__")} | \
+        {"dp_" + n.removeprefix("dp__body_") for n in mine if n.startswith("dp__body_")}
 
 
 def _column_params() -> dict[str, list[str]]:

@@ -6,7 +6,6 @@ fails here -- so adding a mechanism is its module (with its declaration), its SQ
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 import pytest
@@ -14,28 +13,35 @@ import pytest
 import dpsql
 from dpsql.tools import audit
 from dpsql.frontends import cli
-from dpsql.core import ledger, registry as mechanisms, release
+from dpsql.core import ledger, registry as mechanisms, release, sqltext
 from dpsql import union
 from dpsql.core.mechanism import PRIVACY_UNITS, REQUIRED, Mechanism, Param
-from dpsql.core.registration import sql_dir, sql_files
 
+from conftest import registered_signature, same_value
 from test_release import CASES as RELEASE_CASES
 
 PROOFS = Path(__file__).resolve().parents[1] / "docs" / "proofs"
 ALL = mechanisms.all_mechanisms()
 
 
-def _registered() -> dict[str, tuple[list[str], list[str]]]:
+def _registered() -> dict[str, tuple[list[str], list[str], str]]:
     con = dpsql.connect()
     try:
-        rows = con.execute("SELECT function_name, parameters, parameter_types FROM duckdb_functions() "
-                           "WHERE function_type = 'table_macro'").fetchall()
+        rows = con.execute("SELECT function_name, parameters, parameter_types, macro_definition "
+                           "FROM duckdb_functions() WHERE function_type = 'table_macro'").fetchall()
     finally:
         con.close()
-    return {name: (list(params), [str(t) for t in types]) for name, params, types in rows}
+    return {name: (list(params), [str(t) for t in types], definition) for name, params, types, definition in rows}
 
 
 REGISTERED = _registered()
+
+
+@pytest.fixture(scope="module")
+def mcon():
+    c = dpsql.connect()
+    yield c
+    c.close()
 
 
 def test_every_family_is_declared():
@@ -45,30 +51,39 @@ def test_every_family_is_declared():
 
 
 @pytest.mark.parametrize("name", sorted(ALL))
-def test_declaration_matches_its_sql_macro(name):
+def test_declaration_matches_its_sql_macro(name, mcon):
+    # What DuckDB holds for the releasing macro and for its body: the declared names, order and types
+    # (duckdb_functions()) and defaults (DuckDB's rendering of each, evaluated by DuckDB).
     mech = ALL[name]
-    assert mech.macro in REGISTERED, f"{mech.macro} is declared but not registered"
-    params, types = REGISTERED[mech.macro]
-    assert list(mech.param_names) == params
-    assert [p.sql_type for p in mech.params] == types
-    # the body the generated wrapper calls takes the same parameters (the wrapper passes each by name)
-    assert REGISTERED[release.body_macro(mech)] == (params, types), release.body_macro(mech)
-    defaults = cli.macro_defaults(mech.macro)
-    for p in mech.params:
-        if p.required:
-            assert p.name not in defaults, f"{mech.macro}.{p.name} has a SQL default but is declared required"
-        else:
-            assert p.name in defaults, f"{mech.macro}.{p.name} is declared with a default the SQL lacks"
-            assert _same_sql(defaults[p.name], p.sql_default()), (mech.macro, p.name, defaults[p.name])
+    for macro in (mech.macro, release.body_macro(mech)):
+        assert macro in REGISTERED, f"{macro} is declared but not registered"
+        params, types, _ = REGISTERED[macro]
+        assert params == list(mech.param_names), macro
+        assert types == [p.sql_type for p in mech.params], macro
+        for p, (_, sql_type, default) in zip(mech.params, registered_signature(mcon, macro)):
+            if p.required:
+                assert default is None, f"{macro}.{p.name} has a SQL default but is declared required"
+            else:
+                assert default is not None, f"{macro}.{p.name} is declared with a default the SQL lacks"
+                assert same_value(mcon, default, p.sql_default(), sql_type), (macro, p.name, default)
+    # the body is the shipped query under its generated header: DuckDB holds the same definition for it
+    # as for that query registered afresh
+    body = sqltext.macro(release.body_macro(mech))
+    assert body.generated and body.signature == release.signature(mech.params)
+    mcon.execute(body.renamed("dp__test_shipped_body").sql)
+    ((definition,),) = mcon.execute("SELECT macro_definition FROM duckdb_functions() "
+                                    "WHERE function_name = 'dp__test_shipped_body'").fetchall()
+    assert definition == REGISTERED[body.name][2]
 
 
-def _same_sql(a: str, b: str) -> bool:
-    con = dpsql.connect()
-    try:
-        x, y = con.execute(f"SELECT {a}, {b}").fetchall()[0]
-    finally:
-        con.close()
-    return x == y
+def test_no_declared_default_is_written_in_sql():
+    # Every declared body's header is generated (sqltext refuses a hand-written one); the files hold
+    # only the body queries under their markers.
+    bodies = {release.body_macro(m) for m in ALL.values()}
+    assert {name for name, m in sqltext.macros().items() if m.generated} == bodies
+    for f in sqltext.files():
+        for name in bodies:
+            assert f"MACRO {name}(" not in f.text, (f.name, name)
 
 
 @pytest.mark.parametrize("name", sorted(ALL))
@@ -94,16 +109,24 @@ def test_each_mechanism_is_a_release_case(name):
 
 
 def test_dispatcher_is_generated_from_the_declarations():
-    shipped = (sql_dir() / "30_union/90_dispatch.sql").read_text(encoding="utf-8")
+    shipped = next(f.text for f in sqltext.files() if f.name == "30_union/90_dispatch.sql")
     assert shipped == union.dispatch_sql(), "regenerate sql/90_dispatch.sql from dpsql.union.dispatch_sql()"
     for name, mech in union.METHODS.items():
         assert f"FROM {release.body_macro(mech)}(tbl" in shipped and f"dp__method_is(method, '{name}')" in shipped
 
 
-def test_dispatcher_signature_comes_from_the_default_methods_declaration():
-    params, _ = REGISTERED["dp_set_union"]
+def test_dispatcher_signature_comes_from_the_default_methods_declaration(mcon):
+    params, _, _ = REGISTERED["dp_set_union"]
     assert params == ["tbl", "epsilon", "delta", "method", "max_items", "user_col", "item_col"]
-    assert cli.macro_defaults("dp_set_union")["method"] == f"'{union.DEFAULT_METHOD}'"
+    reported = registered_signature(mcon, "dp_set_union")
+    assert same_value(mcon, dict((n, d) for n, _, d in reported)["method"], f"'{union.DEFAULT_METHOD}'", "VARCHAR")
+    # the CLI's flags default to the same values
+    declared = cli._params("dp_set_union")
+    assert set(declared) == set(params)
+    for name, sql_type, default in reported:
+        p = declared[name]
+        assert (default is None) == p.required, name
+        assert p.required or same_value(mcon, default, p.sql_default(), sql_type), name
 
 
 def test_the_cli_offers_every_method_and_every_method_option():
@@ -168,10 +191,9 @@ def test_a_declaration_refuses_an_unknown_unit_and_duplicate_parameters():
 def test_only_the_generated_wrappers_charge():
     # A mechanism's SQL holds its body: the charge (and the unit it records, the declaration's) is the
     # generated wrapper's alone (tests/test_release.py checks the unit each release records).
-    for path in sql_files():
-        text = path.read_text(encoding="utf-8")
-        if path.relative_to(sql_dir()).as_posix() != "00_core/05_ledger.sql":
-            assert "dp__charge(" not in text, path.name
+    for f in sqltext.files():
+        if f.name != "00_core/05_ledger.sql":
+            assert "dp__charge(" not in f.text, f.name
     for mech in ALL.values():
         assert "dp__charge(dp__checked.macro, dp__checked.unit," in release.wrapper_sql(mech)
 

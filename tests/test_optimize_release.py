@@ -16,7 +16,7 @@ import pytest
 import dpsql
 from dpsql import optimize
 
-from conftest import seeded
+from conftest import registered_signature, same_value, seeded
 
 # -- one valid call per releasing macro ----------------------------------------------------------
 
@@ -86,53 +86,21 @@ CASES = {
 }
 
 
-def macro_signature(name: str) -> list[tuple[str, str, str | None]]:
-    """``(name, type, default SQL text or None)`` of each parameter of macro ``name``, from its SQL text
-    (duckdb_functions() lists names and types, not defaults)."""
-    import re
-
-    from dpsql.core.registration import sql_files
-
-    for path in sql_files():
-        text = path.read_text(encoding="utf-8")
-        m = re.search(r"CREATE OR REPLACE TEMP MACRO " + re.escape(name) + r"\(", text)
-        if m:
-            break
-    else:
-        raise AssertionError(f"no macro {name}")
-    depth, i = 1, m.end()
-    parts, cur = [], ""
-    while depth:
-        ch = text[i]
-        i += 1
-        depth += (ch in "([") - (ch in ")]")
-        if depth == 1 and ch == ",":
-            parts.append(cur)
-            cur = ""
-        elif depth:
-            cur += ch
-    parts.append(cur)
-    out = []
-    for part in parts:
-        head, _, default = " ".join(part.split()).partition(":=")
-        pname, _, ptype = head.strip().partition(" ")
-        default = default.strip() or None
-        out.append((pname, ptype.strip(), default.lower() if default in ("NULL", "TRUE", "FALSE") else default))
-    return out
-
-
 def check_declaration(con, mech) -> None:
-    """A Mechanism declaration matches its registered macro: names, types and defaults, in SQL order."""
+    """A Mechanism declaration matches its registered macro and body: names, types and defaults, in SQL order
+    (as DuckDB reports them)."""
     rows = con.execute("SELECT parameters, parameter_types FROM duckdb_functions() WHERE function_name = ? "
                        "AND function_type = 'table_macro'", [mech.macro]).fetchall()
     assert len(rows) == 1, mech.macro
     declared = [(p.name, p.sql_type) for p in mech.params]
     assert list(zip(*rows[0])) == declared, mech.name
-    defaults = [p.sql_default() for p in mech.params]
-    # the defaults are written in the body's SQL (the releasing macro is generated from the declaration)
-    assert [(n, t, d) for n, t, d in macro_signature("dp__body_" + mech.macro.removeprefix("dp_"))] == \
-        [(n, t, None if d is None else d.lower() if d in ("NULL", "true", "false") else d)
-         for (n, t), d in zip(declared, defaults)], mech.name
+    # the body's header is generated from the declaration, as the releasing macro is
+    for macro in (mech.macro, "dp__body_" + mech.macro.removeprefix("dp_")):
+        reported = registered_signature(con, macro)
+        assert [(n, t) for n, t, _ in reported] == declared, macro
+        for p, (_, sql_type, default) in zip(mech.params, reported):
+            assert (default is None) == p.required, (macro, p.name)
+            assert p.required or same_value(con, default, p.sql_default(), sql_type), (macro, p.name, default)
     assert mech.param("epsilon").required, mech.name  # a default would spend budget nobody typed
     if "delta" in mech.param_names:
         assert mech.param("delta").required, mech.name

@@ -23,7 +23,7 @@ from dpsql import union
 from dpsql.frontends import spark as dspark
 from dpsql.core.registry import set_union_methods  # noqa: E402
 from dpsql.frontends.portable import MARKER, Stage, TranslationError, macros, stage_sql, stages  # noqa: E402
-from dpsql.core.registration import sql_files  # noqa: E402
+from dpsql.core import sqltext  # noqa: E402
 from dpsql.core.validation import DPParameterError  # noqa: E402
 
 
@@ -62,7 +62,7 @@ def test_every_mark_names_the_macro_or_cte_below_it():
         if stage.cte is not None:
             assert stage.cte in _ctes(_body(stage.macro)), (file, line, stage.name)
     # every line that looks like a mark is one (a typo or an indented mark would be silently ignored)
-    looks = [(p.name, i + 1) for p in sql_files() for i, text in enumerate(p.read_text().splitlines())
+    looks = [(f.name, i + 1) for f in sqltext.files() for i, text in enumerate(f.text.splitlines())
              if text.lstrip().startswith(MARKER)]
     assert looks == [(f, ln) for f, ln, _, _ in marks]
     assert len(stages()) == len(marks)  # no stage is marked twice
@@ -141,14 +141,10 @@ def test_a_misplaced_mark_is_an_error(monkeypatch, tmp_path):
     bad.write_text("CREATE OR REPLACE TEMP MACRO dp__x(rel VARCHAR) AS TABLE\n"
                    "-- dpsql:portable dp__y\n"
                    "WITH dp__z AS (SELECT 1 AS a) FROM dp__z;\n")
-    monkeypatch.setattr("dpsql.core.registration.sql_files", lambda: [bad])
-    portable.stages.cache_clear()
-    try:
-        with pytest.raises(TranslationError, match=r"99_bad.sql:2: the mark -- dpsql:portable dp__y is not directly "
-                                                   r"above the definition"):
-            portable.stages()
-    finally:
-        portable.stages.cache_clear()
+    monkeypatch.setattr(sqltext, "sql_files", lambda: [bad])
+    with pytest.raises(TranslationError, match=r"99_bad.sql:2: the mark -- dpsql:portable dp__y is not directly "
+                                               r"above the definition"):
+        portable.stages()
 
 
 # ---------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """Registration: packaged SQL files, TEMP-only macros, cursors, re-registration."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import duckdb
 import pytest
 
 import dpsql
+from dpsql.core import sqltext
 from dpsql.core.registration import source_of, sql_dir, sql_files
 
 EXPECTED_MACROS = {
@@ -33,13 +33,15 @@ def test_sql_files_ship_inside_the_installed_package():
 
 
 def test_every_statement_creates_a_temp_macro():
-    for path in sql_files():
-        text = re.sub(r"--[^\n]*", "", path.read_text(encoding="utf-8"))
-        statements = [stmt.query.strip().rstrip(";").strip() for stmt in duckdb.extract_statements(text)]
+    # Each file is read as CREATE OR REPLACE TEMP MACRO statements and marked bodies (dpsql.core.sqltext
+    # refuses anything else); what registration runs, generated headers included, is one TEMP macro each.
+    for f in sqltext.files():
         # (00_core/00_release.sql only documents the generated releasing macros, dpsql.core.release.wrapper_sql)
-        assert statements or path.relative_to(sql_dir()).as_posix() == "00_core/00_release.sql"
-        for sql in statements:
-            assert re.match(r"CREATE OR REPLACE TEMP MACRO \w+\(", sql), (path.name, sql[:80])
+        assert f.macros or f.name == "00_core/00_release.sql"
+    statements = [stmt.query.strip() for stmt in duckdb.extract_statements(sqltext.script())]
+    assert len(statements) == len(sqltext.macros())
+    for sql, name in zip(statements, sqltext.macros()):
+        assert sql.startswith(f"CREATE OR REPLACE TEMP MACRO {name}("), sql[:80]
 
 
 def _functions(con):

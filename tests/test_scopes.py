@@ -66,6 +66,19 @@ def test_view_over_a_view_in_another_schema_charges_the_base_table():
     con.close()
 
 
+def test_view_with_a_non_ascii_name_charges_the_table_it_reads():
+    # DuckDB's tokenizer counts bytes: read as characters, the view's text was cut in the wrong place and
+    # its query could not be parsed (the release was refused instead of charged to the table)
+    con = dpsql.connect()
+    _load(con, "visits")
+    con.execute('CREATE VIEW "récent_ü" AS SELECT * FROM visits')
+    dpsql.set_budget(con, epsilon=1.0, delta=1e-4, scope="visits")
+    _release(con, '"récent_ü"', epsilon=0.75)
+    assert _charged(con) == ("memory.main.visits",)
+    _refused(con, '"récent_ü"', "privacy budget of scope 'memory.main.visits' exceeded")
+    con.close()
+
+
 def test_dbt_style_staging_view_charges_the_raw_table_in_its_database(tmp_path):
     db = tmp_path / "warehouse.duckdb"
     con = dpsql.connect(db)

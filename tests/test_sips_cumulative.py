@@ -18,7 +18,8 @@ from scipy import stats
 import dpsql
 from dpsql.core import calibration
 from dpsql.union import cumulative
-from dpsql.core.registration import source_of, sql_dir
+from dpsql.core import sqltext
+from dpsql.core.registration import source_of
 from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
@@ -189,11 +190,11 @@ def test_bad_parameters_are_refused_before_the_charge(sql, message):
 def test_a_table_too_large_for_the_32_bit_ids_is_refused_before_the_charge():
     """From round two on, users and items are 32-bit ids: 2^32 capped rows or more are refused before the
     charge. Checked with the shipped macro's bound lowered to 40 rows (a 2^32-row table is out of reach)."""
-    text = (sql_dir() / "30_union/30_cumulative.sql").read_text(encoding="utf-8")
-    assert text.count("< 4294967296 THEN true") == 1
+    body = sqltext.macro("dp__body_set_union_sips_cumulative")
+    assert body.body.count("< 4294967296 THEN true") == 1
     con = dpsql.connect()
     try:
-        con.execute(text.replace("< 4294967296 THEN true", "< 40 THEN true"))
+        con.execute(body.renamed(body.name, body.body.replace("< 4294967296 THEN true", "< 40 THEN true")).sql)
         load(con, [(u, f"i{j}") for u in range(10) for j in range(4)])  # 40 rows
         with pytest.raises(Exception, match=r"dpsql: dp_set_union_sips_cumulative takes fewer than 2\^32 "
                                             r"user-item pairs after the max_items cap; lower max_items"):

@@ -1,9 +1,9 @@
 """Registering dpsql on a DuckDB connection: Python UDFs first, then TEMP macros.
 
 Python cannot define DuckDB table functions, so every mechanism is a
-``CREATE TEMP MACRO ... AS TABLE`` (text in the package's ``sql/*.sql``) that
-calls the scalar UDFs registered here. Macros are TEMP so that a database file
-never depends on dpsql to open.
+``CREATE TEMP MACRO ... AS TABLE`` (text in the package's ``sql/*.sql``, read by
+:mod:`dpsql.core.sqltext`) that calls the scalar UDFs registered here. Macros are
+TEMP so that a database file never depends on dpsql to open.
 
 DuckDB facts this module works with (DuckDB 2.0): Python UDFs belong to the
 database instance, so every cursor (and every other connection to the same
@@ -23,8 +23,6 @@ import os
 import secrets
 import weakref
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
 from typing import Callable, Optional, Union
 
 import duckdb
@@ -34,7 +32,8 @@ from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 from dpsql.core import calibration, ledger as ledger_mod, registry as mechanisms, noise
 from dpsql.optimize import subsampling
 from dpsql import union
-from dpsql.core import keys, ledger_sql, release, state
+from dpsql.core import keys, ledger_sql, release, sqltext, state
+from dpsql.core.sqltext import sql_dir, sql_files
 from dpsql.core.state import source_of
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import DPParameterError
@@ -72,27 +71,6 @@ def _instance_registration(con: duckdb.DuckDBPyConnection) -> Optional[tuple[str
         if token in _REGISTRATIONS:
             return token, _REGISTRATIONS[token]
     return None
-
-
-def sql_dir() -> Path:
-    """Folder of the macro files: ``dpsql/sql`` inside an installed package.
-
-    A source checkout keeps them at the repository root (``sql/``); that
-    location is used only when the package folder has none.
-    """
-    packaged = Path(str(resources.files("dpsql"))) / "sql"
-    if packaged.is_dir():
-        return packaged
-    checkout = Path(__file__).resolve().parents[2] / "sql"
-    if checkout.is_dir():
-        return checkout
-    raise FileNotFoundError("dpsql's SQL macro files are missing from the installation (dpsql/sql/*.sql)")
-
-
-def sql_files() -> list[Path]:
-    """The macro files in load order: the core's folder, then each family's (paths sort in dependency order)."""
-    root = sql_dir()
-    return sorted(root.rglob("*.sql"), key=lambda p: p.relative_to(root).as_posix())
 
 
 def _calibration_udfs(source: noise.NoiseSource) -> list[Udf]:
@@ -182,12 +160,12 @@ def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource
 def register_macros(con: duckdb.DuckDBPyConnection) -> None:
     """(Re)create every TEMP macro on ``con``; needed once per connection and per cursor.
 
-    The files hold the shared stages and each mechanism's body; the releasing macros are generated
-    from the declarations afterwards (:func:`dpsql.core.release.wrappers_sql`), then the dispatchers that
-    call them (a macro binds against the macros that exist when it is created).
+    The files hold the shared stages and each mechanism's body, whose header is generated from its
+    declaration (:func:`dpsql.core.sqltext.script`, in the files' order); the releasing macros are
+    generated from the declarations afterwards (:func:`dpsql.core.release.wrappers_sql`), then the
+    dispatchers that call them (a macro binds against the macros that exist when it is created).
     """
-    for path in sql_files():
-        con.execute(path.read_text(encoding="utf-8"))
+    con.execute(sqltext.script())
     con.execute(release.wrappers_sql(mechanisms.all_mechanisms()))
     con.execute(union.public_dispatch_sql())
 

@@ -41,7 +41,7 @@ from duckdb.sqltypes import DOUBLE, VARCHAR, DuckDBPyType
 from dpsql.core.mechanism import Mechanism, Param, sql_literal
 from dpsql.core.udf import Udf, scalar
 
-__all__ = ["body_macro", "release_sql", "wrapper_sql", "wrappers_sql", "check_release", "check_type",
+__all__ = ["body_macro", "signature", "release_sql", "wrapper_sql", "wrappers_sql", "check_release", "check_type",
            "sorted_release", "udfs"]
 
 
@@ -50,7 +50,11 @@ def body_macro(mech: Mechanism) -> str:
     return "dp__body_" + mech.macro.removeprefix("dp_")
 
 
-def _signature(params: Sequence[Param]) -> str:
+def signature(params: Sequence[Param]) -> str:
+    """The parameter list of a macro taking ``params``: names, order, types and defaults.
+
+    The releasing macro and its body (whose header :mod:`dpsql.core.sqltext` generates) share it.
+    """
     # DuckDB: a parameter without a default cannot follow one with a default (declarations keep that order).
     return ", ".join(f"{p.name} {p.sql_type}" if p.required else f"{p.name} {p.sql_type} := {p.sql_default()}"
                      for p in params)
@@ -71,7 +75,7 @@ def release_sql(macro: str, params: Sequence[Param], body: str, check: str, chec
     # the check and the charge read the bound row (the body gets the same constant expressions)
     sent = "to_json({" + ", ".join(f"'{n}': dp__bound.{n}" for n in checked) + "})::VARCHAR"
     return f"""\
-CREATE OR REPLACE TEMP MACRO {macro}({_signature(params)}) AS TABLE
+CREATE OR REPLACE TEMP MACRO {macro}({signature(params)}) AS TABLE
 WITH dp__bound AS MATERIALIZED (
     SELECT {bound}
     WHERE {binds}),

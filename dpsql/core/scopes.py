@@ -43,8 +43,10 @@ from typing import Any, Iterator, Mapping, NamedTuple, Optional, Union
 
 import duckdb
 
+from dpsql.core import sqltext
 from dpsql.core.errors import ParameterError
 from dpsql.core.ledger import NameContext, file_scope, looks_like_file, split_name
+from dpsql.core.sqltext import Token
 
 __all__ = ["Source", "Catalog", "trace", "locate"]
 
@@ -130,19 +132,7 @@ class _Parser:
         return [s["node"] for s in doc.get("statements") or ()]
 
 
-class _Token(NamedTuple):
-    start: int
-    text: str
-    kind: str
-
-
-def _tokens(sql: str) -> list[_Token]:
-    found = duckdb.tokenize(sql)
-    ends = [pos for pos, _ in found[1:]] + [len(sql)]
-    return [_Token(pos, sql[pos:end].strip(), kind.name) for (pos, kind), end in zip(found, ends)]
-
-
-def _identifier(token: _Token) -> Optional[str]:
+def _identifier(token: Token) -> Optional[str]:
     if token.kind != "identifier":
         return None
     text = token.text
@@ -160,7 +150,7 @@ def _statement(sql: str) -> tuple[Optional[list[dict[str, Any]]], frozenset[str]
     nodes = _Parser.parse(sql)
     if nodes is not None:
         return nodes, frozenset()
-    tokens = _tokens(sql)
+    tokens = sqltext.tokens(sql)
     depth = 0
     opened: list[int] = []
     closing: dict[int, int] = {}
@@ -188,7 +178,7 @@ def _statement(sql: str) -> tuple[Optional[list[dict[str, Any]]], frozenset[str]
 
 def _view_query(sql: str) -> Optional[dict[str, Any]]:
     """The query of a ``CREATE VIEW name [(columns)] AS query`` text (DuckDB writes it in that form)."""
-    for tok in _tokens(sql):
+    for tok in sqltext.tokens(sql):
         if tok.kind == "keyword" and tok.text.upper() == "AS":
             nodes = _Parser.parse(sql[tok.start + 2:])
             return nodes[0] if nodes is not None and len(nodes) == 1 else None

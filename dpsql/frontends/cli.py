@@ -16,7 +16,7 @@ NULL user fails with nothing charged. Once charged, the released rows reach the
 user: if writing ``--output`` fails anyway, they are printed on stdout instead
 (exit code 1, and stderr says so).
 
-A flag left out takes the default of the SQL macro's parameter (read from the macro itself), so
+A flag left out takes the default of the SQL macro's parameter (from its declaration), so
 the command line and SQL agree. Ctrl-C stops a release that is not charged yet (exit code 130,
 nothing recorded); once it is charged the release is finished and delivered, then exit code 130.
 """
@@ -41,7 +41,9 @@ import pyarrow as pa
 import dpsql
 from dpsql.core import ledger as ledger_mod, runner
 from dpsql.core.errors import InputError, ParameterError, from_engine
+from dpsql.core import registry
 from dpsql.core.ledger import Ledger
+from dpsql.core.mechanism import Param
 from dpsql.core.release import sorted_release
 from dpsql.frontends import shell as shell_mod
 from dpsql.frontends.shell import error_line
@@ -676,51 +678,24 @@ def _print_rows(rows: pa.Table, out: TextIO) -> None:
 # Releases: set-union, top-k, hitting-set
 # --------------------------------------------------------------------------
 
-_MACRO_HEADER = re.compile(r"CREATE\s+OR\s+REPLACE\s+TEMP\s+MACRO\s+(\w+)\s*\((.*?)\)\s+AS\b", re.S | re.I)
+def _params(macro: str) -> dict[str, Param]:
+    """The parameters of the releasing macro ``macro``, as declared (the macro's header is generated from
+    the declaration, so a flag left out means what leaving the parameter out of the SQL call means).
 
-
-@functools.lru_cache(maxsize=None)
-def macro_defaults(macro: str) -> dict[str, str]:
-    """The default of each parameter of the SQL macro ``macro`` that has one, as SQL text.
-
-    Read from the macro's ``CREATE`` statement in the package's ``sql/*.sql`` files, so that a
-    command-line flag left out means what leaving the parameter out of the SQL call means.
-    (DuckDB's ``duckdb_functions()`` lists a macro's parameters but not their defaults.)
+    ``dp_set_union`` takes ``method`` and the default method's declaration of the common parameters
+    (:func:`dpsql.union.public_dispatch_sql`).
     """
-    from dpsql.core.registration import sql_files
-
-    # A releasing macro generated from its declaration (dpsql.core.release) is not in the files; its body
-    # (dp__body_<name>) is, with the same parameters.
-    names = {macro.lower(), "dp__body_" + macro.lower().removeprefix("dp_")}
-    for path in sql_files():
-        for match in _MACRO_HEADER.finditer(path.read_text(encoding="utf-8")):
-            if match.group(1).lower() not in names:
-                continue
-            defaults = {}
-            for part in _split_params(match.group(2)):
-                name, sep, value = part.partition(":=")
-                if sep:
-                    defaults[name.split()[0].lower()] = value.strip()
-            return defaults
-    raise LookupError(f"dpsql: the SQL macro {macro} is missing from the installation")
+    if macro == "dp_set_union":
+        default = dpsql.METHODS[dpsql.union.DEFAULT_METHOD]
+        return {"method": Param("method", "VARCHAR", dpsql.union.DEFAULT_METHOD),
+                **{n: default.param(n) for n in dpsql.union.COMMON_PARAMS}}
+    return {p.name: p for p in registry.by_macro()[macro].params}
 
 
-def _split_params(text: str) -> list[str]:
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += ch in "([{"
-        depth -= ch in ")]}"
-        if ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _default(macro: str, name: str, cast: Callable[[str], object]):
-    """The SQL default of ``macro``'s parameter ``name``; None if it has none (the flag is then required)."""
-    text = macro_defaults(macro).get(name)
-    return None if text is None or text.upper() == "NULL" else cast(text.strip("'"))
+def _default(macro: str, name: str, cast: Callable[[Any], object]):
+    """The declared default of ``macro``'s parameter ``name``; None if it has none (the flag is then required)."""
+    param = _params(macro).get(name)
+    return None if param is None or param.required or param.default is None else cast(param.default)
 
 
 def _whole(text: str) -> int:
@@ -1019,8 +994,9 @@ def _add_release_options(p: argparse.ArgumentParser, *, rows: str) -> None:
 
 
 def _default_help(macro: str, name: str) -> str:
-    text = macro_defaults(macro).get(name)
-    return f"default: {text.strip(chr(39))}, as in SQL" if text else "required"
+    param = _params(macro).get(name)
+    return "required" if param is None or param.required else \
+        f"default: {str(param.sql_default()).strip(chr(39))}, as in SQL"
 
 
 PLAIN_OUTPUT = ("Plain output is one value per line (columns separated by tabs); numbers are written as in "

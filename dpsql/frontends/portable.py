@@ -1,7 +1,7 @@
 """The pre-noise stages of ``sql/*.sql`` translated for other SQL engines (one definition, two dialects).
 
 The DuckDB macros stay the only definition of each stage. This module reads a
-macro's body from the shipped macro files, binds its relation parameters
+macro's body from the shipped macro files (:mod:`dpsql.core.sqltext`), binds its relation parameters
 (``query_table(rows_rel)``, a nested macro call such as
 ``dp__capped_user_items(...)``, or a CTE of the macro) to relations of the
 target engine, binds its scalar parameters to literals, and renders the result
@@ -14,11 +14,12 @@ reads, so the noisy parts of a release macro are never translated.
 
 Exported stages are marked in the SQL. A macro or CTE another engine may
 translate (a whole macro, or one CTE as ``output``) has the line
-``-- dpsql:portable <name>`` directly above its definition; :func:`stages` lists
-them. :func:`stage_sql` refuses any other stage, and binds only the stage's
-relation parameters and its inputs (the CTEs and nested macros it reads), so a
-backend addresses no internal name of a macro beyond the marked stage's
-interface; ``tests/test_portable.py`` checks the marks and their translations.
+``-- dpsql:portable <name>`` directly above its definition (a macro's header or
+body marker, or a CTE's first line); :func:`stages` lists them. :func:`stage_sql`
+refuses any other stage, and binds only the stage's relation parameters and its
+inputs (the CTEs and nested macros it reads), so a backend addresses no internal
+name of a macro beyond the marked stage's interface; ``tests/test_portable.py``
+checks the marks and their translations.
 
 The translation also makes the DuckDB dialect's implicit choices explicit:
 
@@ -35,18 +36,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Mapping, Optional
+
+from dpsql.core import sqltext
+from dpsql.core.sqltext import Macro
 
 __all__ = ["Macro", "Stage", "macros", "stages", "stage_sql", "TranslationError", "MARKER"]
 
-_MACRO = re.compile(r"^CREATE OR REPLACE TEMP MACRO (\w+)\((.*?)\) AS TABLE\s*\n(.*?);[ \t]*$", re.S | re.M)
 _NESTED_MACRO_PREFIXES = ("dp__", "dp_")
 # The one form of an export mark: a line of its own, directly above the macro or CTE it names.
-MARKER = "-- dpsql:portable"
-_MARK = re.compile(r"^-- dpsql:portable (\w+)[ \t]*$")
-_MACRO_HEAD = re.compile(r"^CREATE OR REPLACE TEMP MACRO (\w+)\(")
-_CTE_HEAD = re.compile(r"^(?:WITH\s+)?(\w+)\s+AS\s+(?:NOT\s+)?(?:MATERIALIZED\s+)?\(", re.I)
+MARKER = sqltext.PORTABLE_MARKER
 # DuckDB functions whose Spark SQL counterpart has another name (same semantics).
 _RENAMED = {"error": "raise_error", "hash": "xxhash64"}
 
@@ -55,34 +54,9 @@ class TranslationError(ValueError):
     """A stage uses a construct that has no binding or no translation."""
 
 
-@dataclass(frozen=True)
-class Macro:
-    """A table macro of ``sql/*.sql``: its name, parameter names and body (a query)."""
-
-    name: str
-    params: tuple[str, ...]
-    body: str
-
-
-def _param_names(signature: str) -> tuple[str, ...]:
-    names = []
-    for part in re.split(r",(?![^\[]*\])", signature):
-        part = part.strip()
-        if part:
-            names.append(part.split()[0])
-    return tuple(names)
-
-
-@lru_cache(maxsize=1)
 def macros() -> dict[str, Macro]:
-    """Every table macro of the shipped macro files, by name."""
-    from dpsql.core.registration import sql_files
-
-    found: dict[str, Macro] = {}
-    for path in sql_files():
-        for m in _MACRO.finditer(path.read_text()):
-            found[m.group(1)] = Macro(m.group(1), _param_names(m.group(2)), m.group(3))
-    return found
+    """Every table macro of the shipped macro files, by name (a mechanism's body under its generated header)."""
+    return {name: m for name, m in sqltext.macros().items() if m.table}
 
 
 @dataclass(frozen=True)
@@ -99,33 +73,9 @@ class Stage:
 
 def _marks() -> list[tuple[str, int, str, Optional[Stage]]]:
     """Every export mark of the macro files: (file, line, name, the stage below it or None)."""
-    from dpsql.core.registration import sql_files
-
-    found: list[tuple[str, int, str, Optional[Stage]]] = []
-    for path in sql_files():
-        lines = path.read_text().splitlines()
-        macro = None
-        for i, line in enumerate(lines):
-            head = _MACRO_HEAD.match(line)
-            if head:
-                macro = head.group(1)
-            mark = _MARK.match(line)
-            if not mark and line.startswith(MARKER):
-                found.append((path.name, i + 1, line[len(MARKER):].strip(), None))  # malformed: reported
-                continue
-            if not mark:
-                continue
-            name, below = mark.group(1), (lines[i + 1] if i + 1 < len(lines) else "")
-            stage = None
-            if (m := _MACRO_HEAD.match(below)) and m.group(1) == name:
-                stage = Stage(name)
-            elif (m := _CTE_HEAD.match(below)) and m.group(1) == name and macro is not None:
-                stage = Stage(macro, name)
-            found.append((path.name, i + 1, name, stage))
-    return found
+    return [(m.file, m.line, m.name, None if m.macro is None else Stage(m.macro, m.cte)) for m in sqltext.marks()]
 
 
-@lru_cache(maxsize=1)
 def stages() -> dict[str, Stage]:
     """The stages marked ``-- dpsql:portable <name>``, by :attr:`Stage.name` (``macro`` or ``macro.cte``).
 

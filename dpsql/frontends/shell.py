@@ -47,6 +47,9 @@ import duckdb
 import dpsql
 from dpsql.core import ledger as ledger_mod, runner, state
 from dpsql.core.errors import LedgerIOError, ParameterError, from_engine
+# Statements are split by DuckDB's own tokenizer: quotes, E'...' escapes, $tag$ strings and nested
+# comments split where DuckDB's parser would.
+from dpsql.core.sqltext import is_complete, split_statements
 
 __all__ = ["split_statements", "is_complete", "error_line", "Shell", "run_shell", "add_arguments", "run_args",
            "MODES"]
@@ -89,108 +92,6 @@ Dot commands (at the start of a line):
   .quit, .exit        leave (Ctrl-D also works; Ctrl-C stops a running statement, except a release
                       already charged: that one finishes so that its rows are shown)
 Flags: -c SQL, -csv, -json, -markdown, -line, -readonly, -bail, --ledger FILE ('dpsql shell --help')."""
-
-
-# --------------------------------------------------------------------------
-# Splitting SQL text into statements
-# --------------------------------------------------------------------------
-
-_IDENT_CHAR = re.compile(r"[A-Za-z0-9_$\x80-\U0010ffff]")
-_DOLLAR_TAG = re.compile(r"\$([A-Za-z_\x80-\U0010ffff][A-Za-z0-9_\x80-\U0010ffff]*)?\$")
-
-
-def _scan(text: str) -> Iterator[tuple[int, str]]:
-    """Yield ``(position, kind)`` for each top-level ``;`` (kind ``";"``) and each
-    significant character outside quotes and comments (kind ``"x"``); finally
-    ``(len(text), "open")`` if a quote or comment is still open at the end.
-
-    Covers what DuckDB's parser accepts: '...' and "..." with doubled quotes,
-    E'...' with backslash escapes, $tag$...$tag$, -- line comments and nested
-    /* */ block comments.
-    """
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c in " \t\r\n\f\v":
-            i += 1
-        elif c == ";":
-            yield i, ";"
-            i += 1
-        elif text.startswith("--", i):
-            end = text.find("\n", i)
-            i = n if end < 0 else end + 1
-        elif text.startswith("/*", i):
-            depth, i = 1, i + 2
-            while i < n and depth:
-                if text.startswith("/*", i):
-                    depth, i = depth + 1, i + 2
-                elif text.startswith("*/", i):
-                    depth, i = depth - 1, i + 2
-                else:
-                    i += 1
-            if depth:
-                yield n, "open"
-                return
-        elif c in "'\"":
-            yield i, "x"
-            backslash = c == "'" and i > 0 and text[i - 1] in "eE" and (i < 2 or not _IDENT_CHAR.match(text[i - 2]))
-            i += 1
-            while True:
-                if i >= n:
-                    yield n, "open"
-                    return
-                if backslash and text[i] == "\\":
-                    i += 2
-                elif text[i] == c:
-                    if text.startswith(c, i + 1):  # doubled quote: an escaped quote
-                        i += 2
-                    else:
-                        i += 1
-                        break
-                else:
-                    i += 1
-        elif c == "$" and (i == 0 or not _IDENT_CHAR.match(text[i - 1])) and (dollar := _DOLLAR_TAG.match(text, i)):
-            yield i, "x"
-            tag = dollar.group(0)
-            end = text.find(tag, i + len(tag))
-            if end < 0:
-                yield n, "open"
-                return
-            i = end + len(tag)
-        else:
-            yield i, "x"
-            i += 1
-
-
-def split_statements(text: str) -> list[str]:
-    """The statements of ``text`` without their terminating ``;``.
-
-    Semicolons inside quotes, dollar-quoted strings and comments do not split.
-    Pieces that hold only whitespace or comments are dropped; a last statement
-    without ``;`` is kept.
-    """
-    pieces, start, significant = [], 0, False
-    for pos, kind in _scan(text):
-        if kind == ";":
-            if significant:
-                pieces.append(text[start:pos])
-            start, significant = pos + 1, False
-        elif kind == "x":
-            significant = True
-        else:  # an unterminated quote or comment: the rest is one (invalid) statement
-            significant = significant or bool(text[start:].strip())
-            break
-    if significant:
-        pieces.append(text[start:])
-    return [p.strip() for p in pieces]
-
-
-def is_complete(text: str) -> bool:
-    """Whether ``text`` ends with a statement's ``;`` (outside quotes and comments)."""
-    last = None
-    for _, kind in _scan(text):
-        last = kind
-    return last == ";"
 
 
 # --------------------------------------------------------------------------

@@ -74,7 +74,7 @@ from scipy.special import betaincinv
 import dpsql
 from dpsql.core.errors import DpsqlError
 from dpsql.union import adaptive
-from dpsql.core import registry as mechanisms, registration, release
+from dpsql.core import registry as mechanisms, release, sqltext
 from dpsql import pws, union
 from dpsql.core.validation import DPParameterError, check_delta, check_epsilon
 
@@ -294,15 +294,6 @@ class Mechanism:
     note: str = ""
 
 
-def _macro_statement(text: str, name: str) -> str:
-    """The ``CREATE ... MACRO name(...) ...;`` statement of a shipped SQL file."""
-    start = text.find(f"CREATE OR REPLACE TEMP MACRO {name}(")
-    if start < 0:
-        raise DpsqlError(f"dpsql.tools.audit: macro {name} not found in the shipped SQL; update the audit variant")
-    end = text.find(";\n", start)
-    return text[start:end + 1]
-
-
 def _substitute(statement: str, old: str, new: str) -> str:
     if statement.count(old) != 1:
         raise DpsqlError(f"dpsql.tools.audit: expected exactly one {old!r} in the shipped macro "
@@ -310,21 +301,27 @@ def _substitute(statement: str, old: str, new: str) -> str:
     return statement.replace(old, new)
 
 
-def _sql_text(file_name: str) -> str:
-    return (registration.sql_dir() / file_name).read_text(encoding="utf-8")
+def _variant(shipped: str, name: str, body: Sequence[tuple[str, str]] = ()) -> str:
+    """The statement creating macro ``name``: the shipped macro ``shipped`` (its header, generated for a
+    mechanism's body, and its body) with the substitutions ``body`` in its body."""
+    try:
+        macro = sqltext.macro(shipped)
+    except sqltext.SqlTextError:
+        raise DpsqlError(f"dpsql.tools.audit: macro {shipped} not found in the shipped SQL; update the audit "
+                         f"variant") from None
+    text = macro.body
+    for old, new in body:
+        text = _substitute(text, old, new)
+    return macro.renamed(name, text).sql
 
 
-def _broken_release(con, name: str, macro: str, file_name: str, body: Sequence[tuple[str, str]] = (),
+def _broken_release(con, name: str, macro: str, body: Sequence[tuple[str, str]] = (),
                     wrapper: Sequence[tuple[str, str]] = ()) -> None:
-    """Mechanism ``name``'s release registered as ``macro``: its shipped body (from ``file_name``) with
-    the substitutions ``body``, inside its generated wrapper with the substitutions ``wrapper``."""
+    """Mechanism ``name``'s release registered as ``macro``: its shipped body with the substitutions
+    ``body``, inside its generated wrapper with the substitutions ``wrapper``."""
     declared = mechanisms.all_mechanisms()[name]
     variant = dataclasses.replace(declared, macro=macro)
-    stmt = _macro_statement(_sql_text(file_name), release.body_macro(declared))
-    stmt = _substitute(stmt, f"MACRO {release.body_macro(declared)}(", f"MACRO {release.body_macro(variant)}(")
-    for old, new in body:
-        stmt = _substitute(stmt, old, new)
-    con.execute(stmt)
+    con.execute(_variant(release.body_macro(declared), release.body_macro(variant), body))
     text = release.wrapper_sql(variant)
     for old, new in wrapper:
         text = _substitute(text, old, new)
@@ -333,26 +330,21 @@ def _broken_release(con, name: str, macro: str, file_name: str, body: Sequence[t
 
 def _register_broken_sigma(con) -> None:
     """Weighted Gaussian with noise sigma/4 (threshold unchanged): a wrong calibration."""
-    _broken_release(con, "weighted_gaussian", "dp__audit_broken_sigma", "30_union/10_basic.sql",
+    _broken_release(con, "weighted_gaussian", "dp__audit_broken_sigma",
                     body=[("dp_gaussian_noise(scale)", "dp_gaussian_noise(scale / 4.0)")])
 
 
 def _register_broken_mad(con) -> None:
     """MAD with the printed r(i) = min{0, (w_init - tau)/w_init} of Alg. 3 line 6 (the erratum)."""
-    text = _sql_text("30_union/20_adaptive.sql")
-    stage = _macro_statement(text, "dp__mad_stage")
-    stage = _substitute(stage, "MACRO dp__mad_stage(", "MACRO dp__audit_min_mad_stage(")
-    stage = _substitute(stage, "SELECT item, (w_init - tau) / w_init AS r",
-                        "SELECT item, least(0.0, (w_init - tau) / w_init) AS r")
-    # every item with w_init > 0 now has r <= 0 (r = 0 if w_init = 0, as in docs/proofs/mad.md)
-    stage = _substitute(stage, "WHERE w_init > tau)", "WHERE w_init > 0)")
-    weights = _macro_statement(text, "dp__mad_weights")
-    weights = _substitute(weights, "MACRO dp__mad_weights(", "MACRO dp__audit_min_mad_weights(")
-    weights = _substitute(weights, "FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")
+    stage = _variant("dp__mad_stage", "dp__audit_min_mad_stage", [
+        ("SELECT item, (w_init - tau) / w_init AS r", "SELECT item, least(0.0, (w_init - tau) / w_init) AS r"),
+        # every item with w_init > 0 now has r <= 0 (r = 0 if w_init = 0, as in docs/proofs/mad.md)
+        ("WHERE w_init > tau)", "WHERE w_init > 0)")])
+    weights = _variant("dp__mad_weights", "dp__audit_min_mad_weights",
+                       [("FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")])
     for statement in (stage, weights):
         con.execute(statement)
-    _broken_release(con, "mad", "dp__audit_min_mad", "30_union/20_adaptive.sql",
-                    body=[("FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")])
+    _broken_release(con, "mad", "dp__audit_min_mad", body=[("FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")])
 
 
 def _threshold_pairs(method: str, max_items: int, t: int, unit: float):
@@ -574,8 +566,7 @@ def _spelling_sql(macro: str) -> Callable[[float, float], str]:
 def _register_unsorted(con) -> None:
     """Weighted Gaussian whose output keeps the engine's hash order (its wrapper without ORDER BY ALL):
     a row-order leak."""
-    _broken_release(con, "weighted_gaussian", "dp__audit_unsorted", "30_union/10_basic.sql",
-                    wrapper=[("\nORDER BY ALL;", ";")])
+    _broken_release(con, "weighted_gaussian", "dp__audit_unsorted", wrapper=[("\nORDER BY ALL;", ";")])
 
 
 _CANDIDATES = "dp__audit_candidates"
@@ -590,7 +581,7 @@ def _register_private_candidates(con) -> None:
     """Max coverage whose candidate sets are the set ids of the PRIVATE rows (the attack): a set whose
     only element is removed leaves the output's support."""
     _create_candidates(con)
-    _broken_release(con, "max_coverage", "dp__audit_private_candidates", "80_optimize/optimize.sql",
+    _broken_release(con, "max_coverage", "dp__audit_private_candidates",
                     body=[("FROM dp__candidate_sets(candidates_tbl,", "FROM dp__candidate_sets(tbl,")])
 
 

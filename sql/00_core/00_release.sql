@@ -1,7 +1,9 @@
 -- The release path (dpsql/core/release.py). Every releasing macro is GENERATED from its mechanism's
 -- declaration by dpsql.core.release.wrapper_sql: it binds every parameter once, validates and calibrates
 -- them by the declaration before any row is read, runs the mechanism's body, charges once, and returns
--- the released rows sorted by their values. A mechanism's SQL file holds only its body.
+-- the released rows sorted by their values. A mechanism's SQL file holds only its body's query, under
+-- the line `-- dpsql:body dp__body_<macro without dp_>`; the body's header (parameters, types and
+-- defaults) is generated from the same declaration (dpsql.core.sqltext), so each default is written once.
 --
 -- Binding: each parameter x passes through getvariable('dp__bind:' || x::VARCHAR), written into the
 -- generated wrapper itself (a scalar macro cannot hold it: DuckDB binds a scalar macro's body when it

@@ -1,6 +1,7 @@
 -- User-level (epsilon, delta)-DP set union (partition selection) with an independent
 -- update policy (Gopi et al. 2020, Alg. 1 / Sec. 1.1, App. B; Chen et al., Alg. 1).
--- Each BODY (dp__body_<macro>) returns one column `item` of the input's type and nothing else: the noisy
+-- Each BODY (dp__body_<macro>, its query under `-- dpsql:body <name>`, its header generated from the
+-- declaration) returns one column `item` of the input's type and nothing else: the noisy
 -- weights never leave the query. The releasing macro around it is generated from the declaration
 -- (sql/00_release.sql: parameters bound once, checked, charged once, rows sorted). Calibration:
 -- dpsql/core/calibration.py. epsilon and delta have no default: a default would spend budget nobody typed.
@@ -18,32 +19,28 @@ SELECT item,
 FROM dp__capped_user_items(tbl, max_items := max_items, user_col := user_col, item_col := item_col)
 GROUP BY item;
 
-CREATE OR REPLACE TEMP MACRO dp__body_set_union_count_laplace(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
-        max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_set_union_count_laplace
 WITH dp__cal AS (
     SELECT unnest(dp__set_union_calibration('count_laplace', epsilon, delta, max_items, user_col, item_col))),
 dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
 SELECT item FROM dp__weights CROSS JOIN dp__cal
 WHERE w + dp_laplace_noise(scale) > threshold;
 
-CREATE OR REPLACE TEMP MACRO dp__body_set_union_count_gaussian(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
-        max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_set_union_count_gaussian
 WITH dp__cal AS (
     SELECT unnest(dp__set_union_calibration('count_gaussian', epsilon, delta, max_items, user_col, item_col))),
 dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'count', max_items := max_items, user_col := user_col, item_col := item_col))
 SELECT item FROM dp__weights CROSS JOIN dp__cal
 WHERE w + dp_gaussian_noise(scale) > threshold;
 
-CREATE OR REPLACE TEMP MACRO dp__body_set_union_weighted_laplace(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
-        max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_set_union_weighted_laplace
 WITH dp__cal AS (
     SELECT unnest(dp__set_union_calibration('weighted_laplace', epsilon, delta, max_items, user_col, item_col))),
 dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'inverse', max_items := max_items, user_col := user_col, item_col := item_col))
 SELECT item FROM dp__weights CROSS JOIN dp__cal
 WHERE w + dp_laplace_noise(scale) > threshold;
 
-CREATE OR REPLACE TEMP MACRO dp__body_set_union_weighted_gaussian(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
-        max_items DOUBLE := 100, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_set_union_weighted_gaussian
 WITH dp__cal AS (
     SELECT unnest(dp__set_union_calibration('weighted_gaussian', epsilon, delta, max_items, user_col, item_col))),
 dp__weights AS MATERIALIZED (FROM dp__set_union_weights(tbl, 'inverse_sqrt', max_items := max_items, user_col := user_col, item_col := item_col))

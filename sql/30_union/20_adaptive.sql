@@ -86,9 +86,7 @@ WHERE b_min * b_max < 1.0;
 
 -- MAD (unbiased, Alg. 3 inside Alg. 1): the sigma and rho of Weighted Gaussian / Basic,
 -- tau = rho + beta*sigma; release w + N(0, sigma^2) >= rho.
-CREATE OR REPLACE TEMP MACRO dp__body_set_union_mad(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
-        max_items DOUBLE := 100, max_adaptive_degree DOUBLE := 50, beta DOUBLE := 2,
-        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_set_union_mad
 WITH dp__mad_cal AS (
     SELECT unnest(dp__mad_calibration(epsilon, delta, max_items, max_adaptive_degree, beta, user_col, item_col))),
 -- dpsql:portable dp__mad_rows
@@ -102,10 +100,7 @@ WHERE w + dp_gaussian_noise(sigma) >= rho;
 -- Round 1: unbiased MAD; its noisy weights stay in this query (dp__m2_noisy1 is never output).
 -- Round 2: items not released in round 1 whose upper bound w~1 + c_ub*sigma1 reaches rho2, with
 -- bias b = min(1, rho2 / max(0, w~1 - c_lb*sigma1)); biased MAD with h(t) = b_max/sqrt(t).
-CREATE OR REPLACE TEMP MACRO dp__body_set_union_mad2r(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
-        max_items DOUBLE := 100, split DOUBLE[] := [0.1, 0.9], max_adaptive_degree DOUBLE := 50, beta DOUBLE := 2,
-        b_min DOUBLE := 0.5, b_max DOUBLE := 2.0, c_lb DOUBLE := 1.0, c_ub DOUBLE := 3.0,
-        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_set_union_mad2r
 WITH dp__m2_cal AS (
     SELECT unnest(dp__mad2r_calibration(epsilon, delta, max_items, split, max_adaptive_degree, beta,
                                         b_min, b_max, c_lb, c_ub, user_col, item_col))),
@@ -154,9 +149,7 @@ WHERE w + dp_gaussian_noise(s) >= t;
 -- removes every item released earlier from the users' capped sets. A macro cannot loop over a
 -- runtime list, so this is a fixed chain of 5 rounds; `len(split) >= r` is a constant, so DuckDB
 -- prunes the unused rounds before execution (no noise is drawn for them).
-CREATE OR REPLACE TEMP MACRO dp__body_set_union_sips(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
-        max_items DOUBLE := 100, split DOUBLE[] := [0.1, 0.9],
-        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_set_union_sips
 WITH dp__s_cal AS (
     SELECT unnest(dp__sips_calibration(epsilon, delta, max_items, split, user_col, item_col))),
 -- dpsql:portable dp__s_rows

@@ -87,12 +87,7 @@ FROM query_table(rows_rel) AS dp__scf_rows JOIN dp__sips_cumulative_tilt(z_rel, 
 -- refuses 2^32 capped rows or more before anything is released); released items are mapped back
 -- through round one's ids. The running sums never leave the query: only released items do. The
 -- default split is seven rounds, each 1.6 times the one before (dpsql.union.cumulative.DEFAULT_SPLIT).
-CREATE OR REPLACE TEMP MACRO dp__body_set_union_sips_cumulative(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
-        max_items DOUBLE := 100,
-        split DOUBLE[] := [0.02321662860377795, 0.03714660576604473, 0.05943456922567157, 0.09509531076107451,
-                          0.1521524972177192, 0.24344399554835075, 0.3895103928773613],
-        drop_margin DOUBLE := 3.0, max_boost DOUBLE := 2.0, tilt DOUBLE := 0.7,
-        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_set_union_sips_cumulative
 WITH dp__sc_cal AS (
     SELECT unnest(dp__sips_cumulative_calibration(epsilon, delta, max_items, split, drop_margin, max_boost, tilt,
                                                   user_col, item_col))),

@@ -127,16 +127,12 @@ ORDER BY item;
 
 -- Policy Laplace (Gopi et al. 2020, Alg. 4): l1-descent towards Gamma = rho_Lap + alpha/epsilon,
 -- Lap(1/epsilon) noise, threshold rho_Lap. passes := P runs P passes with budget 1/P each.
-CREATE OR REPLACE TEMP MACRO dp__body_set_union_policy_laplace(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
-        max_items DOUBLE := 100, alpha DOUBLE := 5, passes DOUBLE := 1,
-        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_set_union_policy_laplace
 FROM dp__policy_run(tbl, 'policy_laplace', epsilon, delta, max_items, alpha, passes, user_col, item_col);
 
 -- Policy Gaussian (Gopi et al. 2020, Alg. 6): l2-descent towards Gamma = rho_Gauss + alpha*sigma,
 -- N(0, sigma^2) noise with sigma = sigma(epsilon, delta/2), threshold rho_Gauss.
-CREATE OR REPLACE TEMP MACRO dp__body_set_union_policy_gaussian(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
-        max_items DOUBLE := 100, alpha DOUBLE := 5, passes DOUBLE := 1,
-        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_set_union_policy_gaussian
 FROM dp__policy_run(tbl, 'policy_gaussian', epsilon, delta, max_items, alpha, passes, user_col, item_col);
 
 -- GreedyUpdate (Carvalho et al. 2022): no cap; users with fewer distinct items first; each fills
@@ -144,8 +140,6 @@ FROM dp__policy_run(tbl, 'policy_gaussian', epsilon, delta, max_items, alpha, pa
 -- items first, by order_col; then a keyed hash), up to Gamma = max(rho + alpha/epsilon, 1) with l1 budget 1; Lap(1/epsilon) noise;
 -- windowed release: rho - weight < L <= rho, L ~ Lap(1/epsilon), rho = max(1, ln((e^epsilon - 1)/(2 delta))/epsilon)
 -- (dpsql/union/policy.py; docs/proofs/greedy_update.md). One pass.
-CREATE OR REPLACE TEMP MACRO dp__body_set_union_greedy_update(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE,
-        alpha DOUBLE := 3, order_tbl VARCHAR := NULL, order_col VARCHAR := NULL,
-        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_set_union_greedy_update
 FROM dp__policy_run(tbl, 'greedy_update', epsilon, delta, 1, alpha, 1, user_col, item_col,
                     order_tbl := order_tbl, order_col := order_col);

@@ -121,9 +121,7 @@ ORDER BY key;
 -- source; the probability tables are computed once per call in Python.
 -- The body of dp_weighted_sample (sql/00_release.sql: the generated wrapper binds, checks, charges and
 -- sorts); dp__pws_spec checks all parameters and the frequency range the tables can serve.
-CREATE OR REPLACE TEMP MACRO dp__body_weighted_sample(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, tau DOUBLE := NULL,
-        scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, with_frequencies BOOLEAN := false,
-        key_col VARCHAR := 'key', freq_col VARCHAR := NULL) AS TABLE
+-- dpsql:body dp__body_weighted_sample
 WITH dp__cal AS (
     SELECT dp__pws_spec(epsilon, delta, tau, scheme, power, with_frequencies) AS spec),
 dp__freq AS MATERIALIZED (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col)),
@@ -173,9 +171,7 @@ ORDER BY key, token;
 -- g(noisy_frequency) / inclusion_probability.
 -- The body of dp_sbh_histogram (sql/00_release.sql); dp__sbh_granularity checks the PWS parameters, the
 -- noise mode, the grid against the noise scale.
-CREATE OR REPLACE TEMP MACRO dp__body_sbh_histogram(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, tau DOUBLE := NULL,
-        scheme VARCHAR := 'ppswor', power DOUBLE := 1.0, key_col VARCHAR := 'key', freq_col VARCHAR := NULL,
-        noise VARCHAR := 'granular', granularity DOUBLE := NULL) AS TABLE
+-- dpsql:body dp__body_sbh_histogram
 WITH dp__cal AS (
     SELECT 1.0 / epsilon AS scale, g, dp__discrete_laplace_threshold(1.0 / epsilon, g, delta / 2, 1.0) AS T
     FROM (SELECT dp__sbh_granularity(epsilon, delta, tau, scheme, power, noise, granularity) AS g)),

@@ -92,8 +92,7 @@ SELECT dp__ck.sid, dp__rk.element FROM dp__rk JOIN dp__ck USING (dp__key);
 -- newly covered sampled elements). candidates_tbl (column set_col) is the public list of candidate
 -- sets; rows of tbl for other sets are ignored. Returns (rank, set_id), min(k, #candidates)
 -- rows in the greedy's (DP) order. Privacy argument: dpsql/optimize/max_coverage.py.
-CREATE OR REPLACE TEMP MACRO dp__body_max_coverage(tbl VARCHAR, candidates_tbl VARCHAR, k DOUBLE,
-        epsilon DOUBLE, set_col VARCHAR := 'set_id', element_col VARCHAR := 'element') AS TABLE
+-- dpsql:body dp__body_max_coverage
 WITH dp__sets AS MATERIALIZED (FROM dp__candidate_sets(candidates_tbl, set_col := set_col)),
 -- MATERIALIZED: its checks (the public candidates, the key types) run before the rows are read
 dp__cal AS MATERIALIZED (  -- reads the public candidates too, so that their errors come before the charge
@@ -124,8 +123,7 @@ SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) ORDER BY rank;
 -- itself (from the same secure source). tau_constant: the printed 1000 (thresholds
 -- tau_r = tau_constant * n~ / 2^r; any value keeps the privacy guarantee). Privacy argument:
 -- dpsql/optimize/set_cover.py.
-CREATE OR REPLACE TEMP MACRO dp__body_set_cover(tbl VARCHAR, candidates_tbl VARCHAR, epsilon DOUBLE,
-        set_col VARCHAR := 'set_id', element_col VARCHAR := 'element', tau_constant DOUBLE := 1000.0) AS TABLE
+-- dpsql:body dp__body_set_cover
 WITH dp__sets AS MATERIALIZED (FROM dp__candidate_sets(candidates_tbl, set_col := set_col)),
 -- MATERIALIZED: its checks (the public candidates, the key types) run before the rows are read
 dp__cal AS MATERIALIZED (  -- reads the public candidates too, so that their errors come before the charge
@@ -182,9 +180,7 @@ FROM (SELECT dp__check_column_list(tbl, ['set_col', 'element_col'], [set_col, el
 -- is ignored (see the header), and so is a (user, t) with several buckets (a per-record rule: the
 -- kernel's error would say that such a user exists); a NULL user is an error. Returns (t, bucket)
 -- sorted by both. Privacy argument: dpsql/optimize/heavy_hitters.py.
-CREATE OR REPLACE TEMP MACRO dp__body_shifting_heavy_hitters(tbl VARCHAR, buckets_tbl VARCHAR, k DOUBLE,
-        horizon DOUBLE, epsilon DOUBLE, failure_probability DOUBLE := 0.05, user_col VARCHAR := 'user_id',
-        time_col VARCHAR := 't', bucket_col VARCHAR := 'bucket') AS TABLE
+-- dpsql:body dp__body_shifting_heavy_hitters
 -- MATERIALIZED: its checks (the columns, the key types) run before the rows are read
 WITH dp__cal AS MATERIALIZED (
     SELECT unnest(dp__heavy_hitters_calibration(epsilon, k, failure_probability, horizon, user_col, time_col,
@@ -245,10 +241,7 @@ FROM dp__codes CROSS JOIN dp__nb JOIN dp__buckets ON bid = code % n_buckets;
 -- capacity_col) gives each part's capacity (a whole number >= 0). Returns the chosen independent
 -- set as (rank, set_id), rank = position in set_id order. Privacy argument:
 -- dpsql/optimize/matroid_coverage.py.
-CREATE OR REPLACE TEMP MACRO dp__body_matroid_coverage(tbl VARCHAR, parts_tbl VARCHAR, capacities_tbl VARCHAR,
-        epsilon DOUBLE, eta DOUBLE := 0.2, failure_probability DOUBLE := 0.05, samples DOUBLE := NULL,
-        set_col VARCHAR := 'set_id', element_col VARCHAR := 'element', part_col VARCHAR := 'part',
-        capacity_col VARCHAR := 'capacity') AS TABLE
+-- dpsql:body dp__body_matroid_coverage
 WITH dp__caps_in AS (
     SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(part_col) OR c = 'dp__absent')) AS part,
            coalesce(*COLUMNS(lambda c: lower(c) = lower(capacity_col) OR c = 'dp__absent')) AS capacity
@@ -322,10 +315,7 @@ SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) ORDER BY rank;
 -- the number of exponential mechanisms would leak it (an n_bound below the true count keeps privacy,
 -- costs utility). Returns (rank, candidate_id), min(k, #candidates) rows, rank = position in
 -- candidate_id order. Privacy argument: dpsql/optimize/k_median.py.
-CREATE OR REPLACE TEMP MACRO dp__body_k_median(tbl VARCHAR, candidates_tbl VARCHAR, distances_tbl VARCHAR, k DOUBLE,
-        epsilon DOUBLE, n_bound DOUBLE, q DOUBLE := 1, point_col VARCHAR := 'point',
-        candidate_col VARCHAR := 'candidate_id', distance_point_col VARCHAR := 'point',
-        distance_candidate_col VARCHAR := 'candidate', distance_col VARCHAR := 'distance') AS TABLE
+-- dpsql:body dp__body_k_median
 WITH dp__cands AS MATERIALIZED (
     SELECT candidate_id, (row_number() OVER (ORDER BY candidate_id) - 1)::BIGINT AS cid
     FROM (SELECT DISTINCT coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower(candidate_col) OR c = 'dp__absent')),

@@ -16,9 +16,7 @@ CREATE OR REPLACE TEMP MACRO dp_limited_domain_epsilon(epsilon DOUBLE, delta_pri
 -- one-shot Gumbel top-k (= k-fold peeling exponential mechanism) on the uncapped user counts of
 -- the domain's items at (epsilon/2, delta/2), Gumbel scale 1/eps0 of Lemma B.1. Returns
 -- min(k, |domain|) rows.
-CREATE OR REPLACE TEMP MACRO dp__body_top_k(tbl VARCHAR, k DOUBLE, epsilon DOUBLE, delta DOUBLE,
-        max_items DOUBLE := 100, domain_method VARCHAR := 'weighted_gaussian',
-        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_top_k
 WITH dp__cal AS (
     SELECT unnest(dp__top_k_calibration(k, epsilon, delta, max_items, domain_method, user_col, item_col))),
 -- The domain step: a set-union body at its share; the release's wrapper charges the total (epsilon, delta) once.
@@ -38,9 +36,7 @@ QUALIFY rank <= k_rows;
 -- exactly min(k, |domain|) rounds, each picking the item with the largest
 -- (number of not-yet-hit users holding it) + fresh Gumbel(1/eps0) noise. The sequential part
 -- runs in one Python UDF call on compact arrays (one list of dense item ids per user).
-CREATE OR REPLACE TEMP MACRO dp__body_hitting_set(tbl VARCHAR, k DOUBLE, epsilon DOUBLE, delta DOUBLE,
-        max_items DOUBLE := 100, domain_method VARCHAR := 'weighted_gaussian',
-        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_hitting_set
 WITH dp__cal AS (
     SELECT unnest(dp__top_k_calibration(k, epsilon, delta, max_items, domain_method, user_col, item_col))),
 -- The domain step: a set-union body at its share; the release's wrapper charges the total (epsilon, delta) once.
@@ -67,9 +63,7 @@ SELECT r.rank, d.item FROM dp__ranked AS r JOIN dp__domain AS d ON r.iid = d.iid
 -- h_bot = h_(k_bar+1) + 1 + ln(min(max_items, k_bar)/delta_step)/eps_step get independent
 -- Gumbel(1/eps_step) noise; items are output in noisy order while they beat noisy h_bot, at most k.
 -- k_bar := 'infinity' considers every item and needs max_items.
-CREATE OR REPLACE TEMP MACRO dp__body_top_k_limited_domain(tbl VARCHAR, k DOUBLE, k_bar DOUBLE, epsilon DOUBLE,
-        delta DOUBLE, max_items DOUBLE := NULL,
-        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_top_k_limited_domain
 WITH dp__cal AS (
     SELECT unnest(dp__limited_domain_calibration(k, k_bar, epsilon, delta, max_items, user_col, item_col))),
 dp__counts AS (

@@ -62,10 +62,7 @@ WHERE n >= pre_threshold
   AND w - c.shift + CASE WHEN c.gaussian THEN dp_gaussian_noise(c.scale) ELSE dp_laplace_noise(c.scale) END > c.threshold
 ORDER BY item;
 
-CREATE OR REPLACE TEMP MACRO dp__body_group_by(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, max_items DOUBLE := 100,
-        aggregates VARCHAR[] := ['count'], value_col VARCHAR := NULL, lower DOUBLE := NULL, upper DOUBLE := NULL,
-        selection VARCHAR := 'sips_cumulative', split DOUBLE := 0.5, pre_threshold DOUBLE := 1, confidence DOUBLE := 0.95,
-        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_group_by
 WITH dp__cal AS (
     SELECT unnest(dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection,
                                            split, pre_threshold, confidence, user_col, item_col))),
@@ -124,10 +121,7 @@ FROM (SELECT item, n_noisy AS "count", count_scale AS count_scale, count_ci AS c
                   (mean_sum_ci + greatest(abs(lower), abs(upper)) * mean_count_ci) / n_noisy) END AS mean_ci
       FROM dp__noisy CROSS JOIN dp__cal);
 
-CREATE OR REPLACE TEMP MACRO dp__body_group_by_public(tbl VARCHAR, items_tbl VARCHAR, epsilon DOUBLE,
-        max_items DOUBLE := 100, aggregates VARCHAR[] := ['count'], value_col VARCHAR := NULL,
-        lower DOUBLE := NULL, upper DOUBLE := NULL, confidence DOUBLE := 0.95,
-        user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
+-- dpsql:body dp__body_group_by_public
 WITH dp__cal AS (
     SELECT unnest(dp__group_by_public_calibration(epsilon, max_items, aggregates, value_col, lower, upper,
                                                   confidence, user_col, item_col))),
