@@ -18,6 +18,9 @@ import pytest
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dbt"
 
+# the dbt project is built once for the file: its tests stay on one xdist worker
+pytestmark = pytest.mark.xdist_group('dbt')
+
 
 def _plugin_base():
     pytest.importorskip("dbt.adapters.duckdb", reason="dbt-duckdb is not installed")

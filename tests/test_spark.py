@@ -29,6 +29,9 @@ from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
 
+# one SparkSession (one JVM) for the file: its tests stay on one xdist worker
+pytestmark = pytest.mark.xdist_group('spark')
+
 MAX_ITEMS = 8
 # CI sets DPSQL_REQUIRE_SPARK=1: there a missing pyspark, sqlglot or Java is a failure, not a skip.
 REQUIRED = os.environ.get("DPSQL_REQUIRE_SPARK") == "1"
