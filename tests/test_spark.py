@@ -501,7 +501,7 @@ _PATH_RELEASE = """
 import json, sys, warnings
 warnings.simplefilter("ignore")
 from pyspark.sql import SparkSession
-from dpsql import spark as dspark
+from dpsql.frontends import spark as dspark
 session = (SparkSession.builder.master("local[1]").appName("dpsql-path-python")
            .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
            .config("spark.sql.shuffle.partitions", "1").getOrCreate())

@@ -190,7 +190,16 @@ def test_removing_it_leaves_nothing(tmp_path):
     before = list(registry.all_mechanisms())
     with toy_family(tmp_path):
         assert "toy_count" in registry.all_mechanisms()
+        earlier = dpsql.connect()
+        earlier.execute(test_release.USER_ITEMS)
     assert list(registry.all_mechanisms()) == before and "toy_count" not in audit.MECHANISMS
+    # a connection registered while it was there keeps the macro, which now refuses to run, charging nothing
+    try:
+        with pytest.raises(duckdb.Error, match="toy_count is no longer a registered mechanism"):
+            earlier.execute("SELECT * FROM dp_toy_count('t', epsilon := 1.0, delta := 1e-5)").fetchall()
+        assert dpsql.releases(earlier) == []
+    finally:
+        earlier.close()
     assert all(path.name != "toy.sql" for path in registration.sql_files())
     con = dpsql.connect()
     try:

@@ -153,8 +153,9 @@ def add_family(*modules: ModuleType, proofs: Union[None, str, Path] = None, name
 
 
 def remove_family(family: Union[Family, str]) -> None:
-    """Take a family added by :func:`add_family` out of the registry (connections registered before keep
-    its macros)."""
+    """Take a family added by :func:`add_family` out of the registry. Connections registered afterwards
+    lack it; on those registered before, its releasing macros remain but refuse to run (their check
+    no longer finds the declaration), before anything is read or charged."""
     with _lock:
         registry = _registry()
         key = family.name if isinstance(family, Family) else family
