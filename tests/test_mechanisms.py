@@ -15,10 +15,11 @@ from dpsql.tools import audit
 from dpsql.frontends import cli
 from dpsql.core import ledger, registry as mechanisms, release, sqltext
 from dpsql import union
-from dpsql.core.mechanism import PRIVACY_UNITS, REQUIRED, Mechanism, Param
+from dpsql.core.mechanism import PRIVACY_UNITS, REQUIRED, Mechanism, Param, preferred
+from dpsql.core.sqltext import sql_dir, sql_files
 
 from conftest import registered_signature, same_value
-from test_release import CASES as RELEASE_CASES
+from test_release import release_cases
 
 PROOFS = Path(__file__).resolve().parents[1] / "docs" / "proofs"
 ALL = mechanisms.all_mechanisms()
@@ -50,30 +51,85 @@ def test_every_family_is_declared():
     assert len(ALL) == len(mechanisms.by_macro())  # one macro per mechanism
 
 
-@pytest.mark.parametrize("name", sorted(ALL))
-def test_declaration_matches_its_sql_macro(name, mcon):
+# -- the conformance checks of one declaration (also run over a family added from outside: test_toy_mechanism)
+
+
+def check_declaration_matches_its_sql_macro(mech: Mechanism, registered: dict[str, tuple[list[str], list[str], str]],
+                                           con) -> None:
     # What DuckDB holds for the releasing macro and for its body: the declared names, order and types
     # (duckdb_functions()) and defaults (DuckDB's rendering of each, evaluated by DuckDB).
-    mech = ALL[name]
     for macro in (mech.macro, release.body_macro(mech)):
-        assert macro in REGISTERED, f"{macro} is declared but not registered"
-        params, types, _ = REGISTERED[macro]
+        assert macro in registered, f"{macro} is declared but not registered"
+        params, types, _ = registered[macro]
         assert params == list(mech.param_names), macro
         assert types == [p.sql_type for p in mech.params], macro
-        for p, (_, sql_type, default) in zip(mech.params, registered_signature(mcon, macro)):
+        for p, (_, sql_type, default) in zip(mech.params, registered_signature(con, macro)):
             if p.required:
                 assert default is None, f"{macro}.{p.name} has a SQL default but is declared required"
             else:
                 assert default is not None, f"{macro}.{p.name} is declared with a default the SQL lacks"
-                assert same_value(mcon, default, p.sql_default(), sql_type), (macro, p.name, default)
+                assert same_value(con, default, p.sql_default(), sql_type), (macro, p.name, default)
     # the body is the shipped query under its generated header: DuckDB holds the same definition for it
     # as for that query registered afresh
     body = sqltext.macro(release.body_macro(mech))
     assert body.generated and body.signature == release.signature(mech.params)
-    mcon.execute(body.renamed("dp__test_shipped_body").sql)
-    ((definition,),) = mcon.execute("SELECT macro_definition FROM duckdb_functions() "
-                                    "WHERE function_name = 'dp__test_shipped_body'").fetchall()
-    assert definition == REGISTERED[body.name][2]
+    con.execute(body.renamed("dp__test_shipped_body").sql)
+    ((definition,),) = con.execute("SELECT macro_definition FROM duckdb_functions() "
+                                   "WHERE function_name = 'dp__test_shipped_body'").fetchall()
+    assert definition == registered[body.name][2]
+
+
+def check_body_is_in_its_declared_file(mech: Mechanism) -> None:
+    # Mechanism.sql names the file of the body (the registry orders mechanisms by it; registration loads
+    # a family's files from outside the package by it)
+    assert mech.sql, f"{mech.name} declares no SQL file (Mechanism.sql)"
+    path = Path(mech.sql) if Path(mech.sql).is_absolute() else sql_dir() / mech.sql
+    assert path in sql_files(), f"{mech.sql} is not loaded at registration"
+    assert f"{sqltext.BODY_MARKER} {release.body_macro(mech)}\n" in path.read_text(encoding="utf-8"), mech.sql
+
+
+def check_privacy_parameters_are_required(mech: Mechanism) -> None:
+    for p in ("epsilon", "delta"):
+        if p in mech.param_names:
+            assert mech.param(p).required, f"{mech.macro}: {p} must have no default"
+    assert "epsilon" in mech.param_names
+
+
+def proof_note(mech: Mechanism) -> Path:
+    """docs/proofs/<proof>.md, or the proof folder of the family that declares it."""
+    return (mechanisms.family_of(mech).proofs or PROOFS) / f"{mech.proof}.md"
+
+
+def check_proof_note(mech: Mechanism) -> None:
+    note = proof_note(mech)
+    assert note.is_file(), f"write docs/proofs/{mech.proof}.md with the privacy argument of {mech.name}"
+    assert mech.name.split("_")[0] in note.read_text(encoding="utf-8").lower()
+
+
+def check_example_is_a_release_case(mech: Mechanism) -> None:
+    # tests/test_release.py runs every releasing macro through the release-path checks, with this call
+    assert mech.example is not None, f"declare a small valid call of {mech.macro} (Mechanism.example)"
+    assert mech.macro in release_cases()
+    assert set(mech.example.arguments) == set(mech.param_names), mech.name  # every parameter is exercised
+
+
+def check_audit_cases(mech: Mechanism) -> None:
+    # each declared audit case is a case of the audit and releases through the mechanism's macro
+    for spec in mech.audit:
+        case = audit.declared_case(mech, spec)
+        assert case.name in audit.MECHANISMS, f"dpsql.tools.audit lacks {mech.name}'s case {case.name}"
+        assert audit.MECHANISMS[case.name].sql(1.0, 1e-5) == case.sql(1.0, 1e-5)
+        assert f"{mech.macro}(" in case.sql(1.0, 1e-5), (mech.name, case.name)
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_declaration_matches_its_sql_macro(name, mcon):
+    check_declaration_matches_its_sql_macro(ALL[name], REGISTERED, mcon)
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_body_is_in_its_declared_file(name):
+    check_body_is_in_its_declared_file(ALL[name])
 
 
 def test_no_declared_default_is_written_in_sql():
@@ -88,24 +144,33 @@ def test_no_declared_default_is_written_in_sql():
 
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_privacy_parameters_are_required(name):
-    mech = ALL[name]
-    for p in ("epsilon", "delta"):
-        if p in mech.param_names:
-            assert mech.param(p).required, f"{mech.macro}: {p} must have no default"
-    assert "epsilon" in mech.param_names
+    check_privacy_parameters_are_required(ALL[name])
 
 
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_each_mechanism_has_its_proof_note(name):
-    note = PROOFS / f"{ALL[name].proof}.md"
-    assert note.is_file(), f"write docs/proofs/{ALL[name].proof}.md with the privacy argument of {name}"
-    assert name.split("_")[0] in note.read_text(encoding="utf-8").lower()
+    check_proof_note(ALL[name])
 
 
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_each_mechanism_is_a_release_case(name):
-    # tests/test_release.py runs every releasing macro through the release-path checks
-    assert ALL[name].macro in RELEASE_CASES
+    check_example_is_a_release_case(ALL[name])
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_each_declared_audit_case_is_audited(name):
+    check_audit_cases(ALL[name])
+
+
+def test_mechanisms_are_listed_in_the_order_of_their_sql_files():
+    # the registry's order (front ends list methods so): the SQL load order, then each module's order
+    assert list(mechanisms.set_union_methods()) == [
+        "count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian",  # 30_union/10_basic.sql
+        "mad", "mad2r", "sips",                                                      # 30_union/20_adaptive.sql
+        "sips_cumulative",                                                           # 30_union/30_cumulative.sql
+        "policy_laplace", "policy_gaussian", "greedy_update"]                        # 30_union/40_policy.sql
+    files = [m.sql for m in ALL.values()]
+    assert files == sorted(files)
 
 
 def test_dispatcher_is_generated_from_the_declarations():
@@ -143,13 +208,46 @@ def test_the_cli_offers_every_method_and_every_method_option():
 
 def test_spark_runs_the_declared_parallel_methods():
     spark = pytest.importorskip("dpsql.frontends.spark")
-    assert tuple(spark.PARALLEL_METHODS) == tuple(n for n, m in union.METHODS.items() if m.spark)
+    assert tuple(spark.PARALLEL_METHODS) == tuple(n for n, m in union.METHODS.items() if m.spark is not None)
+    for name in spark.PARALLEL_METHODS:
+        form = union.METHODS[name].spark
+        assert form is not None and form.release in spark.RELEASES, name  # a Spark release for each
+        if form.release == "one_shot":
+            assert union.METHODS[name].weighting is not None, name
+
+
+def test_defaults_are_the_most_preferred_declarations():
+    # one place: Mechanism.preference (the Spark backend's default is the best method it runs)
+    assert union.DEFAULT_METHOD == "sips_cumulative" == preferred(union.METHODS.values())
+    spark = pytest.importorskip("dpsql.frontends.spark")
+    assert spark.DEFAULT_METHOD == "mad2r" == preferred(union.METHODS[n] for n in spark.PARALLEL_METHODS)
+
+
+def test_the_choices_of_top_k_and_group_by_are_declared():
+    from dpsql import groupby, topk
+
+    assert topk.GAUSSIAN_DOMAIN_METHODS == {"weighted_gaussian", "count_gaussian", "policy_gaussian", "mad", "mad2r",
+                                            "sips"}
+    assert groupby.PRE_THRESHOLD_METHODS == ("count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian")
+    assert {n: union.METHODS[n].weighting for n in groupby.PRE_THRESHOLD_METHODS} == {
+        "count_laplace": "count", "count_gaussian": "count", "weighted_laplace": "inverse",
+        "weighted_gaussian": "inverse_sqrt"}
+
+
+def test_the_cli_lists_every_declared_mechanism():
+    import io
+
+    out = io.StringIO()
+    assert cli.main(["mechanisms"], out=out, err=io.StringIO()) == 0
+    listed = [line.split()[0] for line in out.getvalue().splitlines()[1:]]
+    assert listed == list(ALL)
 
 
 def test_every_set_union_and_top_k_mechanism_is_audited():
     audited = " ".join(case.sql(1.0, 1e-5) for case in audit.MECHANISMS.values())
     for mech in list(union.METHODS.values()) + [ALL["top_k"]]:
         assert f"{mech.macro}(" in audited, f"dpsql.tools.audit has no case for {mech.name}"
+        assert mech.audit, f"{mech.name} declares no audit case (Mechanism.audit)"
 
 
 def test_python_api_validates_against_the_declaration():

@@ -20,32 +20,10 @@ from conftest import registered_signature, same_value, seeded
 
 # -- one valid call per releasing macro ----------------------------------------------------------
 
-SETS = """
-CREATE TABLE sets AS SELECT * FROM (VALUES (1, 10), (1, 11), (2, 11), (2, 12), (3, 13), (9, 14)) v(set_id, element);
-CREATE TABLE sets2 AS SELECT * FROM sets;
-CREATE TABLE cands AS SELECT * FROM (VALUES (1), (2), (3), (4)) v(set_id);
-CREATE TABLE cands2 AS SELECT * FROM cands;
-CREATE TABLE parts AS SELECT * FROM (VALUES (1, 'a'), (2, 'a'), (3, 'b'), (4, 'b')) v(set_id, part);
-CREATE TABLE parts2 AS SELECT * FROM parts;
-CREATE TABLE caps AS SELECT * FROM (VALUES ('a', 1), ('b', 2)) v(part, capacity);
-CREATE TABLE caps2 AS SELECT * FROM caps;
-"""
-# 16,000 users in bucket 'a' at t = 1, 2: above tau = 11,413 at epsilon 5 (k = 2, T = 3, |Y| = 2)
-STREAM = """
-CREATE TABLE st AS SELECT i AS user_id, t, 'a' AS bucket FROM range(16000) r(i), range(1, 3) s(t);
-CREATE TABLE st2 AS SELECT * FROM st;
-CREATE TABLE bk AS SELECT * FROM (VALUES ('a'), ('b')) v(bucket);
-CREATE TABLE bk2 AS SELECT * FROM bk;
-"""
-METRIC = """
-CREATE TABLE kc AS SELECT range AS candidate_id FROM range(5);
-CREATE TABLE kc2 AS SELECT * FROM kc;
-CREATE TABLE kd AS SELECT a.candidate_id AS point, b.candidate_id AS candidate,
-    abs(a.candidate_id - b.candidate_id) / 4 AS distance FROM kc a, kc b;
-CREATE TABLE kd2 AS SELECT * FROM kd;
-CREATE TABLE kp AS SELECT CASE WHEN range % 2 = 0 THEN 0 ELSE 4 END AS point FROM range(400);
-CREATE TABLE kp2 AS SELECT * FROM kp;
-"""
+# The declared examples' data (dpsql.optimize): every table twice, for a second valid value.
+SETS = optimize.EXAMPLE_SETS
+STREAM = optimize.EXAMPLE_STREAM
+METRIC = optimize.EXAMPLE_METRIC
 
 
 @dataclass
@@ -57,33 +35,26 @@ class Case:
     order_by: tuple[str, ...] = ("rank",)
 
 
-COVERAGE_ARGS = {"tbl": "'sets'", "candidates_tbl": "'cands'", "epsilon": "1.0", "set_col": "'set_id'",
-                 "element_col": "'element'"}
-CASES = {
-    "dp_max_coverage": Case(SETS, ("tbl", "candidates_tbl", "k", "epsilon"), {**COVERAGE_ARGS, "k": "2"},
-                            {"tbl": "'sets2'", "candidates_tbl": "'cands2'", "k": "3", "epsilon": "2.0"}),
-    "dp_set_cover": Case(SETS, ("tbl", "candidates_tbl", "epsilon"), {**COVERAGE_ARGS, "tau_constant": "1.0"},
-                         {"tbl": "'sets2'", "candidates_tbl": "'cands2'", "epsilon": "2.0",
-                          "tau_constant": "1000.0"}, ("position",)),
-    "dp_shifting_heavy_hitters": Case(STREAM, ("tbl", "buckets_tbl", "k", "horizon", "epsilon"), {
-        "tbl": "'st'", "buckets_tbl": "'bk'", "k": "2", "epsilon": "1.0", "failure_probability": "0.05",
-        "horizon": "3", "user_col": "'user_id'", "time_col": "'t'", "bucket_col": "'bucket'"},
-        {"tbl": "'st2'", "buckets_tbl": "'bk2'", "k": "1", "epsilon": "2.0", "failure_probability": "0.1",
-         "horizon": "4"},
-        ("t", "bucket")),
-    "dp_matroid_coverage": Case(SETS, ("tbl", "parts_tbl", "capacities_tbl", "epsilon"), {
-        "tbl": "'sets'", "parts_tbl": "'parts'", "capacities_tbl": "'caps'", "epsilon": "1.0", "eta": "0.5",
-        "failure_probability": "0.05", "samples": "16", "set_col": "'set_id'", "element_col": "'element'",
-        "part_col": "'part'", "capacity_col": "'capacity'"},
-        {"tbl": "'sets2'", "parts_tbl": "'parts2'", "capacities_tbl": "'caps2'", "epsilon": "2.0",
-         "eta": "0.25", "failure_probability": "0.1", "samples": "8"}, ("set_id",)),
-    "dp_k_median": Case(METRIC, ("tbl", "candidates_tbl", "distances_tbl", "k", "epsilon", "n_bound"), {
-        "tbl": "'kp'", "candidates_tbl": "'kc'", "distances_tbl": "'kd'", "k": "2", "q": "1",
-        "epsilon": "1.0", "n_bound": "1000", "point_col": "'point'", "candidate_col": "'candidate_id'",
-        "distance_point_col": "'point'", "distance_candidate_col": "'candidate'", "distance_col": "'distance'"},
-        {"tbl": "'kp2'", "candidates_tbl": "'kc2'", "distances_tbl": "'kd2'", "k": "3", "q": "2",
-         "epsilon": "2.0", "n_bound": "100"}, ("candidate_id",)),
+# A second valid value of each parameter but the column names (the first: the declaration's example).
+OTHER = {
+    "dp_max_coverage": {"tbl": "'sets2'", "candidates_tbl": "'cands2'", "k": "3", "epsilon": "2.0"},
+    "dp_set_cover": {"tbl": "'sets2'", "candidates_tbl": "'cands2'", "epsilon": "2.0", "tau_constant": "1000.0"},
+    "dp_shifting_heavy_hitters": {"tbl": "'st2'", "buckets_tbl": "'bk2'", "k": "1", "epsilon": "2.0",
+                                  "failure_probability": "0.1", "horizon": "4"},
+    "dp_matroid_coverage": {"tbl": "'sets2'", "parts_tbl": "'parts2'", "capacities_tbl": "'caps2'", "epsilon": "2.0",
+                            "eta": "0.25", "failure_probability": "0.1", "samples": "8"},
+    "dp_k_median": {"tbl": "'kp2'", "candidates_tbl": "'kc2'", "distances_tbl": "'kd2'", "k": "3", "q": "2",
+                    "epsilon": "2.0", "n_bound": "100"},
 }
+
+
+def _case(mech) -> Case:
+    example = mech.example
+    return Case(example.setup, tuple(p.name for p in mech.params if p.required), example.arguments,
+                OTHER[mech.macro], example.order_by)
+
+
+CASES = {m.macro: _case(m) for m in optimize.MECHANISMS}
 
 
 def check_declaration(con, mech) -> None:

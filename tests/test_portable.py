@@ -191,9 +191,13 @@ COMMON = {"tbl", "epsilon", "delta", "max_items", "user_col", "item_col"}
 
 def test_spark_methods_and_options_are_the_declarations():
     declared = set_union_methods()
-    assert dspark.PARALLEL_METHODS == tuple(n for n, m in declared.items() if m.spark)
+    assert dspark.PARALLEL_METHODS == tuple(n for n, m in declared.items() if m.spark is not None)
     assert set(dspark.PARALLEL_METHODS) == SPARK_METHODS
-    assert set(dspark._WEIGHTING) | set(dspark._ADAPTIVE) == set(dspark.PARALLEL_METHODS)  # a release for each
+    for name in dspark.PARALLEL_METHODS:  # a release for each, and the weighting the one-shot release reads
+        form = declared[name].spark
+        assert form is not None and form.release in dspark.RELEASES, name
+        assert (form.release == "one_shot") == (declared[name].weighting is not None), name
+    assert {n for n in dspark.PARALLEL_METHODS if declared[n].spark.release != "one_shot"} == {"mad", "mad2r", "sips"}
     for name in dspark.PARALLEL_METHODS:
         assert dspark._options_of(name) == tuple(n for n in declared[name].param_names if n not in COMMON)
     assert dspark._options_of("mad2r") == ("split", "max_adaptive_degree", "beta", "b_min", "b_max", "c_lb", "c_ub")

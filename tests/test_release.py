@@ -23,6 +23,7 @@ import dpsql
 from dpsql import optimize
 from dpsql.tools.audit import epsilon_lower_bound
 from dpsql.core import registry as mechanisms
+from dpsql.core.mechanism import EXAMPLE_PUBLIC_ORDER, EXAMPLE_USER_ITEMS, Mechanism
 from dpsql.core.release import body_macro, sorted_release, wrapper_sql
 from dpsql.core.validation import DPParameterError
 
@@ -51,14 +52,12 @@ def releasing_macros(con) -> set[str]:
     return {m for m in charging if not m.startswith("dp__")}
 
 
-# A public order of items (greedy_update's order_tbl), independent of t: i16 .. i0 by rank.
-PUBLIC_ORDER = "CREATE TABLE o AS SELECT 'i' || j AS item, 16 - j AS rank FROM range(17) b(j)"
+# The data of most declared examples (dpsql.core.mechanism): 300 users; user u holds items i0 .. i(u % 17),
+# popularity falling from 300 users (i0) to 17 (i16); a public order of items (greedy_update's order_tbl).
+USER_ITEMS = EXAMPLE_USER_ITEMS
+PUBLIC_ORDER = EXAMPLE_PUBLIC_ORDER
 
 # -- one valid call per releasing macro ----------------------------------------------------------
-
-# 300 users; user u holds items i0 .. i(u % 17): popularity falls from 300 users (i0) to 17 (i16).
-USER_ITEMS = ("CREATE TABLE t AS SELECT u AS user_id, 'i' || j AS item FROM range(300) a(u), range(17) b(j) "
-              "WHERE j <= u % 17")
 
 
 @dataclass
@@ -69,61 +68,22 @@ class Case:
     order_by: tuple[str, ...] = ("item",)  # the released order
 
 
-def _union_case(extra: dict[str, str] | None = None) -> Case:
-    args = {"tbl": "'t'", "epsilon": "1.0", "delta": "1e-5", "max_items": "10", "user_col": "'user_id'",
-            "item_col": "'item'"}
-    return Case(USER_ITEMS, ("tbl", "epsilon", "delta"), {**args, **(extra or {})})
+def declared_case(mech: Mechanism) -> Case:
+    """The valid call a declaration gives (Mechanism.example): its required parameters by position."""
+    assert mech.example is not None, f"{mech.name} declares no example (Mechanism.example)"
+    return Case(mech.example.setup, tuple(p.name for p in mech.params if p.required), mech.example.arguments,
+                mech.example.order_by)
 
 
-_MAD = {"max_adaptive_degree": "50", "beta": "2"}
-_MAD2R = {**_MAD, "split": "[0.1, 0.9]", "b_min": "0.5", "b_max": "2.0", "c_lb": "1.0", "c_ub": "3.0"}
-_POLICY = {"alpha": "5", "passes": "1"}
-_TOPK = {"k": "3", "domain_method": "'weighted_gaussian'"}
-
-def _optimize_cases() -> dict[str, Case]:
-    """The optimisation family's cases (tests/test_optimize_release.py declares them with their data)."""
-    import test_optimize_release as opt
-
-    return {name: Case(c.setup, c.positional, dict(c.args), c.order_by) for name, c in opt.CASES.items()}
+def release_cases() -> dict[str, Case]:
+    """A valid call of every releasing macro: each declaration's example, and dp_set_union (generated from
+    the set-union declarations) with weighted_gaussian's."""
+    dispatcher = declared_case(mechanisms.set_union_methods()["weighted_gaussian"])
+    dispatcher.args["method"] = "'weighted_gaussian'"
+    return {"dp_set_union": dispatcher, **{m.macro: declared_case(m) for m in mechanisms.all_mechanisms().values()}}
 
 
-CASES: dict[str, Case] = {
-    "dp_set_union": _union_case({"method": "'weighted_gaussian'"}),
-    "dp_set_union_count_laplace": _union_case(),
-    "dp_set_union_count_gaussian": _union_case(),
-    "dp_set_union_weighted_laplace": _union_case(),
-    "dp_set_union_weighted_gaussian": _union_case(),
-    "dp_set_union_mad": _union_case(_MAD),
-    "dp_set_union_mad2r": _union_case(_MAD2R),
-    "dp_set_union_sips": _union_case({"split": "[0.1, 0.9]"}),
-    "dp_set_union_sips_cumulative": _union_case({"split": "[0.2, 0.3, 0.5]", "drop_margin": "1.5", "max_boost": "3",
-                                                 "tilt": "0.5"}),
-    "dp_set_union_policy_laplace": _union_case(_POLICY),
-    "dp_set_union_policy_gaussian": _union_case(_POLICY),
-    "dp_set_union_greedy_update": Case(USER_ITEMS + "; " + PUBLIC_ORDER, ("tbl", "epsilon", "delta"), {
-        "tbl": "'t'", "epsilon": "1.0", "delta": "1e-5", "alpha": "3", "order_tbl": "'o'", "order_col": "'rank'",
-        "user_col": "'user_id'", "item_col": "'item'"}),
-    "dp_top_k": Case(USER_ITEMS, ("tbl", "k", "epsilon", "delta"), {**_union_case().args, **_TOPK}, ("rank",)),
-    "dp_hitting_set": Case(USER_ITEMS, ("tbl", "k", "epsilon", "delta"), {**_union_case().args, **_TOPK}, ("rank",)),
-    "dp_top_k_limited_domain": Case(USER_ITEMS, ("tbl", "k", "k_bar", "epsilon", "delta"), {
-        **_union_case().args, "k": "3", "k_bar": "5"}, ("rank",)),
-    # Element-level (one row) PWS releases: the key is the item, the frequency a number per row.
-    "dp_weighted_sample": Case(USER_ITEMS, ("tbl", "epsilon", "delta"), {
-        "tbl": "'t'", "epsilon": "1.0", "delta": "1e-5", "tau": "0.5", "scheme": "'ppswor'", "power": "1.0",
-        "with_frequencies": "true", "key_col": "'item'", "freq_col": "'user_id'"}, ("key",)),
-    "dp_sbh_histogram": Case(USER_ITEMS, ("tbl", "epsilon", "delta"), {
-        "tbl": "'t'", "epsilon": "1.0", "delta": "1e-5", "tau": "0.5", "scheme": "'ppswor'", "power": "1.0",
-        "key_col": "'item'", "freq_col": "'user_id'", "noise": "'granular'", "granularity": "0.5"}, ("key",)),
-    **_optimize_cases(),
-    "dp_group_by": Case(USER_ITEMS, ("tbl", "epsilon", "delta"), {
-        **_union_case().args, "aggregates": "['count', 'sum', 'mean']", "value_col": "'user_id'", "lower": "0",
-        "upper": "10", "selection": "'weighted_gaussian'", "split": "0.5", "pre_threshold": "1", "confidence": "0.9"}),
-    # items_tbl: the table itself stands in for a public list (the tests below create only `t`).
-    "dp_group_by_public": Case(USER_ITEMS, ("tbl", "items_tbl", "epsilon"), {
-        "tbl": "'t'", "items_tbl": "'t'", "epsilon": "1.0", "max_items": "10", "aggregates": "['count', 'mean']",
-        "value_col": "'user_id'", "lower": "0", "upper": "10", "confidence": "0.9", "user_col": "'user_id'",
-        "item_col": "'item'"}),
-}
+CASES: dict[str, Case] = release_cases()
 
 
 def _call(name: str, case: Case, params: list[str], override: dict[str, str] | None = None) -> str:
@@ -170,7 +130,7 @@ def macro_con():
 
 
 def test_every_releasing_macro_has_a_case(macro_con):
-    # A new releasing macro must be added to CASES (and so to every test below).
+    # Every releasing macro has a case (its declaration's example), and so is in every test below.
     assert releasing_macros(macro_con) == set(CASES)
 
 

@@ -30,8 +30,6 @@ import duckdb.func
 from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql.core import calibration, ledger as ledger_mod, registry as mechanisms, noise
-from dpsql.optimize import subsampling
-from dpsql import union
 from dpsql.core import keys, ledger_sql, release, sqltext, state
 from dpsql.core.sqltext import sql_dir, sql_files
 from dpsql.core.state import source_of
@@ -101,17 +99,17 @@ def _calibration_udfs(source: noise.NoiseSource) -> list[Udf]:
     ]
 
 
-# Every UDF declaration, in registration order: the shared machinery first, then each family module
-# that declares mechanisms (dpsql.union.FAMILY_MODULES, dpsql.core.registry.FAMILY_MODULES) and has UDFs.
-# A new family is added to one of those lists, not here; its macros go in sql/NN_family.sql.
-UDF_PROVIDERS: tuple[Callable[[noise.NoiseSource], list[Udf]], ...] = (
-    lambda source: release.udfs(mechanisms.all_mechanisms),
-    keys.udfs,
-    _calibration_udfs,
-    noise.udfs,
-    subsampling.udfs,
-    union.udfs,
-) + tuple(mod.udfs for mod in union.FAMILY_MODULES + mechanisms.FAMILY_MODULES if hasattr(mod, "udfs"))
+def udf_providers() -> tuple[Callable[[noise.NoiseSource], list[Udf]], ...]:
+    """Every UDF declaration, in registration order: the shared machinery first, then each registered
+    family's ``udfs`` (:func:`dpsql.core.registry.udf_providers`: found with the family's declarations,
+    so a new family needs no edit here; its macros go in its own SQL file)."""
+    shared: tuple[Callable[[noise.NoiseSource], list[Udf]], ...] = (
+        lambda source: release.udfs(mechanisms.all_mechanisms),
+        keys.udfs,
+        _calibration_udfs,
+        noise.udfs,
+    )
+    return shared + mechanisms.udf_providers()
 
 
 def _registered_udfs(con: duckdb.DuckDBPyConnection) -> set[str]:
@@ -129,7 +127,7 @@ def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource
     """
     ledger = ledger_mod.ledger_for(con, ledger, state.current_ledger(con))  # before any change: a refused ledger changes nothing
     existing = _registered_udfs(con)
-    declared = [udf for provider in UDF_PROVIDERS for udf in provider(source)] + \
+    declared = [udf for provider in udf_providers() for udf in provider(source)] + \
         ledger_sql.udfs(ledger, seeded=source.seeded)
     for udf in declared:
         if udf.name in existing:  # re-registering (e.g. with another seed) replaces the UDF
@@ -163,11 +161,13 @@ def register_macros(con: duckdb.DuckDBPyConnection) -> None:
     The files hold the shared stages and each mechanism's body, whose header is generated from its
     declaration (:func:`dpsql.core.sqltext.script`, in the files' order); the releasing macros are
     generated from the declarations afterwards (:func:`dpsql.core.release.wrappers_sql`), then the
+    what the families generate beyond them, e.g. the
     dispatchers that call them (a macro binds against the macros that exist when it is created).
     """
     con.execute(sqltext.script())
     con.execute(release.wrappers_sql(mechanisms.all_mechanisms()))
-    con.execute(union.public_dispatch_sql())
+    for text in mechanisms.generated_sql():
+        con.execute(text)
 
 
 def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None,

@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 import duckdb
 from duckdb.sqltypes import DOUBLE, VARCHAR, DuckDBPyType
 
+from dpsql.core.errors import ParameterError
 from dpsql.core.mechanism import Mechanism, Param, sql_literal
 from dpsql.core.udf import Udf, scalar
 
@@ -156,7 +157,11 @@ def udfs(registry: Callable[[], Mapping[str, Mechanism]]) -> list[Udf]:
         key = (name, bound_json)
         found = last.get(key)
         if found is None:
-            found = check_release(registry()[name], json.loads(bound_json))
+            declared = registry()
+            if name not in declared:  # its family was removed from the registry after this connection's macros
+                raise ParameterError(f"{name} is no longer a registered mechanism (its family was removed); "
+                                     f"nothing was released: register its family again, or use another mechanism")
+            found = check_release(declared[name], json.loads(bound_json))
             last.clear()
             last[key] = found
         return dict(found)

@@ -272,9 +272,12 @@ def sql_dir() -> Path:
 
 
 def sql_files() -> list[Path]:
-    """The macro files in load order: the core's folder, then each family's (paths sort in dependency order)."""
+    """The macro files in load order: the core's folder, then each family's (paths sort in dependency order),
+    then those of the families added from outside the package (:func:`dpsql.core.registry.add_family`)."""
+    from dpsql.core import registry  # the declarations import the families, which import the core
+
     root = sql_dir()
-    return sorted(root.rglob("*.sql"), key=lambda p: p.relative_to(root).as_posix())
+    return sorted(root.rglob("*.sql"), key=lambda p: p.relative_to(root).as_posix()) + registry.sql_files()
 
 
 def _declared_bodies() -> dict[str, str]:

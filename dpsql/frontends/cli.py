@@ -1274,6 +1274,28 @@ def cmd_demo(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 # --------------------------------------------------------------------------
+# mechanisms
+# --------------------------------------------------------------------------
+
+def cmd_mechanisms(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """List every registered mechanism (:mod:`dpsql.core.registry`): one a line, or JSON."""
+    from dpsql.core import registry
+
+    declared = list(registry.all_mechanisms().values())
+    if args.json:
+        print(json.dumps([{"name": m.name, "family": m.family, "macro": m.macro, "unit": m.unit,
+                           "parameters": list(m.param_names), "proof": m.proof, "description": m.description}
+                          for m in declared]), file=out)
+        return 0
+    columns = ("mechanism", "family", "unit", "macro")
+    rows = [columns] + [(m.name, m.family, m.unit, m.macro) for m in declared]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip(), file=out)
+    return 0
+
+
+# --------------------------------------------------------------------------
 # Parser and entry point
 # --------------------------------------------------------------------------
 
@@ -1366,6 +1388,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
     demo.add_argument("--seed", type=int, help="reproducible noise: the result is NOT private")
     demo.set_defaults(func=cmd_demo)
+
+    mechs = sub.add_parser("mechanisms", help="list every mechanism: name, family, privacy unit, SQL macro",
+                           description="List every mechanism dpsql has registered (its declarations): name, "
+                                       "family, privacy unit and the SQL macro that releases it.")
+    mechs.add_argument("--json", action="store_true", help="print a JSON list with parameters and descriptions")
+    mechs.set_defaults(func=cmd_mechanisms)
 
     ev = sub.add_parser("evaluate", help="NON-PRIVATE: missing mass, hits and coverage of released items",
                         description="Compare a file of released items with the raw INPUT: missing mass MM_p "

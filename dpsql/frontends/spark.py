@@ -76,6 +76,7 @@ from dpsql.union import adaptive
 from dpsql.core import calibration
 from dpsql import groupby, topk, union
 from dpsql.union.adaptive import user_weights_batch
+from dpsql.core.mechanism import preferred
 from dpsql.core.registry import set_union_methods
 from dpsql.core.noise import NOT_PRIVATE_WARNING, NoiseSource, secure_source
 from dpsql.frontends.portable import stage_sql
@@ -87,13 +88,10 @@ __all__ = ["PARALLEL_METHODS", "DEFAULT_METHOD", "set_union", "top_k_domain", "c
            "pre_selection_weights"]
 
 # The methods with a parallel form, as declared (Mechanism.spark); the policies are sequential.
-PARALLEL_METHODS = tuple(n for n, m in set_union_methods().items() if m.spark)
-# The Spark backend's default: the best method it runs (DuckDB's default, sips_cumulative, has no
-# Spark form yet).
-DEFAULT_METHOD = "mad2r"
-# The weighting of dp__set_union_weights each one-round release macro uses (sql/30_set_union.sql).
-_WEIGHTING = {"count_laplace": "count", "count_gaussian": "count", "weighted_laplace": "inverse",
-              "weighted_gaussian": "inverse_sqrt"}
+PARALLEL_METHODS = tuple(n for n, m in set_union_methods().items() if m.spark is not None)
+# The Spark backend's default: the most preferred method it runs (Mechanism.preference; DuckDB's default,
+# sips_cumulative, has no Spark form yet).
+DEFAULT_METHOD = preferred(set_union_methods()[n] for n in PARALLEL_METHODS)
 _noise_stage = itertools.count(1)
 
 
@@ -454,18 +452,26 @@ def _validated(method: str, common: Mapping[str, object], options: Mapping[str, 
     return without_tbl.validate(**common, **options)
 
 
-def _release_independent(capped, method: str, cal: calibration.SetUnionCalibration, seed):
-    weights = set_union_weights(capped, _WEIGHTING[method])
+def _weighting(method: str) -> str:
+    """The one-shot weighting ``method`` declares (Mechanism.weighting)."""
+    weighting = set_union_methods()[method].weighting
+    if weighting is None:
+        raise DPParameterError(f"method {method!r} has no one-shot weighting")
+    return weighting
+
+
+def _release_one_shot(capped, cal: calibration.SetUnionCalibration, seed, method: str):
+    weights = set_union_weights(capped, _weighting(method))
     return _noisy(weights, _Noise(cal.noise, cal.scale, cal.threshold, strict=True), seed)
 
 
-def _release_mad(capped, r: adaptive.MadRound, seed):
+def _release_mad(capped, r: adaptive.MadRound, seed, method: str):
     rows = _run_stage("dp__body_set_union_mad", {"dp__capped_user_items_window": capped}, output="dp__mad_rows")
     weights = _mad_stage(rows, r.sql_row())
     return _noisy(weights, _Noise("gaussian", r.sigma, r.rho, strict=False), seed)
 
 
-def _release_mad2r(capped, c: adaptive.Mad2rCalibration, seed):
+def _release_mad2r(capped, c: adaptive.Mad2rCalibration, seed, method: str):
     session = capped.sparkSession
     cal = _one_row(session, {**c.round1.sql_row("1"), **c.round2.sql_row("2"),
                              "lower_offset": c.lower_offset, "upper_offset": c.upper_offset})
@@ -483,7 +489,7 @@ def _release_mad2r(capped, c: adaptive.Mad2rCalibration, seed):
     return released1.unionByName(released2)
 
 
-def _release_sips(capped, rounds: Sequence[calibration.RoundCalibration], seed):
+def _release_sips(capped, rounds: Sequence[calibration.RoundCalibration], seed, method: str):
     rows = _run_stage("dp__body_set_union_sips", {"dp__capped_user_items_window": capped}, output="dp__s_rows")
     removed = rows.select("item").limit(0)
     released = []
@@ -499,11 +505,11 @@ def _release_sips(capped, rounds: Sequence[calibration.RoundCalibration], seed):
     return result
 
 
-# Each adaptive method's calibration (its options as keywords) and its release from the capped rows.
-# method -> (its calibration, its Spark release of that calibration)
-_ADAPTIVE: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
-    "mad": (adaptive.mad_calibration, _release_mad), "mad2r": (adaptive.mad2r_calibration, _release_mad2r),
-    "sips": (adaptive.sips_calibration, _release_sips)}
+# The Spark releases a declaration can name (SparkForm.release): each takes the capped rows, the
+# calibration, the seed and the method's name. "one_shot" reads the capped rows once; the others are the
+# adaptive methods' translated stages, which read them several times.
+RELEASES: dict[str, Callable[..., Any]] = {"one_shot": _release_one_shot, "mad": _release_mad,
+                                           "mad2r": _release_mad2r, "sips": _release_sips}
 
 
 def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,
@@ -526,9 +532,11 @@ def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,
                                  "user_col": user_col, "item_col": item_col}, options)
     epsilon, delta, max_items = values["epsilon"], values["delta"], values["max_items"]
     union.calibrate(method, epsilon, delta, max_items)  # as dpsql.set_union: the method at its defaults
-    if method in _ADAPTIVE:
-        calibrate, release = _ADAPTIVE[method]
-        cal = calibrate(epsilon, delta, max_items, **{n: values[n] for n in _options_of(method)})
+    form = set_union_methods()[method].spark
+    assert form is not None  # a PARALLEL_METHODS method
+    release = RELEASES[form.release]
+    if form.calibrate is not None:
+        cal = form.calibrate(epsilon, delta, max_items, **{n: values[n] for n in _options_of(method)})
     else:
         cal = union.calibrate(method, epsilon, delta, max_items)
     pairs = _user_items(df, values["user_col"], values["item_col"])
@@ -537,11 +545,11 @@ def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,
         salt = NoiseSource(int(seed)).salt()
     else:
         salt = secure_source().salt()
-    if method in _WEIGHTING:
-        released = _release_independent(capped_user_items(pairs, max_items, salt), method, cal, seed)
+    if form.release == "one_shot":
+        released = release(capped_user_items(pairs, max_items, salt), cal, seed, method)
     else:  # the adaptive stages read the capped rows several times: cap once (the macros' window form)
         capped = _materialise(capped_user_items(pairs, max_items, salt, window=True))
-        released = release(capped, cal, seed)
+        released = release(capped, cal, seed, method)
     # Sorted: the partitions' order depends on the data (README, "What a release shows").
     return _materialise(released.orderBy("item"))
 
@@ -698,7 +706,7 @@ def _pre_selection(pairs, method: str, epsilon: float, delta: float, max_items: 
 
     with derived_budget():
         sel = union.calibrate(method, epsilon, delta, max_items)
-    weights = pre_selection_weights(capped_user_items(pairs, max_items, salt), _WEIGHTING[method])
+    weights = pre_selection_weights(capped_user_items(pairs, max_items, salt), _weighting(method))
     shifted = weights.where(F.col("n") >= F.lit(pre_threshold)).select(
         "item", (F.col("w") - F.lit(float(pre_threshold - 1))).alias("w"))
     return _noisy(shifted, _Noise(sel.noise, sel.scale, sel.threshold, strict=True), seed)

@@ -49,8 +49,8 @@ from duckdb.sqltypes import DOUBLE, VARCHAR
 from dpsql import union
 from dpsql.core.calibration import choose_granularity, default_granularity, discrete_laplace_scale
 from dpsql.core.errors import engine_errors
-from dpsql.core.mechanism import (REQUIRED, Mechanism, Param, column_param, delta_param, epsilon_param,
-                             max_items_param, tbl_param)
+from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_param, delta_param, epsilon_param,
+                             max_items_param, tbl_param, user_item_example)
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import (EPSILON_MIN, DPParameterError, check_column_pair, check_delta, check_epsilon,
                               check_identifier, check_max_items, check_table_name, derived_budget, sql_string,
@@ -149,8 +149,9 @@ def check_split(split: object) -> float:
 
 
 # The selections whose pre-threshold has a proof (docs/proofs/group_by.md): one-shot weighting, each
-# user's weight per item <= 1.
-PRE_THRESHOLD_METHODS = ("count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian")
+# user's weight per item <= 1 -- the methods that declare a weighting (Mechanism.weighting), which
+# dp__group_by_pre_selection applies.
+PRE_THRESHOLD_METHODS = tuple(n for n, m in union.METHODS.items() if m.weighting is not None)
 
 
 def check_pre_threshold(pre_threshold: object) -> int:
@@ -315,8 +316,9 @@ def udfs(source: object) -> list[Udf]:
     def pre_cal(method, epsilon, delta, max_items, pre_threshold):
         # the pre-thresholded selection (dp__group_by_pre_selection): the method's own noise and threshold
         sel = union.calibrate(method, epsilon, delta, max_items)
-        weighting = {"count_laplace": "count", "count_gaussian": "count", "weighted_laplace": "inverse",
-                     "weighted_gaussian": "inverse_sqrt"}[method]
+        weighting = union.METHODS[method].weighting
+        if weighting is None:  # the release's check refuses it first (group_by_calibration)
+            raise DPParameterError(f"pre_threshold > 1 needs selection := one of {', '.join(PRE_THRESHOLD_METHODS)}")
         return {"weighting": weighting, "gaussian": sel.noise == "gaussian", "scale": sel.scale,
                 "threshold": sel.threshold, "shift": float(check_pre_threshold(pre_threshold) - 1)}
 
@@ -446,7 +448,9 @@ MECHANISMS: tuple[Mechanism, ...] = (
                 _confidence_param(), column_param("user_col", "user_id"), column_param("item_col", "item")),
         description="private GROUP BY: a set-union selection at (epsilon split, delta), then granular Laplace "
                     "count / sum / mean of the selected items at epsilon (1 - split)",
-        proof="group_by",
+        proof="group_by", sql="97_groupby/groupby.sql",
+        example=user_item_example(aggregates="['count', 'sum', 'mean']", value_col="'user_id'", lower="0", upper="10",
+                                  selection="'weighted_gaussian'", split="0.5", pre_threshold="1", confidence="0.9"),
         calibrate=lambda epsilon, delta, max_items=100, aggregates=("count",), value_col=None, lower=None,
         upper=None, selection=union.DEFAULT_METHOD, split=DEFAULT_SPLIT, confidence=DEFAULT_CONFIDENCE,
         pre_threshold=1, **_:
@@ -460,7 +464,14 @@ MECHANISMS: tuple[Mechanism, ...] = (
                 column_param("user_col", "user_id"), column_param("item_col", "item")),
         description="private GROUP BY over a public list of items (no selection): granular Laplace count / sum / "
                     "mean of every listed item at (epsilon, 0)",
-        proof="group_by",
+        proof="group_by", sql="97_groupby/groupby.sql",
+        # items_tbl: the table itself stands in for a public list
+        example=user_item_example(items_tbl="'t'", delta=None, aggregates="['count', 'mean']", value_col="'user_id'",
+                                  lower="0", upper="10", confidence="0.9"),
+        # the aggregate step (the selection is a set-union release, audited as such): 3 users hold 2 public
+        # items, the added user both; an item counts as released when its noisy count is >= 4 = n + 1, so
+        # "2 of 2 released" has probability ratio e^(2 epsilon / max_items) = e^epsilon at max_items 2
+        audit=(AuditCase("group_by_count", name="group_by_count", note="public domain, max_items 2; event: noisy count >= n + 1"),),
         calibrate=lambda epsilon, max_items=100, aggregates=("count",), value_col=None, lower=None, upper=None,
         confidence=DEFAULT_CONFIDENCE, **_:
         group_by_calibration(epsilon, None, max_items, aggregates, value_col, lower, upper, None, None, confidence),

@@ -29,7 +29,7 @@ from __future__ import annotations
 from functools import partial
 from typing import cast
 
-from dpsql.core.mechanism import REQUIRED, Mechanism, Param
+from dpsql.core.mechanism import REQUIRED, AuditCase, Example, Mechanism, Param
 from dpsql.optimize.baselines import (coverage_value, eval_set_cover_cost, nonprivate_greedy_coverage,
                                       nonprivate_greedy_set_cover, set_cover_cost)
 from dpsql.optimize.common import (ETA_MIN, K_LIMIT, _check_positive_param, _Coverage, check_beta, check_eta,
@@ -82,20 +82,56 @@ _SET_COL = _col("set_col", "set_id", "the set id column (of tbl and of the publi
 _ELEMENT_COL = _col("element_col", "element", "the element column of tbl")
 _K = Param("k", "DOUBLE", REQUIRED, check_k, "number of sets / centres to choose")
 
+# The examples' data (tests/test_release.py, tests/test_optimize_release.py): every table twice, so a
+# test can pass a second valid value.
+EXAMPLE_SETS = """
+CREATE TABLE sets AS SELECT * FROM (VALUES (1, 10), (1, 11), (2, 11), (2, 12), (3, 13), (9, 14)) v(set_id, element);
+CREATE TABLE sets2 AS SELECT * FROM sets;
+CREATE TABLE cands AS SELECT * FROM (VALUES (1), (2), (3), (4)) v(set_id);
+CREATE TABLE cands2 AS SELECT * FROM cands;
+CREATE TABLE parts AS SELECT * FROM (VALUES (1, 'a'), (2, 'a'), (3, 'b'), (4, 'b')) v(set_id, part);
+CREATE TABLE parts2 AS SELECT * FROM parts;
+CREATE TABLE caps AS SELECT * FROM (VALUES ('a', 1), ('b', 2)) v(part, capacity);
+CREATE TABLE caps2 AS SELECT * FROM caps;
+"""
+# 16,000 users in bucket 'a' at t = 1, 2: above tau = 11,413 at epsilon 5 (k = 2, T = 3, |Y| = 2)
+EXAMPLE_STREAM = """
+CREATE TABLE st AS SELECT i AS user_id, t, 'a' AS bucket FROM range(16000) r(i), range(1, 3) s(t);
+CREATE TABLE st2 AS SELECT * FROM st;
+CREATE TABLE bk AS SELECT * FROM (VALUES ('a'), ('b')) v(bucket);
+CREATE TABLE bk2 AS SELECT * FROM bk;
+"""
+EXAMPLE_METRIC = """
+CREATE TABLE kc AS SELECT range AS candidate_id FROM range(5);
+CREATE TABLE kc2 AS SELECT * FROM kc;
+CREATE TABLE kd AS SELECT a.candidate_id AS point, b.candidate_id AS candidate,
+    abs(a.candidate_id - b.candidate_id) / 4 AS distance FROM kc a, kc b;
+CREATE TABLE kd2 AS SELECT * FROM kd;
+CREATE TABLE kp AS SELECT CASE WHEN range % 2 = 0 THEN 0 ELSE 4 END AS point FROM range(400);
+CREATE TABLE kp2 AS SELECT * FROM kp;
+"""
+_COVERAGE_ARGS = {"tbl": "'sets'", "candidates_tbl": "'cands'", "epsilon": "1.0", "set_col": "'set_id'",
+                  "element_col": "'element'"}
+_SQL = "80_optimize/optimize.sql"
+
 MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         name="max_coverage", family="optimize", macro="dp_max_coverage", unit="record",
         params=(_TBL, Param("candidates_tbl", "VARCHAR", REQUIRED, check_table_name, "public candidate sets"),
                 _K, _EPSILON, _SET_COL, _ELEMENT_COL),
         description="max k-coverage: DPSubmodGreedy at ln 2 on a Poisson subsample of the elements",
-        proof="max_coverage", calibrate=subsampling_probability),
+        proof="max_coverage", calibrate=subsampling_probability, sql=_SQL,
+        example=Example.of(EXAMPLE_SETS, ("rank",), **_COVERAGE_ARGS, k="2"),
+        # candidate sets of the output: an element that is a set's only element, removed
+        audit=(AuditCase("coverage", options=(("k", 5),), note="record level, public candidate sets, k = 5"),)),
     Mechanism(
         name="set_cover", family="optimize", macro="dp_set_cover", unit="record",
         params=(_TBL, Param("candidates_tbl", "VARCHAR", REQUIRED, check_table_name, "public candidate sets"),
                 _EPSILON, _SET_COL, _ELEMENT_COL,
                 Param("tau_constant", "DOUBLE", 1000.0, _check_tau_constant, "threshold constant (utility only)")),
         description="set cover: DPGreedyScaling, a permutation of the candidate sets (open-set model)",
-        proof="set_cover"),
+        proof="set_cover", sql=_SQL, example=Example.of(EXAMPLE_SETS, ("position",), **_COVERAGE_ARGS, tau_constant="1.0"),
+        audit=(AuditCase("coverage", note="record level, public candidate sets"),)),
     Mechanism(
         name="shifting_heavy_hitters", family="optimize", macro="dp_shifting_heavy_hitters", unit="record",
         params=(_TBL, Param("buckets_tbl", "VARCHAR", REQUIRED, check_table_name, "public buckets Y"),
@@ -106,7 +142,10 @@ MECHANISMS: tuple[Mechanism, ...] = (
                 _col("time_col", "t", "the time column of tbl (1..horizon)"),
                 _col("bucket_col", "bucket", "the bucket column (of tbl and buckets_tbl)")),
         description="shifting heavy hitters: ThreshMonitor at ln 2 on a Poisson subsample of the users",
-        proof="shifting_heavy_hitters"),
+        proof="shifting_heavy_hitters", sql=_SQL,
+        example=Example.of(EXAMPLE_STREAM, ("t", "bucket"), tbl="'st'", buckets_tbl="'bk'", k="2", epsilon="1.0",
+                           failure_probability="0.05", horizon="3", user_col="'user_id'", time_col="'t'",
+                           bucket_col="'bucket'")),
     Mechanism(
         name="matroid_coverage", family="optimize", macro="dp_matroid_coverage", unit="record",
         params=(_TBL, Param("parts_tbl", "VARCHAR", REQUIRED, check_table_name, "public sets, one part each"),
@@ -118,7 +157,10 @@ MECHANISMS: tuple[Mechanism, ...] = (
                 _SET_COL, _ELEMENT_COL, _col("part_col", "part", "the part column (parts_tbl, capacities_tbl)"),
                 _col("capacity_col", "capacity", "the capacity column of capacities_tbl")),
         description="coverage under a partition matroid: continuous greedy + swap rounding + EM, on a subsample",
-        proof="matroid_coverage", calibrate=subsampling_probability),
+        proof="matroid_coverage", calibrate=subsampling_probability, sql=_SQL,
+        example=Example.of(EXAMPLE_SETS, ("set_id",), tbl="'sets'", parts_tbl="'parts'", capacities_tbl="'caps'",
+                           epsilon="1.0", eta="0.5", failure_probability="0.05", samples="16", set_col="'set_id'",
+                           element_col="'element'", part_col="'part'", capacity_col="'capacity'")),
     Mechanism(
         name="k_median", family="optimize", macro="dp_k_median", unit="record",
         params=(_TBL, Param("candidates_tbl", "VARCHAR", REQUIRED, check_table_name, "public candidate centres"),
@@ -132,5 +174,9 @@ MECHANISMS: tuple[Mechanism, ...] = (
                 _col("distance_candidate_col", "candidate", "the candidate column of distances_tbl"),
                 _col("distance_col", "distance", "the distance column of distances_tbl")),
         description="k-median / k-means: bicriteria Repeated-EM, noisy counts and local search, on a subsample",
-        proof="k_median", calibrate=subsampling_probability),
+        proof="k_median", calibrate=subsampling_probability, sql=_SQL,
+        example=Example.of(EXAMPLE_METRIC, ("candidate_id",), tbl="'kp'", candidates_tbl="'kc'", distances_tbl="'kd'",
+                           k="2", q="1", epsilon="1.0", n_bound="1000", point_col="'point'",
+                           candidate_col="'candidate_id'", distance_point_col="'point'",
+                           distance_candidate_col="'candidate'", distance_col="'distance'")),
 )

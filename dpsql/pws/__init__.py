@@ -23,7 +23,7 @@ from __future__ import annotations
 from functools import partial
 
 from dpsql.core.calibration import check_granularity
-from dpsql.core.mechanism import REQUIRED, Mechanism, Param
+from dpsql.core.mechanism import EXAMPLE_USER_ITEMS, REQUIRED, AuditCase, Example, Mechanism, Param
 from dpsql.pws.api import weighted_sample
 from dpsql.pws.estimators import (_coefficients, estimator_coefficients, estimator_moments,
                                   sum_estimate_error)
@@ -78,6 +78,10 @@ def _check_with_frequencies(value: object) -> bool:
     return value
 
 
+# The examples' values: the key is the item, the frequency a whole number per row (the user id).
+_EXAMPLE_ARGS = {"tbl": "'t'", "epsilon": "1.0", "delta": "1e-5", "tau": "0.5", "scheme": "'ppswor'", "power": "1.0",
+                 "key_col": "'item'", "freq_col": "'user_id'"}
+
 MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         name="weighted_sample", family="pws", macro="dp_weighted_sample", unit="element",
@@ -87,7 +91,9 @@ MECHANISMS: tuple[Mechanism, ...] = (
                 *_KEY_FREQ),
         description="private weighted sample: keys (and frequency tokens) reported with the largest "
                     "probabilities that keep (epsilon, delta)-DP for one element",
-        proof="weighted_sample"),
+        proof="weighted_sample", sql="70_pws/pws.sql",
+        example=Example.of(EXAMPLE_USER_ITEMS, ("key",), **_EXAMPLE_ARGS, with_frequencies="true"),
+        audit=(AuditCase("element_sample", name="pws_weighted_sample", note="element level"),)),
     Mechanism(
         name="sbh_histogram", family="pws", macro="dp_sbh_histogram", unit="element",
         params=(*_PWS_PARAMS, *_KEY_FREQ,
@@ -96,5 +102,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
                       "grid of the noise, a power of two <= 1; NULL: chosen from 1/epsilon")),
         description="stability-based histogram: frequency + granular discrete Laplace, released above a "
                     "threshold (optionally sampled after the noise)",
-        proof="sbh_histogram", calibrate=sbh_calibration),
+        proof="sbh_histogram", calibrate=sbh_calibration, sql="70_pws/pws.sql",
+        example=Example.of(EXAMPLE_USER_ITEMS, ("key",), **_EXAMPLE_ARGS, noise="'granular'", granularity="0.5"),
+        audit=(AuditCase("element_histogram", note="element level"),)),
 )

@@ -64,7 +64,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence, Union, cast
+from typing import Callable, Iterator, Mapping, Optional, Sequence, Union, cast
 
 import duckdb
 import numpy as np
@@ -75,11 +75,12 @@ import dpsql
 from dpsql.core.errors import DpsqlError
 from dpsql.union import adaptive
 from dpsql.core import registry as mechanisms, release, sqltext
-from dpsql import pws, union
-from dpsql.core.validation import DPParameterError, check_delta, check_epsilon
+from dpsql.core.mechanism import AuditCase, Mechanism as DeclaredMechanism
+from dpsql import pws
+from dpsql.core.validation import DPParameterError, check_delta, check_epsilon, derived_budget
 
-__all__ = ["AuditResult", "MECHANISMS", "OutputCase", "RefusalResult", "VOLATILE_SPLIT", "audit", "audit_all",
-           "check_refusal",
+__all__ = ["AuditResult", "CASE_KINDS", "MECHANISMS", "OutputCase", "RefusalResult", "ReplicaCase", "VOLATILE_SPLIT",
+           "audit", "audit_all", "cases", "check_refusal", "declared_case",
            "clopper_pearson", "epsilon_lower_bound", "to_markdown"]
 
 
@@ -277,11 +278,11 @@ def _released_counts(items: np.ndarray, audited: Sequence[int], n_items: int, co
 
 
 # --------------------------------------------------------------------------------------------
-# Mechanisms
+# Cases
 # --------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Mechanism:
+class ReplicaCase:
     """An audited release: SQL over table ``{tbl}``, its claimed (epsilon, delta) and the pairs."""
 
     name: str
@@ -347,9 +348,17 @@ def _register_broken_mad(con) -> None:
     _broken_release(con, "mad", "dp__audit_min_mad", body=[("FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")])
 
 
-def _threshold_pairs(method: str, max_items: int, t: int, unit: float):
+def _calibrate(mech: DeclaredMechanism, epsilon: float, delta: float, max_items: int):
+    """``mech``'s declared calibration at (epsilon, delta, max_items): its noise ``scale`` and ``threshold``
+    (as :func:`dpsql.calibrate` for a set-union method; the audit's values are shares of checked ones)."""
+    assert mech.calibrate is not None, mech.name
+    with derived_budget():
+        return mech.calibrate(epsilon, delta, max_items)
+
+
+def _threshold_pairs(mech: DeclaredMechanism, max_items: int, t: int, unit: float):
     def pairs(epsilon: float, delta: float) -> list[Pair]:
-        cal = dpsql.calibrate(method, epsilon, delta, max_items)
+        cal = _calibrate(mech, epsilon, delta, max_items)
         return _single_item_pairs(_grid(cal.threshold, cal.scale, unit, _ZS), t)
     return pairs
 
@@ -379,97 +388,61 @@ def _sbh_pairs(epsilon: float, delta: float) -> list[Pair]:
     return _element_pairs(_grid(threshold, 1.0 / epsilon, 1.0, _ZS))
 
 
-def _boost_pairs(epsilon: float, delta: float) -> list[Pair]:
+def _boost_pairs(mech: DeclaredMechanism):
     """``sips_cumulative``'s dropping and cap: n users hold item 0; the added user holds it and three
     items of its own, which the early rounds drop, so its weight on item 0 grows from 1/2 to
     min(1/sqrt(1), 2/sqrt(4)) = 1, the largest the cap allows (sensitivity 1 on item 0)."""
-    cal = dpsql.calibrate("sips_cumulative", epsilon, delta, 100)
-    pairs = []
-    for n in _grid(cal.threshold, cal.scale, 1.0, _ZS):
-        base = tuple((u, 0) for u in range(n))
-        added = tuple((n, i) for i in range(4))
-        pairs.append(Pair(base, added, (0, 1, 2, 3),
-                          f"{n} users hold item 0; the added user holds it and 3 items of its own"))
+    def pairs(epsilon: float, delta: float) -> list[Pair]:
+        cal = _calibrate(mech, epsilon, delta, 100)
+        out = []
+        for n in _grid(cal.threshold, cal.scale, 1.0, _ZS):
+            base = tuple((u, 0) for u in range(n))
+            added = tuple((n, i) for i in range(4))
+            out.append(Pair(base, added, (0, 1, 2, 3),
+                            f"{n} users hold item 0; the added user holds it and 3 items of its own"))
+        return out
     return pairs
 
 
-_GU_ALPHA = 3.0
-
-
-def _greedy_pairs(epsilon: float, delta: float) -> list[Pair]:
-    cal = dpsql.calibrate("greedy_update", epsilon, delta, 1)
-    # Gamma = max(rho + alpha/epsilon, 1): keep base weights <= Gamma - 1 (order-invariant fills)
-    gamma = max(cal.threshold + _GU_ALPHA / epsilon, 1.0)
-    return _single_item_pairs([n for n in _grid(cal.threshold, cal.scale, 1.0, _ZS) if n <= gamma - 1], 1)
-
-
-def _policy_pairs(method: str):
+def _greedy_pairs(mech: DeclaredMechanism, alpha: float):
     def pairs(epsilon: float, delta: float) -> list[Pair]:
-        cal = dpsql.calibrate(method, epsilon, delta, 100)
+        cal = _calibrate(mech, epsilon, delta, 1)
+        # Gamma = max(rho + alpha/epsilon, 1): keep base weights <= Gamma - 1 (order-invariant fills)
+        gamma = max(cal.threshold + alpha / epsilon, 1.0)
+        return _single_item_pairs([n for n in _grid(cal.threshold, cal.scale, 1.0, _ZS) if n <= gamma - 1], 1)
+    return pairs
+
+
+def _policy_pairs(mech: DeclaredMechanism):
+    def pairs(epsilon: float, delta: float) -> list[Pair]:
+        cal = _calibrate(mech, epsilon, delta, 100)
         gamma = cal.threshold + 5.0 * cal.scale   # alpha = 5 (the default): Gamma = rho + alpha * scale
         return _single_item_pairs([n for n in _grid(cal.threshold, cal.scale, 1.0, _ZS) if n <= gamma - 1], 1)
     return pairs
 
 
-def _top_k_pairs(epsilon: float, delta: float) -> list[Pair]:
-    cal = dpsql.calibrate("weighted_gaussian", epsilon / 2, delta / 2, 100)
-    return _single_item_pairs(_grid(cal.threshold, cal.scale, 1.0, _ZS), 1)
+def _top_k_pairs(domain: DeclaredMechanism):
+    """Pairs for the domain step: ``domain`` (the default domain method) at (epsilon/2, delta/2)."""
+    def pairs(epsilon: float, delta: float) -> list[Pair]:
+        cal = _calibrate(domain, epsilon / 2, delta / 2, 100)
+        return _single_item_pairs(_grid(cal.threshold, cal.scale, 1.0, _ZS), 1)
+    return pairs
 
 
-# count methods at max_items = 4: the added user's 4 items carry the whole l1 (l2) sensitivity 4 (2)
-_COUNT_CAP = 4
+def _declared(name: str) -> DeclaredMechanism:
+    return mechanisms.all_mechanisms()[name]
 
-_REPLICA_MECHANISMS: dict[str, Mechanism] = {m.name: m for m in [
-    Mechanism("count_laplace", _set_union_sql("dp_set_union_count_laplace", _COUNT_CAP), _same,
-              _threshold_pairs("count_laplace", _COUNT_CAP, _COUNT_CAP, 1.0), note=f"max_items {_COUNT_CAP}"),
-    Mechanism("count_gaussian", _set_union_sql("dp_set_union_count_gaussian", _COUNT_CAP), _same,
-              _threshold_pairs("count_gaussian", _COUNT_CAP, _COUNT_CAP, 1.0), note=f"max_items {_COUNT_CAP}"),
-    Mechanism("weighted_laplace", _set_union_sql("dp_set_union_weighted_laplace", 100), _same,
-              _threshold_pairs("weighted_laplace", 100, 1, 1.0)),
-    Mechanism("weighted_gaussian", _set_union_sql("dp_set_union_weighted_gaussian", 100), _same,
-              _threshold_pairs("weighted_gaussian", 100, 1, 1.0)),
-    Mechanism("mad", _set_union_sql("dp_set_union_mad", 100), _same, _threshold_pairs("mad", 100, 1, 1.0)),
-    Mechanism("mad_adaptive", _set_union_sql("dp_set_union_mad", 100, ", max_adaptive_degree := 4"), _same,
-              _mad_min_pair_fn, note="max_adaptive_degree 4, rerouting dataset"),
-    Mechanism("mad2r", _set_union_sql("dp_set_union_mad2r", 100), _same, _threshold_pairs("mad2r", 100, 1, 1.0)),
-    Mechanism("sips", _set_union_sql("dp_set_union_sips", 100), _same, _threshold_pairs("sips", 100, 1, 1.0)),
-    Mechanism("sips_cumulative", _set_union_sql("dp_set_union_sips_cumulative", 100), _same,
-              _threshold_pairs("sips_cumulative", 100, 1, 1.0), note="last round's running mean"),
-    Mechanism("sips_cumulative_boost", _set_union_sql("dp_set_union_sips_cumulative", 100), _same, _boost_pairs,
-              note="dropping: the added user's own items dropped, its weight on a shared item capped"),
-    Mechanism("policy_laplace", _set_union_sql("dp_set_union_policy_laplace", 100), _same,
-              _policy_pairs("policy_laplace")),
-    Mechanism("policy_gaussian", _set_union_sql("dp_set_union_policy_gaussian", 100), _same,
-              _policy_pairs("policy_gaussian")),
-    Mechanism("greedy_update", _set_union_sql("dp_set_union_greedy_update", None, f", alpha := {_GU_ALPHA}"),
-              _same, _greedy_pairs),
-    Mechanism("top_k_domain",
-              lambda e, d: (f"SELECT item FROM dp_top_k('{{tbl}}', {{n_items}}, "
-                            f"epsilon := {e!r}, delta := {d!r}, max_items := 100)"),
-              lambda e, d: (e / 2, d / 2), _top_k_pairs, note="k = all items: the domain step at (eps/2, delta/2)"),
-    # dp_group_by's aggregate step (the selection is a set-union release, audited above): 3 users hold
-    # 2 public items, the added user both; an item is "released" when its noisy count is >= 4 = n + 1,
-    # so "2 of 2 released" has probability ratio e^(2 epsilon / max_items) = e^epsilon at max_items 2.
-    Mechanism("group_by_count",
-              lambda e, d: (f"SELECT item FROM dp_group_by_public('{{tbl}}', '{{tbl}}', epsilon := {e!r}, "
-                            f"max_items := 2) WHERE \"count\" >= 4"),
-              lambda e, d: (e, 0.0), lambda e, d: _single_item_pairs([3], 2),
-              note="public domain, max_items 2; event: noisy count >= n + 1"),
-    Mechanism("pws_weighted_sample",
-              lambda e, d: f"SELECT key AS item FROM dp_weighted_sample('{{tbl}}', {e!r}, {d!r}, "
-                           f"key_col := 'item', freq_col := 'n')",
-              _same, _pws_pairs, user_level=False, note="element level"),
-    Mechanism("sbh_histogram",
-              lambda e, d: f"SELECT key AS item FROM dp_sbh_histogram('{{tbl}}', {e!r}, {d!r}, "
-                           f"key_col := 'item', freq_col := 'n')",
-              _same, _sbh_pairs, user_level=False, note="element level"),
-    Mechanism("broken_sigma", _set_union_sql("dp__audit_broken_sigma", 100), _same,
-              _threshold_pairs("weighted_gaussian", 100, 1, 1.0), setup=_register_broken_sigma, broken=True,
-              note="BROKEN: weighted_gaussian with sigma/4"),
-    Mechanism("broken_mad_min", _set_union_sql("dp__audit_min_mad", 100, ", max_adaptive_degree := 4"), _same,
-              _mad_min_pair_fn, setup=_register_broken_mad, broken=True,
-              note="BROKEN: MAD with r(i) = min{0, .}, max_adaptive_degree 4"),
-]}
+
+def _own_replica_cases() -> list[ReplicaCase]:
+    """The audit's own instruments: broken variants of shipped releases (the audit must refute them)."""
+    return [
+        ReplicaCase("broken_sigma", _set_union_sql("dp__audit_broken_sigma", 100), _same,
+                    _threshold_pairs(_declared("weighted_gaussian"), 100, 1, 1.0), setup=_register_broken_sigma,
+                    broken=True, note="BROKEN: weighted_gaussian with sigma/4"),
+        ReplicaCase("broken_mad_min", _set_union_sql("dp__audit_min_mad", 100, ", max_adaptive_degree := 4"), _same,
+                    _mad_min_pair_fn, setup=_register_broken_mad, broken=True,
+                    note="BROKEN: MAD with r(i) = min{0, .}, max_adaptive_degree 4"),
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -523,18 +496,20 @@ def _order_pairs(epsilon: float, delta: float) -> list[OutputPair]:
 _ROWS_T = 4
 
 
-def _row_count_pairs(epsilon: float, delta: float) -> list[OutputPair]:
+def _row_count_pairs(mech: DeclaredMechanism):
     """n users each holding items 0..3, D' adds (stored first) a user holding the same 4 items; n
     puts each item's weight n/2 (weighted Gaussian, 1/sqrt(4) per user) near rho - 1/2 + z sigma."""
-    cal = dpsql.calibrate("weighted_gaussian", epsilon, delta, 100)
-    out = []
-    for n in _grid(cal.threshold, cal.scale, 1.0 / math.sqrt(_ROWS_T), (-1.0, 0.0, 1.0)):
-        d0 = pa.table({"user_id": np.repeat(np.arange(n, dtype=np.int64), _ROWS_T),
-                       "item": np.tile(np.arange(_ROWS_T, dtype=np.int64), n)})
-        d1 = pa.concat_tables([pa.table({"user_id": np.full(_ROWS_T, -1, dtype=np.int64),
-                                         "item": np.arange(_ROWS_T, dtype=np.int64)}), d0])
-        out.append(OutputPair(d0, d1, f"{n} users hold the {_ROWS_T} items the added user holds"))
-    return out
+    def pairs(epsilon: float, delta: float) -> list[OutputPair]:
+        cal = _calibrate(mech, epsilon, delta, 100)
+        out = []
+        for n in _grid(cal.threshold, cal.scale, 1.0 / math.sqrt(_ROWS_T), (-1.0, 0.0, 1.0)):
+            d0 = pa.table({"user_id": np.repeat(np.arange(n, dtype=np.int64), _ROWS_T),
+                           "item": np.tile(np.arange(_ROWS_T, dtype=np.int64), n)})
+            d1 = pa.concat_tables([pa.table({"user_id": np.full(_ROWS_T, -1, dtype=np.int64),
+                                             "item": np.arange(_ROWS_T, dtype=np.int64)}), d0])
+            out.append(OutputPair(d0, d1, f"{n} users hold the {_ROWS_T} items the added user holds"))
+        return out
+    return pairs
 
 
 def _coverage_pairs(epsilon: float, delta: float) -> list[OutputPair]:
@@ -596,41 +571,171 @@ def _pure(e: float, d: float) -> tuple[float, float]:
     return e, 0.0
 
 
-_OUTPUT_CASES: list[OutputCase] = [
-    OutputCase("order_weighted_gaussian", _set_union_sql("dp_set_union_weighted_gaussian", 100), _same,
-               _order_pairs, note="row order, added row stored first"),
-    OutputCase("order_policy_laplace", _set_union_sql("dp_set_union_policy_laplace", 100), _same,
-               _order_pairs, note="row order, added row stored first, 2 threads", threads=2),
-    # every other declared set-union method (a new one is audited here without an edit)
-    *[OutputCase(f"order_{name}", _set_union_sql(m.macro, None), _same, _order_pairs,
-                 note="row order, added row stored first")
-      for name, m in union.METHODS.items() if name not in ("weighted_gaussian", "policy_laplace")],
-    # the rows are in the DP (Gumbel) rank order: the first row may depend on the data up to epsilon
-    OutputCase("order_top_k", lambda e, d: f"SELECT rank, item FROM dp_top_k('{{tbl}}', 5, epsilon := {e!r}, "
-                                           f"delta := {d!r})",
-               _same, _order_pairs, note="k = 5: rank order"),
-    OutputCase("order_set_union", lambda e, d: f"SELECT item FROM dp_set_union('{{tbl}}', epsilon := {e!r}, "
-                                               f"delta := {d!r})",
-               _same, _order_pairs, note="row order through the dispatcher (default method)"),
-    OutputCase("rows_weighted_gaussian", _set_union_sql("dp_set_union_weighted_gaussian", 100), _same,
-               _row_count_pairs, note="whole output: number of rows, order, exact output"),
-    # item identity: the released spelling of a group is the group's, not the first private row's
-    OutputCase("spelling_weighted_gaussian", _spelling_sql("dp_set_union_weighted_gaussian"), _same,
-               _spelling_pairs, note="item spelling: NOACCENT 'cafe'/'café', added user's spelling stored first"),
-    OutputCase("spelling_set_union", _spelling_sql("dp_set_union"), _same, _spelling_pairs,
-               note="item spelling through the dispatcher (default method)"),
-    OutputCase("coverage_max_coverage", _coverage_sql("dp_max_coverage", 5), _pure, _coverage_pairs,
-               setup=_create_candidates, note="record level, public candidate sets, k = 5"),
-    OutputCase("coverage_set_cover", _coverage_sql("dp_set_cover", None), _pure, _coverage_pairs,
-               setup=_create_candidates, note="record level, public candidate sets"),
-    OutputCase("broken_order", _set_union_sql("dp__audit_unsorted", 100), _same, _order_pairs,
-               setup=_register_unsorted, broken=True, note="BROKEN: weighted_gaussian without ORDER BY"),
-    OutputCase("broken_coverage", _coverage_sql("dp__audit_private_candidates", 5), _pure, _coverage_pairs,
-               setup=_register_private_candidates, broken=True,
-               note="BROKEN: max coverage with candidate sets from the private rows"),
-]
+def _own_output_cases() -> list[OutputCase]:
+    """The audit's own whole-output cases: the ``dp_set_union`` dispatcher (generated, not a declaration)
+    and broken variants of shipped releases (the audit must refute them)."""
+    return [
+        OutputCase("order_set_union", lambda e, d: f"SELECT item FROM dp_set_union('{{tbl}}', epsilon := {e!r}, "
+                                                   f"delta := {d!r})",
+                   _same, _order_pairs, note="row order through the dispatcher (default method)"),
+        OutputCase("spelling_set_union", _spelling_sql("dp_set_union"), _same, _spelling_pairs,
+                   note="item spelling through the dispatcher (default method)"),
+        OutputCase("broken_order", _set_union_sql("dp__audit_unsorted", 100), _same, _order_pairs,
+                   setup=_register_unsorted, broken=True, note="BROKEN: weighted_gaussian without ORDER BY"),
+        OutputCase("broken_coverage", _coverage_sql("dp__audit_private_candidates", 5), _pure, _coverage_pairs,
+                   setup=_register_private_candidates, broken=True,
+                   note="BROKEN: max coverage with candidate sets from the private rows"),
+    ]
 
-MECHANISMS: dict[str, Mechanism | OutputCase] = {**_REPLICA_MECHANISMS, **{c.name: c for c in _OUTPUT_CASES}}
+
+# -- the kinds of case a declaration names (Mechanism.audit: AuditCase.kind) ---------------------------
+# Each builds the case from the declaration, the case's name ("" = the kind's default) and note, and the
+# declared options.
+
+def _threshold_case(mech: DeclaredMechanism, name: str, note: str, max_items: int, t: int) -> ReplicaCase:
+    """Replicas: n users hold the t items the added user holds, n around the threshold (max_items := cap);
+    ``mech.calibrate(epsilon, delta, max_items)`` gives the scale and threshold."""
+    return ReplicaCase(name or mech.name, _set_union_sql(mech.macro, max_items), _same,
+                       _threshold_pairs(mech, max_items, t, 1.0), note=note)
+
+
+def _mad_min_case(mech: DeclaredMechanism, name: str, note: str) -> ReplicaCase:
+    """Replicas of MAD's rerouting dataset at max_adaptive_degree 4 (:func:`_mad_min_pair`)."""
+    return ReplicaCase(name or f"{mech.name}_adaptive", _set_union_sql(mech.macro, 100, ", max_adaptive_degree := 4"),
+                       _same, _mad_min_pair_fn, note=note)
+
+
+def _boost_case(mech: DeclaredMechanism, name: str, note: str) -> ReplicaCase:
+    return ReplicaCase(name or f"{mech.name}_boost", _set_union_sql(mech.macro, 100), _same, _boost_pairs(mech),
+                       note=note)
+
+
+def _policy_case(mech: DeclaredMechanism, name: str, note: str) -> ReplicaCase:
+    return ReplicaCase(name or mech.name, _set_union_sql(mech.macro, 100), _same, _policy_pairs(mech), note=note)
+
+
+def _greedy_case(mech: DeclaredMechanism, name: str, note: str, alpha: float) -> ReplicaCase:
+    return ReplicaCase(name or mech.name, _set_union_sql(mech.macro, None, f", alpha := {alpha}"), _same,
+                       _greedy_pairs(mech, alpha), note=note)
+
+
+def _top_k_domain_case(mech: DeclaredMechanism, name: str, note: str) -> ReplicaCase:
+    """Replicas of ``dp_top_k`` with k = every item: the released set is the (epsilon/2, delta/2) domain of the
+    default domain method (the Gumbel step only ranks it)."""
+    domain = _declared(mech.param("domain_method").default)
+    return ReplicaCase(name or f"{mech.name}_domain",
+                       lambda e, d: (f"SELECT item FROM {mech.macro}('{{tbl}}', {{n_items}}, "
+                                     f"epsilon := {e!r}, delta := {d!r}, max_items := 100)"),
+                       lambda e, d: (e / 2, d / 2), _top_k_pairs(domain), note=note)
+
+
+def _group_by_count_case(mech: DeclaredMechanism, name: str, note: str) -> ReplicaCase:
+    """Replicas of a public-domain GROUP BY's count at max_items 2: 3 users hold 2 public items, the added
+    user both; an item counts as released when its noisy count is >= n + 1 = 4."""
+    return ReplicaCase(name or f"{mech.name}_count",
+                       lambda e, d: (f"SELECT item FROM {mech.macro}('{{tbl}}', '{{tbl}}', epsilon := {e!r}, "
+                                     f"max_items := 2) WHERE \"count\" >= 4"),
+                       lambda e, d: (e, 0.0), lambda e, d: _single_item_pairs([3], 2), note=note)
+
+
+def _element_sql(macro: str) -> Callable[[float, float], str]:
+    return lambda e, d: (f"SELECT key AS item FROM {macro}('{{tbl}}', {e!r}, {d!r}, "
+                         f"key_col := 'item', freq_col := 'n')")
+
+
+def _element_sample_case(mech: DeclaredMechanism, name: str, note: str) -> ReplicaCase:
+    """Element level, one key a copy: a key of frequency i vs i + 1, i where PWS reports with probability
+    in [1e-4, 0.999]."""
+    return ReplicaCase(name or mech.name, _element_sql(mech.macro), _same, _pws_pairs, user_level=False, note=note)
+
+
+def _element_histogram_case(mech: DeclaredMechanism, name: str, note: str) -> ReplicaCase:
+    """Element level, one key a copy: frequencies around the stability-based histogram's threshold."""
+    return ReplicaCase(name or mech.name, _element_sql(mech.macro), _same, _sbh_pairs, user_level=False, note=note)
+
+
+def _order_case(mech: DeclaredMechanism, name: str, note: str, max_items: Optional[int] = None,
+                threads: int = 1) -> OutputCase:
+    """Whole outputs of the row-order attack (:func:`_order_pairs`) on a set-union release."""
+    return OutputCase(name or f"order_{mech.name}", _set_union_sql(mech.macro, max_items), _same, _order_pairs,
+                      note=note, threads=threads)
+
+
+def _order_ranked_case(mech: DeclaredMechanism, name: str, note: str, k: int) -> OutputCase:
+    """Whole outputs of the row-order attack on a ranked release of k rows (rank, item)."""
+    return OutputCase(name or f"order_{mech.name}",
+                      lambda e, d: f"SELECT rank, item FROM {mech.macro}('{{tbl}}', {k}, epsilon := {e!r}, "
+                                   f"delta := {d!r})",
+                      _same, _order_pairs, note=note)
+
+
+def _rows_case(mech: DeclaredMechanism, name: str, note: str) -> OutputCase:
+    """Whole outputs: the number of rows (n users hold 4 items, n around the threshold)."""
+    return OutputCase(name or f"rows_{mech.name}", _set_union_sql(mech.macro, 100), _same, _row_count_pairs(mech),
+                      note=note)
+
+
+def _spelling_case(mech: DeclaredMechanism, name: str, note: str) -> OutputCase:
+    return OutputCase(name or f"spelling_{mech.name}", _spelling_sql(mech.macro), _same, _spelling_pairs, note=note)
+
+
+def _coverage_case(mech: DeclaredMechanism, name: str, note: str, k: Optional[int] = None) -> OutputCase:
+    """Whole outputs of a record-level release over public candidate sets (``k`` sets, or a cover)."""
+    return OutputCase(name or f"coverage_{mech.name}", _coverage_sql(mech.macro, k), _pure, _coverage_pairs,
+                      setup=_create_candidates, note=note)
+
+
+# The kinds a declaration may name (AuditCase.kind).
+CASE_KINDS: dict[str, Callable[..., Union[ReplicaCase, OutputCase]]] = {
+    "threshold": _threshold_case, "mad_min": _mad_min_case, "boost": _boost_case, "policy": _policy_case,
+    "greedy": _greedy_case, "top_k_domain": _top_k_domain_case, "group_by_count": _group_by_count_case,
+    "element_sample": _element_sample_case, "element_histogram": _element_histogram_case,
+    "order": _order_case, "order_ranked": _order_ranked_case, "rows": _rows_case, "spelling": _spelling_case,
+    "coverage": _coverage_case,
+}
+
+
+def declared_case(mech: DeclaredMechanism, spec: AuditCase) -> Union[ReplicaCase, OutputCase]:
+    """The audit case ``spec`` of the declaration ``mech``."""
+    if spec.kind not in CASE_KINDS:
+        raise DpsqlError(f"dpsql.tools.audit: {mech.name} declares an audit case of unknown kind {spec.kind!r}; "
+                         f"the kinds are {', '.join(CASE_KINDS)}")
+    return CASE_KINDS[spec.kind](mech, spec.name, spec.note, **dict(spec.options))
+
+
+def cases() -> dict[str, Union[ReplicaCase, OutputCase]]:
+    """Every audit case, derived from the registry: the replica cases the declarations name (in the
+    registry's order), the audit's own broken ones, then the whole-output cases the declarations name
+    and the audit's own (the dispatcher's, the broken ones)."""
+    declared = [declared_case(m, spec) for m in mechanisms.all_mechanisms().values() for spec in m.audit]
+    ordered = ([c for c in declared if isinstance(c, ReplicaCase)] + _own_replica_cases()
+               + [c for c in declared if isinstance(c, OutputCase)] + _own_output_cases())
+    out: dict[str, Union[ReplicaCase, OutputCase]] = {}
+    for case in ordered:
+        if case.name in out:
+            raise DpsqlError(f"dpsql.tools.audit: two audit cases are named {case.name!r}; name one (AuditCase.name)")
+        out[case.name] = case
+    return out
+
+
+class _Cases(Mapping[str, Union[ReplicaCase, OutputCase]]):
+    """:func:`cases` as a mapping, read afresh at each use (a family added to the registry is audited)."""
+
+    def __getitem__(self, name: str) -> Union[ReplicaCase, OutputCase]:
+        return cases()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(cases())
+
+    def __len__(self) -> int:
+        return len(cases())
+
+    def __contains__(self, name: object) -> bool:
+        return name in cases()
+
+
+# Every case by name: what :func:`audit`, :func:`check_refusal` and :func:`audit_all` run.
+MECHANISMS: Mapping[str, Union[ReplicaCase, OutputCase]] = _Cases()
 
 
 # --------------------------------------------------------------------------------------------
@@ -680,7 +785,7 @@ def _load(con, data: pa.Table) -> None:
     con.unregister("dp__audit_arrow")
 
 
-def _run(con, mechanism: Mechanism, epsilon: float, delta: float, pairs: Sequence[Pair], copies: int
+def _run(con, mechanism: ReplicaCase, epsilon: float, delta: float, pairs: Sequence[Pair], copies: int
          ) -> list[tuple[np.ndarray, np.ndarray]]:
     """For each pair, the per-copy released counts on D and on D' (one SQL call per dataset)."""
     merged, audited = _merge(pairs, mechanism.user_level)
@@ -726,7 +831,7 @@ def _best_of(hits: Sequence[tuple[str, Callable, int, int]], n: int, runs: int, 
     return cast(tuple[float, str, Callable, bool], best)
 
 
-def _audit_replicas(con, mech: Mechanism, epsilon: float, delta: float, runs: int, pilot_runs: int,
+def _audit_replicas(con, mech: ReplicaCase, epsilon: float, delta: float, runs: int, pilot_runs: int,
                     confidence: float) -> tuple[Pair, str, int, int, bool]:
     """Pilot over every candidate pair's copies, then ``runs`` fresh copies of the chosen pair:
     (pair, event name, hits on D, hits on D', forward)."""
@@ -830,7 +935,7 @@ def audit(mechanism: str, epsilon: float = 1.0, delta: float = 1e-5, runs: int =
 
     Pilot: ``pilot_runs`` trials (default runs/10, at least 250) of every candidate pair choose the
     pair, the event and the direction; then ``runs`` fresh trials of the chosen pair give the
-    Clopper-Pearson bound. A trial is one copy of a replicated pair (:class:`Mechanism`) or one
+    Clopper-Pearson bound. A trial is one copy of a replicated pair (:class:`ReplicaCase`) or one
     whole release (:class:`OutputCase`). Uses a seeded (NOT private) connection.
     """
     if not isinstance(mechanism, str) or mechanism not in MECHANISMS:

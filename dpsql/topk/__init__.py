@@ -59,8 +59,8 @@ from dpsql.core.errors import InputError, ParameterError, engine_errors
 from dpsql.core import accounting, calibration
 from dpsql import union
 from dpsql.core.calibration import Accounting
-from dpsql.core.mechanism import (REQUIRED, Mechanism, Param, column_param, delta_param, epsilon_param,
-                             max_items_param, tbl_param)
+from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_param, delta_param, epsilon_param,
+                             max_items_param, tbl_param, user_item_example)
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import (
     DELTA_MIN,
@@ -125,8 +125,8 @@ class TopKCalibration:
 
 # Domain methods whose release is a Gaussian mechanism (or Gaussian rounds composing to one) of
 # mu = 1/gaussian_sigma(eps_D, delta_D/2) plus novel items released with probability <= delta_D/2
-# (their proof notes, "Calibration"); count_gaussian's sqrt(max_items) scales sigma and sensitivity alike.
-GAUSSIAN_DOMAIN_METHODS = frozenset({"weighted_gaussian", "count_gaussian", "policy_gaussian", "mad", "mad2r", "sips"})
+# (their proof notes, "Calibration"), as declared (Mechanism.gaussian_domain).
+GAUSSIAN_DOMAIN_METHODS = frozenset(n for n, m in union.METHODS.items() if m.gaussian_domain)
 
 
 def tight_peeling_epsilon(epsilon: float, delta: float, k: int, domain_epsilon: float,
@@ -492,6 +492,8 @@ def _domain_method_param() -> Param:
                  "set-union method of the domain step")
 
 
+_TOP_K_EXAMPLE = user_item_example(order_by=("rank",), k="3", domain_method=f"'{DEFAULT_DOMAIN_METHOD}'")
+
 MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         name="top_k", family="top_k", macro="dp_top_k", unit="user",
@@ -499,13 +501,16 @@ MECHANISMS: tuple[Mechanism, ...] = (
                 column_param("user_col", "user_id"), column_param("item_col", "item")),
         description="unknown-domain top-k: a set-union domain at (epsilon/2, delta/2), then k peeling "
                     "exponential mechanisms over it",
-        proof="top_k", calibrate=top_k_calibration, rounds=2),
+        proof="top_k", calibrate=top_k_calibration, rounds=2, sql="95_topk/topk.sql", example=_TOP_K_EXAMPLE,
+        audit=(AuditCase("top_k_domain", note="k = all items: the domain step at (eps/2, delta/2)"),
+               # the rows are in the DP (Gumbel) rank order: the first row may depend on the data up to epsilon
+               AuditCase("order_ranked", options=(("k", 5),), note="k = 5: rank order"))),
     Mechanism(
         name="hitting_set", family="top_k", macro="dp_hitting_set", unit="user",
         params=(tbl_param(), _k_param(), epsilon_param(), delta_param(), max_items_param(), _domain_method_param(),
                 column_param("user_col", "user_id"), column_param("item_col", "item")),
         description="unknown-domain k-hitting set: greedy picks of the item held by most not-yet-hit users",
-        proof="hitting_set", calibrate=top_k_calibration, rounds=2),
+        proof="hitting_set", calibrate=top_k_calibration, rounds=2, sql="95_topk/topk.sql", example=_TOP_K_EXAMPLE),
     Mechanism(
         name="top_k_limited_domain", family="top_k", macro="dp_top_k_limited_domain", unit="user",
         params=(tbl_param(), _k_param(),
@@ -513,5 +518,6 @@ MECHANISMS: tuple[Mechanism, ...] = (
                 epsilon_param(), delta_param(), max_items_param(None),
                 column_param("user_col", "user_id"), column_param("item_col", "item")),
         description="Durfee-Rogers limited-domain top-k over the k_bar largest counts",
-        proof="top_k_limited_domain", calibrate=limited_domain_calibration, rounds=1),
+        proof="top_k_limited_domain", calibrate=limited_domain_calibration, rounds=1, sql="95_topk/topk.sql",
+        example=user_item_example(order_by=("rank",), k="3", k_bar="5")),
 )

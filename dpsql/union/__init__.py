@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import json
-from types import ModuleType
 import time
 from functools import lru_cache
 from typing import Callable, Iterable, Optional, cast
@@ -35,10 +34,10 @@ import duckdb
 import pyarrow as pa
 from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
-from dpsql.union import adaptive, basic, cumulative, policy
-from dpsql.core import calibration, release, runner
+from dpsql.union import policy
+from dpsql.core import calibration, registry, release, runner
 from dpsql.core.errors import engine_errors
-from dpsql.core.mechanism import Mechanism, Param, sql_literal
+from dpsql.core.mechanism import Mechanism, Param, preferred, sql_literal
 from dpsql.core.state import current_ledger, source_of
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import (
@@ -54,13 +53,14 @@ from dpsql.core.validation import (
     warn_weak_parameters,
 )
 
-__all__ = ["FAMILY_MODULES", "METHODS", "DEFAULT_METHOD", "COMMON_PARAMS", "options_of", "check_options", "calibrate", "set_union", "udfs"]
+__all__ = ["METHODS", "DEFAULT_METHOD", "COMMON_PARAMS", "options_of", "check_options", "calibrate", "set_union", "udfs",
+           "generated_sql"]
 
 
-# The modules declaring set-union methods (their MECHANISMS), in the order front ends list the methods.
-# A new set-union module is added here; registration also registers its ``udfs``.
-FAMILY_MODULES: tuple[ModuleType, ...] = (basic, adaptive, cumulative, policy)
-METHODS: dict[str, Mechanism] = {m.name: m for mod in FAMILY_MODULES for m in mod.MECHANISMS}
+# The set-union methods: the declarations (MECHANISMS) of this package's member modules, found as the
+# registry finds every family's (a new method is a new member module, or a declaration in one), in the
+# order front ends list them: that of their SQL body files (basic, adaptive, cumulative, policy).
+METHODS: dict[str, Mechanism] = {m.name: m for m in registry.declared_in(registry.package_modules(__name__))}
 
 # The parameters every set-union macro shares; dp_set_union passes exactly these on (the others keep
 # their defaults there and are reached through the method's own macro).
@@ -72,10 +72,16 @@ def options_of(method: str) -> tuple[str, ...]:
     return tuple(n for n in METHODS[method].param_names if n not in COMMON_PARAMS)
 
 
-# The best parallel method measured on the shared real datasets (benchmarks/README.md, "Utility"):
-# DP-SIPS with the cumulative rule and dropping releases the most items of every parallel method on
-# every dataset at both settings, and more than every sequential policy on 9 of the 10.
-DEFAULT_METHOD = "sips_cumulative"
+# The most preferred method (Mechanism.preference): the best parallel method measured on the shared real
+# datasets (benchmarks/README.md, "Utility"), sips_cumulative. The Spark backend's default is the most
+# preferred method it runs (dpsql.frontends.spark.DEFAULT_METHOD).
+DEFAULT_METHOD = preferred(METHODS.values())
+
+
+def generated_sql() -> str:
+    """What this family generates at registration beyond the methods' releasing macros: ``dp_set_union``
+    (:func:`public_dispatch_sql`), created after them (the registry collects this hook)."""
+    return public_dispatch_sql()
 
 
 def check_method(method: object) -> str:

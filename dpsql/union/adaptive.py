@@ -65,7 +65,7 @@ from duckdb.sqltypes import DOUBLE, VARCHAR
 from dpsql.core.errors import ParameterError
 from dpsql.core import accounting, calibration
 from dpsql.core.calibration import Accounting, RoundCalibration, SetUnionCalibration
-from dpsql.core.mechanism import Mechanism, Param, user_item_params
+from dpsql.core.mechanism import AuditCase, Mechanism, Param, SparkForm, user_item_example, user_item_params
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import (DPParameterError, check_column_pair, check_delta, check_epsilon, check_max_items, derived_budget,
                               user_budget, warn_weak_parameters)
@@ -598,6 +598,12 @@ def udfs(source) -> list[Udf]:
 
 # -- declarations (dpsql.core.mechanism) ------------------------------------------------------------------
 
+# Audit cases (dpsql.tools.audit): the threshold pairs at max_items 100 (the added user holds one item the
+# others hold), and the row-order attack.
+_THRESHOLD = AuditCase("threshold", options=(("max_items", 100), ("t", 1)))
+_ORDER = AuditCase("order", note="row order, added row stored first")
+
+
 def _split_param() -> Param:
     return Param("split", "DOUBLE[]", (0.1, 0.9), lambda v: check_split(list(v)),
                  "budget share of each round (sums to 1)")
@@ -612,7 +618,12 @@ MECHANISMS: tuple[Mechanism, ...] = (
             Param("beta", "DOUBLE", 2, check_beta, "reroute above the threshold plus beta sigma")),
         description="MaxAdaptiveDegree: Basic's noise and threshold, excess weight of items far above the "
                     "threshold rerouted to the others ([MAD] Alg. 3)",
-        proof="mad", calibrate=mad_set_union_calibration, rounds=1, spark=True),
+        proof="mad", calibrate=mad_set_union_calibration, rounds=1, sql="30_union/20_adaptive.sql",
+        spark=SparkForm("mad", mad_calibration), gaussian_domain=True,
+        example=user_item_example(max_adaptive_degree="50", beta="2"),
+        audit=(_THRESHOLD,
+               AuditCase("mad_min", name="mad_adaptive", note="max_adaptive_degree 4, rerouting dataset"),
+               _ORDER)),
     Mechanism(
         name="mad2r", family="set_union", macro="dp_set_union_mad2r", unit="user",
         params=user_item_params(
@@ -626,11 +637,19 @@ MECHANISMS: tuple[Mechanism, ...] = (
             Param("c_ub", "DOUBLE", 3.0, None, "upper offset of the bias ramp, in round-one sigmas")),
         description="MAD in two rounds (budget 0.1/0.9), round two biased by round one's noisy weights "
                     "([MAD] Alg. 4)",
-        proof="mad2r", calibrate=mad2r_set_union_calibration, rounds=2, spark=True),
+        proof="mad2r", calibrate=mad2r_set_union_calibration, rounds=2, sql="30_union/20_adaptive.sql",
+        spark=SparkForm("mad2r", mad2r_calibration), gaussian_domain=True,
+        # the best method the Spark backend runs (benchmarks/README.md, "Utility"): its default
+        preference=2,
+        example=user_item_example(max_adaptive_degree="50", beta="2", split="[0.1, 0.9]", b_min="0.5", b_max="2.0",
+                                  c_lb="1.0", c_ub="3.0"),
+        audit=(_THRESHOLD, _ORDER)),
     Mechanism(
         name="sips", family="set_union", macro="dp_set_union_sips", unit="user",
         params=user_item_params(_split_param()),
         description="DP-SIPS: Basic in two rounds (budget 0.1/0.9), round two without round one's items "
                     "(Swanberg et al. 2023)",
-        proof="sips", calibrate=sips_set_union_calibration, rounds=2, spark=True),
+        proof="sips", calibrate=sips_set_union_calibration, rounds=2, sql="30_union/20_adaptive.sql",
+        spark=SparkForm("sips", sips_calibration), gaussian_domain=True,
+        example=user_item_example(split="[0.1, 0.9]"), audit=(_THRESHOLD, _ORDER)),
 )

@@ -96,7 +96,8 @@ from dpsql.core.errors import InputError, ParameterError
 from dpsql.core import calibration
 from dpsql.core.calibration import SetUnionCalibration
 from dpsql.core.noise import NoiseSource
-from dpsql.core.mechanism import Mechanism, Param, user_item_params
+from dpsql.core.mechanism import (EXAMPLE_PUBLIC_ORDER, EXAMPLE_USER_ITEMS, AuditCase, Mechanism, Param,
+                                  user_item_example, user_item_params)
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import (DPParameterError, check_column_pair, check_delta, check_epsilon, check_identifier,
                               check_max_items, check_table_name, user_budget, warn_weak_parameters)
@@ -754,21 +755,35 @@ _ORDER = (Param("order_tbl", "VARCHAR", None, check_order_tbl,
                 "public table of items filled first (not the private table)"),
           Param("order_col", "VARCHAR", None, check_order_col, "column of order_tbl: fill its items by ascending value"))
 
+# Audit cases (dpsql.tools.audit): users holding one item each, weights at least 1 below the cutoff (the
+# same weights in every visiting order), and the row-order attack.
+_ORDER_CASE = AuditCase("order", note="row order, added row stored first")
+
 MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         name="policy_laplace", family="set_union", macro="dp_set_union_policy_laplace", unit="user",
         params=user_item_params(_alpha("policy_laplace"), _PASSES),
         description="sequential l1-descent towards a cutoff, Laplace noise ([DPSU] Alg. 4)",
-        proof="policy_laplace", calibrate=policy_laplace_calibration, rounds=1),
+        proof="policy_laplace", calibrate=policy_laplace_calibration, rounds=1, sql="30_union/40_policy.sql",
+        example=user_item_example(alpha="5", passes="1"),
+        audit=(AuditCase("policy"),
+               AuditCase("order", options=(("max_items", 100), ("threads", 2)),
+                         note="row order, added row stored first, 2 threads"))),
     Mechanism(
         name="policy_gaussian", family="set_union", macro="dp_set_union_policy_gaussian", unit="user",
         params=user_item_params(_alpha("policy_gaussian"), _PASSES),
         description="sequential l2-descent towards a cutoff, Gaussian noise ([DPSU] Alg. 6)",
-        proof="policy_gaussian", calibrate=policy_gaussian_calibration, rounds=1),
+        proof="policy_gaussian", calibrate=policy_gaussian_calibration, rounds=1, sql="30_union/40_policy.sql",
+        # the zCDP route of dp_top_k: its single release is the Gaussian of sigma(epsilon, delta/2) per unit
+        gaussian_domain=True, example=user_item_example(alpha="5", passes="1"),
+        audit=(AuditCase("policy"), _ORDER_CASE)),
     Mechanism(
         name="greedy_update", family="set_union", macro="dp_set_union_greedy_update", unit="user",
         params=user_item_params(_alpha("greedy_update"), *_ORDER, cap=False),
         description="sequential greedy fill, most repeated items first, then one keyed global item order "
                     "(or a public order_tbl), no max_items cap, Laplace noise (Carvalho et al. 2022)",
-        proof="greedy_update", calibrate=greedy_update_calibration, rounds=1),
+        proof="greedy_update", calibrate=greedy_update_calibration, rounds=1, sql="30_union/40_policy.sql",
+        example=user_item_example(EXAMPLE_USER_ITEMS + "; " + EXAMPLE_PUBLIC_ORDER, max_items=None, alpha="3",
+                                  order_tbl="'o'", order_col="'rank'"),
+        audit=(AuditCase("greedy", options=(("alpha", 3.0),)), _ORDER_CASE)),
 )
