@@ -93,8 +93,13 @@ def test_each_mechanism_is_a_release_case(name):
 def test_dispatcher_is_generated_from_the_declarations():
     shipped = (sql_dir() / "90_dispatch.sql").read_text(encoding="utf-8")
     assert shipped == union.dispatch_sql(), "regenerate sql/90_dispatch.sql from dpsql.union.dispatch_sql()"
+    # the dispatcher runs, through query(), the call the declarations render for the chosen method
+    assert "FROM query(" in shipped and "dp__set_union_body_sql(method, tbl, epsilon, delta, max_items" in shipped
+    values = {"tbl": "t", "epsilon": 1.0, "delta": 1e-5, "max_items": 10.0, "user_col": "u", "item_col": "i"}
     for name, mech in union.METHODS.items():
-        assert f"FROM {release.body_macro(mech)}(tbl" in shipped and f"dp__method_is(method, '{name}')" in shipped
+        call = union.body_call_sql(name, values)
+        assert call.startswith(f"SELECT item FROM {release.body_macro(mech)}('t', epsilon := "), call
+        assert ("max_items := " in call) == ("max_items" in mech.param_names), call
 
 
 def test_dispatcher_signature_comes_from_the_default_methods_declaration():
