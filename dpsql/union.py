@@ -50,7 +50,6 @@ from dpsql.validation import (
     check_max_items,
     check_table_name,
     derived_budget,
-    sql_string,
     warn_weak_parameters,
 )
 
@@ -152,11 +151,12 @@ def udfs(source) -> list[Udf]:
 
 
 
-def _table_columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
-    """Column names of ``table`` as the macros read it (``query_table``): a table or view name, or a
+def _table_schema(con: duckdb.DuckDBPyConnection, table: str) -> list[tuple[str, str]]:
+    """Column names and types of ``table`` as the macros read it (``query_table``): a table or view name, or a
     file path DuckDB can read (Parquet, CSV, JSON, ...). Reads the schema only, no rows."""
     try:
-        rows = con.execute("SELECT column_name FROM (DESCRIBE SELECT * FROM query_table($1))", [table]).fetchall()
+        rows = con.execute("SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM query_table($1))",
+                           [table]).fetchall()
     except duckdb.CatalogException:
         raise DPParameterError(
             f"table {table!r} does not exist: it is neither a table or view of this connection nor a file DuckDB "
@@ -166,7 +166,7 @@ def _table_columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
     except duckdb.IOException as exc:
         raise DPParameterError(f"table {table!r}: DuckDB cannot read this file ({str(exc).splitlines()[0]}); "
                                f"pass an existing Parquet/CSV/JSON file or a table name") from None
-    return [str(r[0]) for r in rows]
+    return [(str(r[0]), str(r[1])) for r in rows]
 
 
 def _check_registered(con: object, macro: str) -> None:
@@ -183,8 +183,10 @@ def _check_registered(con: object, macro: str) -> None:
             f"macros belong to one connection: each cursor needs its own dpsql.register(cursor)")
 
 
-def _check_columns(con: duckdb.DuckDBPyConnection, table: str, user_col: str, item_col: str) -> None:
-    columns = _table_columns(con, table)
+def _check_columns(con: duckdb.DuckDBPyConnection, table: str, user_col: str, item_col: str,
+                   schema: Optional[list[tuple[str, str]]] = None) -> None:
+    """``user_col`` and ``item_col`` are two columns of ``table`` (``schema``: its :func:`_table_schema`, if read)."""
+    columns = [name for name, _ in (schema if schema is not None else _table_schema(con, table))]
     check_column_pair(user_col, item_col)
     names = {c.lower() for c in columns}
     for param, col in (("user_col", user_col), ("item_col", item_col)):
@@ -225,15 +227,13 @@ def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_
         if "max_items" not in mech.param_names:
             raise DPParameterError(f"max_items does not apply to method {method!r} (it has no cap); leave it out")
         given["max_items"] = max_items
-    values = mech.validate(**given)  # every parameter checked once, typed
-    calibrate(method, values["epsilon"], values["delta"], values.get("max_items", 1))
+    # Every parameter checked once, by the declaration; the macro calibrates (its check raises the same
+    # dpsql error, before anything is read), so Python does not calibrate a second time.
+    values = mech.validate(**given)
     _check_columns(con, values["tbl"], values["user_col"], values["item_col"])
-    named = ", ".join(f"{name} := {sql_literal(values[name])}" for name in mech.param_names
-                      if name != "tbl" and name in given)
-    sql = f"SELECT item FROM {mech.macro}({sql_string(values['tbl'])}, {named})"
+    sql = f"SELECT item FROM {release.call_sql(mech, {k: v for k, v in values.items() if k in given})}"
     if progress is None:
-        with engine_errors():  # dpsql's own exception (e.g. BudgetExceededError), not duckdb's wrapper
-            return con.sql(sql).to_arrow_table()
+        return release.run(con, sql)
     if method in policy.POLICIES:  # the kernel reports the share of users processed
         relay = policy.ProgressRelay(progress)
         with policy.reporting(source_of(con), relay.kernel):
@@ -319,28 +319,16 @@ def dispatch_sql() -> str:
             f"                THEN dp__set_union_body_sql({', '.join(names)}) END);\n")
 
 
-def _sql_value(value: object, sql_type: str) -> str:
-    """``value``, a bound parameter of type ``sql_type``, as a SQL literal of that type that DuckDB reads back
-    exactly: a string quoted (quotes doubled), a DOUBLE through the text of its shortest repr."""
-    if value is None:
-        return f"CAST(NULL AS {sql_type})"
-    if sql_type == "VARCHAR" and isinstance(value, str):
-        return sql_string(value)
-    if sql_type == "DOUBLE" and isinstance(value, float):
-        return f"CAST('{value!r}' AS DOUBLE)"
-    raise TypeError(f"dp__set_union_body_sql: no literal for {type(value).__name__} as {sql_type}")
-
-
 def body_call_sql(method: object, values: dict[str, object]) -> str:
     """The SQL text of the one set-union body ``dp__body_set_union`` runs: ``method``'s body on ``values``
     (the common parameters, as bound; a method without a cap gets no ``max_items``).
 
-    Every value is a literal (:func:`_sql_value`): a table or column name stays data, never SQL text.
+    Every value is a literal (:func:`dpsql.release.sql_value`): a table or column name stays data, never SQL text.
     Raises the ``dpsql:`` error naming ``method`` and the valid choices for an unknown method.
     """
     mech = METHODS[check_method(method)]
-    args = [_sql_value(values["tbl"], mech.param("tbl").sql_type)]
-    args += [f"{name} := {_sql_value(values[name], mech.param(name).sql_type)}"
+    args = [release.sql_value("tbl", values["tbl"], mech.param("tbl").sql_type)]
+    args += [f"{name} := {release.sql_value(name, values[name], mech.param(name).sql_type)}"
              for name in COMMON_PARAMS[1:] if name in mech.param_names]
     return f"SELECT item FROM {release.body_macro(mech)}({', '.join(args)})"
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 import dpsql
-from dpsql import union
+from dpsql import release, union
 from dpsql.registration import source_of
 from dpsql.validation import DPParameterError
 
@@ -380,18 +380,18 @@ def test_dispatcher_runs_only_the_chosen_method(seeded_con, method):
 def test_dispatcher_renders_each_double_as_a_literal_that_reads_back_exactly(con, value):
     # dp__body_set_union runs the chosen body from SQL text (query()): every bound value must reach the body
     # bit for bit, as the wrapper's check and the ledger saw it
-    (back,), = con.execute("SELECT " + union._sql_value(value, "DOUBLE")).fetchall()
+    (back,), = con.execute("SELECT " + release.sql_value("epsilon", value, "DOUBLE")).fetchall()
     if value is None:
         assert back is None
     else:
         assert math.copysign(1.0, back) == math.copysign(1.0, value) and back == value
-    nan = con.execute("SELECT " + union._sql_value(math.nan, "DOUBLE")).fetchall()[0][0]
+    nan = con.execute("SELECT " + release.sql_value("epsilon", math.nan, "DOUBLE")).fetchall()[0][0]
     assert math.isnan(nan)
 
 
 @pytest.mark.parametrize("text", ["t", "it's", "x'); DROP TABLE t; --", "a\\'b", "nul\x00byte", "ítem☃", "''", " "])
 def test_dispatcher_renders_each_string_as_a_literal_that_reads_back_exactly(con, text):
-    (back,), = con.execute("SELECT " + union._sql_value(text, "VARCHAR")).fetchall()
+    (back,), = con.execute("SELECT " + release.sql_value("tbl", text, "VARCHAR")).fetchall()
     assert back == text
 
 
