@@ -40,12 +40,12 @@ import pyarrow.compute as pc
 import duckdb
 from duckdb.sqltypes import DOUBLE, VARCHAR, DuckDBPyType
 
-from dpsql.errors import engine_errors
+from dpsql.errors import ParameterError, engine_errors
 from dpsql.mechanism import Mechanism, Param, sql_literal
 from dpsql.udf import Udf, scalar
 
 __all__ = ["body_macro", "release_sql", "wrapper_sql", "wrappers_sql", "check_release", "check_type",
-           "sql_value", "call_sql", "run", "sorted_release", "udfs"]
+           "sql_value", "call_sql", "sorted_release", "udfs"]
 
 
 def body_macro(mech: Mechanism) -> str:
@@ -137,8 +137,6 @@ def sql_value(name: str, value: Any, sql_type: str) -> str:
     be converted with a second rounding); a LIST element by element. Raises
     :class:`~dpsql.errors.ParameterError` naming ``name`` for a value of another kind.
     """
-    from dpsql.errors import ParameterError
-
     if value is None:
         return f"CAST(NULL AS {sql_type})"
     if sql_type.endswith("[]"):

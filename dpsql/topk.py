@@ -457,7 +457,11 @@ def hitting_set(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: 
 def top_k_limited_domain(con: duckdb.DuckDBPyConnection, table: str, k: int, k_bar: float, *,
                          epsilon: float, delta: float, max_items: Optional[int] = None,
                          user_col: str = "user_id", item_col: str = "item") -> pa.Table:
-    """Durfee-Rogers limited-domain top-k (``dp_top_k_limited_domain``): ``(rank, item)``, at most k rows."""
+    """Durfee-Rogers limited-domain top-k (``dp_top_k_limited_domain``): ``(rank, item)``, at most k rows.
+
+    ``max_items=None`` (or infinity): no cap (the macro's NULL)."""
+    if isinstance(max_items, float) and max_items == math.inf:
+        max_items = None
     return _release(con, "dp_top_k_limited_domain", tbl=table, k=k, k_bar=k_bar, epsilon=epsilon, delta=delta,
                     max_items=max_items, user_col=user_col, item_col=item_col)
 

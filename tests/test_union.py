@@ -5,6 +5,7 @@ import itertools
 import math
 import random
 import re
+import sys
 from collections import Counter
 
 import duckdb
@@ -488,6 +489,22 @@ BAD_PY = [
     (dict(table=["t", "t"]), "not a list"),
     (dict(table="missing"), "does not exist"),
 ]
+
+
+def test_python_set_union_validates_by_the_declaration_and_calibrates_only_in_the_macro(con, monkeypatch):
+    # dpsql.set_union checks its parameters by the declaration and runs the macro, whose checks calibrate:
+    # Python does not calibrate the release a second time
+    load(con, [(u, "a") for u in range(500)])
+    callers = []
+    original = union.calibrate
+
+    def spy(*args, **kwargs):
+        callers.append(sys._getframe(1).f_code.co_name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(union, "calibrate", spy)
+    assert dpsql.set_union(con, "t", "weighted_gaussian", epsilon=1.0, delta=1e-5).column_names == ["item"]
+    assert callers and "set_union" not in callers, callers  # the macro's calibration UDF did calibrate
 
 
 @pytest.mark.parametrize("kwargs, msg", BAD_PY)
