@@ -17,7 +17,7 @@ ratios to the floor and to Basic (``weighted_gaussian``), the 1-minute load aver
 of the cores other processes kept busy (from ``/proc/stat``, as in ``bench_set_union.py``).
 
 **Before/after** (``--before-sql FILE``). A second connection runs FILE after registering (for
-example an earlier version of a macro file: ``git show REV:sql/20_contribution_bounding.sql``),
+example an earlier version of a macro file: ``git show REV:sql/00_core/20_contribution_bounding.sql``),
 and every method runs on both connections in the same rounds (``<method>@before``), so the
 change is measured under the same load as the code it replaces.
 

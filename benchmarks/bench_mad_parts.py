@@ -15,7 +15,7 @@ rotating rounds on one connection (as ``bench_floor.py``):
 
 * the floor, Basic, MAD and MAD2R (the release macros, ``--reps`` rounds);
 * ``cap_join_stored`` / ``cap_window_stored``: forming and storing the capped pairs with the two
-  caps of sql/20_contribution_bounding.sql (the join is the cheaper);
+  caps of sql/00_core/20_contribution_bounding.sql (the join is the cheaper);
 * ``stage_bare``: MAD's three dependent aggregations over the stored capped pairs (per item, per
   user, per item) and the two joins that carry each result to the next, with nothing else (no
   degree test, no CASE, no noise): less than MAD needs, and none of it can be skipped by a

@@ -252,7 +252,7 @@ def charges(ledger: Path) -> int:
 
 
 N_TYPED = 300
-# (a struct without strings: a string inside a nested item is refused as a key, sql/15_checks.sql)
+# (a struct without strings: a string inside a nested item is refused as a key, sql/00_core/15_checks.sql)
 COMMON = {"list": [1, 2], "struct": {"a": 1, "b": 2}, "blob": b"\x00common,\"\n"}
 # The common item as DuckDB writes it in CSV, and so on stdout (a BLOB's text is DuckDB's escaped form).
 COMMON_TEXT = {"list": "[1, 2]", "struct": "{'a': 1, 'b': 2}", "blob": "\\x00common,\\x22\\x0A"}

@@ -44,7 +44,7 @@ SETUP = [
     "CREATE TABLE t_empty (user_id VARCHAR, item VARCHAR)",
     "CREATE TABLE t_null AS SELECT NULL::VARCHAR AS user_id, NULL::VARCHAR AS item FROM range(5)",
     "CREATE TABLE t_noitem AS SELECT user_id FROM t",
-    # nested items without strings (a string inside a nested value is refused as a key: sql/15_checks.sql)
+    # nested items without strings (a string inside a nested value is refused as a key: sql/00_core/15_checks.sql)
     "CREATE TABLE t_list AS SELECT user_id, [hash(item) % 1000, 7] AS item FROM t",
     "CREATE TABLE t_struct AS SELECT user_id, {'w': hash(item) % 1000, 'd': DATE '2024-01-01'} AS item FROM t",
     "CREATE TABLE t_list_text AS SELECT user_id, [item, 'x'] AS item FROM t",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import sys
 
 import duckdb
 import numpy as np
@@ -238,6 +239,26 @@ def test_python_runs_the_macro_once():
     assert con.execute("SELECT sum(epsilon), sum(delta) FROM dp_releases()").fetchall() == [(1.0, 1e-5)]
     with pytest.raises(DPParameterError, match="sum and mean need value_col"):
         dpsql.group_by(con, "t", epsilon=1.0, delta=1e-5, aggregates=["sum"])
+    con.close()
+
+
+def test_python_validates_by_the_declaration_and_calibrates_only_in_the_macro(monkeypatch):
+    # dpsql.group_by checks its parameters by the declaration and runs the macro, whose checks calibrate
+    # (the SQL raises a calibration error as dpsql's ParameterError): Python does not calibrate a second time
+    con = dpsql.connect()
+    con.execute(ROWS_SQL)
+    callers = []
+    original = gb.group_by_calibration
+
+    def spy(*args, **kwargs):
+        callers.append(sys._getframe(1).f_code.co_name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gb, "group_by_calibration", spy)
+    dpsql.group_by(con, "t", epsilon=1.0, delta=1e-5, selection="weighted_laplace", max_items=10)
+    dpsql.group_by(con, "t", epsilon=1.0, items_tbl="t", max_items=10)
+    assert len(dpsql.releases(con)) == 2
+    assert callers and not {"group_by", "check_call"} & set(callers), callers
     con.close()
 
 

@@ -1,4 +1,4 @@
-"""Keys by identity (sql/15_checks.sql, dp__user_item_rows in sql/20_contribution_bounding.sql).
+"""Keys by identity (sql/00_core/15_checks.sql, dp__user_item_rows in sql/00_core/20_contribution_bounding.sql).
 
 A GROUP BY keeps one row's spelling for a group of equal values. On D (users holding a common
 spelling) and D' = D + one user holding an equal but differently spelled value, stored first, the

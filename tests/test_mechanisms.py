@@ -175,9 +175,14 @@ def test_mechanisms_are_listed_in_the_order_of_their_sql_files():
 
 def test_dispatcher_is_generated_from_the_declarations():
     shipped = next(f.text for f in sqltext.files() if f.name == "30_union/90_dispatch.sql")
-    assert shipped == union.dispatch_sql(), "regenerate sql/90_dispatch.sql from dpsql.union.dispatch_sql()"
+    assert shipped == union.dispatch_sql(), "regenerate sql/30_union/90_dispatch.sql from dpsql.union.dispatch_sql()"
+    # the dispatcher runs, through query(), the call the declarations render for the chosen method
+    assert "FROM query(" in shipped and "dp__set_union_body_sql(method, tbl, epsilon, delta, max_items" in shipped
+    values = {"tbl": "t", "epsilon": 1.0, "delta": 1e-5, "max_items": 10.0, "user_col": "u", "item_col": "i"}
     for name, mech in union.METHODS.items():
-        assert f"FROM {release.body_macro(mech)}(tbl" in shipped and f"dp__method_is(method, '{name}')" in shipped
+        call = union.body_call_sql(name, values)
+        assert call.startswith(f"SELECT item FROM {release.body_macro(mech)}('t', epsilon := "), call
+        assert ("max_items := " in call) == ("max_items" in mech.param_names), call
 
 
 def test_dispatcher_signature_comes_from_the_default_methods_declaration(mcon):
@@ -327,7 +332,7 @@ def epsilons_checked(monkeypatch):
 
 @pytest.mark.parametrize("method", ["mad2r", "weighted_gaussian", "policy_gaussian"])
 def test_the_dispatcher_calibrates_only_the_method_it_runs(epsilons_checked, method):
-    # The pruned branches receive a NULL epsilon (sql/90_dispatch.sql) and stop at its check: the values
+    # The pruned branches receive a NULL epsilon (sql/30_union/90_dispatch.sql) and stop at its check: the values
     # calibrated are exactly those of the method's own macro. (Before: every branch calibrated, 4-6 s at
     # max_items 100,000 against 0.15 s for the method's macro.)
     direct = epsilons_checked(f"FROM {union.METHODS[method].macro}('t', epsilon := 0.7, delta := 1e-5, "

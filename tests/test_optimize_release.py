@@ -1,4 +1,4 @@
-"""The release path of the optimisation family (sql/80_optimize.sql, dpsql/optimize/).
+"""The release path of the optimisation family (sql/80_optimize/optimize.sql, dpsql/optimize/).
 
 Candidates come from public tables only (the support of an output does not depend on whether a
 set has private rows), every parameter is a constant checked before the charge, rows come out in
@@ -133,7 +133,7 @@ def test_volatile_parameter_is_refused_before_the_charge(name):
                 "Unsupported expression in COLUMNS"
         else:
             volatile = f"(CASE WHEN random() < 0.5 THEN {case.args[p]} ELSE {case.other[p]} END)"
-            expected = "must be a constant expression"  # the binder refuses it (sql/00_release.sql)
+            expected = "must be a constant expression"  # the binder refuses it (sql/00_core/00_release.sql)
         with pytest.raises(duckdb.Error, match=expected):
             con.execute(_call(name, case, params, {p: volatile})).fetchall()
         assert _n_releases(con) == 1, (name, p)  # nothing charged

@@ -931,7 +931,7 @@ def test_a_volatile_parameter_is_refused_naming_it_with_nothing_charged(con, mac
         # column names select columns through COLUMNS(lambda ...), which the binder itself refuses to bind to a
         # non-constant expression: the query fails before it is planned
         refusal = ("Binder Error: Unsupported expression in COLUMNS" if param.endswith("_col")
-                   else "must be a constant expression")  # the binder's refusal (sql/00_release.sql)
+                   else "must be a constant expression")  # the binder's refusal (sql/00_core/00_release.sql)
         with pytest.raises(Exception, match=refusal):
             con.execute(f"SELECT * FROM {template.format(**bad)}").fetchall()
         assert len(dpsql.releases(con)) == before and src.samples_drawn == drawn, param

@@ -1,4 +1,4 @@
-"""The release path every mechanism goes through (dpsql/core/release.py, sql/00_release.sql).
+"""The release path every mechanism goes through (dpsql/core/release.py, sql/00_core/00_release.sql).
 
 A release is everything a user can observe. These tests enumerate every releasing macro and every
 public Python release function from what is registered, so a new one that misses a channel fails
@@ -105,7 +105,7 @@ def _volatile_forms(valid: str) -> dict[str, str]:
     return forms
 
 
-# DuckDB's binder refuses the generated binding of a non-constant parameter (sql/00_release.sql).
+# DuckDB's binder refuses the generated binding of a non-constant parameter (sql/00_core/00_release.sql).
 REFUSAL = "must be a constant expression"
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 
 import duckdb
 import numpy as np
@@ -175,6 +176,31 @@ def test_bad_domain_method_and_budget(con):
         con.execute("SELECT * FROM dp_hitting_set('t', 3, epsilon := 1.0, delta := 1.5)").fetchall()
     with pytest.raises(DPParameterError, match="user_col"):
         topk.top_k(con, "t", 3, epsilon=1.0, delta=1e-5, user_col="nope")
+
+
+def test_python_leaves_the_calibration_to_the_macro(con, monkeypatch):
+    # top_k / hitting_set / top_k_limited_domain check their parameters by the declaration and run the
+    # macro, whose checks calibrate: a calibration error (a delta too small to halve) is the macro's,
+    # raised as dpsql's ParameterError with nothing charged, and Python does not calibrate a second time
+    load(con, nested_rows())
+    callers = []
+    for name in ("top_k_calibration", "limited_domain_calibration"):
+        original = getattr(topk, name)
+
+        def spy(*args, _original=original, **kwargs):
+            callers.append(sys._getframe(1).f_code.co_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(topk, name, spy)
+    with pytest.raises(DPParameterError, match="delta must be >= 2e-15 for top-k"):
+        topk.top_k(con, "t", 3, epsilon=1.0, delta=1.5e-15)
+    assert len(dpsql.releases(con)) == 0
+    for out in (topk.top_k(con, "t", 3, epsilon=1.0, delta=1e-5), topk.hitting_set(con, "t", 3, epsilon=1.0, delta=1e-5),
+                topk.top_k_limited_domain(con, "t", 3, 5, epsilon=1.0, delta=1e-5)):
+        assert out.column_names == ["rank", "item"]
+    assert len(dpsql.releases(con)) == 3
+    python_api = {"top_k", "hitting_set", "top_k_limited_domain", "_release", "_unknown_domain"}
+    assert callers and not python_api & set(callers), callers  # only the macros' calibration UDFs
 
 
 # ---------------------------------------------------------------------------

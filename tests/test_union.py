@@ -5,6 +5,7 @@ import itertools
 import math
 import random
 import re
+import sys
 from collections import Counter
 
 import duckdb
@@ -17,6 +18,7 @@ from scipy import stats
 
 import dpsql
 from dpsql import union
+from dpsql.core import release
 from dpsql.core.registration import source_of
 from dpsql.core.validation import DPParameterError
 
@@ -375,6 +377,55 @@ def test_dispatcher_runs_only_the_chosen_method(seeded_con, method):
     assert via_dispatch == direct == [f"item{k}" for k in range(smallest - 1, 8)]
 
 
+@pytest.mark.parametrize("value", [1.0, 0.1, 1 / 3, 1e-5, 2.0 ** -1074, 1.7976931348623157e308, -0.0,
+                                   math.inf, -math.inf, 123456789.12345679, None])
+def test_dispatcher_renders_each_double_as_a_literal_that_reads_back_exactly(con, value):
+    # dp__body_set_union runs the chosen body from SQL text (query()): every bound value must reach the body
+    # bit for bit, as the wrapper's check and the ledger saw it
+    (back,), = con.execute("SELECT " + release.sql_value("epsilon", value, "DOUBLE")).fetchall()
+    if value is None:
+        assert back is None
+    else:
+        assert math.copysign(1.0, back) == math.copysign(1.0, value) and back == value
+    nan = con.execute("SELECT " + release.sql_value("epsilon", math.nan, "DOUBLE")).fetchall()[0][0]
+    assert math.isnan(nan)
+
+
+@pytest.mark.parametrize("text", ["t", "it's", "x'); DROP TABLE t; --", "a\\'b", "nul\x00byte", "ítem☃", "''", " "])
+def test_dispatcher_renders_each_string_as_a_literal_that_reads_back_exactly(con, text):
+    (back,), = con.execute("SELECT " + release.sql_value("tbl", text, "VARCHAR")).fetchall()
+    assert back == text
+
+
+@pytest.mark.parametrize("param", ["tbl", "user_col", "item_col"])
+def test_dispatcher_keeps_names_as_data_never_sql(con, param):
+    # a name that would end the literal and run SQL is one (missing) table or column name, named in the error
+    load(con, [(u, "a") for u in range(50)])
+    hostile = "x'); DROP TABLE t; --"
+    args = {"tbl": "'t'", "user_col": "'user_id'", "item_col": "'item'"}
+    args[param] = "'" + hostile.replace("'", "''") + "'"
+    for call in (f"dp_set_union({args['tbl']}, epsilon := 1.0, delta := 1e-5, method := 'weighted_gaussian', "
+                 f"user_col := {args['user_col']}, item_col := {args['item_col']})",
+                 f"dp_top_k({args['tbl']}, 2, epsilon := 1.0, delta := 1e-5, user_col := {args['user_col']}, "
+                 f"item_col := {args['item_col']})"):
+        with pytest.raises(duckdb.Error, match=re.escape(hostile)):
+            con.execute(f"SELECT * FROM {call}").fetchall()
+    assert con.execute("SELECT count(*) FROM t").fetchall() == [(50,)]
+    assert con.execute("SELECT count(*) FROM dp_releases()").fetchall() == [(0,)]
+
+
+def test_dispatcher_refuses_an_unknown_method_while_binding(con):
+    # the error names the parameter and the valid choices; no row is read (a table that fails when read)
+    con.execute("CREATE TABLE t AS SELECT 1 AS user_id, 'a' AS item")
+    con.execute("CREATE VIEW boom AS SELECT user_id, CASE WHEN user_id > 0 THEN error('read') END AS item FROM t")
+    for call in ("dp_set_union('boom', epsilon := 1.0, delta := 1e-5, method := 'nope')",
+                 "dp_top_k('boom', 2, epsilon := 1.0, delta := 1e-5, domain_method := 'nope')",
+                 "dp_group_by('boom', epsilon := 1.0, delta := 1e-5, selection := 'nope')",
+                 "dp__body_set_union('boom', 1.0, 1e-5, method := 'nope')"):
+        with pytest.raises(duckdb.Error, match="method must be one of .*weighted_gaussian"):
+            con.execute(f"SELECT * FROM {call}").fetchall()
+
+
 def test_dispatcher_default_method_is_the_registry_default(seeded_con):
     load(seeded_con, random_rows(random.Random(8)))
     src = source_of(seeded_con)
@@ -439,6 +490,22 @@ BAD_PY = [
     (dict(table=["t", "t"]), "not a list"),
     (dict(table="missing"), "does not exist"),
 ]
+
+
+def test_python_set_union_validates_by_the_declaration_and_calibrates_only_in_the_macro(con, monkeypatch):
+    # dpsql.set_union checks its parameters by the declaration and runs the macro, whose checks calibrate:
+    # Python does not calibrate the release a second time
+    load(con, [(u, "a") for u in range(500)])
+    callers = []
+    original = union.calibrate
+
+    def spy(*args, **kwargs):
+        callers.append(sys._getframe(1).f_code.co_name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(union, "calibrate", spy)
+    assert dpsql.set_union(con, "t", "weighted_gaussian", epsilon=1.0, delta=1e-5).column_names == ["item"]
+    assert callers and "set_union" not in callers, callers  # the macro's calibration UDF did calibrate
 
 
 @pytest.mark.parametrize("kwargs, msg", BAD_PY)

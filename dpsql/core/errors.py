@@ -67,7 +67,7 @@ _SQL_ERROR = re.compile(r"Invalid Input Error: (dpsql: .*)", re.S)
 # The macros' SQL checks are of the data (a NULL user, too many items) unless they name a parameter
 # (``order_col := ...``), a combination of options (``... apply to ...``) or a value passed (``(got ...)``).
 _NAMES_A_PARAMETER = re.compile(r" := |\bapply to\b|\bunknown\b|\(got ")
-# The binder's refusal, in the generated release wrapper (sql/00_release.sql), of a parameter that is not constant.
+# The binder's refusal, in the generated release wrapper (sql/00_core/00_release.sql), of a parameter that is not constant.
 _GETVARIABLE_NOT_CONSTANT = 'argument in function "getvariable" must be a constant expression'
 # DuckDB appends the statement's excerpt ("LINE 1: ...") to some messages: not part of dpsql's text.
 _EXCERPT = re.compile(r"\n\s*LINE \d+:.*", re.S)

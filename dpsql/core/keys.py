@@ -5,7 +5,7 @@ group. Where equal values can print differently ('SECRET' = 'secret' under NOCAS
 '1 month' = '30 days', -0.0 = 0.0), the spelling released depends on which private row came first,
 and one added user's spelling shows in the release. :func:`key_type_problem` says, from a column's
 DESCRIBEd type alone (no row read), whether a key of that type groups by identity once the readers
-pass it through ``dp__canonical`` (sql/15_checks.sql: a top-level VARCHAR of any collation made
+pass it through ``dp__canonical`` (sql/00_core/15_checks.sql: a top-level VARCHAR of any collation made
 binary), and if not, why and how to fix it. An allow-list: a type dpsql has not examined (VARIANT,
 GEOMETRY, an extension's type) is refused, never assumed exact.
 """

@@ -1,5 +1,5 @@
 """SQL access to the ledger: the charge every release makes, and the readers behind ``dp_budget()``
-and ``dp_releases()`` (sql/05_ledger.sql).
+and ``dp_releases()`` (sql/00_core/05_ledger.sql).
 
 The charge ties two rooms together: :mod:`dpsql.core.scopes` traces the release's table argument to the
 base tables and files it reads, and :mod:`dpsql.core.ledger` checks and records the release against every
@@ -19,7 +19,7 @@ __all__ = ["udfs"]
 
 
 def _catalog_type() -> DuckDBPyType:
-    # The struct the macro dp__catalog(tbl) (sql/05_ledger.sql) builds; dpsql.core.scopes.Catalog reads it.
+    # The struct the macro dp__catalog(tbl) (sql/00_core/05_ledger.sql) builds; dpsql.core.scopes.Catalog reads it.
     return duckdb.struct_type({
         "database": VARCHAR, "schema": VARCHAR, "search_path": VARCHAR,
         "databases": duckdb.list_type(duckdb.struct_type({"name": VARCHAR, "path": VARCHAR, "type": VARCHAR})),

@@ -8,7 +8,7 @@ macro can get these wrong by hand:
 
 * **Parameters bound once.** The wrapper reads every declared parameter once,
   into the one-row MATERIALIZED CTE ``dp__bound``, through ``getvariable`` of its text
-  (``sql/00_release.sql``): DuckDB's binder refuses, before anything runs, an
+  (``sql/00_core/00_release.sql``): DuckDB's binder refuses, before anything runs, an
   expression that is not constant (``random()``, a sequence, a column, a
   subquery) -- scalars, LISTs and STRUCTs alike. A constant expression is folded
   to one value while planning, so the body's uses, the validation and the
@@ -31,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import numbers
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
@@ -38,12 +40,12 @@ import pyarrow.compute as pc
 import duckdb
 from duckdb.sqltypes import DOUBLE, VARCHAR, DuckDBPyType
 
-from dpsql.core.errors import ParameterError
+from dpsql.core.errors import ParameterError, engine_errors
 from dpsql.core.mechanism import Mechanism, Param, sql_literal
 from dpsql.core.udf import Udf, scalar
 
 __all__ = ["body_macro", "signature", "release_sql", "wrapper_sql", "wrappers_sql", "check_release", "check_type",
-           "sorted_release", "udfs"]
+           "sql_value", "call_sql", "sorted_release", "udfs"]
 
 
 def body_macro(mech: Mechanism) -> str:
@@ -70,7 +72,7 @@ def release_sql(macro: str, params: Sequence[Param], body: str, check: str, chec
     """
     names = [p.name for p in params]
     bound = ",\n           ".join(f"{n} AS {n}" for n in names)
-    # getvariable() accepts only a constant name: DuckDB's binder refuses any other (sql/00_release.sql).
+    # getvariable() accepts only a constant name: DuckDB's binder refuses any other (sql/00_core/00_release.sql).
     binds = "\n      AND ".join(f"(getvariable('dp__bind:' || {n}::VARCHAR) IS NULL OR true)" for n in names)
     args = ", ".join(p.name if p.required else f"{p.name} := {p.name}" for p in params)
     # the check and the charge read the bound row (the body gets the same constant expressions)
@@ -129,6 +131,60 @@ def check_release(mech: Mechanism, bound: Mapping[str, Any]) -> dict[str, Any]:
     return {"epsilon": float(values["epsilon"]), "delta": float(values.get("delta") or 0.0),
             "parameters": json.dumps(others, default=repr), "calibration": calibration,
             "macro": mech.macro, "unit": mech.unit}
+
+
+def sql_value(name: str, value: Any, sql_type: str) -> str:
+    """``value`` of the parameter ``name`` as a SQL literal of ``sql_type`` that DuckDB reads back exactly.
+
+    A string is quoted (quotes doubled: a table or column name stays data, never SQL text); a DOUBLE goes
+    through the text of its shortest repr (an exact decimal literal such as ``0.12345678901234567`` would
+    be converted with a second rounding); a LIST element by element. Raises
+    :class:`~dpsql.core.errors.ParameterError` naming ``name`` for a value of another kind.
+    """
+    if value is None:
+        return f"CAST(NULL AS {sql_type})"
+    if sql_type.endswith("[]"):
+        if isinstance(value, (list, tuple)):
+            return f"CAST([{', '.join(sql_value(name, v, sql_type[:-2]) for v in value)}] AS {sql_type})"
+    elif sql_type == "VARCHAR":
+        if isinstance(value, str):
+            return "'" + value.replace("'", "''") + "'"
+    elif sql_type == "DOUBLE":
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return f"CAST('{int(value)}' AS DOUBLE)"
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return f"CAST('{float(value)!r}' AS DOUBLE)"
+    elif sql_type == "BOOLEAN":
+        if isinstance(value, bool):
+            return "true" if value else "false"
+    else:
+        raise TypeError(f"dpsql: no SQL literal for parameters of type {sql_type} ({name})")
+    kind = {"DOUBLE": "a number", "VARCHAR": "a string", "BOOLEAN": "true or false"}.get(sql_type, f"a {sql_type}")
+    raise ParameterError(f"{name} must be {kind} (got {value!r})")
+
+
+def call_sql(mech: Mechanism, values: Mapping[str, Any]) -> str:
+    """The call of ``mech``'s releasing macro on ``values`` (its validated parameters, :meth:`Mechanism.validate`),
+    every value a literal (:func:`sql_value`): the required parameters by position, the others by name."""
+    args = [sql_value(p.name, values[p.name], p.sql_type) if p.required
+            else f"{p.name} := {sql_value(p.name, values[p.name], p.sql_type)}"
+            for p in mech.params if p.required or p.name in values]
+    return f"{mech.macro}({', '.join(args)})"
+
+
+def run(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """Run the release ``sql`` once and return its rows as an Arrow table (dpsql's own exceptions raised as such).
+
+    ``con.execute`` binds and plans the statement once; a relation (``con.sql(sql).to_arrow_table()``)
+    binds it to learn its schema, then again when it runs, and binding a release (its calibration, its
+    body) is a large part of its latency on a small table. DuckDB's client warns that Arrow output of an
+    executed statement copies the rows: here they are the released rows, few.
+    """
+    with engine_errors():  # dpsql's own exception (e.g. BudgetExceededError), not duckdb's wrapper
+        con.execute(sql)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Arrow output on a DB-API result", category=UserWarning)
+            return con.to_arrow_table()
 
 
 def sorted_release(table: pa.Table, columns: list[str] | None = None) -> pa.Table:

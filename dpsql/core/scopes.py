@@ -30,7 +30,7 @@ serializer cannot parse whole (``INSERT ... ON CONFLICT``, ``PIVOT``) is parsed 
 if ``tbl``'s name is an identifier elsewhere in it, the release is refused.
 
 Pure except for the private parser: what the connection knows comes in through :class:`Catalog`
-(the struct the SQL macro ``dp__catalog(tbl)`` builds, ``sql/05_ledger.sql``), since a UDF cannot
+(the struct the SQL macro ``dp__catalog(tbl)`` builds, ``sql/00_core/05_ledger.sql``), since a UDF cannot
 query the connection whose query is running it.
 """
 from __future__ import annotations

@@ -72,7 +72,7 @@ from dpsql.core.validation import DPParameterError
 
 __all__ = ["Plugin", "StoredReleaseError", "release_macros", "stored_release"]
 
-# The charge every release makes (sql/05_ledger.sql): a macro that calls it, or calls a macro that
+# The charge every release makes (sql/00_core/05_ledger.sql): a macro that calls it, or calls a macro that
 # does, releases something.
 _CHARGE = "dp__charge"
 

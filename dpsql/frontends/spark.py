@@ -9,8 +9,8 @@ method, then granular Laplace count / sum / mean per item, as :func:`dpsql.group
 The sequential policies have no parallel form: run them with DuckDB.
 
 One definition of every stage: the contribution bounding and the pre-noise
-weights are the stages of ``sql/20_contribution_bounding.sql``,
-``sql/30_set_union.sql``, ``sql/40_adaptive.sql`` and ``sql/97_group_by.sql`` marked
+weights are the stages of ``sql/00_core/20_contribution_bounding.sql``,
+``sql/30_union/10_basic.sql``, ``sql/30_union/20_adaptive.sql`` and ``sql/97_groupby/groupby.sql`` marked
 ``-- dpsql:portable <name>``, translated to Spark SQL by :mod:`dpsql.frontends.portable`
 (which refuses unmarked stages); the methods and their options are the
 declarations of :mod:`dpsql.core.registry` (``Mechanism.spark``); validation and
@@ -245,7 +245,7 @@ def _noisy(weights, noise: _Noise, seed: Optional[int], keep_all: bool = False):
 # --------------------------------------------------------------------------
 
 def _null_message(col: str, param: str) -> str:
-    # The text of dp__user_items (sql/20_contribution_bounding.sql).
+    # The text of dp__user_items (sql/00_core/20_contribution_bounding.sql).
     what = "users" if param == "user_col" else "items"
     return f"dpsql: column {col} ({param}) contains NULL; filter NULL {what} out first, e.g. with a view"
 
@@ -278,7 +278,7 @@ def _checked_rows(df, user_col: str, item_col: str, value_col: Optional[str] = N
             raise DPParameterError(f"value_col := {value_col!r} has type {kind.simpleString()}, not a number; "
                                    f"convert it first, e.g. with a cast to double")
     keys = [(param, col) for param, col in checked if param != "value_col"]
-    for param, col in keys:  # by identity, as the SQL readers (sql/15_checks.sql): on the schema, no rows read
+    for param, col in keys:  # by identity, as the SQL readers (sql/00_core/15_checks.sql): on the schema, no rows read
         problem = _key_type_problem(df.schema[columns[col.lower()]].dataType)
         if problem:
             raise DPParameterError(f"{param} := {col!r} has type {df.schema[columns[col.lower()]].dataType.simpleString()}, "
@@ -306,7 +306,7 @@ def _checked_rows(df, user_col: str, item_col: str, value_col: Optional[str] = N
 def _key_type_problem(kind) -> Optional[str]:
     """Why a key (user or item) of Spark type ``kind`` does not group by identity, or None.
 
-    As ``dp__key_type_problem`` (sql/15_checks.sql): equal values that print differently would release
+    As ``dp__key_type_problem`` (sql/00_core/15_checks.sql): equal values that print differently would release
     whichever private row's spelling came first. Binary strings, integers, decimals, dates, timestamps,
     booleans and binaries are exact; a collated string (Spark 4's ``UTF8_LCASE``, ...), a float or double
     (-0.0 = 0.0, NaN), an interval, and a nested value holding any of those or a string are refused.
@@ -603,7 +603,7 @@ def group_by_stats(rows, selected, max_items: int, salt: int, cal: groupby.Group
 
 
 def _group_by_columns(aggregates: Sequence[str]) -> list[str]:
-    """The released columns after ``item``, in the macro's order (sql/97_group_by.sql)."""
+    """The released columns after ``item``, in the macro's order (sql/97_groupby/groupby.sql)."""
     every = ("count", "count_scale", "count_ci", "sum", "sum_scale", "sum_ci", "mean", "mean_ci")
     return [c for c in every if c.split("_")[0] in aggregates]
 

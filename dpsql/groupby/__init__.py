@@ -40,13 +40,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Optional, Sequence, cast
+from typing import Any, Optional, Sequence
 
 import duckdb
 import pyarrow as pa
 from duckdb.sqltypes import DOUBLE, VARCHAR
 
 from dpsql import union
+from dpsql.core import release
 from dpsql.core.calibration import choose_granularity, default_granularity, discrete_laplace_scale
 from dpsql.core.errors import engine_errors
 from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_param, delta_param, epsilon_param,
@@ -287,6 +288,27 @@ def _cal_row(cal: GroupByCalibration) -> dict[str, Optional[float]]:
             "lower": cal.lower, "upper": cal.upper, "aggregate_epsilon": cal.aggregate_epsilon}
 
 
+def selection_call_sql(cal: GroupByCalibration, values: dict[str, Any]) -> str:
+    """The selection step of ``dp_group_by`` calibrated by ``cal``, as the SQL text ``dp__body_group_by`` runs.
+
+    ``pre_threshold`` 1: the body of the set-union method ``cal.selection`` (:func:`dpsql.union.body_call_sql`,
+    the dispatcher's rendering) at ``(epsilon * split, delta)``; above 1: ``dp__group_by_pre_selection``.
+    ``values`` holds ``tbl``, ``delta``, ``max_items``, ``user_col`` and ``item_col`` as bound; every value is
+    a SQL literal (:func:`dpsql.core.release.sql_value`).
+    """
+    if cal.pre_threshold == 1:
+        return union.body_call_sql(cal.selection, {**values, "epsilon": cal.selection_epsilon})
+    args = [release.sql_value("tbl", values["tbl"], "VARCHAR"),
+            release.sql_value("epsilon", cal.selection_epsilon, "DOUBLE"),
+            release.sql_value("delta", values["delta"], "DOUBLE"),
+            release.sql_value("max_items", values["max_items"], "DOUBLE"),
+            release.sql_value("selection", cal.selection, "VARCHAR"),
+            release.sql_value("pre_threshold", cal.pre_threshold, "DOUBLE"),
+            release.sql_value("user_col", values["user_col"], "VARCHAR"),
+            release.sql_value("item_col", values["item_col"], "VARCHAR")]
+    return f"SELECT item FROM dp__group_by_pre_selection({', '.join(args)})"
+
+
 def udfs(source: object) -> list[Udf]:
     """Calibration UDFs of dp_group_by (pure: folded while planning, so their checks run first)."""
 
@@ -305,13 +327,15 @@ def udfs(source: object) -> list[Udf]:
         warn_weak_parameters(epsilon, what="dp_group_by_public", stacklevel=1)
         return _cal_row(cal)
 
-    def share(name, epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split, pre_threshold,
-              confidence):
-        # The selection's epsilon: every parameter is checked here, so a bad one fails before the
-        # selection runs (the release's wrapper charges the total once).
+    def selection_sql(tbl, epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
+                      pre_threshold, confidence, user_col, item_col):
+        # The selection step of dp_group_by as SQL text, which query() binds (sql/97_groupby/groupby.sql): every
+        # parameter is checked here, so a bad one fails while binding, before anything is read (the
+        # release's wrapper charges the total once).
         cal = group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection,
                                    split, confidence, pre_threshold)
-        return cal.selection_epsilon if name == "epsilon" else cal.selection_delta
+        return selection_call_sql(cal, {"tbl": tbl, "delta": delta, "max_items": max_items, "user_col": user_col,
+                                        "item_col": item_col})
 
     def pre_cal(method, epsilon, delta, max_items, pre_threshold):
         # the pre-thresholded selection (dp__group_by_pre_selection): the method's own noise and threshold
@@ -327,7 +351,8 @@ def udfs(source: object) -> list[Udf]:
     return [
         Udf("dp__group_by_calibration", scalar(cal_udf), (d, d, d, vl, v, d, d, v, d, d, d, v, v), cal_type),
         Udf("dp__group_by_public_calibration", scalar(public_cal_udf), (d, d, vl, v, d, d, d, v, v), cal_type),
-        Udf("dp__group_by_share", scalar(share), (v, d, d, d, vl, v, d, d, v, d, d, d), DOUBLE),
+        # pure: query() evaluates it once while binding dp__body_group_by
+        Udf("dp__group_by_selection_sql", scalar(selection_sql), (v, d, d, d, vl, v, d, d, v, d, d, d, v, v), VARCHAR),
         Udf("dp__group_by_pre_calibration", scalar(pre_cal), (v, d, d, d, d),
             duckdb.struct_type({"weighting": VARCHAR, "gaussian": duckdb.sqltypes.BOOLEAN, "scale": DOUBLE,
                                 "threshold": DOUBLE, "shift": DOUBLE})),
@@ -337,16 +362,6 @@ def udfs(source: object) -> list[Udf]:
 # --------------------------------------------------------------------------
 # Python API
 # --------------------------------------------------------------------------
-
-def _sql_value(value: object) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, str):
-        return sql_string(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_sql_value(v) for v in value) + "]"
-    return repr(float(cast(float, value)))  # a number: the calibration checked it
-
 
 def check_call(epsilon: object, delta: object, max_items: object, aggregates: Sequence[str], value_col: object,
                lower: object, upper: object, selection: object, split: object, pre_threshold: object,
@@ -369,16 +384,13 @@ _NUMERIC_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYI
                   "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE", "DECIMAL")
 
 
-def _check_value_column(con: duckdb.DuckDBPyConnection, table: str, value_col: str) -> None:
-    """``value_col`` names a numeric column of ``table`` (the schema only, no rows): the macro's
+def _check_value_column(table: str, value_col: str, schema: list[tuple[str, str]]) -> None:
+    """``value_col`` names a numeric column of ``table`` (``schema``: its columns and types): the macro's
     ``+ 0::DOUBLE`` would otherwise stop in DuckDB's binder with a message about ``+``."""
-    rows = con.execute("SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM query_table($1))",
-                       [table]).fetchall()
-    types = {str(name).lower(): str(kind) for name, kind in rows}
-    kind = types.get(value_col.lower())
+    kind = {name.lower(): kind for name, kind in schema}.get(value_col.lower())
     if kind is None:
         raise DPParameterError(f"value_col := {value_col!r} is not a column of {table!r}; its columns are "
-                               f"{', '.join(str(r[0]) for r in rows)}. Pass value_col := '<column name>'")
+                               f"{', '.join(name for name, _ in schema)}. Pass value_col := '<column name>'")
     if kind.upper().split("(")[0] not in _NUMERIC_TYPES:  # DECIMAL(p,s) is a number; INTEGER[] is not
         raise DPParameterError(f"value_col := {value_col!r} has type {kind}, not a number; convert it in a view "
                                f"first, e.g. CREATE VIEW v AS SELECT *, TRY_CAST({value_col} AS DOUBLE) AS value ...")
@@ -396,30 +408,27 @@ def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delt
     delta)``); with it runs ``dp_group_by_public`` (every listed item, ``(epsilon, 0)``; ``delta``
     must then be left out). Rows sorted by item.
     """
-    macro = "dp_group_by" if items_tbl is None else "dp_group_by_public"
-    union._check_registered(con, macro)
-    table = check_table_name(table)
-    user_col, item_col = check_identifier("user_col", user_col), check_identifier("item_col", item_col)
-    aggs = check_aggregates(list(aggregates) if isinstance(aggregates, tuple) else aggregates)
-    check_call(epsilon, delta, max_items, aggs, value_col, lower, upper, selection, split, pre_threshold, confidence,
-               public=items_tbl is not None)
-    if items_tbl is not None:
-        items_tbl = check_table_name(items_tbl)
-    union._check_columns(con, table, user_col, item_col)
-    if value_col is not None:
-        _check_value_column(con, table, check_identifier("value_col", value_col))
-    common = (f"max_items := {int(max_items)}, aggregates := {_sql_value(list(aggs))}, "
-              f"value_col := {_sql_value(value_col)}, lower := {_sql_value(lower)}, upper := {_sql_value(upper)}, ")
-    tail = f"confidence := {float(confidence)!r}, user_col := {sql_string(user_col)}, item_col := {sql_string(item_col)}"
+    mech = MECHANISMS[0] if items_tbl is None else MECHANISMS[1]
+    union._check_registered(con, mech.macro)
+    given: dict[str, object] = {
+        "tbl": table, "epsilon": epsilon, "max_items": max_items,
+        "aggregates": list(aggregates) if isinstance(aggregates, tuple) else aggregates, "value_col": value_col,
+        "lower": lower, "upper": upper, "confidence": confidence, "user_col": user_col, "item_col": item_col}
     if items_tbl is None:
-        call = (f"dp_group_by({sql_string(table)}, epsilon := {float(epsilon)!r}, delta := {_sql_value(delta)}, "
-                f"{common}selection := {sql_string(selection)}, split := {float(split)!r}, "
-                f"pre_threshold := {int(pre_threshold)}, {tail})")
+        given.update(delta=delta, selection=selection, split=split, pre_threshold=pre_threshold)
     else:
-        call = (f"dp_group_by_public({sql_string(table)}, {sql_string(items_tbl)}, epsilon := {float(epsilon)!r}, "
-                f"{common}{tail})")
-    with engine_errors():  # dpsql's own exception (e.g. BudgetExceededError), not duckdb's wrapper
-        return con.sql(f"SELECT * FROM {call} ORDER BY item").to_arrow_table()
+        if delta is not None:
+            raise DPParameterError("delta does not apply with items_tbl (a public domain spends no delta); "
+                                   "leave it out")
+        given["items_tbl"] = items_tbl
+    # Every parameter checked once, by the declaration; the macro calibrates (its check raises the
+    # calibration's dpsql error, e.g. a sum without bounds, before anything is read).
+    values = mech.validate(**given)
+    schema = union._table_schema(con, values["tbl"])  # one DESCRIBE for both column checks
+    union._check_columns(con, values["tbl"], values["user_col"], values["item_col"], schema)
+    if values["value_col"] is not None:
+        _check_value_column(values["tbl"], values["value_col"], schema)
+    return release.run(con, f"SELECT * FROM {release.call_sql(mech, values)} ORDER BY item")
 
 
 # -- declarations (dpsql.core.mechanism) ------------------------------------------------------------------

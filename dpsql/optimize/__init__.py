@@ -20,7 +20,7 @@ whether some record holds a value the caller chose.
 Layout: each mechanism has a numpy kernel (compact integer ids) taking a
 :class:`~dpsql.core.noise.NoiseSource`; kernels are private (leading underscore): they release without
 charging, and only the UDFs (:mod:`dpsql.optimize.udfs`) call them. Each public release function runs
-the SQL macro of ``sql/80_optimize.sql``, which validates, charges the ledger once and returns rows in a
+the SQL macro of ``sql/80_optimize/optimize.sql``, which validates, charges the ledger once and returns rows in a
 data-independent order. :mod:`dpsql.optimize.baselines` (``nonprivate_*``, ``*_cost``,
 ``coverage_value``) is evaluation: NOT private.
 """

@@ -1,6 +1,6 @@
 """Shifting heavy hitters, pure epsilon-DP: ThreshMonitor on a Poisson subsample of users ([SUB] Alg. 3, Thm 5.6).
 
-Mechanism (``dp_shifting_heavy_hitters``, sql/80_optimize.sql). Public: the buckets ``Y``
+Mechanism (``dp_shifting_heavy_hitters``, sql/80_optimize/optimize.sql). Public: the buckets ``Y``
 (``buckets_tbl``) and the horizon ``T``. Private: each user's stream (at most one bucket per time
 step). Keep each user with probability ``p = 1 - e^-epsilon``; then for every time ``t`` and every bucket
 ``y`` report ``(t, y)`` iff the number of active sampled users in ``y`` plus ``Exp(rate ln 2 / k)``

@@ -1,6 +1,6 @@
 """k-median / k-means, pure epsilon-DP, over a public finite metric ([SUB] App. G, Thm 1.5).
 
-Mechanism (``dp_k_median``, sql/80_optimize.sql). Public: the metric -- its points are the candidates
+Mechanism (``dp_k_median``, sql/80_optimize/optimize.sql). Public: the metric -- its points are the candidates
 (``candidates_tbl``), ``distances_tbl`` gives every pairwise distance in [0, 1] -- and ``n_bound``, an
 upper bound on the number of records. Private: the records, one row of ``tbl`` each, located at a
 candidate. On the records kept with probability ``p = 1 - e^-epsilon``: (1) a bicriteria set ``T`` --

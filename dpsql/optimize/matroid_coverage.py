@@ -1,6 +1,6 @@
 """Coverage under a partition matroid, pure epsilon-DP: PrivContGreedy + swap rounding ([SUB] App. D, Thm 1.3).
 
-Mechanism (``dp_matroid_coverage``, sql/80_optimize.sql). Public: the matroid -- the candidate sets,
+Mechanism (``dp_matroid_coverage``, sql/80_optimize/optimize.sql). Public: the matroid -- the candidate sets,
 one part each (``parts_tbl``), and each part's capacity (``capacities_tbl``). Private: the universe
 elements (records ``x in {0,1}^m``, the rows of ``tbl`` with that element). On the elements kept with
 probability ``p = 1 - e^-epsilon``: the continuous greedy at ``ln 2 / 2`` (``ceil(4/eta)`` passes, each

@@ -1,6 +1,6 @@
 """Max k-coverage, pure epsilon-DP: DPSubmodGreedy on a Poisson subsample ([SUB] Thm 1.2, Sec. 4.1).
 
-Mechanism (``dp_max_coverage``, sql/80_optimize.sql). Public: the candidate sets (``candidates_tbl``).
+Mechanism (``dp_max_coverage``, sql/80_optimize/optimize.sql). Public: the candidate sets (``candidates_tbl``).
 Private: the universe elements, each a record ``x in {0,1}^m`` (its memberships, the rows of ``tbl``
 with that element). Keep each element independently with probability ``p = 1 - e^-epsilon``, then run
 ``min(k, m)`` exponential mechanisms at ``ln 2``: round ``i`` picks a not-yet-chosen candidate ``c`` with

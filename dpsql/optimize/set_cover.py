@@ -1,6 +1,6 @@
 """Set cover, pure epsilon-DP: DPGreedyScaling in the open-set model ([SUB] Alg. 4, Thm 1.4, App. E).
 
-Mechanism (``dp_set_cover``, sql/80_optimize.sql). Public: the candidate sets (``candidates_tbl``).
+Mechanism (``dp_set_cover``, sql/80_optimize/optimize.sql). Public: the candidate sets (``candidates_tbl``).
 Private: the universe elements (records ``x in {0,1}^m``, the rows of ``tbl`` with that element). The
 output is a permutation of all candidates; each element is served by the first set holding it. A noisy
 size ``n~ = max(n + Lap(2/eps), 100 ln m)`` fixes ``R = floor(log2(n~ / (100 ln m)))`` rounds; round

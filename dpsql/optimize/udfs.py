@@ -1,6 +1,6 @@
 """The optimisation family's DuckDB UDFs: validation/calibration (pure) and the kernels (draw noise).
 
-The macros of sql/80_optimize.sql call them; the kernels run once per query over flat id lists.
+The macros of sql/80_optimize/optimize.sql call them; the kernels run once per query over flat id lists.
 """
 from __future__ import annotations
 

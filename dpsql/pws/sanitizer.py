@@ -1,6 +1,6 @@
 """The private weighted sample ([PWS] Alg. 2-4, sampling and sanitizing fused): the ``weighted_sample`` mechanism.
 
-Mechanism (``dp_weighted_sample``, sql/70_pws.sql). Data: keys ``x`` with frequencies ``w_x >= 1``. A key
+Mechanism (``dp_weighted_sample``, sql/70_pws/pws.sql). Data: keys ``x`` with frequencies ``w_x >= 1``. A key
 of frequency ``i`` is reported with probability ``pi_i`` (keys only, :mod:`dpsql.pws.keys`) or with token
 ``j in 1..i`` with probability ``pi_{i,j}`` (:mod:`dpsql.pws.tokens`, ``sum_j pi_{i,j} = pi_i``). One
 uniform per key from the connection's noise source picks the output: the same law as threshold sampling

@@ -1,6 +1,6 @@
 """Stability-based histogram (SbH, [PWS] App. E) and sampled-SbH: the ``sbh_histogram`` mechanism.
 
-Mechanism (``dp_sbh_histogram``, sql/70_pws.sql). Each key's frequency ``w`` plus granular discrete
+Mechanism (``dp_sbh_histogram``, sql/70_pws/pws.sql). Each key's frequency ``w`` plus granular discrete
 Laplace noise ``g DLap(1/(epsilon g))`` on the grid ``g`` (a power of two ``<= 1``); the key is released
 with its noisy frequency iff that is ``>= T``, the smallest grid point with
 ``P[1 + g DLap >= T] <= delta/2``. With ``tau`` the released pairs are then sampled with ``q`` evaluated at
@@ -30,7 +30,7 @@ from dpsql.pws.params import check_pws_parameters
 from dpsql.core.validation import DPParameterError, check_delta, check_epsilon
 
 
-# The released SbH counts carry granular noise only (sql/70_pws.sql, dp_sbh_histogram). Textbook floating-point
+# The released SbH counts carry granular noise only (sql/70_pws/pws.sql, dp_sbh_histogram). Textbook floating-point
 # Laplace noise is not offered: which doubles ``w + Lap`` can produce depends on ``w`` (Mironov 2012), so its low
 # bits tell a frequency 5 from a 6. The formulas below (threshold, phi, moments) are the paper's continuous
 # analysis; the release uses the discrete Laplace tail on the grid (calibration.discrete_laplace_threshold).

@@ -1,4 +1,4 @@
-"""The PWS family's DuckDB UDFs (the macros of sql/70_pws.sql call them)."""
+"""The PWS family's DuckDB UDFs (the macros of sql/70_pws/pws.sql call them)."""
 from __future__ import annotations
 
 from functools import lru_cache

@@ -1006,7 +1006,7 @@ def check_refusal(mechanism: str, expression: str = _VOLATILE, seed: int = 0,
     A table macro substitutes the expression at every use of the parameter, so a non-constant one
     could take one value in the charge and another in the threshold (e.g. :data:`VOLATILE_SPLIT` for a
     LIST parameter such as ``split``); the release must refuse it before reading data or charging
-    (sql/00_release.sql). Nothing to audit statistically: this checks the refusal.
+    (sql/00_core/00_release.sql). Nothing to audit statistically: this checks the refusal.
     """
     if not isinstance(mechanism, str) or mechanism not in MECHANISMS:
         raise DPParameterError(f"mechanism must be one of {', '.join(MECHANISMS)} (got {mechanism!r})")
@@ -1042,7 +1042,7 @@ def check_refusal(mechanism: str, expression: str = _VOLATILE, seed: int = 0,
         charges = con.sql(count).fetchall()[0][0] - before
     finally:
         con.close()
-    bound = "must be a constant expression" in message  # the binder's refusal (sql/00_release.sql)
+    bound = "must be a constant expression" in message  # the binder's refusal (sql/00_core/00_release.sql)
     refused = (bound or ("dpsql:" in message and parameter in message)) and charges == 0
     return RefusalResult(mechanism, expression, refused, int(charges), message, parameter)
 

@@ -4,7 +4,7 @@ Everything here reads the RAW data and returns exact statistics of it. Nothing
 here is differentially private and nothing here may be published; these
 functions exist to judge mechanisms on data one is allowed to look at
 (tests, benchmarks, demos). The SQL counterparts are the ``dp_eval_*`` macros
-of ``sql/60_evaluation.sql``; :func:`evaluate` runs them.
+of ``sql/60_tools/evaluation.sql``; :func:`evaluate` runs them.
 
 Definitions ([MM] Dick, Joseph & Raman, Sec. 2 and 4). Users hold sets
 ``W_i``; ``N(x) = #{i : x in W_i}``, ``N = sum_x N(x)``, ``N_(r)`` the r-th

@@ -56,7 +56,7 @@ import pyarrow as pa
 from duckdb.sqltypes import BIGINT, DOUBLE, VARCHAR
 
 from dpsql.core.errors import InputError, ParameterError, engine_errors
-from dpsql.core import accounting, calibration
+from dpsql.core import accounting, calibration, release
 from dpsql import union
 from dpsql.core.calibration import Accounting
 from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_param, delta_param, epsilon_param,
@@ -71,11 +71,8 @@ from dpsql.core.validation import (
     check_k,
     check_delta,
     check_epsilon,
-    check_identifier,
     check_max_items,
-    check_table_name,
     derived_budget,
-    sql_string,
     user_budget,
     warn_weak_parameters,
 )
@@ -426,23 +423,17 @@ def udfs(source) -> list[Udf]:
 # --------------------------------------------------------------------------
 
 
-def _columns(user_col: str, item_col: str) -> str:
-    return f"user_col := {sql_string(user_col)}, item_col := {sql_string(item_col)}"
+def _release(con: duckdb.DuckDBPyConnection, macro: str, **given: object) -> pa.Table:
+    """Validate ``given`` by ``macro``'s declaration, then run the macro once: its ``(rank, item)`` rows.
 
-
-def _unknown_domain(macro: str, con: duckdb.DuckDBPyConnection, table: str, k: int, epsilon: float,
-                    delta: float, max_items: int, domain_method: str, user_col: str, item_col: str) -> pa.Table:
-    """Validate, then run ``macro`` (dp_top_k or dp_hitting_set: same parameters) once."""
+    Every parameter is checked once, here, by the declaration; the macro's release check calibrates (and
+    raises the calibration's dpsql error, e.g. an epsilon too small to halve, before anything is read).
+    """
     union._check_registered(con, macro)
-    table = check_table_name(table)
-    user_col, item_col = check_identifier("user_col", user_col), check_identifier("item_col", item_col)
-    cal = top_k_calibration(k, epsilon, delta, max_items, domain_method)
-    union._check_columns(con, table, user_col, item_col)
-    with engine_errors():
-        return con.sql(
-            f"SELECT rank, item FROM {macro}({sql_string(table)}, {cal.k}, epsilon := {float(epsilon)!r}, "
-            f"delta := {float(delta)!r}, max_items := {int(max_items)}, domain_method := {sql_string(cal.domain_method)}, "
-            f"{_columns(user_col, item_col)}) ORDER BY rank").to_arrow_table()
+    mech = next(m for m in MECHANISMS if m.macro == macro)
+    values = mech.validate(**given)
+    union._check_columns(con, values["tbl"], values["user_col"], values["item_col"])
+    return release.run(con, f"SELECT rank, item FROM {release.call_sql(mech, values)} ORDER BY rank")
 
 
 def top_k(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float, delta: float,
@@ -452,33 +443,28 @@ def top_k(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float,
 
     ``table``: a table or view name or a file path DuckDB can read, as for the SQL macros.
     """
-    return _unknown_domain("dp_top_k", con, table, k, epsilon, delta, max_items, domain_method, user_col, item_col)
+    return _release(con, "dp_top_k", tbl=table, k=k, epsilon=epsilon, delta=delta, max_items=max_items,
+                    domain_method=domain_method, user_col=user_col, item_col=item_col)
 
 
 def hitting_set(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float, delta: float,
                 max_items: int = 100, domain_method: str = DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
                 item_col: str = "item") -> pa.Table:
     """Unknown-domain k-hitting set (``dp_hitting_set``): an Arrow table ``(rank, item)``."""
-    return _unknown_domain("dp_hitting_set", con, table, k, epsilon, delta, max_items, domain_method, user_col,
-                           item_col)
+    return _release(con, "dp_hitting_set", tbl=table, k=k, epsilon=epsilon, delta=delta, max_items=max_items,
+                    domain_method=domain_method, user_col=user_col, item_col=item_col)
 
 
 def top_k_limited_domain(con: duckdb.DuckDBPyConnection, table: str, k: int, k_bar: float, *,
                          epsilon: float, delta: float, max_items: Optional[int] = None,
                          user_col: str = "user_id", item_col: str = "item") -> pa.Table:
-    """Durfee-Rogers limited-domain top-k (``dp_top_k_limited_domain``): ``(rank, item)``, at most k rows."""
-    union._check_registered(con, "dp_top_k_limited_domain")
-    table = check_table_name(table)
-    user_col, item_col = check_identifier("user_col", user_col), check_identifier("item_col", item_col)
-    cal = limited_domain_calibration(k, k_bar, epsilon, delta, max_items)
-    union._check_columns(con, table, user_col, item_col)
-    k_bar_sql = "'infinity'::DOUBLE" if math.isinf(cal.k_bar) else str(int(cal.k_bar))
-    cap_sql = "NULL" if math.isinf(cal.max_items) else str(int(cal.max_items))
-    with engine_errors():
-        return con.sql(
-            f"SELECT rank, item FROM dp_top_k_limited_domain({sql_string(table)}, {cal.k}, {k_bar_sql}, "
-            f"epsilon := {float(epsilon)!r}, delta := {float(delta)!r}, max_items := {cap_sql}, "
-            f"{_columns(user_col, item_col)}) ORDER BY rank").to_arrow_table()
+    """Durfee-Rogers limited-domain top-k (``dp_top_k_limited_domain``): ``(rank, item)``, at most k rows.
+
+    ``max_items=None`` (or infinity): no cap (the macro's NULL)."""
+    if isinstance(max_items, float) and max_items == math.inf:
+        max_items = None
+    return _release(con, "dp_top_k_limited_domain", tbl=table, k=k, k_bar=k_bar, epsilon=epsilon, delta=delta,
+                    max_items=max_items, user_col=user_col, item_col=item_col)
 
 
 # -- declarations (dpsql.core.mechanism) ------------------------------------------------------------------

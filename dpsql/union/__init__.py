@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Optional, cast
 
 import duckdb
 import pyarrow as pa
-from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
+from duckdb.sqltypes import DOUBLE, VARCHAR
 
 from dpsql.union import policy
 from dpsql.core import calibration, registry, release, runner
@@ -49,7 +49,6 @@ from dpsql.core.validation import (
     check_max_items,
     check_table_name,
     derived_budget,
-    sql_string,
     warn_weak_parameters,
 )
 
@@ -134,10 +133,6 @@ def udfs(source) -> list[Udf]:
     def set_union_threshold(method, epsilon, delta, max_items):
         return calibrate(method, epsilon, delta, max_items).threshold
 
-    def check_method_udf(method):
-        check_method(method)
-        return True
-
     def release_check(method, bound_json):
         # dp_set_union's check: the chosen method's declaration validates and calibrates the common
         # parameters it has (greedy_update has no max_items: the dispatcher does not pass it one)
@@ -145,10 +140,9 @@ def udfs(source) -> list[Udf]:
         bound = {k: v for k, v in json.loads(bound_json).items() if k in mech.param_names}
         return release.check_release(mech, bound)
 
-    def method_is(method, candidate):
-        # Never raises: for an unknown method every branch of dp_set_union then folds to false and
-        # is pruned before execution (nothing drawn, nothing charged); dp__check_method reports it.
-        return method == candidate
+    def body_sql(method, tbl, epsilon, delta, max_items, user_col, item_col):
+        return body_call_sql(method, {"tbl": tbl, "epsilon": epsilon, "delta": delta, "max_items": max_items,
+                                      "user_col": user_col, "item_col": item_col})
 
     d = DOUBLE
     return [
@@ -156,18 +150,19 @@ def udfs(source) -> list[Udf]:
             duckdb.struct_type({"scale": DOUBLE, "threshold": DOUBLE})),
         Udf("dp__set_union_scale", scalar(set_union_scale), (VARCHAR, d, d, d), DOUBLE),
         Udf("dp__set_union_threshold", scalar(set_union_threshold), (VARCHAR, d, d, d), DOUBLE),
-        Udf("dp__check_method", scalar(check_method_udf), (VARCHAR,), BOOLEAN),
-        Udf("dp__method_is", scalar(method_is), (VARCHAR, VARCHAR), BOOLEAN),
+        # pure: query() evaluates it once while binding dp__body_set_union (sql/30_union/90_dispatch.sql)
+        Udf("dp__set_union_body_sql", scalar(body_sql), (VARCHAR, VARCHAR, d, d, d, VARCHAR, VARCHAR), VARCHAR),
         Udf("dp__set_union_release_check", scalar(release_check), (VARCHAR, VARCHAR), release.check_type()),
     ]
 
 
 
-def _table_columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
-    """Column names of ``table`` as the macros read it (``query_table``): a table or view name, or a
+def _table_schema(con: duckdb.DuckDBPyConnection, table: str) -> list[tuple[str, str]]:
+    """Column names and types of ``table`` as the macros read it (``query_table``): a table or view name, or a
     file path DuckDB can read (Parquet, CSV, JSON, ...). Reads the schema only, no rows."""
     try:
-        rows = con.execute("SELECT column_name FROM (DESCRIBE SELECT * FROM query_table($1))", [table]).fetchall()
+        rows = con.execute("SELECT column_name, column_type FROM (DESCRIBE SELECT * FROM query_table($1))",
+                           [table]).fetchall()
     except duckdb.CatalogException:
         raise DPParameterError(
             f"table {table!r} does not exist: it is neither a table or view of this connection nor a file DuckDB "
@@ -177,7 +172,7 @@ def _table_columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
     except duckdb.IOException as exc:
         raise DPParameterError(f"table {table!r}: DuckDB cannot read this file ({str(exc).splitlines()[0]}); "
                                f"pass an existing Parquet/CSV/JSON file or a table name") from None
-    return [str(r[0]) for r in rows]
+    return [(str(r[0]), str(r[1])) for r in rows]
 
 
 def _check_registered(con: object, macro: str) -> None:
@@ -194,8 +189,10 @@ def _check_registered(con: object, macro: str) -> None:
             f"macros belong to one connection: each cursor needs its own dpsql.register(cursor)")
 
 
-def _check_columns(con: duckdb.DuckDBPyConnection, table: str, user_col: str, item_col: str) -> None:
-    columns = _table_columns(con, table)
+def _check_columns(con: duckdb.DuckDBPyConnection, table: str, user_col: str, item_col: str,
+                   schema: Optional[list[tuple[str, str]]] = None) -> None:
+    """``user_col`` and ``item_col`` are two columns of ``table`` (``schema``: its :func:`_table_schema`, if read)."""
+    columns = [name for name, _ in (schema if schema is not None else _table_schema(con, table))]
     check_column_pair(user_col, item_col)
     names = {c.lower() for c in columns}
     for param, col in (("user_col", user_col), ("item_col", item_col)):
@@ -236,15 +233,13 @@ def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_
         if "max_items" not in mech.param_names:
             raise DPParameterError(f"max_items does not apply to method {method!r} (it has no cap); leave it out")
         given["max_items"] = max_items
-    values = mech.validate(**given)  # every parameter checked once, typed
-    calibrate(method, values["epsilon"], values["delta"], values.get("max_items", 1))
+    # Every parameter checked once, by the declaration; the macro calibrates (its check raises the same
+    # dpsql error, before anything is read), so Python does not calibrate a second time.
+    values = mech.validate(**given)
     _check_columns(con, values["tbl"], values["user_col"], values["item_col"])
-    named = ", ".join(f"{name} := {sql_literal(values[name])}" for name in mech.param_names
-                      if name != "tbl" and name in given)
-    sql = f"SELECT item FROM {mech.macro}({sql_string(values['tbl'])}, {named})"
+    sql = f"SELECT item FROM {release.call_sql(mech, {k: v for k, v in values.items() if k in given})}"
     if progress is None:
-        with engine_errors():  # dpsql's own exception (e.g. BudgetExceededError), not duckdb's wrapper
-            return con.sql(sql).to_arrow_table()
+        return release.run(con, sql)
     # A policy's kernel reports the share of users processed: finer than the engine's percentage.
     finer = functools.partial(policy.reporting, source_of(con)) if method in policy.POLICIES else None
     return _run_with_progress(con, sql, progress, finer)
@@ -254,8 +249,7 @@ def _run_with_progress(con: duckdb.DuckDBPyConnection, sql: str, progress: Calla
                        finer: Optional[runner.Finer] = None) -> pa.Table:
     """Run ``sql`` with :func:`dpsql.core.runner.run`: progress reported meanwhile, Ctrl-C ordered with the charge."""
     def fetch() -> pa.Table:
-        with engine_errors():  # dpsql's own exception (e.g. BudgetExceededError), not duckdb's wrapper
-            return con.sql(sql).to_arrow_table()
+        return release.run(con, sql)  # dpsql's own exceptions; the statement bound once
 
     return runner.run(con, fetch, progress=progress, finer=finer)
 
@@ -264,39 +258,50 @@ def _run_with_progress(con: duckdb.DuckDBPyConnection, sql: str, progress: Calla
 
 _DISPATCH_HEADER = """\
 -- GENERATED from the set-union declarations (dpsql.union.METHODS) by dpsql.union.dispatch_sql():
--- do not edit; write dpsql.union.dispatch_sql() to sql/90_dispatch.sql after adding a method
+-- do not edit; write dpsql.union.dispatch_sql() to sql/30_union/90_dispatch.sql after adding a method
 -- (tests/test_mechanisms.py fails while this file and the declarations disagree).
 --
 -- dp__body_set_union(tbl, epsilon, delta, method := ...): the BODY of every set-union method, by name,
 -- for the releases that use a set union as one of their steps (dp_top_k's domain, dp_group_by's
--- selection): no binding and no charge here, the calling release's wrapper does both for its total.
--- `method` is a constant (the caller's wrapper binds it), so DuckDB folds each branch's filter
--- dp__method_is(method, '...') and prunes the untaken branches before execution (tests/test_union.py
--- counts noise draws to prove it). DuckDB cannot fold a function that raises, so for an unknown method
--- every filter stays and the last branch raises the error when the query runs. A method's own
--- parameters beyond the common ones keep their defaults here.
+-- selection) and for dp_set_union: no binding and no charge here, the calling release's wrapper does
+-- both for its total. DuckDB's query() evaluates its argument once, while it binds: the pure UDF
+-- dp__set_union_body_sql renders the call of the chosen method's body (dpsql.union.body_call_sql,
+-- every value a SQL literal), so only that body is bound, planned and run (a UNION ALL of every
+-- method's body, pruned by constant filters, was bound and planned whole: ~0.4 s a release).
+-- An unknown method is the UDF's error, while binding: before anything is read.
+-- query() evaluates even a volatile argument, so the argument's getvariable() makes DuckDB's binder
+-- refuse any parameter that is not constant before the text is rendered (the wrappers' binding,
+-- sql/00_core/00_release.sql): nothing is read or drawn, a sequence is not advanced.
+-- A method's own parameters beyond the common ones keep their defaults here.
 """
 
 
 def dispatch_sql() -> str:
-    """The text of ``sql/90_dispatch.sql``: ``dp__body_set_union``, one branch per declared method's body."""
+    """The text of ``sql/30_union/90_dispatch.sql``: ``dp__body_set_union``, the chosen method's body through ``query()``."""
     common = [METHODS[DEFAULT_METHOD].param(n) for n in COMMON_PARAMS]
     method = f"method VARCHAR := {sql_literal(DEFAULT_METHOD)}"
     # DuckDB: a parameter without a default cannot follow one with a default.
     signature = ", ".join([f"{p.name} {p.sql_type}" for p in common if p.required] + [method]
                           + [f"{p.name} {p.sql_type} := {p.sql_default()}" for p in common if not p.required])
-    branches = []
-    for key, mech in METHODS.items():
-        # the pruned branches get a NULL epsilon: their calibration stops at its first check while planning
-        # (DuckDB folds every branch's calibration before it prunes the branches not taken)
-        args = [f"epsilon := CASE WHEN dp__method_is(method, {sql_literal(key)}) THEN epsilon END"]
-        args += [f"{n} := {n}" for n in COMMON_PARAMS[2:] if n in mech.param_names]
-        branches.append(f"SELECT item FROM {release.body_macro(mech)}(tbl, {', '.join(args)})\n"
-                        f"WHERE dp__method_is(method, {sql_literal(key)})")
+    names = ("method",) + COMMON_PARAMS
+    bound = "{" + ", ".join(f"'{n}': {n}" for n in names) + "}::VARCHAR"
     return (_DISPATCH_HEADER + f"\nCREATE OR REPLACE TEMP MACRO dp__body_set_union({signature}) AS TABLE\n"
-            + "\nUNION ALL\n".join(branches)
-            + "\nUNION ALL\n-- Always planned for an unknown method (its filter cannot be folded), and raises when run.\n"
-              "SELECT NULL AS item WHERE NOT dp__check_method(method);\n")
+            f"FROM query(CASE WHEN getvariable('dp__bind:' || {bound}) IS NULL OR true\n"
+            f"                THEN dp__set_union_body_sql({', '.join(names)}) END);\n")
+
+
+def body_call_sql(method: object, values: dict[str, object]) -> str:
+    """The SQL text of the one set-union body ``dp__body_set_union`` runs: ``method``'s body on ``values``
+    (the common parameters, as bound; a method without a cap gets no ``max_items``).
+
+    Every value is a literal (:func:`dpsql.core.release.sql_value`): a table or column name stays data, never SQL text.
+    Raises the ``dpsql:`` error naming ``method`` and the valid choices for an unknown method.
+    """
+    mech = METHODS[check_method(method)]
+    args = [release.sql_value("tbl", values["tbl"], mech.param("tbl").sql_type)]
+    args += [f"{name} := {release.sql_value(name, values[name], mech.param(name).sql_type)}"
+             for name in COMMON_PARAMS[1:] if name in mech.param_names]
+    return f"SELECT item FROM {release.body_macro(mech)}({', '.join(args)})"
 
 
 def public_dispatch_sql() -> str:
@@ -305,8 +310,8 @@ def public_dispatch_sql() -> str:
     Generated at registration, like every releasing macro (:func:`dpsql.core.release.release_sql`): it binds
     the common parameters and ``method`` (a constant, like every parameter), checks them by the chosen
     method's declaration (``dp__set_union_release_check``: an unknown method is refused there, before
-    anything is read), runs that method's body through ``dp__body_set_union`` (the other branches are
-    pruned while planning) and charges it once, as the method's own macro.
+    anything is read), runs that method's body through ``dp__body_set_union`` (only that body is bound
+    and planned) and charges it once, as the method's own macro.
     """
     common = [METHODS[DEFAULT_METHOD].param(n) for n in COMMON_PARAMS]
     method = Param("method", "VARCHAR", DEFAULT_METHOD)

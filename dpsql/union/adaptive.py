@@ -3,7 +3,7 @@
 All three are instances of the weight-and-threshold meta-algorithm ([MAD] Alg. 1):
 cap every user to ``max_items`` distinct items, compute item weights with a
 weighting algorithm ALG, add ``N(0, sigma^2)`` to each weight and release the items
-whose noisy weight is ``>= rho``. The SQL macros are in ``sql/40_adaptive.sql``;
+whose noisy weight is ``>= rho``. The SQL macros are in ``sql/30_union/20_adaptive.sql``;
 this module holds their calibration, the checks of the conditions the privacy
 proofs need, the UserWeights subroutine (a straightforward reference and the
 vectorised version behind the ``dp__user_weights`` UDF) and ``udfs(source)``.
@@ -80,7 +80,7 @@ __all__ = [
     "user_weights", "user_weights_batch", "udfs",
 ]
 
-# DP-SIPS runs as a fixed chain of CTEs in sql/40_adaptive.sql (a macro cannot loop over the
+# DP-SIPS runs as a fixed chain of CTEs in sql/30_union/20_adaptive.sql (a macro cannot loop over the
 # length of a runtime list, and each round re-aggregates the data because removing items changes
 # the users' degrees); rounds beyond len(split) are pruned when the query is planned.
 MAX_SIPS_ROUNDS = 5

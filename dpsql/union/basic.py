@@ -1,6 +1,6 @@
 """Basic set union: count or weight, add noise, keep what clears a threshold ([DPSU] Alg. 1, Sec. 1.1).
 
-The four parallel one-round methods of sql/30_set_union.sql. Each user's distinct items are
+The four parallel one-round methods of sql/30_union/10_basic.sql. Each user's distinct items are
 capped to ``max_items`` (a uniform sample depending only on that user's rows); each item gets
 the sum over its users of a weight -- ``1`` (count) or ``1/d`` resp. ``1/sqrt(d)`` for a user
 with ``d`` kept items (weighted) -- plus Laplace or Gaussian noise, and the items above the

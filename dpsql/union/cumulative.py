@@ -40,7 +40,7 @@ user-item pairs after the cap, and a larger one is refused before the charge, on
 refusal tells only that the table is outside that domain).
 
 Argument: docs/proofs/sips_cumulative.md. The macro is ``dp_set_union_sips_cumulative``
-(sql/42_sips_cumulative.sql).
+(sql/30_union/30_cumulative.sql).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@
 -- error() loses the columns' statistics, and with them DuckDB's compressed keys (a BIGINT id that fits
 -- 32 bits is hashed as an INTEGER), which made every DISTINCT and GROUP BY downstream slower than the
 -- same query on the bare table (benchmarks/README.md, "Every method against the floor").
--- Both keys are by identity (sql/15_checks.sql): a type whose equal values can print differently is
+-- Both keys are by identity (sql/00_core/15_checks.sql): a type whose equal values can print differently is
 -- refused before any row is read, and dp__canonical makes a VARCHAR of any collation binary, so every
 -- group downstream holds one spelling (a released item is a function of its group, not of which private
 -- row came first) and two spellings of a user id are two users. It adds no expression for other types:

@@ -3,7 +3,7 @@
 -- Each BODY (dp__body_<macro>, its query under `-- dpsql:body <name>`, its header generated from the
 -- declaration) returns one column `item` of the input's type and nothing else: the noisy
 -- weights never leave the query. The releasing macro around it is generated from the declaration
--- (sql/00_release.sql: parameters bound once, checked, charged once, rows sorted). Calibration:
+-- (sql/00_core/00_release.sql: parameters bound once, checked, charged once, rows sorted). Calibration:
 -- dpsql/core/calibration.py. epsilon and delta have no default: a default would spend budget nobody typed.
 
 -- Pre-noise item weights of the independent update policies. NOT a release: these are exact

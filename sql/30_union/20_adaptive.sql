@@ -81,7 +81,7 @@ WHERE b_min * b_max < 1.0;
 
 -- ---------------------------------------------------------------------------------------------
 -- Bodies of the releases. Each returns one column `item` and nothing else; the releasing macro around
--- it is generated (sql/00_release.sql).
+-- it is generated (sql/00_core/00_release.sql).
 -- ---------------------------------------------------------------------------------------------
 
 -- MAD (unbiased, Alg. 3 inside Alg. 1): the sigma and rho of Weighted Gaussian / Basic,

@@ -8,7 +8,7 @@
 
 -- Distinct non-NULL released items.
 CREATE OR REPLACE TEMP MACRO dp__eval_released_items(released_tbl VARCHAR, released_col VARCHAR := 'item') AS TABLE
--- dp__absent (sql/20_contribution_bounding.sql): a missing column is dp__check_column's error, which names
+-- dp__absent (sql/00_core/20_contribution_bounding.sql): a missing column is dp__check_column's error, which names
 -- the parameter, instead of a binder error naming dpsql's internals.
 SELECT DISTINCT item
 FROM (SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(released_col) OR c = 'dp__absent')) AS item

@@ -49,9 +49,9 @@ dp__src AS NOT MATERIALIZED (
                                           || '0..2^63-1; it holds another value (negative, fractional, too large or '
                                           || 'not a number)')
                           ELSE b END END AS f
-    -- dp__absent (sql/20_contribution_bounding.sql): a missing column is dp__check_column_list's error, which
+    -- dp__absent (sql/00_core/20_contribution_bounding.sql): a missing column is dp__check_column_list's error, which
     -- names the parameter, instead of a binder error naming dpsql's internals.
-    -- The key by identity (sql/15_checks.sql): refused by type before any row is read, or made binary.
+    -- The key by identity (sql/00_core/15_checks.sql): refused by type before any row is read, or made binary.
     FROM (SELECT dp__canonical(coalesce(*COLUMNS(lambda c: lower(c) = lower(key_col) OR c = 'dp__absent'))) AS k,
                  coalesce(*COLUMNS(lambda c: lower(c) = lower(coalesce(freq_col, key_col)) OR c = 'dp__absent')) AS fv,
                  try_cast(coalesce(*COLUMNS(lambda c: lower(c) = lower(coalesce(freq_col, key_col))
@@ -103,7 +103,7 @@ CREATE OR REPLACE TEMP MACRO dp_threshold_sample(tbl VARCHAR, tau DOUBLE, scheme
         power DOUBLE := 1.0, key_col VARCHAR := 'key', freq_col VARCHAR := NULL, salt BIGINT := NULL) AS TABLE
 WITH dp__cal AS MATERIALIZED (
     SELECT dp__pws_check_sampling(tau, scheme, power) AS ok, hash(coalesce(salt, dp__secret_salt())) AS s
-    -- every parameter a constant, as in a release (sql/00_release.sql): the binder refuses any other
+    -- every parameter a constant, as in a release (sql/00_core/00_release.sql): the binder refuses any other
     WHERE (getvariable('dp__bind:' || tbl::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || tau::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || scheme::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || power::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || key_col::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || freq_col::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || salt::VARCHAR) IS NULL OR true)),
 dp__freq AS (FROM dp__pws_frequencies(tbl, key_col := key_col, freq_col := freq_col))
 SELECT key, frequency, q
@@ -119,7 +119,7 @@ ORDER BY key;
 -- token j in 1..frequency drawn with probability pi_{i,j} (Alg. 4 / App. B); estimate with
 -- dp_weighted_sample_estimate. Sampling and sanitizing are one draw per key from the connection's noise
 -- source; the probability tables are computed once per call in Python.
--- The body of dp_weighted_sample (sql/00_release.sql: the generated wrapper binds, checks, charges and
+-- The body of dp_weighted_sample (sql/00_core/00_release.sql: the generated wrapper binds, checks, charges and
 -- sorts); dp__pws_spec checks all parameters and the frequency range the tables can serve.
 -- dpsql:body dp__body_weighted_sample
 WITH dp__cal AS (
@@ -143,7 +143,7 @@ CREATE OR REPLACE TEMP MACRO dp_weighted_sample_estimate(sample_tbl VARCHAR, eps
         estimator VARCHAR := 'ml', key_col VARCHAR := 'key', token_col VARCHAR := 'token') AS TABLE
 WITH dp__cal AS (
     SELECT dp__pws_check(epsilon, delta, tau, scheme, power) AND dp__pws_check_estimate(g, estimator) AS ok
-    -- every parameter a constant, as in a release (sql/00_release.sql): the binder refuses any other
+    -- every parameter a constant, as in a release (sql/00_core/00_release.sql): the binder refuses any other
     WHERE (getvariable('dp__bind:' || sample_tbl::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || epsilon::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || delta::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || tau::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || scheme::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || power::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || g::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || estimator::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || key_col::VARCHAR) IS NULL OR true) AND (getvariable('dp__bind:' || token_col::VARCHAR) IS NULL OR true)),
 dp__sample AS (
     SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(key_col) OR c = 'dp__absent')) AS key,
@@ -169,7 +169,7 @@ ORDER BY key, token;
 -- tau given: sampled-SbH, the released pairs are then sampled with q evaluated at the noisy frequency
 -- (post-processing); inclusion_probability = that q (1 without sampling); estimate g(w) by
 -- g(noisy_frequency) / inclusion_probability.
--- The body of dp_sbh_histogram (sql/00_release.sql); dp__sbh_granularity checks the PWS parameters, the
+-- The body of dp_sbh_histogram (sql/00_core/00_release.sql); dp__sbh_granularity checks the PWS parameters, the
 -- noise mode, the grid against the noise scale.
 -- dpsql:body dp__body_sbh_histogram
 WITH dp__cal AS (

@@ -9,7 +9,7 @@
 -- rounded. The private table is `tbl`; epsilon has no default (a default would spend budget nobody
 -- typed); failure_probability is the utility guarantees' failure probability (no effect on privacy).
 --
--- Release path (sql/00_release.sql): each macro here is a BODY (dp__body_<macro>); the releasing macro
+-- Release path (sql/00_core/00_release.sql): each macro here is a BODY (dp__body_<macro>); the releasing macro
 -- is generated from the declaration around it (binds the parameters, checks, charges once, sorts by the
 -- released columns, the DP-chosen rank first: a greedy order or a permutation).
 --
@@ -28,7 +28,7 @@ CREATE OR REPLACE TEMP MACRO dp_subsampling_probability(epsilon DOUBLE) AS dp__s
 -- ln max{1/(1-p), 1 + p (e^eps0 - 1)} (Lemma 3.1): two-sided epsilon of an eps0-add-DP mechanism on S_p.
 CREATE OR REPLACE TEMP MACRO dp_subsampled_epsilon(eps0 DOUBLE, p DOUBLE) AS dp__subsampled_epsilon(eps0, p);
 
--- Columns are picked as in dp__user_item_rows (sql/20_contribution_bounding.sql): `SELECT *, NULL AS dp__absent`
+-- Columns are picked as in dp__user_item_rows (sql/00_core/20_contribution_bounding.sql): `SELECT *, NULL AS dp__absent`
 -- keeps COLUMNS(...) from matching nothing (a binder error naming dpsql's internals), and a missing column is
 -- dp__check_column_list's error, which names the parameter. Each releasing macro also checks its private
 -- table's columns in dp__cal: its charge waits for the calibration, not for the data.

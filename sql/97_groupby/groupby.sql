@@ -1,9 +1,9 @@
 -- Private GROUP BY item (dpsql/groupby/__init__.py; privacy argument: docs/proofs/group_by.md).
 -- dp_group_by: the items a set-union method selects at (epsilon * split, delta), then granular Laplace
 -- count / sum / mean of each selected item at (epsilon * (1 - split), 0). dp_group_by_public: every item
--- of a public table items_tbl, no selection, at (epsilon, 0). Loads after 30_union/90_dispatch.sql: the selection
--- step calls dp__body_set_union (a table macro binds against the macros that exist when it is created).
--- Each macro here is a body; the releasing macros are generated around them (sql/00_release.sql).
+-- of a public table items_tbl, no selection, at (epsilon, 0). The selection step is the chosen method's
+-- body, run through query() (see dp__body_group_by).
+-- Each macro here is a body; the releasing macros are generated around them (sql/00_core/00_release.sql).
 -- Output: item, then per requested aggregate its value, its noise scale (Laplace b; none for the mean)
 -- and the half-width of a `confidence` interval; rows sorted by item.
 
@@ -20,7 +20,7 @@ CREATE OR REPLACE TEMP MACRO dp_group_by_calibration(epsilon DOUBLE, delta DOUBL
 -- before any row is read: a BIGNUM passes the binder's `+ 0::DOUBLE` but fails on a huge value and
 -- quotes it). A NULL value is skipped by the sum, as SQL's SUM skips it, and never raises: the
 -- aggregates read only the rows of the selected items, so an error there would tell whether a selected
--- item holds a NULL (docs/proofs/group_by.md, "NULL values"). Keys by identity (sql/15_checks.sql).
+-- item holds a NULL (docs/proofs/group_by.md, "NULL values"). Keys by identity (sql/00_core/15_checks.sql).
 CREATE OR REPLACE TEMP MACRO dp__user_item_value_rows(tbl VARCHAR, value_col VARCHAR, user_col VARCHAR := 'user_id',
         item_col VARCHAR := 'item') AS TABLE
 -- The NULL check is a filter, as in dp__user_item_rows: it keeps the columns' statistics (compressed keys).
@@ -66,22 +66,20 @@ ORDER BY item;
 WITH dp__cal AS (
     SELECT unnest(dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection,
                                            split, pre_threshold, confidence, user_col, item_col))),
--- Selection: the set-union body (or, with pre_threshold > 1, dp__group_by_pre_selection) at
--- (epsilon * split, delta), inside this release (its wrapper charges the total once). The constant
--- filters fold while planning and prune the branch not taken (nothing drawn there), as in the
--- dispatcher. dp__group_by_share checks every parameter of dp_group_by.
+-- Selection: the set-union method's body (or, with pre_threshold > 1, dp__group_by_pre_selection) at
+-- (epsilon * split, delta), inside this release (its wrapper charges the total once). query() binds and
+-- runs only that step: its text is rendered while binding by dp__group_by_selection_sql
+-- (dpsql.groupby.selection_call_sql, every value a literal), which checks every parameter of
+-- dp_group_by first. query() evaluates even a volatile argument, so the getvariable() in it makes the
+-- binder refuse a non-constant parameter before the text is rendered (as in sql/30_union/90_dispatch.sql).
 dp__selected AS MATERIALIZED (
-    SELECT item FROM dp__body_set_union(tbl, method := selection,
-        epsilon := dp__group_by_share('epsilon', epsilon, delta, max_items, aggregates, value_col, lower, upper,
-                                      selection, split, pre_threshold, confidence),
-        delta := delta, max_items := max_items, user_col := user_col, item_col := item_col)
-    WHERE pre_threshold = 1
-    UNION ALL
-    SELECT item FROM dp__group_by_pre_selection(tbl,
-        dp__group_by_share('epsilon', epsilon, delta, max_items, aggregates, value_col, lower, upper,
-                           selection, split, pre_threshold, confidence),
-        delta, max_items, selection, pre_threshold, user_col, item_col)
-    WHERE pre_threshold > 1),
+    FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'epsilon': epsilon, 'delta': delta,
+                         'max_items': max_items, 'aggregates': aggregates, 'value_col': value_col, 'lower': lower,
+                         'upper': upper, 'selection': selection, 'split': split, 'pre_threshold': pre_threshold,
+                         'confidence': confidence, 'user_col': user_col, 'item_col': item_col}::VARCHAR) IS NULL OR true
+                    THEN dp__group_by_selection_sql(tbl, epsilon, delta, max_items, aggregates, value_col, lower,
+                                                    upper, selection, split, pre_threshold, confidence, user_col,
+                                                    item_col) END)),
 -- Per (user, item of the selection): the user's total of the item's values.
 dp__totals AS (
     SELECT r.user_id, r.item, sum(r.v) AS v
