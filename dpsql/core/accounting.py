@@ -2,7 +2,7 @@
 
 Each round of these methods is a Gaussian mechanism (or, in top-k's selection step, an exponential
 mechanism) plus a *delta event*: the probability that an item only the added user holds is released.
-The proof notes (docs/proofs/mad2r.md, sips.md, top_k.md) show that the whole release is then
+The proof notes of these methods (docs/proofs/) show that the whole release is then
 ``(epsilon, delta_M(epsilon) + sum_r delta_novel_r)``-DP, where ``delta_M`` is the privacy curve of
 the *composed* mechanisms, so the rounds can be composed tightly instead of adding their
 ``(epsilon_r, delta_r)``:

@@ -151,7 +151,7 @@ class Example:
 # from 300 users (i0) to 17 (i16).
 EXAMPLE_USER_ITEMS = ("CREATE TABLE t AS SELECT u AS user_id, 'i' || j AS item FROM range(300) a(u), range(17) b(j) "
                       "WHERE j <= u % 17")
-# A public order of items (greedy_update's order_tbl), independent of t: i16 .. i0 by rank.
+# A public order of items (a sequential policy's order_tbl), independent of t: i16 .. i0 by rank.
 EXAMPLE_PUBLIC_ORDER = "CREATE TABLE o AS SELECT 'i' || j AS item, 16 - j AS rank FROM range(17) b(j)"
 
 

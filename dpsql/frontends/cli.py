@@ -831,14 +831,14 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Release items of INPUT; print them, write them, or print a JSON summary."""
     macro = dpsql.METHODS[args.method].macro
     _fill_defaults(args, macro, [("epsilon", float), ("delta", float)])
-    if args.max_items is None:  # greedy_update has no cap parameter: validate the dispatcher's default
+    if args.max_items is None:  # a method without a cap parameter: validate the dispatcher's default
         args.max_items = _default(macro, "max_items", _whole) or _default("dp_set_union", "max_items", _whole)
     cal = dpsql.calibrate(args.method, epsilon=args.epsilon, delta=args.delta, max_items=args.max_items)
     user_col = check_identifier("--user-col", args.user_col)
     item_col = check_identifier("--item-col", args.item_col)
     options = _method_options(args)
     if "max_items" not in dpsql.METHODS[args.method].param_names:
-        max_items_given = None  # greedy_update: no cap
+        max_items_given = None  # a method without a cap
     else:
         max_items_given = args.max_items
 

@@ -84,7 +84,7 @@ def run_demo(*, epsilon: float = EPSILON, delta: float = DELTA, max_items: int =
             summary = _load(con, path)
         rows = []
         for method in methods:
-            # greedy_update has no cap: max_items is passed only to the methods that take it.
+            # a method may have no cap: max_items is passed only to the methods that take it.
             cap = max_items if "max_items" in dpsql.METHODS[method].param_names else None
             released = dpsql.set_union(con, _TABLE, method, epsilon=epsilon, delta=delta, max_items=cap)
             con.register("dp_demo_released", released)

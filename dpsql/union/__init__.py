@@ -135,7 +135,7 @@ def udfs(source) -> list[Udf]:
 
     def release_check(method, bound_json):
         # dp_set_union's check: the chosen method's declaration validates and calibrates the common
-        # parameters it has (greedy_update has no max_items: the dispatcher does not pass it one)
+        # parameters it has (a method without a cap has no max_items: the dispatcher does not pass it one)
         mech = METHODS[check_method(method)]
         bound = {k: v for k, v in json.loads(bound_json).items() if k in mech.param_names}
         return release.check_release(mech, bound)
