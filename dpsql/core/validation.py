@@ -190,7 +190,7 @@ def warn_weak_parameters(epsilon: object, delta: object = None, *, what: str = "
 
 # max_items bounds the per-user cap; thresholds loop over t = 1..max_items, so
 # an absurd value would be a denial of service rather than a useful setting
-# (measured: at 1,000,000 one dp_set_union_mad2r call spent 221 s calibrating, at load 9 on 2 cores).
+# (a calibration's time grows with it: benchmarks/README.md, "Figures moved out of the code").
 MAX_ITEMS_LIMIT = 100_000
 
 

@@ -140,9 +140,8 @@ def _matroid_coverage_arrays(source: NoiseSource, set_idx, elem_idx, n_sets: int
     is in the millions for any real instance. What matters in practice is
     that a step of ``1/passes`` in ``y_u`` moves ``u`` into the random set in
     about ``s/passes`` of the samples; with few flips the scores are mostly 0
-    and the mechanism picks blindly (measured: s = 16 with 20 passes reached
-    ~55% of the non-private partition greedy's coverage, s = 160 reached
-    >= 99.8% on the same planted instances). Default ``s = 8 * passes``
+    and the mechanism picks blindly (measured coverage by ``s``:
+    benchmarks/README.md, "Figures moved out of the code"). Default ``s = 8 * passes``
     (8 expected flips per step); each sample costs one boolean per element
     and one count per set. Privacy does not depend on ``s``.
     """

@@ -19,7 +19,7 @@ MAX_FREQUENCY_CELLS = 60_000_000
 MAX_KEY_CHECK = 200_000_000
 # Keys only: pi_w is looked up in one array up to this frequency (8 MB); beyond it q_w is evaluated per key.
 MAX_PI_LOOKUP = 1 << 20
-# The exact unbiased solve grows its numbers by ~53 bits per token (about 4 s at 300 tokens, 60 s at 800) and
+# The exact unbiased solve grows its numbers by ~53 bits per token (its time: benchmarks/README.md) and
 # its coefficients grow geometrically (1e44 by token 200 at (0.5, 1e-3)): beyond this the estimator is useless.
 MAX_UNBIASED_TOKEN = 300
 

@@ -181,7 +181,7 @@ def _check_registered(con: object, macro: str) -> None:
         raise DPParameterError(f"con must be a DuckDB connection or cursor (got {type(con).__name__}); "
                                f"open one with dpsql.connect()")
     if current_ledger(con) is not None:
-        return  # registered by dpsql.register, which creates the macros (the catalog query costs ~15 ms)
+        return  # registered by dpsql.register, which creates the macros (the catalog query is not free: benchmarks/README.md)
     found = con.execute("SELECT count(*) FROM duckdb_functions() WHERE function_name = $1", [macro]).fetchall()
     if not found[0][0]:
         raise DPParameterError(

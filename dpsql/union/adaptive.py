@@ -529,7 +529,7 @@ def udfs(source) -> list[Udf]:
     """Calibration/validation UDFs of the adaptive macros and the UserWeights UDF (all pure)."""
 
     # A macro references its calibration CTE several times and DuckDB evaluates the (pure) UDF once
-    # per reference, so the rows are cached: MAD2R's costs ~0.1 s at max_items = 100,000. Failures
+    # per reference, so the rows are cached (MAD2R's grows with max_items: benchmarks/README.md). Failures
     # raise every time (lru_cache stores results, not exceptions).
     @lru_cache(maxsize=128)
     def _mad_row(*args):
