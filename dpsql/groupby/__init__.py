@@ -58,7 +58,7 @@ from dpsql.core.validation import (EPSILON_MIN, DPParameterError, check_column_p
                               warn_weak_parameters)
 
 __all__ = ["AGGREGATES", "DEFAULT_SPLIT", "DEFAULT_CONFIDENCE", "PRE_THRESHOLD_METHODS", "GroupByCalibration",
-           "group_by_calibration", "check_aggregates", "check_split", "check_confidence", "check_pre_threshold",
+           "group_by_calibration", "check_aggregates", "check_selection_share", "check_confidence", "check_pre_threshold",
            "laplace_ci", "check_call", "group_by", "udfs", "MECHANISMS"]
 
 AGGREGATES = ("count", "sum", "mean")
@@ -145,7 +145,7 @@ def _check_fraction(name: str, value: object, hint: str) -> float:
     return float(value)
 
 
-def check_split(split: object) -> float:
+def check_selection_share(split: object) -> float:
     return _check_fraction("split", split, f"it is the share of epsilon spent on selection, e.g. {DEFAULT_SPLIT}")
 
 
@@ -250,7 +250,7 @@ def group_by_calibration(epsilon: object, delta: object, max_items: object = 100
     else:
         selection = union.check_method(selection)
         delta_value = check_delta(delta)
-        split_value = check_split(split)
+        split_value = check_selection_share(split)
     max_items = check_max_items(max_items)
     conf = check_confidence(confidence)
     lo, hi = _check_bounds("sum" in aggs or "mean" in aggs, value_col, lower, upper)
@@ -451,7 +451,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
         params=(tbl_param(), epsilon_param(), delta_param(), max_items_param(), *_aggregate_params(),
                 Param("selection", "VARCHAR", union.DEFAULT_METHOD, union.check_method,
                       "set-union method that selects the items"),
-                Param("split", "DOUBLE", DEFAULT_SPLIT, check_split, "share of epsilon spent on selection"),
+                Param("split", "DOUBLE", DEFAULT_SPLIT, check_selection_share, "share of epsilon spent on selection"),
                 Param("pre_threshold", "DOUBLE", 1, check_pre_threshold,
                       "least number of users an item needs to be selected"),
                 _confidence_param(), column_param("user_col", "user_id"), column_param("item_col", "item")),
