@@ -138,17 +138,18 @@ def random_neighbours(rng: random.Random, max_new_deg=60):
 def neighbour_arrays(rng: np.random.Generator, n_items=120, s=1.1, max_deg=60):
     """Fast numpy version of :func:`random_neighbours` for the 1000-pair reference tests: (users,
     items) of D, the rows of the added user (its id is n_users), the number of item codes of D + v
-    (novel items get the codes after D's) and the novel codes."""
+    (novel items get the codes after D's) and the novel codes.
+
+    Each user's items are a sample of ``deg`` items without replacement with probabilities ``p``
+    drawn one after the other (the law of ``rng.choice(n_items, deg, replace=False, p=p)``), for all
+    users at once by the Gumbel-top-k trick: the ``deg`` items with the largest ``log p + Gumbel``."""
     n_users = int(rng.integers(1, 81))
     p = 1.0 / np.arange(1, n_items + 1) ** s
     p /= p.sum()
-    users, items = [], []
-    for u in range(n_users):
-        deg = int(rng.integers(1, max_deg + 1))
-        chosen = rng.choice(n_items, size=min(deg, n_items), replace=False, p=p)
-        users.append(np.full(len(chosen), u))
-        items.append(chosen)
-    users, items = np.concatenate(users), np.concatenate(items)
+    degs = np.minimum(rng.integers(1, max_deg + 1, n_users), n_items)
+    order = np.argsort(-(np.log(p) + rng.gumbel(size=(n_users, n_items))), axis=1)
+    users = np.repeat(np.arange(n_users), degs)
+    items = order[np.arange(n_items) < degs[:, None]]  # row by row: user u's first degs[u] items
     present = np.unique(items)
     deg = int(rng.integers(1, max_deg + 1))
     t = int(rng.integers(0, deg + 1)) if rng.random() < 0.7 else 0
@@ -568,20 +569,62 @@ def _pair_of_connections(seed, rows_a, rows_b=None, **kw):
     return a, b
 
 
+class LockstepPair:
+    """Two connections seeded alike, reused by every example of a hypothesis test, whose streams are
+    kept at the same point: the n-th query on one draws the same secret salt (the same cap) as the
+    n-th on the other, as the first queries of two fresh connections with one seed do. (Opening two
+    connections per example was most of these tests' time.)
+
+    :meth:`get` re-aligns the pair before each example: the connection that has drawn fewer values
+    draws salts until both have drawn as many, then both draw one more salt and compare them. If they
+    differ (say an example failed between its two queries), a fresh pair replaces the old one."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.pair: tuple | None = None
+
+    def get(self) -> tuple:
+        if self.pair is not None and not self._in_step():
+            self.close()
+        if self.pair is None:
+            self.pair = (seeded(self.seed), seeded(self.seed))
+        return self.pair
+
+    def _in_step(self) -> bool:
+        a, b = self.pair
+        sa, sb = source_of(a), source_of(b)
+        if abs(sa.samples_drawn - sb.samples_drawn) > 8:
+            return False
+        for con, mine, other in ((a, sa, sb), (b, sb, sa)):
+            while mine.samples_drawn < other.samples_drawn:
+                con.execute("SELECT dp__secret_salt()").fetchall()
+        return a.execute("SELECT dp__secret_salt()").fetchall() == b.execute("SELECT dp__secret_salt()").fetchall()
+
+    def close(self) -> None:
+        for c in self.pair or ():
+            c.close()
+        self.pair = None
+
+
+@pytest.fixture(scope="module")
+def lockstep():
+    pair = LockstepPair(31415)
+    yield pair
+    pair.close()
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10 ** 6), max_items=st.integers(2, 60), d_max=st.sampled_from([2, 3, 4, 10, 50]),
        tau=st.sampled_from([1.0, 2.0, 5.0, 30.0]))
-def test_sql_mad_weights_equal_reference_on_the_same_capped_data(seed, max_items, d_max, tau):
+def test_sql_mad_weights_equal_reference_on_the_same_capped_data(lockstep, seed, max_items, d_max, tau):
     rows = zipf_rows(random.Random(seed), n_users=random.Random(seed).randint(1, 120))
-    a, b = _pair_of_connections(seed, rows)
-    try:
-        capped = capped_sets(a, max_items=max_items)
-        got = {r[0]: r[1:] for r in b.execute(
-            f"SELECT item, w, w_init, w_trunc, w_reroute FROM dp__mad_weights('t', {tau}, "
-            f"max_adaptive_degree := {d_max}, max_items := {max_items})").fetchall()}
-    finally:
-        a.close()
-        b.close()
+    a, b = lockstep.get()  # the next query on each draws the same salt -> the same cap
+    load(a, rows)
+    load(b, rows)
+    capped = capped_sets(a, max_items=max_items)
+    got = {r[0]: r[1:] for r in b.execute(
+        f"SELECT item, w, w_init, w_trunc, w_reroute FROM dp__mad_weights('t', {tau}, "
+        f"max_adaptive_degree := {d_max}, max_items := {max_items})").fetchall()}
     ref = mad_reference(capped, tau, min(d_max, max_items) if min(d_max, max_items) >= 2 else 2)
     assert set(got) == set(ref["w"])
     for i, (w, w_init, w_trunc, w_reroute) in got.items():
@@ -609,26 +652,24 @@ def test_sql_biased_mad_weights_equal_reference(con, seed, d_max, tau, b_min, b_
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10 ** 6), d_max=st.sampled_from([4, 10, 50]), tau=st.sampled_from([1.0, 1.5, 3.0, 10.0]))
-def test_sql_mad_and_round_two_weights_on_neighbours(seed, d_max, tau):
+def test_sql_mad_and_round_two_weights_on_neighbours(lockstep, seed, d_max, tau):
     rng = random.Random(seed)
     d_rows, d2_rows, novel = random_neighbours(rng)
-    a, b = _pair_of_connections(seed, d_rows, d2_rows)
-    try:
-        sql = f"SELECT item, w FROM dp__mad_weights('t', {tau}, max_adaptive_degree := {d_max}, max_items := 100)"
-        w, w2 = weights_of(a, sql), weights_of(b, sql)
-        assert l2_change(w, w2) <= 1 + 1e-9
-        assert novel_ratio(w2, novel, 1.0) <= 1 + 1e-9
-        # Round two of MAD2R: biased MAD, same biases on the old items, any biases on the novel ones.
-        bias = {i: rng.random() for i in sorted({i for _, i in d2_rows}) if rng.random() < 0.5}
-        load(a, [(u, i, bias.get(i, 1.0)) for u, i in d_rows], name="tb", with_bias=True)
-        load(b, [(u, i, bias.get(i, 1.0)) for u, i in d2_rows], name="tb", with_bias=True)
-        sql = f"SELECT item, w FROM dp__mad_biased_weights('tb', {tau}, {d_max}, 0.5, 2.0)"
-        w, w2 = weights_of(a, sql), weights_of(b, sql)
-        assert l2_change(w, w2) <= 1 + 1e-9
-        assert novel_ratio(w2, novel, 2.0) <= 1 + 1e-9
-    finally:
-        a.close()
-        b.close()
+    a, b = lockstep.get()  # the next query on each draws the same salt -> the same cap
+    load(a, d_rows)
+    load(b, d2_rows)
+    sql = f"SELECT item, w FROM dp__mad_weights('t', {tau}, max_adaptive_degree := {d_max}, max_items := 100)"
+    w, w2 = weights_of(a, sql), weights_of(b, sql)
+    assert l2_change(w, w2) <= 1 + 1e-9
+    assert novel_ratio(w2, novel, 1.0) <= 1 + 1e-9
+    # Round two of MAD2R: biased MAD, same biases on the old items, any biases on the novel ones.
+    bias = {i: rng.random() for i in sorted({i for _, i in d2_rows}) if rng.random() < 0.5}
+    load(a, [(u, i, bias.get(i, 1.0)) for u, i in d_rows], name="tb", with_bias=True)
+    load(b, [(u, i, bias.get(i, 1.0)) for u, i in d2_rows], name="tb", with_bias=True)
+    sql = f"SELECT item, w FROM dp__mad_biased_weights('tb', {tau}, {d_max}, 0.5, 2.0)"
+    w, w2 = weights_of(a, sql), weights_of(b, sql)
+    assert l2_change(w, w2) <= 1 + 1e-9
+    assert novel_ratio(w2, novel, 2.0) <= 1 + 1e-9
 
 
 def test_sql_mad_with_infinite_tau_is_basic_and_dominates_basic():
@@ -778,30 +819,55 @@ def _layered_rows(seed=2):
     return rows
 
 
-def _reference_release(sets, method, eps, delta, rng, **kw):
+def _coded(sets):
+    """The (user, item) pairs of ``sets`` as the integer codes :func:`mad_reference` gives them (users in
+    the order of their ``str``, items in the order they first appear) and the item of each code."""
+    codes: dict = {}
+    users, items = [], []
+    for k, u in enumerate(sorted(sets, key=str)):
+        for i in sets[u]:
+            users.append(k)
+            items.append(codes.setdefault(i, len(codes)))
+    return np.array(users, dtype=np.int64), np.array(items, dtype=np.int64), list(codes)
+
+
+def _reference_release(coded, method, eps, delta, rng, **kw):
+    """One release of ``method`` by the numpy reference on ``coded`` (:func:`_coded`): a boolean mask
+    over the item codes.
+
+    A later round runs :func:`mad_arrays` on the rows of the items still in play, every item keeping
+    its code: a user left without rows adds nothing (as if dropped), an item without rows gets no
+    weight and is not a candidate. Every item of ``coded`` has rows, so the items in play are exactly
+    the ones that have rows in that round."""
+    users, items, names = coded
+    n = len(names)
+
+    def weights(rows, *args, key="w"):
+        return mad_arrays(users[rows], items[rows], n, *args)[key]
+
+    everything = np.ones(len(users), dtype=bool)
     if method == "mad":
         c = adaptive.mad_calibration(eps, delta, 10)
-        w = mad_reference(sets, c.tau, c.max_adaptive_degree)["w"]
-        return {i for i, x in w.items() if x + rng.normal(0, c.sigma) >= c.rho}
+        return weights(everything, c.tau, c.max_adaptive_degree) + rng.normal(0, c.sigma, n) >= c.rho
     if method == "sips":
-        out: set = set()
+        out = np.zeros(n, dtype=bool)
         for r in adaptive.sips_calibration(eps, delta, 10, kw["split"]):
-            rest = {u: [i for i in s if i not in out] for u, s in sets.items()}
-            rest = {u: s for u, s in rest.items() if s}
-            w = mad_reference(rest, math.inf, 2)["basic"] if rest else {}
-            out |= {i for i, x in w.items() if x + rng.normal(0, r.scale) >= r.threshold}
+            rest = ~out  # the items no round has released yet
+            w = weights(rest[items], math.inf, 2, key="basic")
+            out |= rest & (w + rng.normal(0, r.scale, n) >= r.threshold)
         return out
     c = adaptive.mad2r_calibration(eps, delta, 10)
     r1, r2 = c.round1, c.round2
-    w1 = mad_reference(sets, r1.tau, r1.max_adaptive_degree)["w"]
-    noisy = {i: x + rng.normal(0, r1.sigma) for i, x in w1.items()}
-    u1 = {i for i, x in noisy.items() if x >= r1.rho}
-    keep = {i for i, x in noisy.items() if i not in u1 and x + c.upper_offset >= r2.rho}
-    bias = {i: (r2.rho / (noisy[i] - c.lower_offset) if noisy[i] - c.lower_offset > r2.rho else 1.0) for i in keep}
-    rest = {u: [i for i in s if i in keep] for u, s in sets.items()}
-    rest = {u: s for u, s in rest.items() if s}
-    w2 = mad_reference(rest, r2.tau, r2.max_adaptive_degree, bias, r2.b_min, r2.b_max)["w"] if rest else {}
-    return u1 | {i for i, x in w2.items() if x + rng.normal(0, r2.sigma) >= r2.rho}
+    noisy = weights(everything, r1.tau, r1.max_adaptive_degree) + rng.normal(0, r1.sigma, n)
+    u1 = noisy >= r1.rho
+    keep = ~u1 & (noisy + c.upper_offset >= r2.rho)
+    lower = noisy - c.lower_offset
+    bias = np.ones(n)
+    bias[lower > r2.rho] = r2.rho / lower[lower > r2.rho]
+    if not keep.any():
+        return u1
+    w2 = weights(keep[items], r2.tau, r2.max_adaptive_degree, bias, r2.b_min, r2.b_max)
+    return u1 | (keep & (w2 + rng.normal(0, r2.sigma, n) >= r2.rho))
 
 
 @pytest.mark.slow
@@ -826,9 +892,11 @@ def test_release_frequencies_match_the_reference(method, eps, kw):
         sims = math.inf
     else:
         rng = np.random.default_rng(4)
-        ref = Counter()
+        coded = _coded(sets)
+        ref_hits = np.zeros(len(coded[2]), dtype=np.int64)
         for _ in range(sims):
-            ref.update(_reference_release(sets, method, eps, 1e-5, rng, **kw))
+            ref_hits += _reference_release(coded, method, eps, 1e-5, rng, **kw)
+        ref = Counter(dict(zip(coded[2], ref_hits.tolist())))
         ref_p = {i: ref[i] / sims for i in {i for _, i in rows}}
     checked = 0
     for item, p in ref_p.items():

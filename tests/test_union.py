@@ -46,6 +46,50 @@ def random_rows(rng: random.Random, n_users=60, n_items=40, max_deg=30):
     return rows
 
 
+class LockstepPair:
+    """Two connections seeded alike, reused by every example of a hypothesis test, whose streams are
+    kept at the same point: the n-th query on one draws the same secret salt (the same cap) as the
+    n-th on the other, as the first queries of two fresh connections with one seed do. (Opening two
+    connections per example was most of these tests' time.)
+
+    :meth:`get` re-aligns the pair before each example: the connection that has drawn fewer values
+    draws salts until both have drawn as many, then both draw one more salt and compare them. If they
+    differ (say an example failed between its two queries), a fresh pair replaces the old one."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.pair: tuple | None = None
+
+    def get(self) -> tuple:
+        if self.pair is not None and not self._in_step():
+            self.close()
+        if self.pair is None:
+            self.pair = (seeded(self.seed), seeded(self.seed))
+        return self.pair
+
+    def _in_step(self) -> bool:
+        a, b = self.pair
+        sa, sb = source_of(a), source_of(b)
+        if abs(sa.samples_drawn - sb.samples_drawn) > 8:
+            return False
+        for con, mine, other in ((a, sa, sb), (b, sb, sa)):
+            while mine.samples_drawn < other.samples_drawn:
+                con.execute("SELECT dp__secret_salt()").fetchall()
+        return a.execute("SELECT dp__secret_salt()").fetchall() == b.execute("SELECT dp__secret_salt()").fetchall()
+
+    def close(self) -> None:
+        for c in self.pair or ():
+            c.close()
+        self.pair = None
+
+
+@pytest.fixture(scope="module")
+def lockstep():
+    pair = LockstepPair(27182)
+    yield pair
+    pair.close()
+
+
 def capped(con, table="t", max_items=5):
     rows = con.execute(
         f"SELECT user_id, item, d FROM dp__capped_user_items('{table}', max_items := {max_items})").fetchall()
@@ -162,16 +206,14 @@ def test_release_stores_only_what_it_rereads(con, method):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), max_items=st.integers(1, 12))
-def test_window_cap_keeps_the_same_rows_as_the_join_cap(seed, max_items):
-    # Two connections with one test seed draw the same salt for their first query.
+def test_window_cap_keeps_the_same_rows_as_the_join_cap(lockstep, seed, max_items):
+    # Two connections in step draw the same salt for their next query.
     rows = random_rows(random.Random(seed), n_users=25, n_items=30, max_deg=20)
     kept = []
-    for macro in ("dp__capped_user_items", "dp__capped_user_items_window"):
-        con = seeded(seed)
+    for con, macro in zip(lockstep.get(), ("dp__capped_user_items", "dp__capped_user_items_window")):
         load(con, rows)
         kept.append(con.execute(f"SELECT user_id, item, d FROM {macro}('t', max_items := {max_items}) "
                                 "ORDER BY ALL").fetchall())
-        con.close()
     assert kept[0] == kept[1]
     assert len(kept[0]) == sum(min(d, max_items) for d in Counter(u for u, _ in set(rows)).values())
 
@@ -193,34 +235,30 @@ def diff(w1, w2):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10 ** 6), new_deg=st.integers(1, 40), max_items=st.integers(1, 20),
        novel=st.integers(0, 10))
-def test_neighbour_sensitivity_of_weights(seed, new_deg, max_items, novel):
+def test_neighbour_sensitivity_of_weights(lockstep, seed, new_deg, max_items, novel):
     rng = random.Random(seed)
     base = random_rows(rng, n_users=rng.randint(1, 30))
     items = [f"i{i}" for i in rng.sample(range(40), min(new_deg, 40))] + [f"novel{k}" for k in range(novel)]
     extra = [(10 ** 6, i) for i in items]
-    a, b = seeded(seed), seeded(seed)
-    try:
-        load(a, base)
-        load(b, base + extra)
-        k = min(len(items), max_items)
-        for weighting in ("count", "inverse", "inverse_sqrt"):
-            d = diff(weights(a, weighting, max_items), weights(b, weighting, max_items))
-            assert np.all(d >= -1e-12)  # adding a user never lowers a weight
-            assert np.count_nonzero(np.abs(d) > 1e-12) == k
-            if weighting == "count":
-                assert np.abs(d).sum() == pytest.approx(k)            # l1 = cap (Count baselines)
-            elif weighting == "inverse":
-                assert np.abs(d).sum() == pytest.approx(1.0)          # l1 = 1 (Weighted Laplace)
-            else:
-                assert np.sqrt((d ** 2).sum()) == pytest.approx(1.0)  # l2 = 1 (Weighted Gaussian)
-        # Novel items get at most h(t) with t the number of novel items kept.
-        wb = weights(b, "inverse_sqrt", max_items)
-        kept_novel = [v for kk, v in wb.items() if kk.startswith("novel")]
-        for v in kept_novel:
-            assert v <= 1 / math.sqrt(len(kept_novel)) + 1e-12
-    finally:
-        a.close()
-        b.close()
+    a, b = lockstep.get()  # each query on a draws the same salt as the matching query on b
+    load(a, base)
+    load(b, base + extra)
+    k = min(len(items), max_items)
+    for weighting in ("count", "inverse", "inverse_sqrt"):
+        d = diff(weights(a, weighting, max_items), weights(b, weighting, max_items))
+        assert np.all(d >= -1e-12)  # adding a user never lowers a weight
+        assert np.count_nonzero(np.abs(d) > 1e-12) == k
+        if weighting == "count":
+            assert np.abs(d).sum() == pytest.approx(k)            # l1 = cap (Count baselines)
+        elif weighting == "inverse":
+            assert np.abs(d).sum() == pytest.approx(1.0)          # l1 = 1 (Weighted Laplace)
+        else:
+            assert np.sqrt((d ** 2).sum()) == pytest.approx(1.0)  # l2 = 1 (Weighted Gaussian)
+    # Novel items get at most h(t) with t the number of novel items kept.
+    wb = weights(b, "inverse_sqrt", max_items)
+    kept_novel = [v for kk, v in wb.items() if kk.startswith("novel")]
+    for v in kept_novel:
+        assert v <= 1 / math.sqrt(len(kept_novel)) + 1e-12
 
 
 # ---------------------------------------------------------------------------
