@@ -9,6 +9,7 @@ release charges its epsilon exactly once.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import random
@@ -129,6 +130,54 @@ def macro_con():
     con.close()
 
 
+# The per-macro tests below share one private connection while this module runs (opening one costs ~0.5 s:
+# it registers every macro and UDF): each case replaces the tables of the one before (_replace_tables) and
+# counts its charges from where the ledger stood; a refusal leaves the connection usable. Called directly
+# (tests/test_toy_mechanism.py runs them for a family registered after this module's connection was
+# opened), each opens a connection of its own.
+_SHARED: dict[str, object] = {}
+
+
+def _open_case_connection():
+    con = dpsql.connect()
+    con.execute("CREATE SEQUENCE dp_test_seq")
+    return con
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _share_case_connection():
+    _SHARED["active"] = True
+    yield
+    del _SHARED["active"]
+    con = _SHARED.pop("con", None)
+    if con is not None:
+        con.close()
+
+
+@contextlib.contextmanager
+def _case_connection():
+    if "active" in _SHARED:
+        if "con" not in _SHARED:
+            _SHARED["con"] = _open_case_connection()
+        yield _SHARED["con"]
+        return
+    con = _open_case_connection()
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def _replace_tables(con, setup: str) -> None:
+    """Drop every table and view a previous case created, then run ``setup``."""
+    for kind, name in con.execute(
+            "SELECT 'TABLE', table_name FROM duckdb_tables() WHERE NOT temporary AND schema_name = 'main' "
+            "UNION ALL SELECT 'VIEW', view_name FROM duckdb_views() WHERE NOT internal AND NOT temporary "
+            "AND schema_name = 'main'").fetchall():
+        con.execute(f'DROP {kind} "{name}"')
+    con.execute(setup)
+
+
 def test_every_releasing_macro_has_a_case(macro_con):
     # Every releasing macro has a case (its declaration's example), and so is in every test below.
     assert releasing_macros(macro_con) == set(CASES)
@@ -144,16 +193,16 @@ def test_every_case_parameter_is_a_macro_parameter(macro_con):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_epsilon_and_delta_have_no_default(name):
     # A default would spend budget nobody typed: leaving either out is the binder's error, nothing charged.
-    con = dpsql.connect()
-    case = CASES[name]
-    con.execute(case.setup)
-    params = _macros(con)[name][0]
-    for missing in [p for p in ("epsilon", "delta") if p in params]:
-        named = ", ".join(f"{p} := {case.args[p]}" for p in params if p != missing)
-        with pytest.raises(duckdb.BinderException, match="does not support the supplied arguments"):
-            con.execute(f"SELECT * FROM {name}({named})").fetchall()
-    assert _n_releases(con) == 0
-    con.close()
+    with _case_connection() as con:
+        case = CASES[name]
+        _replace_tables(con, case.setup)
+        params = _macros(con)[name][0]
+        charged = _n_releases(con)  # the releases of the cases before this one
+        for missing in [p for p in ("epsilon", "delta") if p in params]:
+            named = ", ".join(f"{p} := {case.args[p]}" for p in params if p != missing)
+            with pytest.raises(duckdb.BinderException, match="does not support the supplied arguments"):
+                con.execute(f"SELECT * FROM {name}({named})").fetchall()
+        assert _n_releases(con) == charged
 
 
 def test_every_releasing_macro_is_its_generated_wrapper(macro_con):
@@ -178,28 +227,32 @@ def test_volatile_parameter_is_refused_before_anything_is_read(name):
     # Every parameter of every releasing macro, in scalar, LIST and STRUCT forms driven by random() and
     # by a sequence: refused before anything is read or charged (the sequence is never advanced: the
     # query fails while it is bound).
-    con = dpsql.connect()
-    case = CASES[name]
-    con.execute(case.setup)
-    con.execute("CREATE SEQUENCE dp_test_seq")
-    params = _macros(con)[name][0]
-    con.execute(_call(name, case, params)).fetchall()  # the valid call releases
-    assert _n_releases(con) == 1
-    # charged as the declared macro and unit (dp_set_union: as the method it ran)
-    declared = mechanisms.by_macro().get(name) or mechanisms.set_union_methods()[eval(case.args["method"])]
-    assert con.execute("SELECT mechanism, unit FROM dp_releases()").fetchall() == [(declared.macro, declared.unit)]
-    last = "SELECT last_value FROM duckdb_sequences() WHERE sequence_name = 'dp_test_seq'"
-    for p in params:
-        for form, expr in _volatile_forms(case.args[p]).items():
-            before = con.execute(last).fetchall()[0][0]
-            with pytest.raises(duckdb.Error, match=_refusal(p)):
-                con.execute(_call(name, case, params, {p: expr})).fetchall()
-            assert _n_releases(con) == 1, (name, p, form)
-            if _refusal(p) == REFUSAL and not p.endswith("tbl"):
-                # (DuckDB's binder evaluates a table name for query_table, and a column name in COLUMNS
-                # lambdas, while it binds the query it then refuses: nothing is read then either)
-                assert con.execute(last).fetchall()[0][0] == before, (name, p, form)  # never evaluated
-    con.close()
+    with _case_connection() as con:
+        case = CASES[name]
+        _replace_tables(con, case.setup)
+        params = _macros(con)[name][0]
+        charged = _n_releases(con)  # the releases of the cases before this one
+        con.execute(_call(name, case, params)).fetchall()  # the valid call releases
+        assert _n_releases(con) == charged + 1
+        # charged as the declared macro and unit (dp_set_union: as the method it ran)
+        declared = mechanisms.by_macro().get(name) or mechanisms.set_union_methods()[eval(case.args["method"])]
+        assert con.execute("SELECT mechanism, unit FROM dp_releases()").fetchall()[charged:] == \
+            [(declared.macro, declared.unit)]
+        last = "SELECT last_value FROM duckdb_sequences() WHERE sequence_name = 'dp_test_seq'"
+        before = con.execute(last).fetchall()[0][0]
+        for p in params:
+            for form, expr in _volatile_forms(case.args[p]).items():
+                with pytest.raises(duckdb.Error, match=_refusal(p)):
+                    con.execute(_call(name, case, params, {p: expr})).fetchall()
+                # nothing charged: the ledger's releases (the rows of dp_releases(), read in Python: cheaper)
+                assert len(dpsql.releases(con)) == charged + 1, (name, p, form)
+                after = con.execute(last).fetchall()[0][0]
+                if _refusal(p) == REFUSAL and not p.endswith("tbl"):
+                    # (DuckDB's binder evaluates a table name for query_table, and a column name in COLUMNS
+                    # lambdas, while it binds the query it then refuses: nothing is read then either)
+                    assert after == before, (name, p, form)  # never evaluated
+                before = after  # the value before the next attempt: nothing runs in between
+        assert _n_releases(con) == charged + 1
 
 
 def test_getvariable_and_prepared_parameters_are_constants(con):
@@ -279,15 +332,14 @@ def test_null_key_fails_before_the_charge(name):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_rows_come_out_in_released_order(name):
-    con = dpsql.connect()
-    case = CASES[name]
-    con.execute(case.setup)
-    params = _macros(con)[name][0]
-    rows = con.sql(_call(name, case, params, {"epsilon": "5.0"})).to_arrow_table()
+    with _case_connection() as con:
+        case = CASES[name]
+        _replace_tables(con, case.setup)
+        params = _macros(con)[name][0]
+        rows = con.sql(_call(name, case, params, {"epsilon": "5.0"})).to_arrow_table()
     assert rows.num_rows > 1, name  # the check below must have something to order
     keys = [rows.column(c).to_pylist() for c in case.order_by]
     assert list(zip(*keys)) == sorted(zip(*keys)), name
-    con.close()
 
 
 @pytest.mark.parametrize("method", ["weighted_gaussian", "policy_laplace"])
@@ -456,21 +508,20 @@ SPELLING = ("CREATE TABLE t (user_id BIGINT, item VARCHAR COLLATE NOACCENT); "
 def test_item_spelling_of_every_releasing_macro(name):
     # Every releasing macro that releases items: the common group is released under its own spelling,
     # never under the one added user's variant (a released value is a function of its group).
-    con = dpsql.connect()
-    case = CASES[name]
-    con.execute(SPELLING)
-    if "order_tbl" in case.args:
-        con.execute(PUBLIC_ORDER)
-    column = "key" if "key_col" in case.args else "item"
-    # (the policies cap an item's weight at Gamma = rho + alpha/epsilon, so the common item misses the
-    # release with probability about e^-alpha: a large alpha makes the premise "it is released" hold)
-    override = {"epsilon": "5.0", **({"alpha": "20"} if "alpha" in case.args else {})}
-    for _ in range(3):
-        rows = con.sql(_call(name, case, _macros(con)[name][0], override)).to_arrow_table()
-        released = rows.column(column).to_pylist()
-        assert "cafe" in released, (name, released)
-        assert released.count("cafe") == 1
-    con.close()
+    with _case_connection() as con:
+        case = CASES[name]
+        _replace_tables(con, SPELLING)
+        if "order_tbl" in case.args:
+            con.execute(PUBLIC_ORDER)
+        column = "key" if "key_col" in case.args else "item"
+        # (the policies cap an item's weight at Gamma = rho + alpha/epsilon, so the common item misses the
+        # release with probability about e^-alpha: a large alpha makes the premise "it is released" hold)
+        override = {"epsilon": "5.0", **({"alpha": "20"} if "alpha" in case.args else {})}
+        for _ in range(3):
+            rows = con.sql(_call(name, case, _macros(con)[name][0], override)).to_arrow_table()
+            released = rows.column(column).to_pylist()
+            assert "cafe" in released, (name, released)
+            assert released.count("cafe") == 1
 
 
 def test_float_interval_and_nested_string_items_are_refused_before_anything_is_read(con):
