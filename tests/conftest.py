@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import dpsql
+from dpsql.core.registration import source_of
 
 
 # CI installs each extra into its own virtualenv and sets DPSQL_REQUIRE to the extras (and tools, e.g.
@@ -108,3 +109,40 @@ def same_value(con, a: str, b: str, sql_type: str) -> bool:
     """Whether the SQL expressions ``a`` and ``b`` are the same value of ``sql_type``, by DuckDB."""
     ((same,),) = con.execute(f"SELECT CAST({a} AS {sql_type}) IS NOT DISTINCT FROM CAST({b} AS {sql_type})").fetchall()
     return bool(same)
+
+
+class LockstepPair:
+    """Two connections seeded alike, reused by every example of a hypothesis test, whose streams are
+    kept at the same point: the n-th query on one draws the same secret salt (the same cap) as the
+    n-th on the other, as the first queries of two fresh connections with one seed do. (Opening two
+    connections per example was most of these tests' time.)
+
+    :meth:`get` re-aligns the pair before each example: the connection that has drawn fewer values
+    draws salts until both have drawn as many, then both draw one more salt and compare them. If they
+    differ (say an example failed between its two queries), a fresh pair replaces the old one."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.pair: tuple | None = None
+
+    def get(self) -> tuple:
+        if self.pair is not None and not self._in_step():
+            self.close()
+        if self.pair is None:
+            self.pair = (seeded(self.seed), seeded(self.seed))
+        return self.pair
+
+    def _in_step(self) -> bool:
+        a, b = self.pair
+        sa, sb = source_of(a), source_of(b)
+        if abs(sa.samples_drawn - sb.samples_drawn) > 8:
+            return False
+        for con, mine, other in ((a, sa, sb), (b, sb, sa)):
+            while mine.samples_drawn < other.samples_drawn:
+                con.execute("SELECT dp__secret_salt()").fetchall()
+        return a.execute("SELECT dp__secret_salt()").fetchall() == b.execute("SELECT dp__secret_salt()").fetchall()
+
+    def close(self) -> None:
+        for c in self.pair or ():
+            c.close()
+        self.pair = None

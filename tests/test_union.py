@@ -22,7 +22,7 @@ from dpsql.core import release
 from dpsql.core.registration import source_of
 from dpsql.core.validation import DPParameterError
 
-from conftest import seeded
+from conftest import LockstepPair, seeded
 
 # The independent-update methods of dpsql.union; other families test their own macros.
 METHODS = ["count_gaussian", "count_laplace", "weighted_gaussian", "weighted_laplace"]
@@ -44,43 +44,6 @@ def random_rows(rng: random.Random, n_users=60, n_items=40, max_deg=30):
         items = rng.sample(range(n_items), min(deg, n_items))
         rows += [(u, f"i{i}") for i in items]
     return rows
-
-
-class LockstepPair:
-    """Two connections seeded alike, reused by every example of a hypothesis test, whose streams are
-    kept at the same point: the n-th query on one draws the same secret salt (the same cap) as the
-    n-th on the other, as the first queries of two fresh connections with one seed do. (Opening two
-    connections per example was most of these tests' time.)
-
-    :meth:`get` re-aligns the pair before each example: the connection that has drawn fewer values
-    draws salts until both have drawn as many, then both draw one more salt and compare them. If they
-    differ (say an example failed between its two queries), a fresh pair replaces the old one."""
-
-    def __init__(self, seed: int):
-        self.seed = seed
-        self.pair: tuple | None = None
-
-    def get(self) -> tuple:
-        if self.pair is not None and not self._in_step():
-            self.close()
-        if self.pair is None:
-            self.pair = (seeded(self.seed), seeded(self.seed))
-        return self.pair
-
-    def _in_step(self) -> bool:
-        a, b = self.pair
-        sa, sb = source_of(a), source_of(b)
-        if abs(sa.samples_drawn - sb.samples_drawn) > 8:
-            return False
-        for con, mine, other in ((a, sa, sb), (b, sb, sa)):
-            while mine.samples_drawn < other.samples_drawn:
-                con.execute("SELECT dp__secret_salt()").fetchall()
-        return a.execute("SELECT dp__secret_salt()").fetchall() == b.execute("SELECT dp__secret_salt()").fetchall()
-
-    def close(self) -> None:
-        for c in self.pair or ():
-            c.close()
-        self.pair = None
 
 
 @pytest.fixture(scope="module")
