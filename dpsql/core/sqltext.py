@@ -378,7 +378,8 @@ def _marks(name: str, text: str, macros: Sequence[Macro]) -> tuple[Mark, ...]:
         if mark is None:  # malformed (indented, two names, ...): reported, never silently ignored
             found.append(Mark(name, i, line.strip()[len(PORTABLE_MARKER):].strip(), None))
             continue
-        stage, below = mark.group(1), lines[i] if i < len(lines) else ""
+        stage: str = mark.group(1)
+        below = lines[i] if i < len(lines) else ""
         macro = starts.get(i + 1)
         if macro is not None and macro.name == stage:
             found.append(Mark(name, i, stage, stage))
