@@ -107,10 +107,10 @@ def test_broken_variants_leave_the_shipped_macros_alone():
                    "WHERE function_type = 'table_macro' AND function_name LIKE 'dp%' "
                    "AND NOT contains(function_name, '_audit_') ORDER BY ALL")
         before = con.sql(listing).fetchall()
-        audit._register_broken_mad(con)
-        audit._register_broken_sigma(con)
-        audit._register_unsorted(con)
-        audit._register_private_candidates(con)
+        audit._register_broken_mad(con, "mad")
+        audit._register_broken_sigma(con, "weighted_gaussian")
+        audit._register_unsorted(con, "weighted_gaussian")
+        audit._register_private_candidates(con, "max_coverage")
         con.execute("CREATE TABLE t AS SELECT (i // 3)::BIGINT AS user_id, (i % 5)::BIGINT AS item FROM range(60) r(i)")
         shipped = con.sql("SELECT * FROM dp__mad_weights('t', 28.0, max_adaptive_degree := 4) ORDER BY item").fetchall()
         after = con.sql(listing).fetchall()
@@ -135,7 +135,7 @@ def test_mad_min_variant_exceeds_the_l2_sensitivity(d_max):
     d0, d1, n_items = audit._stack(pair, 1, True)
     con = _seeded(4)
     try:
-        audit._register_broken_mad(con)
+        audit._register_broken_mad(con, "mad")
         shifts = {}
         for macro in ("dp__mad_weights", "dp__audit_min_mad_weights"):
             w = []
@@ -220,7 +220,7 @@ def test_whole_output_runs_see_the_stored_row_order_of_an_unsorted_macro():
     pair = audit._order_pairs(1.0, 1e-5)[0]
     con = _seeded(8)
     try:
-        audit._register_unsorted(con)
+        audit._register_unsorted(con, "weighted_gaussian")
         out = {name: audit._run_outputs(con, audit.MECHANISMS[name], 1.0, 1e-5, pair, 10)
                for name in ("broken_order", "order_weighted_gaussian")}
     finally:

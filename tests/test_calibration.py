@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from scipy.stats import norm
 
 from dpsql.core import calibration as cal
+from dpsql.union import basic
 from dpsql.core.validation import DPParameterError
 
 E10 = math.exp(-10)
@@ -72,7 +73,7 @@ def test_sigma_scale_equivariance_and_monotonicity(eps, log_delta, sens):
     (1, 18.1569), (10, 19.3160), (50, 20.3364), (100, 20.7897), (150, 21.0557), (200, 21.2444), (300, 21.5097),
 ])
 def test_weighted_gaussian_threshold_eps1(max_items, expected):
-    c = cal.weighted_gaussian_calibration(1.0, 1e-5, max_items)
+    c = basic.weighted_gaussian_calibration(1.0, 1e-5, max_items)
     assert c.noise == "gaussian"
     assert c.scale == pytest.approx(3.884141, abs=1e-6)
     assert c.threshold == pytest.approx(expected, abs=1e-4)
@@ -90,8 +91,8 @@ def test_lemma_c1_bound_value():
     (200, 6.9689, 4.8734), (300, 7.0561, 5.0069),
 ])
 def test_dpsu_thresholds_eps3(max_items, rho_gauss, rho_lap):
-    g = cal.weighted_gaussian_calibration(3.0, E10, max_items)
-    lap = cal.weighted_laplace_calibration(3.0, E10, max_items)
+    g = basic.weighted_gaussian_calibration(3.0, E10, max_items)
+    lap = basic.weighted_laplace_calibration(3.0, E10, max_items)
     assert g.scale == pytest.approx(1.332791, abs=1e-6)
     assert g.threshold == pytest.approx(rho_gauss, abs=1e-4)
     assert lap.scale == pytest.approx(1 / 3)
@@ -99,14 +100,14 @@ def test_dpsu_thresholds_eps3(max_items, rho_gauss, rho_lap):
 
 
 def test_dpsu_cutoffs_and_count_baselines_eps3():
-    g = cal.weighted_gaussian_calibration(3.0, E10, 100)
-    lap = cal.weighted_laplace_calibration(3.0, E10, 100)
+    g = basic.weighted_gaussian_calibration(3.0, E10, 100)
+    lap = basic.weighted_laplace_calibration(3.0, E10, 100)
     assert g.threshold + 5 * g.scale == pytest.approx(13.4876, abs=1e-4)   # Gamma_Gauss(100), alpha = 5
     assert lap.threshold + 5 * lap.scale == pytest.approx(6.3140, abs=1e-4)  # Gamma_Lap(100)
-    cl = cal.count_laplace_calibration(3.0, E10, 100)
+    cl = basic.count_laplace_calibration(3.0, E10, 100)
     assert (cl.noise, cl.scale) == ("laplace", pytest.approx(33.333, abs=1e-3))
     assert cl.threshold == pytest.approx(464.73, abs=1e-2)
-    cg = cal.count_gaussian_calibration(3.0, E10, 100)
+    cg = basic.count_gaussian_calibration(3.0, E10, 100)
     assert (cg.noise, cg.scale) == ("gaussian", pytest.approx(13.3279, abs=1e-4))
     assert cg.threshold == pytest.approx(68.237, abs=1e-3)
     generic = cal.gaussian_threshold(g.scale, E10 / 2, 100, cal.one)
@@ -116,7 +117,7 @@ def test_dpsu_cutoffs_and_count_baselines_eps3():
 
 @pytest.mark.parametrize("eps, delta, max_items", [(1.0, 1e-5, 100), (3.0, E10, 50), (0.5, 1e-6, 7), (1.0, 1e-5, 1)])
 def test_gaussian_novel_item_event_is_exactly_delta_half(eps, delta, max_items):
-    c = cal.weighted_gaussian_calibration(eps, delta, max_items)
+    c = basic.weighted_gaussian_calibration(eps, delta, max_items)
     probs = [1 - norm.cdf((c.threshold - 1 / math.sqrt(t)) / c.scale) ** t for t in range(1, max_items + 1)]
     assert max(probs) <= delta / 2 * (1 + 1e-9)
     assert max(probs) == pytest.approx(delta / 2, rel=1e-6)
@@ -124,7 +125,7 @@ def test_gaussian_novel_item_event_is_exactly_delta_half(eps, delta, max_items):
 
 @pytest.mark.parametrize("eps, delta, max_items", [(1.0, 1e-5, 100), (3.0, E10, 50), (0.5, 1e-6, 7)])
 def test_laplace_novel_item_event_is_exactly_delta(eps, delta, max_items):
-    c = cal.weighted_laplace_calibration(eps, delta, max_items)
+    c = basic.weighted_laplace_calibration(eps, delta, max_items)
     probs = [1 - (1 - math.exp(-eps * (c.threshold - 1 / t)) / 2) ** t for t in range(1, max_items + 1)]
     assert max(probs) <= delta * (1 + 1e-9)
     assert max(probs) == pytest.approx(delta, rel=1e-6)
@@ -145,8 +146,8 @@ def test_threshold_argmax_is_not_assumed_at_an_endpoint():
 @given(eps=st.floats(0.1, 5.0), log_delta=st.floats(-12, -3), max_items=st.integers(1, 200))
 def test_thresholds_grow_with_max_items(eps, log_delta, max_items):
     delta = 10.0 ** log_delta
-    for fn in (cal.weighted_gaussian_calibration, cal.weighted_laplace_calibration,
-               cal.count_gaussian_calibration, cal.count_laplace_calibration):
+    for fn in (basic.weighted_gaussian_calibration, basic.weighted_laplace_calibration,
+               basic.count_gaussian_calibration, basic.count_laplace_calibration):
         assert fn(eps, delta, max_items + 1).threshold >= fn(eps, delta, max_items).threshold - 1e-9
 
 
@@ -159,10 +160,10 @@ def test_thresholds_grow_with_max_items(eps, log_delta, max_items):
     (lambda: cal.gaussian_sigma(1.0, 1.0), "delta"),
     (lambda: cal.gaussian_sigma(1.0, None), "delta"),
     (lambda: cal.gaussian_sigma(1.0, 1e-5, -2.0), "sensitivity"),
-    (lambda: cal.weighted_gaussian_calibration(1.0, 1e-5, 0), "max_items"),
-    (lambda: cal.weighted_gaussian_calibration(1.0, 1e-5, 2.5), "max_items"),
-    (lambda: cal.weighted_laplace_calibration(1.0, 1e-5, True), "max_items"),
-    (lambda: cal.count_laplace_calibration(0.0, 1e-5, 10), "epsilon"),
+    (lambda: basic.weighted_gaussian_calibration(1.0, 1e-5, 0), "max_items"),
+    (lambda: basic.weighted_gaussian_calibration(1.0, 1e-5, 2.5), "max_items"),
+    (lambda: basic.weighted_laplace_calibration(1.0, 1e-5, True), "max_items"),
+    (lambda: basic.count_laplace_calibration(0.0, 1e-5, 10), "epsilon"),
     (lambda: cal.laplace_threshold(-1.0, 1e-5, 10), "scale"),
 ])
 def test_bad_parameters_name_the_parameter(call, param):

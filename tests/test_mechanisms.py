@@ -114,12 +114,16 @@ def check_example_is_a_release_case(mech: Mechanism) -> None:
 
 
 def check_audit_cases(mech: Mechanism) -> None:
-    # each declared audit case is a case of the audit and releases through the mechanism's macro
+    # each declared audit case is a case of the audit and releases through the mechanism's macro (a broken
+    # variant: through the audit's own copy of it, which its setup registers)
     for spec in mech.audit:
         case = audit.declared_case(mech, spec)
         assert case.name in audit.MECHANISMS, f"dpsql.tools.audit lacks {mech.name}'s case {case.name}"
         assert audit.MECHANISMS[case.name].sql(1.0, 1e-5) == case.sql(1.0, 1e-5)
-        assert f"{mech.macro}(" in case.sql(1.0, 1e-5), (mech.name, case.name)
+        if case.broken:
+            assert case.setup is not None and "FROM dp__audit_" in case.sql(1.0, 1e-5), (mech.name, case.name)
+        else:
+            assert f"{mech.macro}(" in case.sql(1.0, 1e-5), (mech.name, case.name)
 
 
 @pytest.mark.parametrize("name", sorted(ALL))

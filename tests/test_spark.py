@@ -23,7 +23,7 @@ from scipy import stats
 
 import dpsql
 from dpsql.union import adaptive
-from dpsql.core import calibration
+from dpsql.union import basic
 from dpsql import union
 from dpsql.core.validation import DPParameterError
 
@@ -328,7 +328,7 @@ def test_top_k_domain_is_the_set_union_at_half_budget(spark):
     from dpsql.frontends import spark as dspark
     from dpsql import topk
 
-    half = calibration.weighted_gaussian_calibration(EPS / 2, DELTA / 2, 1)
+    half = basic.weighted_gaussian_calibration(EPS / 2, DELTA / 2, 1)
     k = round(half.threshold)
     p = _gauss_pass(k, half.scale, half.threshold)
     frame = spark.createDataFrame(arrow([(i * k + j, f"x{i}") for i in range(N_ITEMS) for j in range(k)]))
@@ -343,7 +343,7 @@ def test_release_is_drawn_once(spark):
     """Reading the returned DataFrame twice gives the same items: Spark does not redraw the noise."""
     from dpsql.frontends import spark as dspark
 
-    cal = calibration.weighted_gaussian_calibration(EPS, DELTA, 1)
+    cal = basic.weighted_gaussian_calibration(EPS, DELTA, 1)
     k = round(cal.threshold)
     frame = spark.createDataFrame(arrow([(i * k + j, f"x{i}") for i in range(N_ITEMS) for j in range(k)]))
     out = dspark.set_union(frame, "weighted_gaussian", epsilon=EPS, delta=DELTA, max_items=1)  # OS-keyed noise

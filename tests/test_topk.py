@@ -13,6 +13,7 @@ from scipy import stats
 
 import dpsql
 from dpsql.core import calibration, registration
+from dpsql.union import basic
 from dpsql.tools import metrics
 from dpsql import topk
 from dpsql.core.noise import NoiseSource
@@ -220,7 +221,7 @@ def test_budget_split_is_exactly_half_and_half(macro, eps, delta, k):
     finally:
         con.close()
     # Domain: WGM at (eps/2, delta/2), i.e. sigma(eps/2, delta/4) ([DPSU] Thm 5.1 at half budget).
-    assert np.all(sigma == calibration.weighted_gaussian_calibration(eps / 2, delta / 2, 50).scale)
+    assert np.all(sigma == basic.weighted_gaussian_calibration(eps / 2, delta / 2, 50).scale)
     assert sigma[0] == calibration.gaussian_sigma(eps / 2, delta / 4)
     # Selection: Gumbel(1/eps0), eps0 composed with the Gaussian domain by zCDP (docs/proofs/top_k.md),
     # larger than Lemma B.1's at (eps/2, delta/2) of basic composition (the old calibration).

@@ -37,14 +37,14 @@ from pathlib import Path
 from duckdb.sqltypes import DOUBLE
 import duckdb
 
-from dpsql.core import calibration
+from dpsql.union import basic
 from dpsql.core.mechanism import AuditCase, Mechanism, user_item_example, user_item_params
 from dpsql.core.udf import Udf, scalar
 
 
 def toy_calibration(epsilon, delta, max_items):
     """Laplace noise of scale max_items/epsilon and its threshold: exactly count_laplace's."""
-    return calibration.count_laplace_calibration(epsilon, delta, max_items)
+    return basic.count_laplace_calibration(epsilon, delta, max_items)
 
 
 def udfs(source):

@@ -251,61 +251,6 @@ class SetUnionCalibration:
     accounting: Optional[Accounting] = None  # multi-round methods: the accountant's total
 
 
-def _checked(epsilon: float, delta: float, max_items: int) -> tuple[float, float, int]:
-    return check_epsilon(epsilon), check_delta(delta), check_max_items(max_items)
-
-
-@user_budget
-def weighted_gaussian_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
-    """Weighted Gaussian = WGM [MM Alg. 1] = Basic [MAD App. A] ([DPSU] Thm 5.1).
-
-    Each capped user adds ``1/sqrt(|W'|)`` to its items (l2 sensitivity 1);
-    ``sigma = sigma(eps, delta/2)``, ``rho`` = :func:`gaussian_threshold` with
-    ``delta_novel = delta/2`` and ``h(t) = 1/sqrt(t)``.
-    """
-    epsilon, delta, max_items = _checked(epsilon, delta, max_items)
-    sigma = gaussian_sigma(epsilon, delta / 2.0)
-    return SetUnionCalibration("gaussian", sigma, gaussian_threshold(sigma, delta / 2.0, max_items, inv_sqrt))
-
-
-@user_budget
-def weighted_laplace_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
-    """Weighted Laplace ([DPSU] App. B, Thm 4.1 threshold).
-
-    Each capped user adds ``1/|W'|`` (l1 sensitivity 1); noise ``Lap(1/eps)``;
-    ``rho`` = :func:`laplace_threshold` with the whole delta and ``h(t) = 1/t``.
-    """
-    epsilon, delta, max_items = _checked(epsilon, delta, max_items)
-    scale = 1.0 / epsilon
-    return SetUnionCalibration("laplace", scale, laplace_threshold(scale, delta, max_items, inv))
-
-
-@user_budget
-def count_gaussian_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
-    """Count Gaussian, the baseline of [DPSU] Sec. 1.1 (threshold derived in docs/proofs/count_gaussian.md).
-
-    Each capped user adds 1 to each of its ``<= max_items`` items: l2
-    sensitivity ``sqrt(max_items)``, so ``sigma_c = sqrt(max_items) sigma(eps,
-    delta/2)``; a novel item has count 1, so ``h(t) = 1`` and
-    ``rho = 1 + sigma_c PhiInv((1 - delta/2)^(1/max_items))``.
-    """
-    epsilon, delta, max_items = _checked(epsilon, delta, max_items)
-    sigma_c = math.sqrt(max_items) * gaussian_sigma(epsilon, delta / 2.0)
-    return SetUnionCalibration("gaussian", sigma_c, gaussian_threshold(sigma_c, delta / 2.0, max_items, one))
-
-
-@user_budget
-def count_laplace_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
-    """Count Laplace, the baseline of [DPSU] Sec. 1.1 (threshold derived in docs/proofs/count_laplace.md).
-
-    l1 sensitivity ``max_items``: noise ``Lap(max_items/eps)``; novel counts are 1:
-    ``rho = 1 + (max_items/eps) ln(1 / (2 (1 - (1 - delta)^(1/max_items))))``.
-    """
-    epsilon, delta, max_items = _checked(epsilon, delta, max_items)
-    scale = max_items / epsilon
-    return SetUnionCalibration("laplace", scale, laplace_threshold(scale, delta, max_items, one))
-
-
 # --------------------------------------------------------------------------
 # Granular ("snapped") noise: grids, sensitivity after rounding, discrete
 # Laplace and discrete Gaussian calibration

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 __all__ = ["REQUIRED", "Param", "Mechanism", "PRIVACY_UNITS", "WEIGHTINGS", "SparkForm", "AuditCase", "Example",
-           "EXAMPLE_USER_ITEMS", "EXAMPLE_PUBLIC_ORDER", "user_item_example", "preferred"]
+           "EXAMPLE_USER_ITEMS", "EXAMPLE_PUBLIC_ORDER", "user_item_example", "preferred", "with_role"]
 
 
 class _Required:
@@ -95,9 +95,10 @@ WEIGHTINGS = ("count", "inverse", "inverse_sqrt")
 class SparkForm:
     """How the Spark backend (:mod:`dpsql.frontends.spark`) runs a set-union method.
 
-    ``release`` names the backend's release of the capped rows (``dpsql.frontends.spark.RELEASES``):
-    ``"one_shot"`` -- the declaration's ``weighting``, then the method's noise and strict threshold
-    (its ``calibrate``) -- or the name of an adaptive method's own translated stages there.
+    ``release`` names the backend's release of the capped rows (``dpsql.frontends.spark.RELEASES``), by
+    its shape: ``"one_shot"`` -- the declaration's ``weighting``, then the method's noise and strict
+    threshold (its ``calibrate``) -- or one of the translated adaptive forms (``"biased_round"``,
+    ``"two_rounds"``, ``"peeling_rounds"``).
     ``calibrate``: the calibration that release reads, called as
     ``calibrate(epsilon, delta, max_items, **the method's own options)``; ``None``: the declaration's
     ``calibrate(epsilon, delta, max_items)``.
@@ -203,6 +204,9 @@ class Mechanism:
     # plus novel items released with probability <= delta/2: dp_top_k may then compose it with its
     # selection by zCDP (dpsql.topk.tight_peeling_epsilon, docs/proofs/top_k.md).
     gaussian_domain: bool = False
+    # The named defaults of other rooms this declaration fills (each held by exactly one declaration of
+    # its family; :func:`with_role`), e.g. "top_k_domain": dp_top_k's default domain method.
+    roles: tuple[str, ...] = ()
     # A small valid call, for the conformance tests (tests/test_release.py).
     example: Optional[Example] = None
     # Its cases in the empirical privacy audit (dpsql.tools.audit).
@@ -283,6 +287,15 @@ def user_item_params(*middle: Param, cap: bool = True) -> tuple[Param, ...]:
     """``tbl, epsilon, delta[, max_items], *middle, user_col, item_col``: the set-union signature."""
     head = (tbl_param(), epsilon_param(), delta_param()) + ((max_items_param(),) if cap else ())
     return head + tuple(middle) + (column_param("user_col", "user_id"), column_param("item_col", "item"))
+
+
+def with_role(mechanisms: Iterable[Mechanism], role: str) -> str:
+    """The name of the one of ``mechanisms`` that declares ``role`` (Mechanism.roles)."""
+    names = [m.name for m in mechanisms if role in m.roles]
+    if len(names) != 1:
+        raise LookupError(f"dpsql: {len(names)} of these mechanisms declare the role {role!r} ({', '.join(names)}); "
+                          f"exactly one must (Mechanism.roles)")
+    return names[0]
 
 
 def preferred(mechanisms: Iterable[Mechanism]) -> str:

@@ -74,16 +74,8 @@ def _instance_registration(con: duckdb.DuckDBPyConnection) -> Optional[tuple[str
 def _calibration_udfs(source: noise.NoiseSource) -> list[Udf]:
     """SQL access to the shared calibration formulas (dp_gaussian_sigma & co. wrap these)."""
 
-    def gaussian_threshold(epsilon, delta, max_items):
-        return calibration.weighted_gaussian_calibration(epsilon, delta, max_items).threshold
-
-    def laplace_threshold(epsilon, delta, max_items):
-        return calibration.weighted_laplace_calibration(epsilon, delta, max_items).threshold
-
     return [
         Udf("dp__gaussian_sigma", scalar(calibration.gaussian_sigma), (DOUBLE, DOUBLE, DOUBLE), DOUBLE),
-        Udf("dp__gaussian_threshold", scalar(gaussian_threshold), (DOUBLE, DOUBLE, DOUBLE), DOUBLE),
-        Udf("dp__laplace_threshold", scalar(laplace_threshold), (DOUBLE, DOUBLE, DOUBLE), DOUBLE),
         # granular noise (dpsql.core.calibration, "Granular noise"); NULL granularity = the default grid
         Udf("dp__granularity", scalar(calibration.choose_granularity), (DOUBLE, DOUBLE, DOUBLE), DOUBLE),
         Udf("dp__rounded_sensitivity", scalar(calibration.rounded_sensitivity), (DOUBLE, DOUBLE, DOUBLE, BOOLEAN),

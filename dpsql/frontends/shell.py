@@ -68,9 +68,8 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 HELP = """\
 Enter SQL statements terminated by ';'. A statement may span several lines.
 dpsql's macros are registered on this connection, for example:
-  SELECT * FROM dp_set_union('my_table', method := 'weighted_gaussian',
-                             epsilon := 1.0, delta := 1e-5, max_items := 100);
-Methods: {methods}.
+  SELECT * FROM dp_set_union('my_table', epsilon := 1.0, delta := 1e-5, max_items := 100);
+Methods (method := '...'; default {default}): {methods}.
 Table names are strings ('my_table'). Every release is charged to the privacy ledger:
   SELECT * FROM dp_budget();     -- spent and remaining (epsilon, delta) per scope
   SELECT * FROM dp_releases();   -- one row per release
@@ -460,8 +459,8 @@ class Shell:
 
     def _help(self, arg: str) -> None:
         ledger = str(self.ledger.path) if self.ledger.path else "in memory, forgotten at exit"
-        print(HELP.format(methods=", ".join(dpsql.METHODS), ledger=ledger, modes=", ".join(MODES),
-                          maxrows=DEFAULT_MAXROWS), file=self.stdout, flush=True)
+        print(HELP.format(methods=", ".join(dpsql.METHODS), default=dpsql.DEFAULT_METHOD, ledger=ledger,
+                          modes=", ".join(MODES), maxrows=DEFAULT_MAXROWS), file=self.stdout, flush=True)
 
     def _tables(self, arg: str) -> None:
         try:

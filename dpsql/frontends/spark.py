@@ -1,7 +1,7 @@
 """The parallel set-union mechanisms on a Spark DataFrame of (user, item) rows.
 
-``set_union(df, method, ...)`` runs ``count_laplace``, ``count_gaussian``,
-``weighted_laplace``, ``weighted_gaussian``, ``mad``, ``mad2r`` and ``sips`` and
+``set_union(df, method, ...)`` runs the set-union methods that declare a Spark form
+(:data:`PARALLEL_METHODS`, from ``Mechanism.spark``; ``dpsql mechanisms`` lists them) and
 returns a Spark DataFrame with one column ``item`` (the released items);
 ``top_k_domain`` is the domain step of ``dp_top_k`` / ``dp_hitting_set``;
 ``group_by`` is ``dp_group_by`` / ``dp_group_by_public`` (selection by a parallel
@@ -89,8 +89,8 @@ __all__ = ["PARALLEL_METHODS", "DEFAULT_METHOD", "set_union", "top_k_domain", "c
 
 # The methods with a parallel form, as declared (Mechanism.spark); the policies are sequential.
 PARALLEL_METHODS = tuple(n for n, m in set_union_methods().items() if m.spark is not None)
-# The Spark backend's default: the most preferred method it runs (Mechanism.preference; DuckDB's default,
-# sips_cumulative, has no Spark form yet).
+# The Spark backend's default: the most preferred method it runs (Mechanism.preference); it differs from
+# DuckDB's while the most preferred declaration has no Spark form.
 DEFAULT_METHOD = preferred(set_union_methods()[n] for n in PARALLEL_METHODS)
 _noise_stage = itertools.count(1)
 
@@ -465,13 +465,13 @@ def _release_one_shot(capped, cal: calibration.SetUnionCalibration, seed, method
     return _noisy(weights, _Noise(cal.noise, cal.scale, cal.threshold, strict=True), seed)
 
 
-def _release_mad(capped, r: adaptive.MadRound, seed, method: str):
+def _release_biased_round(capped, r: adaptive.MadRound, seed, method: str):
     rows = _run_stage("dp__body_set_union_mad", {"dp__capped_user_items_window": capped}, output="dp__mad_rows")
     weights = _mad_stage(rows, r.sql_row())
     return _noisy(weights, _Noise("gaussian", r.sigma, r.rho, strict=False), seed)
 
 
-def _release_mad2r(capped, c: adaptive.Mad2rCalibration, seed, method: str):
+def _release_two_rounds(capped, c: adaptive.Mad2rCalibration, seed, method: str):
     session = capped.sparkSession
     cal = _one_row(session, {**c.round1.sql_row("1"), **c.round2.sql_row("2"),
                              "lower_offset": c.lower_offset, "upper_offset": c.upper_offset})
@@ -489,7 +489,7 @@ def _release_mad2r(capped, c: adaptive.Mad2rCalibration, seed, method: str):
     return released1.unionByName(released2)
 
 
-def _release_sips(capped, rounds: Sequence[calibration.RoundCalibration], seed, method: str):
+def _release_peeling_rounds(capped, rounds: Sequence[calibration.RoundCalibration], seed, method: str):
     rows = _run_stage("dp__body_set_union_sips", {"dp__capped_user_items_window": capped}, output="dp__s_rows")
     removed = rows.select("item").limit(0)
     released = []
@@ -505,11 +505,14 @@ def _release_sips(capped, rounds: Sequence[calibration.RoundCalibration], seed, 
     return result
 
 
-# The Spark releases a declaration can name (SparkForm.release): each takes the capped rows, the
-# calibration, the seed and the method's name. "one_shot" reads the capped rows once; the others are the
-# adaptive methods' translated stages, which read them several times.
-RELEASES: dict[str, Callable[..., Any]] = {"one_shot": _release_one_shot, "mad": _release_mad,
-                                           "mad2r": _release_mad2r, "sips": _release_sips}
+# The Spark releases a declaration can name (SparkForm.release), by the shape of the release: each takes
+# the capped rows, the calibration, the seed and the method's name. "one_shot" (weights, noise, threshold)
+# reads the capped rows once; the others run translated adaptive stages, which read them several times:
+# "biased_round" (one round of MAD's rerouted weights), "two_rounds" (a round, then one biased by its
+# noisy weights), "peeling_rounds" (rounds on the items no earlier round released).
+RELEASES: dict[str, Callable[..., Any]] = {"one_shot": _release_one_shot, "biased_round": _release_biased_round,
+                                           "two_rounds": _release_two_rounds,
+                                           "peeling_rounds": _release_peeling_rounds}
 
 
 def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,

@@ -51,7 +51,7 @@ from dpsql.core import release
 from dpsql.core.calibration import choose_granularity, default_granularity, discrete_laplace_scale
 from dpsql.core.errors import engine_errors
 from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_param, delta_param, epsilon_param,
-                             max_items_param, tbl_param, user_item_example)
+                             max_items_param, tbl_param, user_item_example, with_role)
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import (EPSILON_MIN, DPParameterError, check_column_pair, check_delta, check_epsilon,
                               check_identifier, check_max_items, check_table_name, derived_budget, sql_string,
@@ -153,6 +153,8 @@ def check_selection_share(split: object) -> float:
 # user's weight per item <= 1 -- the methods that declare a weighting (Mechanism.weighting), which
 # dp__group_by_pre_selection applies.
 PRE_THRESHOLD_METHODS = tuple(n for n, m in union.METHODS.items() if m.weighting is not None)
+# The selection of the conformance example: the family's reference one-shot method (it offers a pre-threshold).
+_ONE_SHOT = with_role(union.METHODS.values(), "reference_one_shot")
 
 
 def check_pre_threshold(pre_threshold: object) -> int:
@@ -459,7 +461,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
                     "count / sum / mean of the selected items at epsilon (1 - split)",
         proof="group_by", sql="97_groupby/groupby.sql",
         example=user_item_example(aggregates="['count', 'sum', 'mean']", value_col="'user_id'", lower="0", upper="10",
-                                  selection="'weighted_gaussian'", split="0.5", pre_threshold="1", confidence="0.9"),
+                                  selection=f"'{_ONE_SHOT}'", split="0.5", pre_threshold="1", confidence="0.9"),
         calibrate=lambda epsilon, delta, max_items=100, aggregates=("count",), value_col=None, lower=None,
         upper=None, selection=union.DEFAULT_METHOD, split=DEFAULT_SPLIT, confidence=DEFAULT_CONFIDENCE,
         pre_threshold=1, **_:

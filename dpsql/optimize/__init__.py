@@ -123,7 +123,9 @@ MECHANISMS: tuple[Mechanism, ...] = (
         proof="max_coverage", calibrate=subsampling_probability, sql=_SQL,
         example=Example.of(EXAMPLE_SETS, ("rank",), **_COVERAGE_ARGS, k="2"),
         # candidate sets of the output: an element that is a set's only element, removed
-        audit=(AuditCase("coverage", options=(("k", 5),), note="record level, public candidate sets, k = 5"),)),
+        audit=(AuditCase("coverage", options=(("k", 5),), note="record level, public candidate sets, k = 5"),
+               # the audit's own instrument: candidate sets taken from the private rows, which it must refute
+               AuditCase("broken_coverage"))),
     Mechanism(
         name="set_cover", family="optimize", macro="dp_set_cover", unit="record",
         params=(_TBL, Param("candidates_tbl", "VARCHAR", REQUIRED, check_table_name, "public candidate sets"),

@@ -16,16 +16,17 @@ directions (adding and removing the user or element) are tried.
 cap depend only on that user's items, and every aggregate is per item or per user. So R disjoint
 copies of a small pair (user ids and items offset by the copy index) stacked in ONE table and
 released by the real macro ONCE on a seeded connection give R independent Bernoulli trials of
-every event on one copy's audited items. Per method:
+every event on one copy's audited items. Per kind of case (``AuditCase.kind``, declared by each
+mechanism: :data:`CASE_KINDS`):
 
-* ``count_*``, ``weighted_*``, ``mad``, ``mad2r``, ``sips``, ``sips_cumulative`` and the top-k
-  domain step: per-item Gaussian/Laplace draws, per-user weights (UserWeights of MAD2R reads only
-  the user's own items' biases; DP-SIPS removes and drops items per item, its cap reads the user's
-  own items), per-item thresholds: blocks are independent.
-* ``policy_*`` and ``greedy_update`` visit users sequentially in a salted hash order, which
-  interleaves the copies. A user only moves the weights of its own items, so a copy's weights
-  depend on the relative order of its own users only; the datasets used here (users holding one
-  item, weights at least 1 below the cutoff Gamma) give the same weights in every order, so the
+* ``threshold``, ``mad_min``, ``boost`` (the one-shot and adaptive set-union methods) and the top-k
+  domain step: per-item Gaussian/Laplace draws, per-user weights (an adaptive method's user
+  weights read only the user's own items' biases; removed and dropped items are per item, the cap
+  reads the user's own items), per-item thresholds: blocks are independent.
+* ``policy`` and ``greedy`` (the sequential policies) visit users sequentially in a salted hash
+  order, which interleaves the copies. A user only moves the weights of its own items, so a copy's
+  weights depend on the relative order of its own users only; the datasets used here (users holding
+  one item, weights at least 1 below the cutoff Gamma) give the same weights in every order, so the
   weights are deterministic and the copies exactly independent.
 * ``dp_top_k``: with k = every item of the table, the released set is the (epsilon/2, delta/2)
   domain (the Gumbel step only ranks it), audited against (epsilon/2, delta/2).
@@ -41,18 +42,19 @@ macro once per trial over one whole table D or D' (fresh salt and noise per quer
 trials are independent) and its events are on the complete ordered output: the first row is
 x, the rows are in sorted order, >= k / <= k rows, the output is exactly s, row r is in it, and
 their complements; the pilot picks among them. Cases: the row-order attack (2000 users hold
-A..E, the added user holds only E and is stored first) on every set-union method
-(``policy_laplace`` with 2 threads, as in the attack), ``dp_top_k`` (rows in its DP rank order)
+A..E, the added user holds only E and is stored first) on every set-union method (a
+sequential policy with 2 threads, as in the attack), ``dp_top_k`` (rows in its DP rank order)
 and the ``dp_set_union`` dispatcher; the spelling of a released item (``spelling_*``: values equal under
-a collation, the added user's spelling stored first); the number of rows
-(``rows_weighted_gaussian``, a function of the released set, audited anyway); candidate sets of
-``dp_max_coverage`` / ``dp_set_cover`` (an element that is a set's only element, removed).
+a collation, the added user's spelling stored first); the number of rows (``rows_*``, a function of
+the released set, audited anyway); candidate sets of ``dp_max_coverage`` / ``dp_set_cover`` (an
+element that is a set's only element, removed).
 :func:`check_refusal` checks that a non-constant epsilon is refused before the charge.
 
-Broken variants (``broken_sigma``, ``broken_mad_min``, ``broken_order``: weighted_gaussian
-without its ORDER BY, ``broken_coverage``: candidate sets taken from the private rows) are built
-on the audit's own connection from the shipped SQL text with one substitution each (the shipped
-macros are not changed); the audit must report a lower bound above their claimed epsilon.
+Broken variants (kinds ``broken_sigma``: a Gaussian release with sigma/4, ``broken_mad_min``: MAD's
+printed min{0, .}, ``broken_order``: a release without its ORDER BY, ``broken_coverage``: candidate
+sets taken from the private rows), declared beside the release they break, are built on the audit's
+own connection from the shipped SQL text with one substitution each (the shipped macros are not
+changed); the audit must report a lower bound above their claimed epsilon.
 
 Seeded connections are NOT private: this module is for testing the implementation only.
 """
@@ -329,23 +331,23 @@ def _broken_release(con, name: str, macro: str, body: Sequence[tuple[str, str]] 
     con.execute(text)
 
 
-def _register_broken_sigma(con) -> None:
-    """Weighted Gaussian with noise sigma/4 (threshold unchanged): a wrong calibration."""
-    _broken_release(con, "weighted_gaussian", "dp__audit_broken_sigma",
+def _register_broken_sigma(con, name: str) -> None:
+    """Gaussian release ``name`` with noise sigma/4 (threshold unchanged): a wrong calibration."""
+    _broken_release(con, name, "dp__audit_broken_sigma",
                     body=[("dp_gaussian_noise(scale)", "dp_gaussian_noise(scale / 4.0)")])
 
 
-def _register_broken_mad(con) -> None:
-    """MAD with the printed r(i) = min{0, (w_init - tau)/w_init} of Alg. 3 line 6 (the erratum)."""
+def _register_broken_mad(con, name: str) -> None:
+    """MAD release ``name`` with the printed r(i) = min{0, (w_init - tau)/w_init} of Alg. 3 line 6 (the erratum)."""
     stage = _variant("dp__mad_stage", "dp__audit_min_mad_stage", [
         ("SELECT item, (w_init - tau) / w_init AS r", "SELECT item, least(0.0, (w_init - tau) / w_init) AS r"),
-        # every item with w_init > 0 now has r <= 0 (r = 0 if w_init = 0, as in docs/proofs/mad.md)
+        # every item with w_init > 0 now has r <= 0 (r = 0 if w_init = 0, as in the proof note of MAD)
         ("WHERE w_init > tau)", "WHERE w_init > 0)")])
     weights = _variant("dp__mad_weights", "dp__audit_min_mad_weights",
                        [("FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")])
     for statement in (stage, weights):
         con.execute(statement)
-    _broken_release(con, "mad", "dp__audit_min_mad", body=[("FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")])
+    _broken_release(con, name, "dp__audit_min_mad", body=[("FROM dp__mad_stage(", "FROM dp__audit_min_mad_stage(")])
 
 
 def _calibrate(mech: DeclaredMechanism, epsilon: float, delta: float, max_items: int):
@@ -389,7 +391,7 @@ def _sbh_pairs(epsilon: float, delta: float) -> list[Pair]:
 
 
 def _boost_pairs(mech: DeclaredMechanism):
-    """``sips_cumulative``'s dropping and cap: n users hold item 0; the added user holds it and three
+    """The cumulative rule's dropping and cap: n users hold item 0; the added user holds it and three
     items of its own, which the early rounds drop, so its weight on item 0 grows from 1/2 to
     min(1/sqrt(1), 2/sqrt(4)) = 1, the largest the cap allows (sensitivity 1 on item 0)."""
     def pairs(epsilon: float, delta: float) -> list[Pair]:
@@ -433,16 +435,18 @@ def _declared(name: str) -> DeclaredMechanism:
     return mechanisms.all_mechanisms()[name]
 
 
-def _own_replica_cases() -> list[ReplicaCase]:
-    """The audit's own instruments: broken variants of shipped releases (the audit must refute them)."""
-    return [
-        ReplicaCase("broken_sigma", _set_union_sql("dp__audit_broken_sigma", 100), _same,
-                    _threshold_pairs(_declared("weighted_gaussian"), 100, 1, 1.0), setup=_register_broken_sigma,
-                    broken=True, note="BROKEN: weighted_gaussian with sigma/4"),
-        ReplicaCase("broken_mad_min", _set_union_sql("dp__audit_min_mad", 100, ", max_adaptive_degree := 4"), _same,
-                    _mad_min_pair_fn, setup=_register_broken_mad, broken=True,
-                    note="BROKEN: MAD with r(i) = min{0, .}, max_adaptive_degree 4"),
-    ]
+def _broken_sigma_case(mech: DeclaredMechanism, name: str, note: str) -> ReplicaCase:
+    """The audit's own instrument: ``mech`` (a one-shot Gaussian release) with sigma/4 (:func:`_register_broken_sigma`)."""
+    return ReplicaCase(name or "broken_sigma", _set_union_sql("dp__audit_broken_sigma", 100), _same,
+                       _threshold_pairs(mech, 100, 1, 1.0), setup=lambda con: _register_broken_sigma(con, mech.name),
+                       broken=True, note=note or f"BROKEN: {mech.name} with sigma/4")
+
+
+def _broken_mad_min_case(mech: DeclaredMechanism, name: str, note: str) -> ReplicaCase:
+    """The audit's own instrument: ``mech`` (MAD) with the printed min{0, .} (:func:`_register_broken_mad`)."""
+    return ReplicaCase(name or "broken_mad_min", _set_union_sql("dp__audit_min_mad", 100, ", max_adaptive_degree := 4"),
+                       _same, _mad_min_pair_fn, setup=lambda con: _register_broken_mad(con, mech.name), broken=True,
+                       note=note or "BROKEN: MAD with r(i) = min{0, .}, max_adaptive_degree 4")
 
 
 # --------------------------------------------------------------------------------------------
@@ -538,10 +542,10 @@ def _spelling_sql(macro: str) -> Callable[[float, float], str]:
                          f"SELECT item FROM {macro}('dp__audit_noaccent', epsilon := {e!r}, delta := {d!r})")
 
 
-def _register_unsorted(con) -> None:
-    """Weighted Gaussian whose output keeps the engine's hash order (its wrapper without ORDER BY ALL):
+def _register_unsorted(con, name: str) -> None:
+    """Release ``name`` whose output keeps the engine's hash order (its wrapper without ORDER BY ALL):
     a row-order leak."""
-    _broken_release(con, "weighted_gaussian", "dp__audit_unsorted", wrapper=[("\nORDER BY ALL;", ";")])
+    _broken_release(con, name, "dp__audit_unsorted", wrapper=[("\nORDER BY ALL;", ";")])
 
 
 _CANDIDATES = "dp__audit_candidates"
@@ -552,11 +556,11 @@ def _create_candidates(con) -> None:
     con.execute(f"CREATE OR REPLACE TABLE {_CANDIDATES} AS SELECT unnest(['A', 'B']) AS set_id")
 
 
-def _register_private_candidates(con) -> None:
-    """Max coverage whose candidate sets are the set ids of the PRIVATE rows (the attack): a set whose
-    only element is removed leaves the output's support."""
+def _register_private_candidates(con, name: str) -> None:
+    """Coverage release ``name`` whose candidate sets are the set ids of the PRIVATE rows (the attack): a
+    set whose only element is removed leaves the output's support."""
     _create_candidates(con)
-    _broken_release(con, "max_coverage", "dp__audit_private_candidates",
+    _broken_release(con, name, "dp__audit_private_candidates",
                     body=[("FROM dp__candidate_sets(candidates_tbl,", "FROM dp__candidate_sets(tbl,")])
 
 
@@ -572,20 +576,29 @@ def _pure(e: float, d: float) -> tuple[float, float]:
 
 
 def _own_output_cases() -> list[OutputCase]:
-    """The audit's own whole-output cases: the ``dp_set_union`` dispatcher (generated, not a declaration)
-    and broken variants of shipped releases (the audit must refute them)."""
+    """The audit's own whole-output cases: the ``dp_set_union`` dispatcher (generated, not a declaration)."""
     return [
         OutputCase("order_set_union", lambda e, d: f"SELECT item FROM dp_set_union('{{tbl}}', epsilon := {e!r}, "
                                                    f"delta := {d!r})",
                    _same, _order_pairs, note="row order through the dispatcher (default method)"),
         OutputCase("spelling_set_union", _spelling_sql("dp_set_union"), _same, _spelling_pairs,
                    note="item spelling through the dispatcher (default method)"),
-        OutputCase("broken_order", _set_union_sql("dp__audit_unsorted", 100), _same, _order_pairs,
-                   setup=_register_unsorted, broken=True, note="BROKEN: weighted_gaussian without ORDER BY"),
-        OutputCase("broken_coverage", _coverage_sql("dp__audit_private_candidates", 5), _pure, _coverage_pairs,
-                   setup=_register_private_candidates, broken=True,
-                   note="BROKEN: max coverage with candidate sets from the private rows"),
     ]
+
+
+def _broken_order_case(mech: DeclaredMechanism, name: str, note: str) -> OutputCase:
+    """The audit's own instrument: ``mech`` without its ORDER BY (:func:`_register_unsorted`)."""
+    return OutputCase(name or "broken_order", _set_union_sql("dp__audit_unsorted", 100), _same, _order_pairs,
+                      setup=lambda con: _register_unsorted(con, mech.name), broken=True,
+                      note=note or f"BROKEN: {mech.name} without ORDER BY")
+
+
+def _broken_coverage_case(mech: DeclaredMechanism, name: str, note: str) -> OutputCase:
+    """The audit's own instrument: ``mech`` with candidate sets from the private rows
+    (:func:`_register_private_candidates`)."""
+    return OutputCase(name or "broken_coverage", _coverage_sql("dp__audit_private_candidates", 5), _pure,
+                      _coverage_pairs, setup=lambda con: _register_private_candidates(con, mech.name), broken=True,
+                      note=note or "BROKEN: max coverage with candidate sets from the private rows")
 
 
 # -- the kinds of case a declaration names (Mechanism.audit: AuditCase.kind) ---------------------------
@@ -692,6 +705,9 @@ CASE_KINDS: dict[str, Callable[..., Union[ReplicaCase, OutputCase]]] = {
     "element_sample": _element_sample_case, "element_histogram": _element_histogram_case,
     "order": _order_case, "order_ranked": _order_ranked_case, "rows": _rows_case, "spelling": _spelling_case,
     "coverage": _coverage_case,
+    # the audit's own instruments (broken variants it must refute), declared beside the release they break
+    "broken_sigma": _broken_sigma_case, "broken_mad_min": _broken_mad_min_case, "broken_order": _broken_order_case,
+    "broken_coverage": _broken_coverage_case,
 }
 
 
@@ -705,11 +721,13 @@ def declared_case(mech: DeclaredMechanism, spec: AuditCase) -> Union[ReplicaCase
 
 def cases() -> dict[str, Union[ReplicaCase, OutputCase]]:
     """Every audit case, derived from the registry: the replica cases the declarations name (in the
-    registry's order), the audit's own broken ones, then the whole-output cases the declarations name
-    and the audit's own (the dispatcher's, the broken ones)."""
+    registry's order; the broken ones last), then the whole-output cases the declarations name, the
+    audit's own (the dispatcher's) and the broken ones."""
     declared = [declared_case(m, spec) for m in mechanisms.all_mechanisms().values() for spec in m.audit]
-    ordered = ([c for c in declared if isinstance(c, ReplicaCase)] + _own_replica_cases()
-               + [c for c in declared if isinstance(c, OutputCase)] + _own_output_cases())
+    replica = [c for c in declared if isinstance(c, ReplicaCase)]
+    output = [c for c in declared if isinstance(c, OutputCase)]
+    ordered = ([c for c in replica if not c.broken] + [c for c in replica if c.broken]
+               + [c for c in output if not c.broken] + _own_output_cases() + [c for c in output if c.broken])
     out: dict[str, Union[ReplicaCase, OutputCase]] = {}
     for case in ordered:
         if case.name in out:

@@ -60,7 +60,7 @@ from dpsql.core import accounting, calibration, release
 from dpsql import union
 from dpsql.core.calibration import Accounting
 from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_param, delta_param, epsilon_param,
-                             max_items_param, tbl_param, user_item_example)
+                             max_items_param, tbl_param, user_item_example, with_role)
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import (
     DELTA_MIN,
@@ -83,8 +83,9 @@ __all__ = ["K_LIMIT", "check_k", "peeling_epsilon", "TopKCalibration", "top_k_ca
            "limited_domain_calibration", "user_peeling", "top_k", "hitting_set", "top_k_limited_domain", "udfs",
            "MECHANISMS"]
 
-# [MM] discovers the domain with WGM (= weighted_gaussian); the SQL macros use the same default.
-DEFAULT_DOMAIN_METHOD = "weighted_gaussian"
+# The set-union method that discovers the domain by default: the one declaring the role "top_k_domain"
+# ([MM] uses WGM); the SQL macros' headers are generated with the same default.
+DEFAULT_DOMAIN_METHOD = with_role(union.METHODS.values(), "top_k_domain")
 
 # --------------------------------------------------------------------------
 # Calibration (pure)

@@ -619,11 +619,13 @@ MECHANISMS: tuple[Mechanism, ...] = (
         description="MaxAdaptiveDegree: Basic's noise and threshold, excess weight of items far above the "
                     "threshold rerouted to the others ([MAD] Alg. 3)",
         proof="mad", calibrate=mad_set_union_calibration, rounds=1, sql="30_union/20_adaptive.sql",
-        spark=SparkForm("mad", mad_calibration), gaussian_domain=True,
+        spark=SparkForm("biased_round", mad_calibration), gaussian_domain=True,
         example=user_item_example(max_adaptive_degree="50", beta="2"),
         audit=(_THRESHOLD,
                AuditCase("mad_min", name="mad_adaptive", note="max_adaptive_degree 4, rerouting dataset"),
-               _ORDER)),
+               _ORDER,
+               # the audit's own instrument: the printed min{0, .} of Alg. 3 line 6, which it must refute
+               AuditCase("broken_mad_min"))),
     Mechanism(
         name="mad2r", family="set_union", macro="dp_set_union_mad2r", unit="user",
         params=user_item_params(
@@ -638,7 +640,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
         description="MAD in two rounds (budget 0.1/0.9), round two biased by round one's noisy weights "
                     "([MAD] Alg. 4)",
         proof="mad2r", calibrate=mad2r_set_union_calibration, rounds=2, sql="30_union/20_adaptive.sql",
-        spark=SparkForm("mad2r", mad2r_calibration), gaussian_domain=True,
+        spark=SparkForm("two_rounds", mad2r_calibration), gaussian_domain=True,
         # the best method the Spark backend runs (benchmarks/README.md, "Utility"): its default
         preference=2,
         example=user_item_example(max_adaptive_degree="50", beta="2", split="[0.1, 0.9]", b_min="0.5", b_max="2.0",
@@ -650,6 +652,6 @@ MECHANISMS: tuple[Mechanism, ...] = (
         description="DP-SIPS: Basic in two rounds (budget 0.1/0.9), round two without round one's items "
                     "(Swanberg et al. 2023)",
         proof="sips", calibrate=sips_set_union_calibration, rounds=2, sql="30_union/20_adaptive.sql",
-        spark=SparkForm("sips", sips_calibration), gaussian_domain=True,
+        spark=SparkForm("peeling_rounds", sips_calibration), gaussian_domain=True,
         example=user_item_example(split="[0.1, 0.9]"), audit=(_THRESHOLD, _ORDER)),
 )

@@ -93,7 +93,7 @@ import pyarrow as pa
 from duckdb.sqltypes import BIGINT, DOUBLE, VARCHAR
 
 from dpsql.core.errors import InputError, ParameterError
-from dpsql.core import calibration
+from dpsql.union import basic
 from dpsql.core.calibration import SetUnionCalibration
 from dpsql.core.noise import NoiseSource
 from dpsql.core.mechanism import (EXAMPLE_PUBLIC_ORDER, EXAMPLE_USER_ITEMS, AuditCase, Mechanism, Param,
@@ -168,13 +168,13 @@ def policy_laplace_calibration(epsilon: float, delta: float, max_items: int) -> 
     Same noise and threshold as Weighted Laplace: the l1-descent histogram has
     l1 sensitivity 1 and novel items get ``<= 1/t``.
     """
-    return calibration.weighted_laplace_calibration(epsilon, delta, max_items)
+    return basic.weighted_laplace_calibration(epsilon, delta, max_items)
 
 
 @user_budget
 def policy_gaussian_calibration(epsilon: float, delta: float, max_items: int) -> SetUnionCalibration:
     """Policy Gaussian ([DPSU] Alg. 6, Thm 5.1): ``sigma(eps, delta/2)``, ``rho_Gauss`` with ``h(t) = 1/sqrt(t)``."""
-    return calibration.weighted_gaussian_calibration(epsilon, delta, max_items)
+    return basic.weighted_gaussian_calibration(epsilon, delta, max_items)
 
 
 def greedy_update_threshold(epsilon: float, delta: float) -> float:

@@ -6,6 +6,17 @@
 -- (sql/00_core/00_release.sql: parameters bound once, checked, charged once, rows sorted). Calibration:
 -- dpsql/core/calibration.py. epsilon and delta have no default: a default would spend budget nobody typed.
 
+-- Release threshold of Weighted Gaussian / WGM / Basic at total budget (epsilon, delta):
+-- sigma = dp_gaussian_sigma(epsilon, delta/2),
+-- rho = max_{t <= max_items} 1/sqrt(t) + sigma * PhiInv((1 - delta/2)^(1/t))   (Gopi et al. 2020, Thm 5.1).
+CREATE OR REPLACE TEMP MACRO dp_gaussian_threshold(epsilon DOUBLE, delta DOUBLE, max_items DOUBLE := 100) AS
+    dp__gaussian_threshold(epsilon, delta, max_items);
+
+-- Release threshold of Weighted Laplace at total budget (epsilon, delta), noise Lap(1/epsilon):
+-- rho = max_{t <= max_items} 1/t + (1/epsilon) * ln(1 / (2 (1 - (1 - delta)^(1/t))))   (Gopi et al. 2020, Thm 4.1).
+CREATE OR REPLACE TEMP MACRO dp_laplace_threshold(epsilon DOUBLE, delta DOUBLE, max_items DOUBLE := 100) AS
+    dp__laplace_threshold(epsilon, delta, max_items);
+
 -- Pre-noise item weights of the independent update policies. NOT a release: these are exact
 -- aggregates of the raw data (tests and audits use them); only the macros below publish.
 -- weighting: 'count' adds 1 per capped user (count baselines), 'inverse' adds 1/d (Weighted
