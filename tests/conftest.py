@@ -1,7 +1,12 @@
-"""Shared fixtures. Tests never need ../shared: tests on real data skip when it is absent."""
+"""Shared fixtures. Tests never need ../shared: tests on real data skip when it is absent.
+
+The tests live in one folder per room of the package (core, union, topk, groupby, pws, optimize,
+frontends, tools), plus ``conformance`` (the checks every declared mechanism passes) and ``docs``.
+"""
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -9,6 +14,12 @@ import pytest
 
 import dpsql
 from dpsql.core.registration import source_of
+
+
+# A test module may reuse another room's data or checks by module name (``import test_release``; pytest
+# puts only the module's own folder on sys.path): every room's folder is importable.
+sys.path[:0] = [str(p) for p in sorted(Path(__file__).resolve().parent.iterdir())
+                if p.is_dir() and p.name.isidentifier() and str(p) not in sys.path]
 
 
 # CI installs each extra into its own virtualenv and sets DPSQL_REQUIRE to the extras (and tools, e.g.

@@ -131,7 +131,7 @@ class Example:
     ``setup`` is SQL that creates the tables the call reads (any number of statements); ``args`` the
     valid SQL text of every parameter (a name -> text pair each); ``order_by`` the columns the
     released rows are sorted by (the order key first). The tests pass the required parameters by
-    position, the others by name (``tests/test_release.py``).
+    position, the others by name (``tests/conformance/test_release.py``).
     """
 
     setup: str
@@ -207,7 +207,7 @@ class Mechanism:
     # The named defaults of other rooms this declaration fills (each held by exactly one declaration of
     # its family; :func:`with_role`), e.g. "top_k_domain": dp_top_k's default domain method.
     roles: tuple[str, ...] = ()
-    # A small valid call, for the conformance tests (tests/test_release.py).
+    # A small valid call, for the conformance tests (tests/conformance/test_release.py).
     example: Optional[Example] = None
     # Its cases in the empirical privacy audit (dpsql.tools.audit).
     audit: tuple[AuditCase, ...] = ()

@@ -19,7 +19,7 @@ module's ``MECHANISMS``; the families added from outside follow, in the order th
 ends list them in this order (the set-union methods: basic, adaptive, cumulative, policy).
 
 Front ends derive from this registry: the CLI, the Spark backend, the audit's cases and the tests that
-enumerate mechanisms (``tests/test_mechanisms.py`` checks each declaration against the registered SQL
+enumerate mechanisms (``tests/conformance/test_mechanisms.py`` checks each declaration against the registered SQL
 macro, its proof note, and every front end). The set-union methods, which the ``dp_set_union``
 dispatcher and the top-k domain step choose among, are :data:`dpsql.union.METHODS`.
 """

@@ -61,7 +61,7 @@ def check_positive(name: str, value: object) -> float:
 # GreedyUpdate threshold); such budgets release nothing anyway, so a value this small is a mistake.
 # The bounds apply to the parameters the user passed. The shares a mechanism derives from them (a
 # round's fraction of split, top-k's halves, a Gaussian threshold's delta/2) are checked only to be
-# > 0 (see derived_budget): tests/test_python_api.py checks that every calibration stays finite at
+# > 0 (see derived_budget): tests/frontends/test_python_api.py checks that every calibration stays finite at
 # the smallest user values with the smallest split fraction (SPLIT_MIN in dpsql.union.adaptive).
 EPSILON_MIN = 1e-200
 # delta has a second, stronger floor: the samplers draw 53-bit uniforms, so an event meant to have

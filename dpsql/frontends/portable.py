@@ -18,7 +18,7 @@ translate (a whole macro, or one CTE as ``output``) has the line
 body marker, or a CTE's first line); :func:`stages` lists them. :func:`stage_sql`
 refuses any other stage, and binds only the stage's relation parameters and its
 inputs (the CTEs and nested macros it reads), so a backend addresses no internal
-name of a macro beyond the marked stage's interface; ``tests/test_portable.py``
+name of a macro beyond the marked stage's interface; ``tests/frontends/test_portable.py``
 checks the marks and their translations.
 
 The translation also makes the DuckDB dialect's implicit choices explicit:

@@ -82,7 +82,7 @@ _SET_COL = _col("set_col", "set_id", "the set id column (of tbl and of the publi
 _ELEMENT_COL = _col("element_col", "element", "the element column of tbl")
 _K = Param("k", "DOUBLE", REQUIRED, check_k, "number of sets / centres to choose")
 
-# The examples' data (tests/test_release.py, tests/test_optimize_release.py): every table twice, so a
+# The examples' data (tests/conformance/test_release.py, tests/optimize/test_optimize_release.py): every table twice, so a
 # test can pass a second valid value.
 EXAMPLE_SETS = """
 CREATE TABLE sets AS SELECT * FROM (VALUES (1, 10), (1, 11), (2, 11), (2, 12), (3, 13), (9, 14)) v(set_id, element);

@@ -96,7 +96,7 @@ _SPLIT_TOLERANCE = 1e-9
 # Smallest budget fraction of one round. A round with less than a millionth of the budget releases
 # nothing; the bound keeps each round's share of the smallest accepted epsilon and delta
 # (dpsql.core.validation.EPSILON_MIN, DELTA_MIN) in the range where the calibrations were checked to stay
-# finite (tests/test_python_api.py), so no error ever quotes a round's share instead of the user's value.
+# finite (tests/frontends/test_python_api.py), so no error ever quotes a round's share instead of the user's value.
 SPLIT_MIN = 1e-6
 
 

@@ -1,6 +1,6 @@
 -- Contribution bounding shared by every user-level mechanism.
 -- A line `-- dpsql:portable <name>` directly above a macro or CTE marks a stage other engines may
--- translate (dpsql/frontends/portable.py; checked by tests/test_portable.py): rename it only with its users.
+-- translate (dpsql/frontends/portable.py; checked by tests/frontends/test_portable.py): rename it only with its users.
 
 -- The (user_id, item) rows of one table or view, one per input row. `tbl` is typed VARCHAR so that a
 -- list of tables is refused by the binder: one release reads one table.
@@ -53,7 +53,7 @@ FROM (SELECT user_id, item, hash(xor(hash(user_id, item), s)) AS h
       WHERE d > max_items)
 QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY h) <= max_items;
 
--- The same capped rows (for one salt: the same rows, tests/test_union.py), computed by one window
+-- The same capped rows (for one salt: the same rows, tests/union/test_union.py), computed by one window
 -- over the distinct pairs. For callers that store the capped rows themselves (MAD, MAD2R, DP-SIPS:
 -- their rounds re-read them): dp__capped_user_items reads the pairs three times, so DuckDB stores
 -- the pairs and the degrees as well, two more copies that spill on a table larger than memory.

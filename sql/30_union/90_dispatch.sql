@@ -1,6 +1,6 @@
 -- GENERATED from the set-union declarations (dpsql.union.METHODS) by dpsql.union.dispatch_sql():
 -- do not edit; write dpsql.union.dispatch_sql() to sql/30_union/90_dispatch.sql after adding a method
--- (tests/test_mechanisms.py fails while this file and the declarations disagree).
+-- (tests/conformance/test_mechanisms.py fails while this file and the declarations disagree).
 --
 -- dp__body_set_union(tbl, epsilon, delta, method := ...): the BODY of every set-union method, by name,
 -- for the releases that use a set union as one of their steps (dp_top_k's domain, dp_group_by's

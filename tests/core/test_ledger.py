@@ -224,7 +224,7 @@ def test_over_budget_release_fails_whole_and_charges_nothing(con):
 def test_table_budget_through_sql(con):
     con.execute("CREATE VIEW v AS FROM t")
     dpsql.set_budget(con, 0.5, 1e-5, scope="t")
-    for name in ("t", "v"):  # a view is charged to the table it reads (tests/test_scopes.py)
+    for name in ("t", "v"):  # a view is charged to the table it reads (tests/core/test_scopes.py)
         with pytest.raises(duckdb.Error, match="scope 'memory.main.t'"):
             con.sql(f"FROM dp_set_union_weighted_gaussian('{name}', epsilon := 0.6, delta := 1e-5)").fetchall()
     con.sql("FROM dp_set_union_weighted_gaussian('v', epsilon := 0.5, delta := 1e-5)").fetchall()

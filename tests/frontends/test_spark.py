@@ -4,7 +4,7 @@ forms give the same rows), releases have the distribution the calibration predic
 engines, and bad input fails with the same errors. The session's Python workers cannot import
 duckdb or dpsql (dpsql's tasks are shipped by value), and a plain local session runs dpsql's tasks
 with the driver's interpreter whatever python3 PATH finds. Skips when pyspark or Java is missing;
-the translation itself is tested without them (tests/test_portable.py)."""
+the translation itself is tested without them (tests/frontends/test_portable.py)."""
 from __future__ import annotations
 
 import json
@@ -695,7 +695,7 @@ def test_group_by_count_only_calibration_numbers(spark):
     out = dspark.group_by(frame, epsilon=1.0, delta=1e-5, max_items=10, selection="count_laplace", seed=4)
     assert out.columns == ["item", "count", "count_scale", "count_ci"]
     got = out.collect()
-    # the numbers of tests/test_group_by.py::test_count_only_split_and_scale
+    # the numbers of tests/groupby/test_group_by.py::test_count_only_split_and_scale
     assert all(r["count_scale"] == 20.0 and r["count_ci"] == 59.91455078125 for r in got)
     assert [r["item"] for r in got] == sorted(r["item"] for r in got)
 

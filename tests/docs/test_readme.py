@@ -2,7 +2,7 @@
 
 Each block runs in a fresh folder holding `events.duckdb` (tables `user_items`, `events`, `counts`)
 and `data.parquet`, so that the examples cannot drift from the code. Spark blocks run in
-tests/test_spark.py's session-dependent tests instead, and need a DataFrame `df`: they are skipped.
+tests/frontends/test_spark.py's session-dependent tests instead, and need a DataFrame `df`: they are skipped.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import dpsql
 from dpsql.frontends import cli
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _blocks(language: str) -> list[tuple[int, str]]:
@@ -87,7 +87,7 @@ def test_sql_block_runs(folder, line_no, block):
 @pytest.mark.parametrize("line_no, block", _blocks("python"), ids=lambda v: str(v) if isinstance(v, int) else "")
 def test_python_block_runs(folder, line_no, block, capsys):
     if "spark" in block:
-        pytest.skip("Spark blocks need a SparkSession and a DataFrame (tests/test_spark.py)")
+        pytest.skip("Spark blocks need a SparkSession and a DataFrame (tests/frontends/test_spark.py)")
     namespace = {"dpsql": dpsql, "existing_connection": duckdb.connect()}
     exec(compile(block, f"README.md:{line_no}", "exec"), namespace)
     if "refused" in block:  # the ledger example: the second release is refused, naming its scope

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "pws_figures.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "pws_figures.py"
 
 
 @pytest.fixture(scope="module")

@@ -133,7 +133,7 @@ def macro_con():
 # The per-macro tests below share one private connection while this module runs (opening one costs ~0.5 s:
 # it registers every macro and UDF): each case replaces the tables of the one before (_replace_tables) and
 # counts its charges from where the ledger stood; a refusal leaves the connection usable. Called directly
-# (tests/test_toy_mechanism.py runs them for a family registered after this module's connection was
+# (tests/conformance/test_toy_mechanism.py runs them for a family registered after this module's connection was
 # opened), each opens a connection of its own.
 _SHARED: dict[str, object] = {}
 
@@ -401,7 +401,7 @@ NOT_RELEASES = {
     "dpsql.core.state.attach", "dpsql.core.state.state_of", "dpsql.core.state.source_of", "dpsql.core.state.ledger_of",
     "dpsql.core.state.current_ledger",
     "dpsql.core.ledger.resolve_scope",
-    "dpsql.core.runner.run",  # runs a caller's work (a release among others: tests/test_runner.py)
+    "dpsql.core.runner.run",  # runs a caller's work (a release among others: tests/core/test_runner.py)
     "dpsql.optimize.baselines.eval_set_cover_cost", "dpsql.tools.metrics.evaluate",  # NON-private evaluation
 }
 
@@ -482,7 +482,7 @@ def test_internal_macros_that_read_private_rows_are_documented(macro_con):
     # of a private table without a charge, so that nobody mistakes one for a release.
     from pathlib import Path
 
-    readme = Path(__file__).resolve().parents[1] / "README.md"
+    readme = Path(__file__).resolve().parents[2] / "README.md"
     if not readme.is_file():
         pytest.skip("README.md is not next to the tests")
     text = readme.read_text(encoding="utf-8")

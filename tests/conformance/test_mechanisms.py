@@ -21,7 +21,7 @@ from dpsql.core.sqltext import sql_dir, sql_files
 from conftest import registered_signature, same_value
 from test_release import release_cases
 
-PROOFS = Path(__file__).resolve().parents[1] / "docs" / "proofs"
+PROOFS = Path(__file__).resolve().parents[2] / "docs" / "proofs"
 ALL = mechanisms.all_mechanisms()
 
 
@@ -107,7 +107,7 @@ def check_proof_note(mech: Mechanism) -> None:
 
 
 def check_example_is_a_release_case(mech: Mechanism) -> None:
-    # tests/test_release.py runs every releasing macro through the release-path checks, with this call
+    # tests/conformance/test_release.py runs every releasing macro through the release-path checks, with this call
     assert mech.example is not None, f"declare a small valid call of {mech.macro} (Mechanism.example)"
     assert mech.macro in release_cases()
     assert set(mech.example.arguments) == set(mech.param_names), mech.name  # every parameter is exercised
@@ -297,7 +297,7 @@ def test_a_declaration_refuses_an_unknown_unit_and_duplicate_parameters():
 
 def test_only_the_generated_wrappers_charge():
     # A mechanism's SQL holds its body: the charge (and the unit it records, the declaration's) is the
-    # generated wrapper's alone (tests/test_release.py checks the unit each release records).
+    # generated wrapper's alone (tests/conformance/test_release.py checks the unit each release records).
     for f in sqltext.files():
         if f.name != "00_core/05_ledger.sql":
             assert "dp__charge(" not in f.text, f.name

@@ -4,8 +4,8 @@ The toy family lives in a temporary directory: its module (a declaration and its
 file and its proof note, and nothing else. ``dpsql.core.registry.add_family`` -- the hook dpsql's own
 families go through when they are discovered -- registers it; then it is found by SQL (its generated
 releasing macro runs and charges the ledger), by Python (the registry), by the CLI's list of
-mechanisms, by the audit, and by the conformance checks of tests/test_mechanisms.py and
-tests/test_release.py. It is removed at the end of each test: nothing leaks into other tests.
+mechanisms, by the audit, and by the conformance checks of tests/conformance/test_mechanisms.py and
+tests/conformance/test_release.py. It is removed at the end of each test: nothing leaks into other tests.
 """
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ def test_the_conformance_checks_run_over_it(toy, monkeypatch):
     test_mechanisms.check_privacy_parameters_are_required(mech)
     test_mechanisms.check_proof_note(mech)
     test_mechanisms.check_example_is_a_release_case(mech)
-    # tests/test_release.py's release-path checks, with the cases derived afresh (the toy's among them)
+    # tests/conformance/test_release.py's release-path checks, with the cases derived afresh (the toy's among them)
     monkeypatch.setattr(test_release, "CASES", test_release.release_cases())
     assert "dp_toy_count" in test_release.CASES
     con = dpsql.connect()

@@ -21,7 +21,7 @@ _EVAL_DATA = ("CREATE TABLE t AS SELECT u AS user_id, 'i' || j AS item FROM rang
               "CREATE TABLE rel AS SELECT * FROM (VALUES ('i0'), ('i1')) v(item);")
 _EVAL = {"tbl": "'t'", "released_tbl": "'rel'", "user_col": "'user_id'", "item_col": "'item'", "released_col": "'item'"}
 
-# Valid calls of the macros that release nothing (the releasing ones come from tests/test_release.py).
+# Valid calls of the macros that release nothing (the releasing ones come from tests/conformance/test_release.py).
 LOCAL_CASES: dict[str, Case] = {
     "dp_eval_missing_mass": Case(_EVAL_DATA, ("tbl", "released_tbl"), {**_EVAL, "p": "1"}),
     "dp_eval_top_k_missing_mass": Case(_EVAL_DATA, ("tbl", "released_tbl", "k"), {**_EVAL, "k": "2"}),

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import duckdb
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dbt"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dbt"
 
 # the dbt project is built once for the file: its tests stay on one xdist worker
 pytestmark = pytest.mark.xdist_group('dbt')

@@ -512,7 +512,7 @@ def test_duckdb_table_scope_budget_applies_to_cli_releases(data, tmp_path):
 
 # ---------------------------------------------------------------- defaults: the SQL macro's
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 README_CLI = ("dpsql set-union events.duckdb --table user_items --user-col uid --item-col query "
               "--epsilon 1 --delta 1e-5 --json")
 
