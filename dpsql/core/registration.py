@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 import weakref
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Optional, Union
 
 import duckdb
@@ -111,14 +113,17 @@ def _registered_udfs(con: duckdb.DuckDBPyConnection) -> set[str]:
 
 
 def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource,
-                       ledger: Union[None, str, os.PathLike, ledger_mod.Ledger] = None) -> None:
+                       ledger: Union[None, str, os.PathLike, ledger_mod.Ledger] = None, *,
+                       _new_instance: bool = False) -> None:
     """Register every family's UDFs on ``con``, their randomness drawn from ``source``.
 
     ``ledger`` receives the charges of every release (see :func:`dpsql.core.ledger.ledger_for`: a
     connection registered again keeps its ledger). Releases are marked seeded when ``source`` is.
+    ``_new_instance``: ``con`` is the only connection of a database instance just opened (no UDF and no
+    registration to look up: each lookup scans DuckDB's whole function list).
     """
     ledger = ledger_mod.ledger_for(con, ledger, state.current_ledger(con))  # before any change: a refused ledger changes nothing
-    existing = _registered_udfs(con)
+    existing = set() if _new_instance else _registered_udfs(con)
     declared = [udf for provider in udf_providers() for udf in provider(source)] + \
         ledger_sql.udfs(ledger, seeded=source.seeded)
     for udf in declared:
@@ -127,7 +132,7 @@ def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource
         # SPECIAL null handling: the UDF sees NULL parameters and rejects them by name.
         con.create_function(udf.name, udf.fn, list(udf.params), udf.returns, type=duckdb.func.ARROW,
                             null_handling=duckdb.func.SPECIAL, side_effects=udf.side_effects)
-    found = _instance_registration(con)
+    found = None if _new_instance else _instance_registration(con)
     if found is None:
         token = secrets.token_hex(8)
 
@@ -156,10 +161,29 @@ def register_macros(con: duckdb.DuckDBPyConnection) -> None:
     what the families generate beyond them, e.g. the
     dispatchers that call them (a macro binds against the macros that exist when it is created).
     """
-    con.execute(sqltext.script())
-    con.execute(release.wrappers_sql(mechanisms.all_mechanisms()))
-    for text in mechanisms.generated_sql():
-        con.execute(text)
+    for statement in _statements(sqltext.script(), release.wrappers_sql(mechanisms.all_mechanisms()),
+                                 *mechanisms.generated_sql()):
+        con.execute(statement)
+
+
+_PARSING = threading.Lock()
+
+
+def _statements(*texts: str) -> tuple[duckdb.Statement, ...]:
+    """The statements of ``texts``, parsed once per process (keyed by the text, which follows the registry):
+    a connection then only creates the macros. Parsed on a private connection (not the module's default
+    one, which is the user's), one thread at a time (dbt registers cursors from several threads)."""
+    with _PARSING:
+        return _parse(texts)
+
+
+@lru_cache(maxsize=4)
+def _parse(texts: tuple[str, ...]) -> tuple[duckdb.Statement, ...]:
+    parser = duckdb.connect()
+    try:
+        return tuple(s for text in texts for s in parser.extract_statements(text))
+    finally:
+        parser.close()
 
 
 def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None,
@@ -189,7 +213,13 @@ def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None,
     thread, since the order in which DuckDB hands rows to the noise UDF
     otherwise varies between runs.
     """
-    found = _instance_registration(con)
+    return _register(con, seed=seed, ledger=ledger, new_instance=False)
+
+
+def _register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int],
+              ledger: Union[None, str, os.PathLike, ledger_mod.Ledger],
+              new_instance: bool) -> duckdb.DuckDBPyConnection:
+    found = None if new_instance else _instance_registration(con)
     if found is not None and found[1].owner() is not con:
         return _register_member(con, found[1], seed=seed, ledger=ledger)
     # The ledger first: a refused ledger leaves the connection (source, threads) as it was.
@@ -199,7 +229,7 @@ def register(con: duckdb.DuckDBPyConnection, *, seed: Optional[int] = None,
     else:
         source = noise.seeded_source(seed)
         con.execute("SET threads = 1")
-    register_functions(con, source, ledger)
+    register_functions(con, source, ledger, _new_instance=new_instance)
     register_macros(con)
     return con
 
@@ -231,6 +261,9 @@ def connect(database: str = ":memory:", *, read_only: bool = False, config: Opti
             seed: Optional[int] = None,
             ledger: Union[None, str, os.PathLike, ledger_mod.Ledger] = None) -> duckdb.DuckDBPyConnection:
     """``duckdb.connect(...)`` with dpsql registered (see :func:`register` for ``seed`` and ``ledger``)."""
-    con = duckdb.connect(os.fspath(database), read_only=read_only, config=config or {})
-    return register(con, seed=seed, ledger=ledger)
+    path = os.fspath(database)
+    con = duckdb.connect(path, read_only=read_only, config=config or {})
+    # An unnamed in-memory database is a new instance whose only connection is this one; a file (or a
+    # named in-memory database) may be an instance this process has open already.
+    return _register(con, seed=seed, ledger=ledger, new_instance=path in (":memory:", ""))
 
