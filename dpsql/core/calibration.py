@@ -196,7 +196,7 @@ def laplace_threshold(scale: float, delta_novel: float, max_items: int,
 
 
 # --------------------------------------------------------------------------
-# Per-mechanism calibration of the set-union family
+# What a calibration returns (the families compute them: e.g. dpsql.union.basic)
 # --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
