@@ -18,7 +18,7 @@ from scipy import special, stats
 import dpsql
 from dpsql.union import adaptive
 from dpsql.core import calibration
-from dpsql.union import basic
+from dpsql.union import basic as union_basic
 from dpsql import union
 from dpsql.core.registration import source_of
 from dpsql.core.validation import DPParameterError, derived_budget
@@ -175,7 +175,7 @@ def capped_sets(con, table="t", max_items=100):
 
 def test_mad_calibration_is_basic_plus_adaptive_threshold():
     r = adaptive.mad_calibration(1.0, 1e-5, 100)
-    basic = basic.weighted_gaussian_calibration(1.0, 1e-5, 100)
+    basic = union_basic.weighted_gaussian_calibration(1.0, 1e-5, 100)
     assert (r.sigma, r.rho) == (basic.scale, basic.threshold)
     assert r.tau == pytest.approx(28.55803, abs=5e-6)
     assert r.tau == r.rho + 2 * r.sigma
@@ -247,7 +247,7 @@ def test_tight_rounds_have_less_noise_and_compose_to_the_charged_budget(eps, del
     assert sigmas == pytest.approx(tight_sigmas(eps, delta, split), rel=1e-7)
     for f, r in zip(split, rounds):
         with derived_budget():  # the additive calibration of the same split (f delta may be < 1e-15)
-            additive = basic.weighted_gaussian_calibration(f * eps, f * delta, 100)
+            additive = union_basic.weighted_gaussian_calibration(f * eps, f * delta, 100)
             assert r.threshold == calibration.gaussian_threshold(r.scale, f * delta / 2, 100)
         assert r.scale < additive.scale and r.threshold < additive.threshold
     # The accountant's total (dp-accounting, analytic Gaussian of mu) is within the charge.

@@ -17,7 +17,7 @@ from scipy import stats
 
 import dpsql
 from dpsql.core import calibration
-from dpsql.union import basic
+from dpsql.union import basic as union_basic
 from dpsql.union import cumulative
 from dpsql.core import sqltext
 from dpsql.core.registration import source_of
@@ -114,7 +114,7 @@ def test_one_round_is_basic(drop_margin, max_boost):
     """One round drops nothing: without dropping it is Basic exactly; with dropping, Basic with 0.6 delta
     for the noise and 0.4 delta for the novel items under the union bound."""
     [r] = cumulative.sips_cumulative_calibration(1.0, 1e-5, 100, [1.0], drop_margin, max_boost)
-    basic = basic.weighted_gaussian_calibration(1.0, 1e-5, 100)
+    basic = union_basic.weighted_gaussian_calibration(1.0, 1e-5, 100)
     assert r.drop_below is None
     if drop_margin is None:
         assert (r.sigma, r.mean_sigma) == pytest.approx((basic.scale, basic.scale), rel=1e-9)
@@ -129,7 +129,7 @@ def test_the_last_round_has_the_whole_budget_in_its_mean():
     c = dpsql.calibrate("sips_cumulative", 1.0, 1e-5, 100)
     s = calibration.gaussian_sigma(1.0, 0.6e-5)  # the default drops: 0.6 delta for the Gaussian rounds
     assert c.scale == pytest.approx(s, rel=1e-8)  # s/sqrt(F_R) with F_R = 1
-    basic = basic.weighted_gaussian_calibration(1.0, 1e-5, 100)
+    basic = union_basic.weighted_gaussian_calibration(1.0, 1e-5, 100)
     assert basic.threshold < c.threshold < basic.threshold + basic.scale  # 0.36 delta for the novel items
     assert len(c.rounds) == 7 and c.accounting.accountant == "gaussian"
 
