@@ -324,14 +324,17 @@ def test_release_probability_matches_calibration(method):
     targets = [c_cal.threshold + k * noise_sd for k in (-1.5, -0.5, 0.0, 0.5, 1.5)]
     counts = [max(1, round(t / per_user)) for t in targets]
     rows = degree_four_rows(counts)
+    # 300 independent trials: one release over 300 disjoint copies of the data (users and items renamed per
+    # copy). Every item's noise is its own draw and no user is capped (degree 4 = max_items), so the copies
+    # are independent trials, as the audit's replicas (dpsql.tools.audit).
+    runs = 300
+    n_users = max(u for u, _ in rows) + 1
+    copies = [(u + k * n_users, f"{i}_c{k}") for k in range(runs) for u, i in rows]
     con = seeded(1000 + METHODS.index(method))
     try:
-        load(con, rows)
-        runs = 300
-        hits = Counter()
-        for _ in range(runs):
-            hits.update(x for x in released(con, method, epsilon=eps, delta=delta, max_items=cap)
-                        if x.startswith("item"))
+        load(con, copies)
+        hits = Counter(x.split("_")[0] for x in released(con, method, epsilon=eps, delta=delta, max_items=cap)
+                       if x.startswith("item"))
     finally:
         con.close()
     for idx, c in enumerate(counts):
