@@ -59,7 +59,7 @@ from dpsql.core.validation import (EPSILON_MIN, DPParameterError, check_column_p
 
 __all__ = ["AGGREGATES", "DEFAULT_SPLIT", "DEFAULT_CONFIDENCE", "PRE_THRESHOLD_METHODS", "GroupByCalibration",
            "group_by_calibration", "check_aggregates", "check_selection_share", "check_confidence", "check_pre_threshold",
-           "laplace_ci", "check_call", "group_by", "udfs", "MECHANISMS"]
+           "laplace_ci", "check_call", "group_by", "udfs", "generated_sql", "MECHANISMS"]
 
 AGGREGATES = ("count", "sum", "mean")
 # Half of epsilon selects, half measures: the count noise then has twice the continuous scale of a
@@ -488,3 +488,13 @@ MECHANISMS: tuple[Mechanism, ...] = (
         group_by_calibration(epsilon, None, max_items, aggregates, value_col, lower, upper, None, None, confidence),
         rounds=1),
 )
+
+
+def generated_sql() -> str:
+    """``dp_group_by_calibration(...)``: dp_group_by's calibration without running it, its parameters (names,
+    types, defaults) generated from the ``group_by`` declaration's, the table and column names left out
+    (the registry creates it after the releasing macros)."""
+    mech = next(m for m in MECHANISMS if m.name == "group_by")
+    params = [p for p in mech.params if p.name not in ("tbl", "user_col", "item_col")]
+    return (f"CREATE OR REPLACE TEMP MACRO dp_group_by_calibration({release.signature(params)}) AS\n"
+            f"    dp__group_by_calibration({', '.join(p.name for p in params)}, 'user_id', 'item');\n")

@@ -7,13 +7,9 @@
 -- Output: item, then per requested aggregate its value, its noise scale (Laplace b; none for the mean)
 -- and the half-width of a `confidence` interval; rows sorted by item.
 
--- The calibration of dp_group_by without running it (dpsql.groupby.group_by_calibration): the noise
--- scale, grid and interval half-width of each measurement, from the public parameters only.
-CREATE OR REPLACE TEMP MACRO dp_group_by_calibration(epsilon DOUBLE, delta DOUBLE, max_items DOUBLE := 100,
-        aggregates VARCHAR[] := ['count'], value_col VARCHAR := NULL, lower DOUBLE := NULL, upper DOUBLE := NULL,
-        selection VARCHAR := 'sips_cumulative', split DOUBLE := 0.5, pre_threshold DOUBLE := 1, confidence DOUBLE := 0.95) AS
-    dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
-                             pre_threshold, confidence, 'user_id', 'item');
+-- dp_group_by_calibration(epsilon, delta, ...), dp_group_by's calibration without running it (the noise scale,
+-- grid and interval half-width of each measurement, from the public parameters only), is generated from the
+-- declaration (dpsql.groupby.generated_sql), so its defaults are dp_group_by's.
 
 -- (user_id, item, v) per input row; v = value_col as DOUBLE (NULL when value_col is NULL). The value
 -- column must have a type whose conversion to DOUBLE cannot fail (dp__check_value_type, on the schema
