@@ -3,7 +3,7 @@
     python examples/coverage_by_frequency.py [DATA.parquet] [--output coverage.png] [--seed N]
 
 DATA is a Parquet file with columns user_id, item (default: the embedded r/AskReddit sample).
-Each method runs once at epsilon = 1, delta = 1e-5, max_items = 100. The released sets are
+Each method runs once at epsilon = 1, delta = 1e-5, max_items = 100 (where the method takes it). The released sets are
 private; the per-frequency counts are computed from the raw data with dp_eval_coverage_by_frequency
 and are a NON-PRIVATE evaluation. Needs matplotlib (pip install "dpsql[plot]").
 """
@@ -22,7 +22,9 @@ def coverage(con, methods: list[str]) -> dict[str, list[tuple]]:
     """method -> rows (bucket, min_frequency, max_frequency, items, released_items). NON-PRIVATE."""
     out = {}
     for method in methods:
-        released = dpsql.set_union(con, "data", method, epsilon=1.0, delta=1e-5, max_items=100)
+        # max_items where the method bounds contributions by it (greedy_update bounds them its own way)
+        cap = {"max_items": 100} if "max_items" in dpsql.METHODS[method].param_names else {}
+        released = dpsql.set_union(con, "data", method, epsilon=1.0, delta=1e-5, **cap)
         con.register("released_items", released)
         try:
             out[method] = con.execute("FROM dp_eval_coverage_by_frequency('data', 'released_items')").fetchall()
