@@ -88,7 +88,7 @@ Dot commands (at the start of a line):
   .timer on|off       print the run time of each statement
   .read FILE          run the SQL and dot commands of FILE
   .bail on|off        stop a script (-c, standard input, .read) at its first error
-  .quit, .exit        leave (Ctrl-D also works; Ctrl-C stops a running statement, except a release
+  .quit, .exit [CODE] leave, with exit code CODE if given (Ctrl-D also works; Ctrl-C stops a running statement, except a release
                       already charged: that one finishes so that its rows are shown)
 Flags: -c SQL, -csv, -json, -markdown, -line, -readonly, -bail, --ledger FILE ('dpsql shell --help')."""
 
@@ -268,6 +268,7 @@ class Shell:
         self.errors = 0
         self.interrupted = False
         self.done = False
+        self.exit_code: Optional[int] = None  # .exit CODE / .quit CODE: the process's exit code
         self._depth = 0
         self._noted_files: set[str] = set()
 
@@ -455,6 +456,16 @@ class Shell:
         handler(self, arg)
 
     def _quit(self, arg: str) -> None:
+        # As the DuckDB CLI: `.exit CODE` leaves with that exit code (an integer 0-255).
+        if arg:
+            try:
+                code = int(arg)
+            except ValueError:
+                code = -1
+            if not 0 <= code <= 255:
+                self._error(f"Error: dpsql: .exit takes an exit code, an integer from 0 to 255 (got {arg!r})")
+                return
+            self.exit_code = code
         self.done = True
 
     def _help(self, arg: str) -> None:
@@ -756,6 +767,8 @@ def run_shell(database: Optional[str] = None, command: Optional[str] = None, *,
             _interactive(shell, database)
         else:
             shell.feed_all(stdin)
+        if shell.exit_code is not None:
+            return shell.exit_code
         if interactive:
             return 0
         return 130 if shell.interrupted else (1 if shell.failed else 0)

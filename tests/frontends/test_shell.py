@@ -170,6 +170,21 @@ def test_quit_and_unknown_dot_command():
     assert r.returncode == 1 and "Error: dpsql: unknown command '.nope'" in r.stderr
 
 
+@pytest.mark.parametrize("command, code", [(".exit 3", 3), (".quit 0", 0), (".exit", 0), (".exit 255", 255)])
+def test_exit_with_a_code_leaves_with_it(command, code):
+    r = shell(stdin=f"SELECT 1 AS one;\n{command}\nSELECT 2 AS two;\n")
+    assert r.returncode == code and "one" in r.stdout and "two" not in r.stdout, r.stderr
+    r = shell(f"SELECT 1 AS one;\n{command}")  # -c (a dot command on its own line, as in the DuckDB CLI)
+    assert r.returncode == code, r.stderr
+
+
+@pytest.mark.parametrize("arg", ["x", "-1", "256", "1.5"])
+def test_exit_with_a_bad_code_is_an_error_and_does_not_leave(arg):
+    r = shell(stdin=f".exit {arg}\nSELECT 2 AS two;\n")
+    assert r.returncode == 1 and "two" in r.stdout
+    assert f"Error: dpsql: .exit takes an exit code, an integer from 0 to 255 (got '{arg}')" in r.stderr
+
+
 def test_help_mentions_the_macros():
     r = shell(".help")
     assert r.returncode == 0 and "dp_set_union" in r.stdout and ".tables" in r.stdout
