@@ -60,10 +60,14 @@ _REGISTRATIONS: dict[str, _Registration] = {}
 _TOKEN_PREFIX = "dp__registration_"
 
 
-def _instance_registration(con: duckdb.DuckDBPyConnection) -> Optional[tuple[str, _Registration]]:
-    # A registration none of whose connections is alive any more belongs to a closed database.
+def _forget_closed() -> None:
+    """Drop the registrations none of whose connections is alive any more (they belong to closed databases)."""
     for token in [t for t, r in _REGISTRATIONS.items() if not len(r.members)]:
         del _REGISTRATIONS[token]
+
+
+def _instance_registration(con: duckdb.DuckDBPyConnection) -> Optional[tuple[str, _Registration]]:
+    _forget_closed()
     rows = con.execute("SELECT function_name FROM duckdb_functions() WHERE starts_with(function_name, $1)",
                        [_TOKEN_PREFIX]).fetchall()
     for (name,) in rows:
@@ -132,6 +136,8 @@ def register_functions(con: duckdb.DuckDBPyConnection, source: noise.NoiseSource
         # SPECIAL null handling: the UDF sees NULL parameters and rejects them by name.
         con.create_function(udf.name, udf.fn, list(udf.params), udf.returns, type=duckdb.func.ARROW,
                             null_handling=duckdb.func.SPECIAL, side_effects=udf.side_effects)
+    if _new_instance:
+        _forget_closed()  # the lookup below, which also does it, is skipped
     found = None if _new_instance else _instance_registration(con)
     if found is None:
         token = secrets.token_hex(8)

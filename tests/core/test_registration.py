@@ -297,3 +297,23 @@ def test_a_cursor_per_thread_charges_the_one_ledger(con):
     assert len(results) == 3 and all(r == [("x",)] for r in results)
     assert len(errors) == 1 and "exceeded" in str(errors[0])
     assert dpsql.budget(con)[0].epsilon_spent == pytest.approx(3.0)
+
+
+def test_closed_in_memory_databases_leave_no_registration_behind():
+    """A registration holds its database's UDFs, noise source and ledger: once every connection of that
+    database is gone, registering the next one forgets it (in-memory connections skip the catalog lookup
+    that used to do it)."""
+    import gc
+
+    from dpsql.core import registration
+
+    gc.collect()
+    before = len(registration._REGISTRATIONS)
+    for _ in range(5):
+        dpsql.connect().close()
+    gc.collect()
+    last = dpsql.connect()
+    try:
+        assert len(registration._REGISTRATIONS) <= before + 1
+    finally:
+        last.close()
