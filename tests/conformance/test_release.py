@@ -342,6 +342,7 @@ def test_rows_come_out_in_released_order(name):
     assert list(zip(*keys)) == sorted(zip(*keys)), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["weighted_gaussian", "policy_laplace"])
 def test_issue_attack_row_order_does_not_reveal_the_added_user(method):
     # The attack of the issue: 2,000 users hold A-E; D' adds one user holding only E as the table's first

@@ -171,6 +171,7 @@ def _first_a_probability(eps: float, a_elems: int, b_elems: int) -> float:
                for i in range(a_elems + 1) for j in range(b_elems + 1))
 
 
+@pytest.mark.slow
 def test_issue_attack_candidate_support_does_not_depend_on_private_rows():
     # The attack of the issue: D has ('A',1), ('A',2), ('B',3); D' removes element 3, B's only element.
     # With the set ids taken from the private rows, k = 5 released {A, B} on D in 200/200 runs and {A}

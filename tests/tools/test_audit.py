@@ -241,6 +241,7 @@ def test_runs_too_few_to_refute_the_claim_are_refused():
         audit.audit("mad", epsilon=2.5, runs=30)
 
 
+@pytest.mark.slow
 def test_unsorted_release_is_refuted_by_the_order_event():
     # the broken order is deterministic (E first on D' only): 40 vs 0 hits in 40 runs give
     # ln(0.9119 / 0.0881) = 2.34 at confidence 0.95, whatever the pilot picks among the order events

@@ -424,6 +424,7 @@ def _frequencies(sets: dict, rounds, runs: int, max_boost=None, tilt=0.0, chunk=
     return {i: int(c) for i, c in zip(items, counts) if c}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data, eps, drop_margin, max_boost, tilt", [
     ("layered", 1.0, None, None, None),  # epsilon 1: most of the 52 items are released in 5-95 % of runs
     ("layered", 1.0, 3.0, 2.0, 0.7),     # the default
@@ -488,6 +489,7 @@ def test_dropping_changes_what_the_reference_releases():
     assert gap > 8 * math.sqrt(np.sum(p * (1 - p)) / 60), gap
 
 
+@pytest.mark.slow
 def test_cumulative_rule_releases_more_than_per_round_sips_on_the_same_data():
     """Issue 17's claim on a synthetic table (the real datasets: benchmarks/README.md): seeded runs, the
     two methods with the same seed (one connection each, four runs on it); the cumulative rule must
