@@ -227,7 +227,9 @@ def check_table_name(table: object) -> str:
             "table must be the name of one table or view, not a list; to combine tables, "
             "create a view with UNION ALL first so that each user is one user across them")
     if not isinstance(table, str) or not table.strip():
-        raise DPParameterError(f"table must be a table or view name, got {table!r}")
+        # the type only: an object's repr (a DataFrame's) shows its rows
+        raise DPParameterError(f"table must be a table or view name, got "
+                               f"{repr(table) if isinstance(table, str) else 'a ' + type(table).__qualname__}")
     return table
 
 

@@ -53,6 +53,7 @@ from dpsql.core.errors import engine_errors
 from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_param, delta_param, epsilon_param,
                              max_items_param, tbl_param, user_item_example, with_role)
 from dpsql.core.udf import Udf, scalar
+from dpsql.core.inputs import accepts_tables
 from dpsql.core.validation import (EPSILON_MIN, DPParameterError, check_column_pair, check_delta, check_epsilon,
                               check_identifier, check_max_items, check_table_name, derived_budget, sql_string,
                               warn_weak_parameters)
@@ -398,6 +399,7 @@ def _check_value_column(table: str, value_col: str, schema: list[tuple[str, str]
                                f"first, e.g. CREATE VIEW v AS SELECT *, TRY_CAST({value_col} AS DOUBLE) AS value ...")
 
 
+@accepts_tables("table", "items_tbl")
 def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delta: Optional[float] = None,
              aggregates: Sequence[str] = ("count",), value_col: Optional[str] = None,
              lower: Optional[float] = None, upper: Optional[float] = None, max_items: int = 100,
@@ -408,7 +410,9 @@ def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delt
 
     Without ``items_tbl`` runs ``dp_group_by`` (selection by ``selection`` at ``(epsilon split,
     delta)``); with it runs ``dp_group_by_public`` (every listed item, ``(epsilon, 0)``; ``delta``
-    must then be left out). Rows sorted by item.
+    must then be left out). Rows sorted by item. ``table`` and ``items_tbl``: a name or a file path, as
+    for the SQL macros, or the data itself (a DataFrame, an Arrow table, a relation of ``con``: the scope
+    each is charged to is in :mod:`dpsql.core.inputs`).
     """
     mech = MECHANISMS[0] if items_tbl is None else MECHANISMS[1]
     union._check_registered(con, mech.macro)

@@ -26,6 +26,7 @@ from dpsql.optimize.common import (_check_positive_param, _columns, _ids, _liter
                                    check_k)
 from dpsql.optimize.subsampling import EPS0, above_threshold, exponential_rate, poisson_subsample, subsampling_probability
 from dpsql.core.validation import DPParameterError, check_epsilon, sql_string
+from dpsql.core.inputs import accepts_tables
 
 
 def heavy_hitters_calibration(epsilon: float, k: int, horizon: int, n_buckets: int,
@@ -128,6 +129,7 @@ def _shifting_heavy_hitters_arrays(source: NoiseSource, user_idx, time_idx, buck
                           n_users, horizon, n_buckets, k, cal["tau"], EPS0)
 
 
+@accepts_tables("tbl", "buckets_tbl")
 def shifting_heavy_hitters(con: duckdb.DuckDBPyConnection, tbl: str, buckets_tbl: str, k: int, horizon: int,
                            epsilon: float, failure_probability: float = 0.05, *, user_col: str = "user_id",
                            time_col: str = "t", bucket_col: str = "bucket") -> pa.Table:

@@ -28,6 +28,7 @@ from dpsql.core.noise import NoiseSource
 from dpsql.optimize.common import K_LIMIT, _columns, _ids, _literal, _release, check_k
 from dpsql.optimize.subsampling import EPS0, poisson_subsample, repeated_em, subsampling_probability
 from dpsql.core.validation import DPParameterError, check_epsilon, sql_string
+from dpsql.core.inputs import accepts_tables
 
 
 def _check_n_bound(n_bound: object) -> int:
@@ -144,6 +145,7 @@ def _k_median(source: NoiseSource, locations, distances, k: int, epsilon: float,
     return _local_search(dq, t_arr, h_noisy, k)
 
 
+@accepts_tables("tbl", "candidates_tbl", "distances_tbl")
 def k_median(con: duckdb.DuckDBPyConnection, tbl: str, candidates_tbl: str, distances_tbl: str, k: int,
              epsilon: float, n_bound: int, *, q: int = 1, point_col: str = "point",
              candidate_col: str = "candidate_id", distance_point_col: str = "point",

@@ -29,6 +29,7 @@ from dpsql.optimize.common import (_columns, _Coverage, _gather, _ids, _literal,
                                    check_failure_probability, check_k)
 from dpsql.optimize.subsampling import EPS0, exp_mech, poisson_subsample, subsampling_probability
 from dpsql.core.validation import DPParameterError, check_epsilon, sql_string
+from dpsql.core.inputs import accepts_tables
 
 
 def _matroid_parts(part_of_set, capacities, n_sets: int) -> tuple[np.ndarray, np.ndarray]:
@@ -159,6 +160,7 @@ def _matroid_coverage_arrays(source: NoiseSource, set_idx, elem_idx, n_sets: int
     return rounded[exp_mech(source, values, EPS0 / 2)]
 
 
+@accepts_tables("tbl", "parts_tbl", "capacities_tbl")
 def matroid_coverage(con: duckdb.DuckDBPyConnection, tbl: str, parts_tbl: str, capacities_tbl: str,
                      epsilon: float, *, eta: float = 0.2, failure_probability: float = 0.05,
                      samples: Optional[int] = None, set_col: str = "set_id", element_col: str = "element",

@@ -22,6 +22,7 @@ from dpsql.core.noise import NoiseSource
 from dpsql.optimize.common import _columns, _Coverage, _literal, _release, check_k
 from dpsql.optimize.subsampling import EPS0, exp_mech, poisson_subsample, subsampling_probability
 from dpsql.core.validation import check_epsilon, sql_string
+from dpsql.core.inputs import accepts_tables
 
 
 def _coverage_greedy(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_elems: int, k: int,
@@ -58,6 +59,7 @@ def _max_coverage_arrays(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_
     return _coverage_greedy(source, sub.set_idx, sub.elem_idx, n_sets, n_elems, k, EPS0)
 
 
+@accepts_tables("tbl", "candidates_tbl")
 def max_coverage(con: duckdb.DuckDBPyConnection, tbl: str, candidates_tbl: str, k: int, epsilon: float,
                  *, set_col: str = "set_id", element_col: str = "element") -> pa.Table:
     """Pure eps-DP max k-coverage (``dp_max_coverage``): (rank, set_id) in the greedy's order, charged once.

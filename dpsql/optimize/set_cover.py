@@ -26,6 +26,7 @@ from dpsql.core.noise import NoiseSource
 from dpsql.optimize.common import _check_positive_param, _columns, _Coverage, _literal, _release
 from dpsql.optimize.subsampling import EPS0, poisson_subsample
 from dpsql.core.validation import check_epsilon, sql_string
+from dpsql.core.inputs import accepts_tables
 
 
 def greedy_scaling_epsilons(epsilon: float, rounds: int) -> list[float]:
@@ -98,6 +99,7 @@ def _greedy_scaling(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_elems
     return perm
 
 
+@accepts_tables("tbl", "candidates_tbl")
 def set_cover(con: duckdb.DuckDBPyConnection, tbl: str, candidates_tbl: str, epsilon: float, *,
               set_col: str = "set_id", element_col: str = "element", tau_constant: float = 1000.0) -> pa.Table:
     """Pure eps-DP set cover (``dp_set_cover``, DPGreedyScaling): every candidate set of ``candidates_tbl``

@@ -9,8 +9,10 @@ from dpsql.core.errors import engine_errors
 from dpsql.pws.params import check_pws_parameters
 from dpsql.pws.sanitizer import check_frequency_range
 from dpsql.core.validation import check_identifier, check_table_name, sql_string
+from dpsql.core.inputs import accepts_tables
 
 
+@accepts_tables("tbl")
 def weighted_sample(con, tbl: str, epsilon: float, delta: float, *, tau: Optional[float] = None,
                     scheme: str = "ppswor", power: float = 1.0, with_frequencies: bool = False,
                     key_col: str = "key", freq_col: Optional[str] = None) -> pa.Table:

@@ -62,6 +62,7 @@ from dpsql.core.calibration import Accounting
 from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_param, delta_param, epsilon_param,
                              max_items_param, tbl_param, user_item_example, with_role)
 from dpsql.core.udf import Udf, scalar
+from dpsql.core.inputs import accepts_tables
 from dpsql.core.validation import (
     DELTA_MIN,
     EPSILON_MIN,
@@ -437,17 +438,20 @@ def _release(con: duckdb.DuckDBPyConnection, macro: str, **given: object) -> pa.
     return release.run(con, f"SELECT rank, item FROM {release.call_sql(mech, values)} ORDER BY rank")
 
 
+@accepts_tables("table")
 def top_k(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float, delta: float,
           max_items: int = 100, domain_method: str = DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
           item_col: str = "item") -> pa.Table:
     """Unknown-domain top-k (``dp_top_k``): an Arrow table ``(rank, item)`` of at most k rows.
 
-    ``table``: a table or view name or a file path DuckDB can read, as for the SQL macros.
+    ``table``: a table or view name or a file path DuckDB can read, as for the SQL macros, or the data
+    itself (a DataFrame, an Arrow table, a relation of ``con``: :mod:`dpsql.core.inputs`).
     """
     return _release(con, "dp_top_k", tbl=table, k=k, epsilon=epsilon, delta=delta, max_items=max_items,
                     domain_method=domain_method, user_col=user_col, item_col=item_col)
 
 
+@accepts_tables("table")
 def hitting_set(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: float, delta: float,
                 max_items: int = 100, domain_method: str = DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
                 item_col: str = "item") -> pa.Table:
@@ -456,6 +460,7 @@ def hitting_set(con: duckdb.DuckDBPyConnection, table: str, k: int, *, epsilon: 
                     domain_method=domain_method, user_col=user_col, item_col=item_col)
 
 
+@accepts_tables("table")
 def top_k_limited_domain(con: duckdb.DuckDBPyConnection, table: str, k: int, k_bar: float, *,
                          epsilon: float, delta: float, max_items: Optional[int] = None,
                          user_col: str = "user_id", item_col: str = "item") -> pa.Table:

@@ -40,6 +40,7 @@ from dpsql.core.errors import engine_errors
 from dpsql.core.mechanism import Mechanism, Param, preferred, sql_literal
 from dpsql.core.state import current_ledger, source_of
 from dpsql.core.udf import Udf, scalar
+from dpsql.core.inputs import accepts_tables
 from dpsql.core.validation import (
     DPParameterError,
     check_column_pair,
@@ -202,6 +203,7 @@ def _check_columns(con: duckdb.DuckDBPyConnection, table: str, user_col: str, it
                 f"Pass {param} := '<column name>'")
 
 
+@accepts_tables("table")
 def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_METHOD, *,
               epsilon: float, delta: float, max_items: Optional[int] = None,
               user_col: str = "user_id", item_col: str = "item",
@@ -210,7 +212,9 @@ def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_
 
     ``table`` is what the SQL macros accept as ``tbl``: a table or view name
     (``'user_items'``, ``'main.user_items'``) or a file path DuckDB can read
-    (``'events.parquet'``, ``'events.csv'``).
+    (``'events.parquet'``, ``'events.csv'``); or the data itself: a pandas or
+    Polars DataFrame, an Arrow table or a DuckDB relation of ``con`` (the scope
+    each is charged to: :mod:`dpsql.core.inputs`).
 
     Runs the SQL macro of ``method`` once on a connection prepared by
     :func:`dpsql.register` and returns the released items as a one-column
