@@ -720,20 +720,63 @@ class Ledger:
         """Set (replace) the total budget of ``scope``; releases already charged stay charged.
 
         ``scope`` is resolved without a connection (:meth:`scope`); :func:`set_budget`
-        resolves it on the connection instead.
+        resolves it on the connection instead. A budget below what the scope has already spent is
+        refused with a :class:`~dpsql.core.errors.ParameterError`, changing nothing: the releases are
+        made, and a budget that claims otherwise would make the ledger's ``remaining`` a lie. A budget
+        equal to the spending is allowed: it closes the scope (no further release fits). Setting the
+        budget a scope already has is allowed whatever it has spent (it changes nothing; e.g. dbt sets
+        its configured budget at every connection).
         """
+        return self._set_budget(epsilon, delta, scope, write=True)
+
+    def check_budget(self, epsilon: float, delta: float, scope: str = DATABASE_SCOPE) -> Budget:
+        """The budget :meth:`set_budget` would set now, or its refusal; changes nothing (a check before
+        setting several budgets, so that one refused leaves all unset)."""
+        return self._set_budget(epsilon, delta, scope, write=False)
+
+    def _set_budget(self, epsilon: float, delta: float, scope: str, write: bool) -> Budget:
         budget = Budget(self.scope(scope), check_epsilon(epsilon), _check_budget_delta(delta))
         with self._transaction() as db:
-            db.execute("INSERT INTO budgets VALUES (?, ?, ?) ON CONFLICT(scope) DO UPDATE SET "
-                       "epsilon = excluded.epsilon, delta = excluded.delta",
-                       (budget.scope, budget.epsilon, budget.delta))
+            # Checked inside the write transaction: no charge can slip in between the check and the write.
+            current = db.execute("SELECT epsilon, delta FROM budgets WHERE scope = ?", (budget.scope,)).fetchone()
+            if current is None or tuple(current) != (budget.epsilon, budget.delta):
+                self._check_not_below_spent(db, budget)
+            if write:
+                db.execute("INSERT INTO budgets VALUES (?, ?, ?) ON CONFLICT(scope) DO UPDATE SET "
+                           "epsilon = excluded.epsilon, delta = excluded.delta",
+                           (budget.scope, budget.epsilon, budget.delta))
         return budget
 
-    def remove_budget(self, scope: str = DATABASE_SCOPE) -> None:
-        """Remove the limit of ``scope`` (its releases stay recorded)."""
+    def _check_not_below_spent(self, db: sqlite3.Connection, budget: Budget) -> None:
+        """Raise a ParameterError naming the parameter, the spending and the fix if ``budget`` is below it."""
+        if budget.scope == DATABASE_SCOPE:
+            spent = db.execute("SELECT epsilon, delta FROM releases").fetchall()
+        else:
+            spent = db.execute(_SPENT.format(s="main"), (budget.scope, budget.scope)).fetchall()
+        eps_spent = math.fsum(r[0] for r in spent)
+        delta_spent = math.fsum(r[1] for r in spent)
+        # The slack of the charge's check (_check): a budget that the charges fit is never "below" them.
+        below = [(name, value, used) for name, value, used in (("epsilon", budget.epsilon, eps_spent),
+                                                                ("delta", budget.delta, delta_spent))
+                 if used > value * (1 + _SLACK)]
+        if not below:
+            return
+        # 12 significant digits: the amount said is one that passes (rounding stays within the slack).
+        said = " and ".join(f"{name}={value:.12g} is below the {name} already spent ({used:.12g})"
+                            for name, value, used in below)
+        least = ", ".join(f"{name} >= {used:.12g}" for name, _, used in below)
+        where = "" if self.path is None else f" (ledger {str(self.path)})"
+        raise DPParameterError(
+            f"dpsql: budget of scope '{budget.scope}'{where}: {said} by its {len(spent)} release"
+            f"{'' if len(spent) == 1 else 's'}; a budget cannot undo releases already made, so nothing was "
+            f"changed. Set at least what is spent ({least}; exactly that closes the scope: no further release "
+            f"fits), or remove the budget to lift the limit")
+
+    def remove_budget(self, scope: str = DATABASE_SCOPE) -> bool:
+        """Remove the limit of ``scope`` (its releases stay recorded); whether it had one."""
         key = self.scope(scope)
         with self._transaction() as db:
-            db.execute("DELETE FROM budgets WHERE scope = ?", (key,))
+            return db.execute("DELETE FROM budgets WHERE scope = ?", (key,)).rowcount > 0
 
     def budgets(self) -> list[Budget]:
         with self._transaction() as db:

@@ -644,3 +644,63 @@ def test_missing_ledger_file_is_created_whole(tmp_path):
     assert Ledger(path).budgets() == []
     assert path.read_bytes().startswith(b"SQLite format 3\x00")
     assert sorted(os.listdir(tmp_path)) == ["new.dpsql-ledger"]  # no temporary file left behind
+
+
+# -- setting a budget: never below what is spent --------------------------------------------------
+
+def test_budget_below_what_is_spent_is_refused_and_changes_nothing():
+    led = Ledger()
+    led.charge("m", "user", "t", 0.5, 1e-6)
+    led.set_budget(2.0, 1e-4)
+    led.set_budget(1.0, 1e-4, scope="t")
+    with pytest.raises(dpsql.ParameterError, match=r"scope 'database'.*epsilon=0\.4 is below the epsilon already "
+                                                   r"spent \(0\.5\).*Set at least what is spent \(epsilon >= 0\.5"):
+        led.set_budget(0.4, 1e-4)
+    with pytest.raises(dpsql.ParameterError, match=r"scope 'memory\.main\.t'.*delta=1e-07 is below the delta "
+                                                   r"already spent \(1e-06\).*delta >= 1e-06.*remove the budget"):
+        led.set_budget(1.0, 1e-7, scope="t")
+    with pytest.raises(dpsql.ParameterError, match="below"):
+        led.check_budget(0.4, 1e-4)
+    assert [(b.scope, b.epsilon, b.delta) for b in led.budgets()] == [("database", 2.0, 1e-4),
+                                                                       ("memory.main.t", 1.0, 1e-4)]
+    # a scope without a budget cannot get one below its spending either
+    led.remove_budget("t")
+    with pytest.raises(dpsql.ParameterError, match="below"):
+        led.set_budget(0.25, 1e-4, scope="t")
+    assert [b.scope for b in led.budgets()] == ["database"]
+
+
+def test_budget_equal_to_what_is_spent_closes_the_scope():
+    led = Ledger()
+    for _ in range(10):  # 0.1 ten times sums to 0.9999999999999999 or so: the budget 1.0 is not below it
+        led.charge("m", "user", "t", 0.1, 1e-7)
+    assert led.set_budget(1.0, 1e-6, scope="t").epsilon == 1.0
+    assert led.check_budget(1.0, 1e-6).epsilon == 1.0  # only checks: 'database' keeps no budget
+    assert [b.scope for b in led.budgets()] == ["memory.main.t"]
+    with pytest.raises(BudgetExceededError, match="scope 'memory.main.t' exceeded"):
+        led.charge("m", "user", "t", 0.01, 0.0)
+    led.charge("m", "user", "u", 0.01, 0.0)  # another table is not closed
+
+
+def test_setting_a_budget_again_unchanged_is_allowed_whatever_was_spent(tmp_path):
+    # A ledger whose budget was lowered below its spending before that was refused: setting the same budget
+    # again (dbt does at every connection) changes nothing and is not refused; any other value below is.
+    path = _old_ledger(tmp_path, ", seeded INTEGER NOT NULL DEFAULT 0", """
+        INSERT INTO budgets VALUES ('database', 1.0, 1e-5);
+        INSERT INTO releases VALUES (1, 0, 'm', 'user', 'shop.main.t', 1.5, 0, '', '', 0);
+        PRAGMA user_version = 1;""")
+    led = Ledger(path)
+    led.set_budget(1.0, 1e-5)
+    with pytest.raises(dpsql.ParameterError, match=r"epsilon=1\.2 is below the epsilon already spent \(1\.5\)"):
+        led.set_budget(1.2, 1e-5)
+    assert [(b.epsilon, b.delta) for b in led.budgets()] == [(1.0, 1e-5)]
+
+
+def test_python_set_budget_below_spent_is_refused(con):
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5, delta := 1e-5)").fetchall()
+    dpsql.set_budget(con, epsilon=1.0, delta=1e-4, scope="t")
+    with pytest.raises(dpsql.ParameterError, match=r"scope 'memory\.main\.t'.*epsilon=0\.25 is below"):
+        dpsql.set_budget(con, epsilon=0.25, delta=1e-4, scope="T")
+    assert con.sql("SELECT scope, epsilon_budget FROM dp_budget() WHERE epsilon_budget IS NOT NULL").fetchall() == [
+        ("memory.main.t", 1.0)]
+

@@ -510,6 +510,23 @@ def test_duckdb_table_scope_budget_applies_to_cli_releases(data, tmp_path):
     assert spent == {"database": (0.6, 1), "shop.main.events": (0.6, 1)}
 
 
+def test_budget_set_below_what_is_spent_is_refused_and_changes_nothing(data, tmp_path):
+    from dpsql.core.ledger import Ledger
+
+    ledger = tmp_path / "l.dpsql-ledger"
+    assert cli("set-union", str(data.dir / "data.parquet"), *PARAMS, "--ledger", str(ledger)).returncode == 0
+    assert cli("budget", "set", str(ledger), "--epsilon", "2", "--delta", "1e-4").returncode == 0
+    r = cli("budget", "set", str(ledger), "--epsilon", "0.5", "--delta", "1e-4")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("Error: dpsql: budget of scope 'database'"), r.stderr
+    assert "epsilon=0.5 is below the epsilon already spent (1)" in r.stderr and "epsilon >= 1" in r.stderr
+    assert [(b.scope, b.epsilon, b.delta) for b in Ledger(ledger).budgets()] == [("database", 2.0, 1e-4)]
+    # equal to what is spent: allowed, and the scope is closed
+    assert cli("budget", "set", str(ledger), "--epsilon", "1", "--delta", "1e-5").returncode == 0
+    r = cli("set-union", str(data.dir / "data.parquet"), *PARAMS, "--ledger", str(ledger))
+    assert r.returncode == 1 and "exceeded" in r.stderr and charges(ledger) == 1
+
+
 # ---------------------------------------------------------------- defaults: the SQL macro's
 
 README = Path(__file__).resolve().parents[2] / "README.md"
