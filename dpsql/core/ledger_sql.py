@@ -79,9 +79,10 @@ def udfs(ledger: Ledger, seeded: bool = False) -> list[Udf]:
         return pa.array([rows] * len(dummy))
 
     def releases(dummy: pa.Array) -> pa.Array:
+        # Ledger.releases() gives parameters and calibration as JSON text ("" for none: NULL in SQL).
         rows = [{"release_id": r.id, "released_at": r.time, "mechanism": r.mechanism, "unit": r.unit,
-                 "table_name": r.table, "epsilon": r.epsilon, "delta": r.delta, "parameters": r.parameters,
-                 "calibration": r.calibration, "seeded": r.seeded}
+                 "table_name": r.table, "epsilon": r.epsilon, "delta": r.delta, "parameters": r.parameters or None,
+                 "calibration": r.calibration or None, "seeded": r.seeded}
                 for r in ledger.releases()]
         return pa.array([rows] * len(dummy))
 

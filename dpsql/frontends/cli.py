@@ -1181,7 +1181,11 @@ def _seeded_per_scope(status, releases) -> dict[str, int]:
 
 
 def _release_doc(release: ledger_mod.Release) -> dict[str, Any]:
-    doc = dataclasses.asdict(release) if dataclasses.is_dataclass(release) else dict(vars(release))
+    """One release as JSON: released_at in ISO 8601 UTC, parameters and calibration as JSON values."""
+    if isinstance(release, ledger_mod.Release):
+        doc = release.to_json()
+    else:  # a release-like object from elsewhere: its fields as they are
+        doc = dataclasses.asdict(release) if dataclasses.is_dataclass(release) else dict(vars(release))
     doc["seeded"] = _seeded(release)
     doc["private"] = not doc["seeded"]
     return doc
@@ -1189,6 +1193,39 @@ def _release_doc(release: ledger_mod.Release) -> dict[str, Any]:
 
 SEEDED_NOTE = ("seeded releases used reproducible noise (--seed / seed=): they are NOT differentially private, "
                "and the budget counts them like any other release")
+
+
+def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    """A plain text table whose column widths come from its cells (a scope name may be any length)."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip() + "\n"
+
+    return line(headers) + "".join(line(r) for r in rows)
+
+
+def _spent_of(spent: Sequence[str], budget: Sequence[str]) -> list[str]:
+    """``spent / budget`` cells whose slashes line up."""
+    ws, wb = max(map(len, spent), default=0), max(map(len, budget), default=0)
+    return [f"{a:>{ws}} / {b:<{wb}}".rstrip() for a, b in zip(spent, budget)]
+
+
+def _status_table(status: Sequence[ledger_mod.ScopeStatus], seeded: dict[str, int]) -> str:
+    eps = _spent_of([_fmt(s.epsilon_spent) for s in status], [_fmt(s.epsilon_budget) for s in status])
+    delta = _spent_of([_fmt(s.delta_spent) for s in status], [_fmt(s.delta_budget) for s in status])
+    # the spent / budget cells are left-aligned (their slashes line up); the counts are right-aligned
+    rows = [(s.scope, e, d, str(s.releases), str(seeded[s.scope])) for s, e, d in zip(status, eps, delta)]
+    return _text_table(("scope", "epsilon spent / budget", "delta spent / budget", "releases", "seeded (NOT private)"),
+                       rows, right=(3, 4))
+
+
+def _releases_table(releases: Sequence[ledger_mod.Release]) -> str:
+    rows = [(str(r.id), time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.time)), r.unit, f"{r.epsilon:.6g}",
+             f"{r.delta:.6g}", "NO (seeded)" if _seeded(r) else "yes", r.table, r.mechanism) for r in releases]
+    return _text_table(("id", "released at (UTC)", "unit", "epsilon", "delta", "private", "table", "mechanism"),
+                       rows, right=(0,))
 
 
 def cmd_budget(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -1214,22 +1251,12 @@ def cmd_budget(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             doc["releases"] = [_release_doc(r) for r in releases]
         out.write(json.dumps(doc, indent=2) + "\n")
     elif args.action == "releases":
-        out.write("id  released at (UTC)      unit     epsilon     delta        private      table  mechanism\n")
-        for r in releases:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.time))
-            private = "NO (seeded)" if _seeded(r) else "yes"
-            out.write(f"{r.id:<3} {when}  {r.unit:<8} {r.epsilon:<11.6g} {r.delta:<12.6g} {private:<12} "
-                      f"{r.table}  {r.mechanism}\n")
+        out.write(_releases_table(releases))
         if any(_seeded(r) for r in releases):
             out.write(f"NOT PRIVATE: {SEEDED_NOTE}\n")
     else:
         out.write(f"ledger: {ledger.path} (basic composition: sums)\n")
-        out.write("scope                epsilon spent / budget     delta spent / budget   releases  "
-                  "seeded (NOT private)\n")
-        for s in status:
-            out.write(f"{s.scope:<20} {_fmt(s.epsilon_spent):>10} / {_fmt(s.epsilon_budget):<10}  "
-                      f"{_fmt(s.delta_spent):>10} / {_fmt(s.delta_budget):<10} {s.releases:>6}  "
-                      f"{seeded[s.scope]:>6}\n")
+        out.write(_status_table(status, seeded))
         if any(seeded.values()):
             out.write(f"NOT PRIVATE: {SEEDED_NOTE}\n")
     out.flush()

@@ -36,9 +36,10 @@ FROM (SELECT unnest(dp__budget_status(0)) AS s);
 
 -- Every charged release, oldest first: when (a TIMESTAMP in UTC; a TIMESTAMPTZ would need pytz in Python),
 -- which mechanism, privacy unit ('user', 'record' or 'element'),
--- which scopes (the tables and files it read, comma-separated), its (epsilon, delta), its other parameters, the calibration it
--- used, and whether it was made on a seeded connection (reproducible noise: NOT private).
+-- which scopes (the tables and files it read, comma-separated), its (epsilon, delta), its other parameters and the
+-- calibration it used (JSON; NULL when none was recorded; a ledger written by an older dpsql is read into the same
+-- JSON, dpsql.core.ledger.json_text), and whether it was made on a seeded connection (reproducible noise: NOT private).
 CREATE OR REPLACE TEMP MACRO dp_releases() AS TABLE
 SELECT r.release_id, make_timestamp((r.released_at * 1e6)::BIGINT) AS released_at, r.mechanism, r.unit, r.table_name,
-       r.epsilon, r.delta, r.parameters, r.calibration, r.seeded
+       r.epsilon, r.delta, r.parameters::JSON AS parameters, r.calibration::JSON AS calibration, r.seeded
 FROM (SELECT unnest(dp__budget_releases(0)) AS r);

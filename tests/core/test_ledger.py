@@ -704,3 +704,58 @@ def test_python_set_budget_below_spent_is_refused(con):
     assert con.sql("SELECT scope, epsilon_budget FROM dp_budget() WHERE epsilon_budget IS NOT NULL").fetchall() == [
         ("memory.main.t", 1.0)]
 
+
+# -- releases as JSON with UTC times ----------------------------------------------------------------
+
+def test_dp_releases_parameters_are_json_and_released_at_a_utc_timestamp(con):
+    import datetime
+
+    con.sql("FROM dp_set_union_weighted_laplace('t', epsilon := 1.0, delta := 1e-5, max_items := 3)").fetchall()
+    types = dict(con.sql("SELECT column_name, column_type FROM (DESCRIBE FROM dp_releases())").fetchall())
+    assert (types["parameters"], types["calibration"], types["released_at"]) == ("JSON", "JSON", "TIMESTAMP")
+    ((max_items, noise, at),) = con.sql("SELECT parameters->>'max_items', calibration->>'noise', released_at "
+                                        "FROM dp_releases()").fetchall()
+    assert (max_items, noise) == ("3", "laplace")
+    (release,) = dpsql.releases(con)
+    utc = datetime.datetime.fromtimestamp(release.time, datetime.timezone.utc).replace(tzinfo=None)
+    assert abs(at - utc) <= datetime.timedelta(microseconds=1)
+    doc = release.to_json()
+    assert doc["parameters"]["max_items"] == 3 and doc["calibration"]["noise"] == "laplace"
+    iso = datetime.datetime.fromisoformat(doc["released_at"].replace("Z", "+00:00"))
+    assert iso.tzinfo == datetime.timezone.utc and abs(iso.replace(tzinfo=None) - utc) <= datetime.timedelta(
+        microseconds=1)
+    assert doc["released_at"].endswith("Z") and json.loads(json.dumps(doc)) == doc
+
+
+def test_older_ledger_struct_text_reads_as_json(tmp_path):
+    # An older dpsql recorded parameters and calibration as DuckDB's text of a struct.
+    path = _old_ledger(tmp_path, "", """
+        INSERT INTO releases VALUES (1, 0, 'dp_set_union_count_laplace', 'user', 'user_items', 0.5, 0,
+            '{''max_items'': 10, ''user_col'': user_id, ''item_col'': ''a, b''}',
+            '{''noise'': laplace, ''scale'': 2.5, ''threshold'': NULL, ''rounds'': [1, 2.5e-07]}');
+        INSERT INTO releases VALUES (2, 1.5, 'm', 'user', 'user_items', 0.25, 0, '', 'not a struct {');""")
+    led = Ledger(path)
+    first, second = led.releases()
+    assert json.loads(first.parameters) == {"max_items": 10, "user_col": "user_id", "item_col": "a, b"}
+    assert first.to_json()["calibration"] == {"noise": "laplace", "scale": 2.5, "threshold": None,
+                                              "rounds": [1, 2.5e-07]}
+    assert first.to_json()["released_at"] == "1970-01-01T00:00:00.000000Z"
+    assert second.to_json()["released_at"] == "1970-01-01T00:00:01.500000Z"
+    assert (second.parameters, second.to_json()["parameters"]) == ("", None)
+    assert second.to_json()["calibration"] == "not a struct {"  # kept whole, as a JSON string
+    con = dpsql.connect(ledger=path)
+    assert con.sql("SELECT release_id, parameters->>'user_col', calibration->>'scale', parameters IS NULL "
+                   "FROM dp_releases()").fetchall() == [(1, "user_id", "2.5", False), (2, None, None, True)]
+    con.close()
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"a": NaN, "b": [Infinity, -Infinity]}', {"a": "NaN", "b": ["Infinity", "-Infinity"]}),
+    ("{'q': 'it\\'s', 'n': {'x': y z}, 'e': '', 'f': inf}", {"q": "it's", "n": {"x": "y z"}, "e": "", "f": "Infinity"}),
+    ("[]", []),
+    ("{'unterminated': 'x}", "{'unterminated': 'x}"),
+])
+def test_json_text_is_strict_json(text, expected):
+    made = L.json_text(text)
+    assert json.loads(made, parse_constant=lambda c: pytest.fail(f"{c} is not JSON")) == expected
+

@@ -527,6 +527,44 @@ def test_budget_set_below_what_is_spent_is_refused_and_changes_nothing(data, tmp
     assert r.returncode == 1 and "exceeded" in r.stderr and charges(ledger) == 1
 
 
+def test_budget_show_aligns_scopes_of_any_length(tmp_path):
+    from dpsql.core.ledger import Ledger
+
+    ledger = tmp_path / "l.dpsql-ledger"
+    led = Ledger(ledger)
+    names = ["t", "a_table_whose_name_is_longer_than_the_column_once_was", "mid_length_table"]
+    for i, name in enumerate(names):
+        led.charge("dp_set_union_weighted_gaussian", "user", name, 0.125 * (i + 1), 1e-6 * (i + 1))
+    led.set_budget(12.5, 1e-3, scope=names[1])
+    lines = cli("budget", "show", str(ledger)).stdout.splitlines()[1:]
+    header, rows = lines[0], lines[1:]
+    assert len(rows) == 4
+    # every scope fits its column: the next column starts where its header does, on every line
+    start = header.index("epsilon spent")
+    assert [line[:start].rstrip() for line in rows] == ["database", "l.main." + names[1], "l.main." + names[2],
+                                                        "l.main.t"]
+    assert all(line[start - 2:start] == "  " for line in rows)
+    # the slashes of 'spent / budget' line up, and the counts end under their headers
+    assert len({tuple(i for i, c in enumerate(line) if c == "/") for line in rows}) == 1, rows
+    assert {len(line) for line in rows} == {len(header)}
+    releases_end = header.index("releases") + len("releases")
+    assert all(line[:releases_end].endswith(count) for line, count in zip(rows, ["3", "1", "1", "1"]))
+
+
+def test_budget_releases_json_has_iso_times_and_json_parameters(data, tmp_path):
+    import datetime
+
+    ledger = tmp_path / "l.dpsql-ledger"
+    assert cli("set-union", str(data.dir / "data.parquet"), *PARAMS, "--ledger", str(ledger)).returncode == 0
+    (release,) = json.loads(cli("budget", "releases", str(ledger), "--json").stdout)["releases"]
+    when = datetime.datetime.fromisoformat(release["released_at"].replace("Z", "+00:00"))
+    assert release["released_at"].endswith("Z") and when.tzinfo == datetime.timezone.utc
+    assert abs(datetime.datetime.now(datetime.timezone.utc) - when) < datetime.timedelta(minutes=10)
+    assert "time" not in release
+    assert release["parameters"]["max_items"] == 10 and isinstance(release["calibration"], dict)
+    assert release["calibration"]["threshold"] > 0
+
+
 # ---------------------------------------------------------------- defaults: the SQL macro's
 
 README = Path(__file__).resolve().parents[2] / "README.md"
