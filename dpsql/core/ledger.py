@@ -25,6 +25,12 @@ named by its file (DuckDB's default name for it, ``events`` for
 A name that is no table or view (DuckDB reads it as a file) is the file's
 absolute path with symbolic links resolved (a glob is its own scope).
 
+Budgets. A budget is never set below what its scope has already spent (:meth:`Ledger.set_budget`
+refuses it, changing nothing; equal closes the scope), so that ``remaining`` never hides a release
+already made. Setting a budget from SQL, the shell and the command line goes through
+:func:`dpsql.core.ledger_sql.set_scope_budget`, which also refuses views and says when a scope names
+no table yet.
+
 Scopes follow the data read (:mod:`dpsql.core.scopes`). A release is charged to the
 base tables and files its table argument reads: through views (recursively),
 the CTEs of the running statement, and the file readers (``read_parquet`` and
@@ -1080,7 +1086,7 @@ class Ledger:
                     f"{', '.join(keys) or 'no table'} needs epsilon={epsilon:g}, delta={delta:g}, but only "
                     f"epsilon={max(0.0, row[0] - eps_spent):g}, delta={max(0.0, row[1] - delta_spent):g} remain of "
                     f"({row[0]:g}, {row[1]:g}){ledger}; nothing was released. Raise the budget with "
-                    f"dpsql.set_budget / 'dpsql budget set' if that is intended.")
+                    f"dpsql.set_budget, dp_set_budget() in SQL or 'dpsql budget set' if that is intended.")
 
     def _record(self, db: sqlite3.Connection, schema: str, keys: Sequence[str], now: float, mechanism: str,
                 unit: str, epsilon: float, delta: float, parameters: str, calibration: str,

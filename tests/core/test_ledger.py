@@ -759,3 +759,124 @@ def test_json_text_is_strict_json(text, expected):
     made = L.json_text(text)
     assert json.loads(made, parse_constant=lambda c: pytest.fail(f"{c} is not JSON")) == expected
 
+
+# -- dp_set_budget / dp_remove_budget: setting budgets from SQL ----------------------------------------
+
+def _budgets(path_or_ledger):
+    led = path_or_ledger if isinstance(path_or_ledger, Ledger) else Ledger(path_or_ledger)
+    return [(b.scope, b.epsilon, b.delta) for b in led.budgets()]
+
+
+def test_dp_set_budget_writes_the_ledger_the_connection_charges(tmp_path):
+    path = tmp_path / "session.dpsql-ledger"
+    con = dpsql.connect(ledger=path)
+    con.execute("CREATE TABLE t AS SELECT i % 100 AS user_id, 'x' AS item FROM range(1000) r(i)")
+    ((change,),) = con.sql("SELECT dp_set_budget('\"T\"', 1.0, 1e-4)").fetchall()
+    assert (change["scope"], change["epsilon_budget"], change["epsilon_remaining"], change["ledger"], change["note"]) \
+        == ("memory.main.t", 1.0, 1.0, str(path), None)
+    assert _budgets(path) == [("memory.main.t", 1.0, 1e-4)]
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.75, delta := 1e-5)").fetchall()
+    with pytest.raises(duckdb.Error, match="scope 'memory.main.t' exceeded"):
+        con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5, delta := 1e-5)").fetchall()
+    # below what is spent: refused, nothing changed (as dpsql.set_budget and the CLI)
+    with pytest.raises(duckdb.Error, match=r"epsilon=0\.5 is below the epsilon already spent \(0\.75\)"):
+        con.sql("SELECT dp_set_budget('t', 0.5, 1e-4)").fetchall()
+    assert _budgets(path) == [("memory.main.t", 1.0, 1e-4)]
+    # equal closes the scope; the 'database' scope and a parameter error work as in Python
+    assert con.sql("SELECT dp_set_budget('t', 0.75, 1e-5).epsilon_remaining").fetchall() == [(0.0,)]
+    assert con.sql("SELECT dp_set_budget('database', 3, 1e-3).scope").fetchall() == [("database",)]
+    with pytest.raises(duckdb.Error, match="delta budget must be a number with 0 <= delta < 1"):
+        con.sql("SELECT dp_set_budget('t', 1.0, 1.5)").fetchall()
+    with pytest.raises(duckdb.Error, match="epsilon must not be NULL"):
+        con.sql("SELECT dp_set_budget('t', NULL, 1e-5)").fetchall()
+    assert _budgets(path) == [("database", 3.0, 1e-3), ("memory.main.t", 0.75, 1e-5)]
+    # remove: its releases stay charged; a scope without a budget is said
+    ((removed,),) = con.sql("SELECT dp_remove_budget('main.t')").fetchall()
+    assert (removed["scope"], removed["epsilon_budget"], removed["releases"], removed["note"]) == (
+        "memory.main.t", None, 1, None)
+    assert "had no budget" in con.sql("SELECT dp_remove_budget('t').note").fetchall()[0][0]
+    assert _budgets(path) == [("database", 3.0, 1e-3)]
+    con.close()
+
+
+def test_dp_set_budget_says_when_the_scope_names_nothing_yet(tmp_path, monkeypatch):
+    # A budget may precede its table (test_budget_set_before_the_table_exists_applies_to_it): accepted, and said.
+    monkeypatch.chdir(tmp_path)
+    con = dpsql.connect()
+    con.execute("CREATE TABLE t AS SELECT 1 AS user_id, 'x' AS item")
+    con.execute("CREATE VIEW v AS FROM t")
+    duckdb.sql(f"COPY (SELECT 1 AS user_id, 'x' AS item) TO '{tmp_path / 'here.parquet'}'")
+    notes = dict(con.sql("SELECT s, dp_set_budget(s, 1.0, 1e-5).note FROM (VALUES ('t'), ('Later'), ('here.parquet'), "
+                         "('gone.parquet'), ('database')) x(s)").fetchall())
+    assert notes["t"] is None and notes["here.parquet"] is None and notes["database"] is None
+    assert "names no table or view of this database yet" in notes["Later"] and "'memory.main.later'" in notes["Later"]
+    assert "names no existing file" in notes["gone.parquet"] and str(tmp_path / "gone.parquet") in notes["gone.parquet"]
+    assert len(_budgets(dpsql.core.state.ledger_of(con))) == 5
+    with pytest.raises(duckdb.Error, match="scope 'v' is a view: a release on it is charged to .*memory.main.t"):
+        con.sql("SELECT dp_set_budget('v', 1.0, 1e-5)").fetchall()
+    con.close()
+
+
+def test_dp_set_budget_goes_to_the_ledger_of_an_attached_database(tmp_path):
+    shop = tmp_path / "shop.duckdb"
+    duckdb.connect(str(shop)).execute("CREATE TABLE orders AS SELECT 1 AS user_id, 'x' AS item").close()
+    con = dpsql.connect()
+    con.execute(f"ATTACH '{shop}' AS archive (READ_ONLY)")
+    ((change,),) = con.sql("SELECT dp_set_budget('archive.orders', 1.0, 1e-4)").fetchall()
+    assert (change["scope"], change["ledger"]) == ("shop.main.orders", str(L.sidecar_path(shop)))
+    assert _budgets(L.sidecar_path(shop)) == [("shop.main.orders", 1.0, 1e-4)]
+    assert _budgets(dpsql.core.state.ledger_of(con)) == []
+    con.close()
+
+
+def test_dp_set_budget_is_never_folded_while_planning(con):
+    con.sql("EXPLAIN SELECT dp_set_budget('t', 1.0, 1e-5)").fetchall()
+    con.sql("PREPARE later AS SELECT dp_set_budget('t', 1.0, 1e-5)")
+    assert _budgets(dpsql.core.state.ledger_of(con)) == []
+
+
+def test_a_statement_never_both_changes_a_budget_and_releases(con):
+    ledger = dpsql.core.state.ledger_of(con)
+    dpsql.set_budget(con, 1.0, 1e-4, scope="t")
+    release = "FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5, delta := 1e-5)"
+    # hidden in a view or a macro, a budget change would go unseen: in a release's query it would lift the
+    # limit the release is checked against
+    con.execute("CREATE VIEW lifted AS FROM t WHERE dp_set_budget('t', 100, 0.5).epsilon_budget > 0")
+    con.execute("CREATE VIEW lift_view AS SELECT dp_set_budget('t', 100, 0.5) AS raised")
+    con.execute("CREATE MACRO lift(e) AS dp_set_budget('t', e, 0.5)")
+    for sql in ["FROM lift_view", "SELECT lift(100)", "SELECT count(*) FROM lifted"]:
+        with pytest.raises(duckdb.Error, match="dp_set_budget must be called in the statement itself"):
+            con.sql(sql).fetchall()
+    with pytest.raises(duckdb.Error, match="must be called in the statement itself|cannot tell which tables"):
+        con.sql("FROM dp_set_union_weighted_gaussian('lifted', epsilon := 0.5, delta := 1e-5)").fetchall()
+    # in one statement with a release, whichever DuckDB runs first refuses
+    for sql in [f"SELECT dp_set_budget('t', 100, 0.5), (SELECT count(*) FROM ({release}))",
+                f"SELECT (SELECT count(*) FROM ({release})), dp_remove_budget('t')"]:
+        with pytest.raises(duckdb.Error, match="changes a privacy budget .* and makes a release|also makes a release"):
+            con.sql(sql).fetchall()
+    con.execute(f"CREATE VIEW released AS {release}")
+    with pytest.raises(duckdb.Error, match="changes a privacy budget .* and makes a release|also makes a release"):
+        con.sql("SELECT dp_set_budget('t', 100, 0.5) FROM released").fetchall()
+    # the change's own check, whichever runs first: a release named in the statement, or read through a view
+    from dpsql.core import ledger_sql
+    ((row,),) = con.execute("SELECT dp__catalog(NULL)").fetchall()
+    for sql, named in [("SELECT dp_set_budget('t', 100, 0.5) FROM released", "released"),
+                       ("SELECT dp_set_budget('t', 1, 0), (FROM dp_set_union('t', epsilon := 1, delta := 0))",
+                        "dp_set_union")]:
+        with pytest.raises(dpsql.ParameterError, match=f"also makes a release \\({named}\\)"):
+            ledger_sql._check_budget_statement("dp_set_budget", {**row, "query": sql})
+    ledger_sql._check_budget_statement("dp_set_budget", {**row, "query": "SELECT dp_set_budget('t', 1, 0) FROM t"})
+    assert _budgets(ledger) == [("memory.main.t", 1.0, 1e-4)] and ledger.releases() == []
+    # one statement each: fine
+    con.sql("SELECT dp_set_budget('t', 2.0, 1e-4)").fetchall()
+    con.sql(release).fetchall()
+    assert [r.epsilon for r in ledger.releases()] == [0.5]
+
+
+def test_dp_set_budget_on_several_rows_is_checked_whole(con):
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5, delta := 1e-5)").fetchall()
+    with pytest.raises(duckdb.Error, match="scope 'memory.main.t'.*below"):
+        con.sql("SELECT dp_set_budget(s, e, 1e-4) FROM (VALUES ('a', 1.0), ('t', 0.25), ('b', 1.0)) x(s, e)").fetchall()
+    assert _budgets(dpsql.core.state.ledger_of(con)) == []
+    con.sql("SELECT dp_set_budget(s, e, 1e-4) FROM (VALUES ('a', 1.0), ('t', 0.5)) x(s, e)").fetchall()
+    assert _budgets(dpsql.core.state.ledger_of(con)) == [("memory.main.a", 1.0, 1e-4), ("memory.main.t", 0.5, 1e-4)]
