@@ -1228,15 +1228,67 @@ def _releases_table(releases: Sequence[ledger_mod.Release]) -> str:
                        rows, right=(0,))
 
 
+def _budget_database(target: str) -> tuple[Optional[Path], str]:
+    """The DuckDB database TARGET names, to check a scope against: the database file itself, or the one beside a
+    ``*.dpsql-ledger`` TARGET; else None and why there is none."""
+    path = Path(target)
+    if path.name.endswith(ledger_mod.LEDGER_SUFFIX):
+        database = path.with_name(path.name[:-len(ledger_mod.LEDGER_SUFFIX)])
+        if not database.is_file():
+            return None, f"{target} is a ledger file with no database file {database.name} beside it"
+    else:
+        database = path
+    try:
+        kind = _input_kind(database)
+    except OSError as exc:
+        return None, f"{str(database)} could not be read ({exc.strerror or exc})"
+    if kind != "duckdb":
+        return None, (f"{database.name} is a {kind} file, without tables; its releases are charged to 'database' "
+                      f"and to '{ledger_mod.file_scope(database)}', the scope --scope {str(database)} names")
+    return database, ""
+
+
+def _set_target_budget(ledger: Ledger, args: argparse.Namespace, err: TextIO) -> None:
+    """``budget set``: checked against the database, as dpsql.set_budget and dp_set_budget() check it (a view
+    is refused, a table that does not exist yet is warned about), and against the scope's spending (a budget
+    below it is refused, changing nothing)."""
+    # Imported here: the rest of the command line does not need them.
+    from dpsql.core import ledger_sql
+    from dpsql.core.scopes import Catalog
+
+    if args.scope.strip().lower() == ledger_mod.DATABASE_SCOPE:
+        ledger.set_budget(args.epsilon, args.delta, args.scope)
+        return
+    database, why = _budget_database(args.target)
+    catalog = None
+    if database is not None:
+        try:
+            con = dpsql.connect(str(database), read_only=True)
+        except Exception as exc:  # e.g. another process holds it for writing
+            why = f"{str(database)} could not be opened to check it ({error_line(exc)[len('Error: '):]})"
+        else:
+            try:
+                ((row,),) = con.execute("SELECT dp__catalog(NULL)").fetchall()
+                catalog = Catalog.from_row(row)
+            finally:
+                con.close()
+    change = ledger_sql.set_scope_budget(ledger, args.scope, args.epsilon, args.delta, catalog, unchecked=why)
+    if change.note:
+        print(f"dpsql: warning: {change.note}", file=err, flush=True)
+
+
 def cmd_budget(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Set or show the privacy budget of a database (or data file) and list its releases."""
     ledger = _target_ledger(args.target)
     if args.action == "set":
         if args.epsilon is None or args.delta is None:
             raise UsageError("budget set needs --epsilon and --delta")
-        ledger.set_budget(args.epsilon, args.delta, args.scope)
+        _set_target_budget(ledger, args, err)
     elif args.action == "remove":
-        ledger.remove_budget(args.scope)
+        if not ledger.remove_budget(args.scope):
+            print(f"dpsql: warning: scope {args.scope!r} ('{ledger.scope(args.scope)}') had no budget in "
+                  f"{str(ledger.path)}; nothing was removed ('dpsql budget show' lists the scopes)", file=err,
+                  flush=True)
     status, releases = ledger.status(), ledger.releases()
     seeded = _seeded_per_scope(status, releases)
     if args.json:
@@ -1274,7 +1326,9 @@ def _add_budget_parser(sub) -> None:
     bp.add_argument("target", metavar="TARGET", help="DuckDB database, data file, or ledger file")
     bp.add_argument("--epsilon", type=float, help="total epsilon of the scope (set)")
     bp.add_argument("--delta", type=float, help="total delta of the scope, 0 <= delta < 1 (set)")
-    bp.add_argument("--scope", default="database", help="'database' (default) or a table name")
+    bp.add_argument("--scope", default="database",
+                    help="'database' (default), a table name (checked against the DuckDB database: a view is "
+                         "refused, a table that does not exist yet is warned about) or a file path")
     bp.add_argument("--json", action="store_true", help="print one JSON object")
     bp.set_defaults(func=cmd_budget)
 

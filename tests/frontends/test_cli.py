@@ -527,6 +527,49 @@ def test_budget_set_below_what_is_spent_is_refused_and_changes_nothing(data, tmp
     assert r.returncode == 1 and "exceeded" in r.stderr and charges(ledger) == 1
 
 
+def test_budget_set_scope_is_checked_against_the_database(data, tmp_path):
+    import shutil
+
+    from dpsql.core.ledger import Ledger, sidecar_path
+
+    db = tmp_path / "shop.duckdb"
+    shutil.copy(data.dir / "data.duckdb", db)
+    duckdb.connect(str(db)).execute("CREATE VIEW recent AS FROM events").close()
+    budget = ("--epsilon", "1", "--delta", "1e-4")
+    r = cli("budget", "set", str(db), "--scope", "EVENTS", *budget)
+    assert r.returncode == 0 and r.stderr == ""
+    # a table that does not exist (yet: a budget may precede its table) is set, and said, with its scope
+    r = cli("budget", "set", str(db), "--scope", "evnets", *budget)
+    assert r.returncode == 0 and r.stderr.startswith("dpsql: warning: scope 'evnets' names no table or view")
+    assert "'shop.main.evnets'" in r.stderr
+    # a view is refused: its releases are charged to the tables it reads
+    r = cli("budget", "set", str(db), "--scope", "recent", *budget)
+    assert r.returncode == 2 and "scope 'recent' is a view" in r.stderr and "shop.main.events" in r.stderr
+    assert [b.scope for b in Ledger(sidecar_path(db)).budgets()] == ["shop.main.events", "shop.main.evnets"]
+    # through the ledger file, the database beside it is checked
+    r = cli("budget", "set", str(sidecar_path(db)), "--scope", "other", *budget)
+    assert r.returncode == 0 and r.stderr == ""
+    # a data file has no tables: said, with where its releases are charged
+    parquet = tmp_path / "events.parquet"
+    shutil.copy(data.dir / "data.parquet", parquet)
+    r = cli("budget", "set", str(parquet), "--scope", "events", *budget)
+    assert r.returncode == 0 and "'events.main.events'; whether a table of that name exists was not checked" in r.stderr
+    assert "parquet file, without tables" in r.stderr and str(parquet.resolve()) in r.stderr
+    r = cli("budget", "set", str(parquet), "--scope", str(parquet), *budget)
+    assert r.returncode == 0 and r.stderr == ""
+
+
+def test_budget_remove_of_a_scope_without_budget_is_said(tmp_path):
+    from dpsql.core.ledger import Ledger
+
+    ledger = tmp_path / "l.dpsql-ledger"
+    Ledger(ledger).set_budget(1.0, 1e-5, scope="t")
+    r = cli("budget", "remove", str(ledger), "--scope", "u")
+    assert r.returncode == 0 and "scope 'u' ('l.main.u') had no budget" in r.stderr
+    r = cli("budget", "remove", str(ledger), "--scope", "t")
+    assert r.returncode == 0 and r.stderr == "" and Ledger(ledger).budgets() == []
+
+
 def test_budget_show_aligns_scopes_of_any_length(tmp_path):
     from dpsql.core.ledger import Ledger
 
