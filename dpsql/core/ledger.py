@@ -25,6 +25,12 @@ named by its file (DuckDB's default name for it, ``events`` for
 A name that is no table or view (DuckDB reads it as a file) is the file's
 absolute path with symbolic links resolved (a glob is its own scope).
 
+Budgets. A budget is never set below what its scope has already spent (:meth:`Ledger.set_budget`
+refuses it, changing nothing; equal closes the scope), so that ``remaining`` never hides a release
+already made. Setting a budget from SQL, the shell and the command line goes through
+:func:`dpsql.core.ledger_sql.set_scope_budget`, which also refuses views and says when a scope names
+no table yet.
+
 Scopes follow the data read (:mod:`dpsql.core.scopes`). A release is charged to the
 base tables and files its table argument reads: through views (recursively),
 the CTEs of the running statement, and the file readers (``read_parquet`` and
@@ -72,6 +78,8 @@ security boundary.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import json
 import math
 import os
 import re
@@ -92,7 +100,7 @@ from dpsql.core.validation import DPParameterError, check_epsilon
 __all__ = ["Release", "Budget", "ScopeStatus", "Ledger", "BudgetExceededError", "LEDGER_SUFFIX",
            "DATABASE_SCOPE", "NameContext", "basic_composition", "scope_key", "resolve_scope", "file_scope",
            "split_name", "looks_like_file", "database_alias", "sidecar_path", "database_path", "ledger_for",
-           "ScopeSet"]
+           "ScopeSet", "iso_utc", "json_text"]
 
 LEDGER_SUFFIX = ".dpsql-ledger"
 DATABASE_SCOPE = "database"
@@ -113,10 +121,18 @@ class Release:
     table: str            # the scopes charged (catalog identities or file paths), comma-separated
     epsilon: float
     delta: float
-    parameters: str       # the macro's other arguments, as text
-    calibration: str = ""  # the calibration the release used (noise scale, threshold, ...), as text
+    parameters: str       # the macro's other arguments, as JSON text ("" if none)
+    calibration: str = ""  # the calibration the release used (noise scale, threshold, ...), as JSON text
     seeded: bool = False   # made on a seeded connection: reproducible noise, NOT private
     scopes: tuple[str, ...] = ()  # every scope charged in this ledger (``table`` lists them)
+
+    def to_json(self) -> dict[str, Any]:
+        """The release as a JSON document: ``released_at`` in ISO 8601 UTC, ``parameters`` and ``calibration``
+        as JSON values (null when none was recorded), as ``dp_releases()`` returns them."""
+        return {"id": self.id, "released_at": iso_utc(self.time), "mechanism": self.mechanism, "unit": self.unit,
+                "table": self.table, "scopes": list(self.scopes), "epsilon": self.epsilon, "delta": self.delta,
+                "parameters": _json_value(self.parameters), "calibration": _json_value(self.calibration),
+                "seeded": self.seeded}
 
 
 @dataclass(frozen=True)
@@ -151,6 +167,150 @@ class ScopeStatus:
     @property
     def delta_remaining(self) -> Optional[float]:
         return None if self.delta_budget is None else max(0.0, self.delta_budget - self.delta_spent)
+
+
+def iso_utc(seconds: float) -> str:
+    """A time in seconds since the epoch as ISO 8601 in UTC, to the microsecond: ``2025-01-31T12:00:00.000000Z``."""
+    when = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def json_text(text: Optional[str]) -> Optional[str]:
+    """A release's recorded parameters or calibration as strict JSON text (None when none was recorded).
+
+    dpsql records them as JSON; a ledger written by an older dpsql holds DuckDB's text of a struct
+    (``{'max_items': 10, 'user_col': user_id}``), which is read into the same JSON. Text that is neither is
+    kept whole as a JSON string. JSON has no NaN or infinities: they become the strings ``"NaN"``,
+    ``"Infinity"``, ``"-Infinity"`` (as the shell's json mode writes them). Never raises: it runs in the charge.
+    """
+    if text is None or not text.strip():
+        return None
+    try:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = _StructText(text).parse()
+        return json.dumps(_finite(value))
+    except (ValueError, RecursionError):
+        return json.dumps(text)
+
+
+def _json_value(text: Optional[str]) -> Any:
+    made = json_text(text)
+    return None if made is None else json.loads(made)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+class _StructText:
+    """Reads DuckDB's text of a STRUCT, LIST or scalar (``{'a': 1, 'b': [x, y], 'c': NULL}``) into Python values.
+
+    DuckDB writes a string bare unless it holds one of ``,:{}[]'"`` or spaces at its ends, then between
+    single quotes with ``\\`` escapes; the type of a bare value is lost, so ``10`` reads as a number,
+    ``NULL`` as null, ``true``/``false`` as booleans, ``inf``/``nan`` as floats, anything else as a string.
+    Raises ValueError on text that is not in that form.
+    """
+
+    def __init__(self, text: str):
+        self.text, self.i = text, 0
+
+    def parse(self) -> Any:
+        value = self.value()
+        self.space()
+        if self.i != len(self.text):
+            raise ValueError("text after the value")
+        return value
+
+    def space(self) -> None:
+        while self.i < len(self.text) and self.text[self.i] == " ":
+            self.i += 1
+
+    def value(self) -> Any:
+        self.space()
+        if self.i >= len(self.text):
+            raise ValueError("missing value")
+        ch = self.text[self.i]
+        if ch == "{":
+            return self.items("}", keyed=True)
+        if ch == "[":
+            return self.items("]", keyed=False)
+        if ch == "'":
+            return self.quoted()
+        return self.bare()
+
+    def items(self, close: str, keyed: bool) -> Any:
+        self.i += 1
+        out: Any = {} if keyed else []
+        self.space()
+        if self.text.startswith(close, self.i):
+            self.i += 1
+            return out
+        while True:
+            if keyed:
+                self.space()
+                key = self.quoted() if self.text.startswith("'", self.i) else self.bare(stop=":")
+                self.space()
+                if not self.text.startswith(":", self.i):
+                    raise ValueError("missing ':'")
+                self.i += 1
+                out[str(key)] = self.value()
+            else:
+                out.append(self.value())
+            self.space()
+            if self.text.startswith(",", self.i):
+                self.i += 1
+                continue
+            if self.text.startswith(close, self.i):
+                self.i += 1
+                return out
+            raise ValueError(f"missing {close!r}")
+
+    def quoted(self) -> str:
+        self.i += 1
+        buf = []
+        while self.i < len(self.text):
+            ch = self.text[self.i]
+            if ch == "\\" and self.i + 1 < len(self.text):
+                buf.append(self.text[self.i + 1])
+                self.i += 2
+                continue
+            if ch == "'":
+                self.i += 1
+                return "".join(buf)
+            buf.append(ch)
+            self.i += 1
+        raise ValueError("unterminated quote")
+
+    def bare(self, stop: str = ",}]") -> Any:
+        start = self.i
+        while self.i < len(self.text) and self.text[self.i] not in stop:
+            if self.text[self.i] in "{['":
+                raise ValueError("unexpected bracket or quote")
+            self.i += 1
+        word = self.text[start:self.i].strip()
+        if stop == ":":
+            return word
+        low = word.lower()
+        if low == "null":
+            return None
+        if low in ("true", "false"):
+            return low == "true"
+        if low in ("inf", "infinity", "-inf", "-infinity", "nan"):
+            return float(low)
+        if _NUMBER.fullmatch(word):
+            return int(word) if re.fullmatch(r"[+-]?\d+", word) else float(word)
+        return word
 
 
 def basic_composition(releases: Iterable[Release]) -> tuple[float, float]:
@@ -720,20 +880,63 @@ class Ledger:
         """Set (replace) the total budget of ``scope``; releases already charged stay charged.
 
         ``scope`` is resolved without a connection (:meth:`scope`); :func:`set_budget`
-        resolves it on the connection instead.
+        resolves it on the connection instead. A budget below what the scope has already spent is
+        refused with a :class:`~dpsql.core.errors.ParameterError`, changing nothing: the releases are
+        made, and a budget that claims otherwise would make the ledger's ``remaining`` a lie. A budget
+        equal to the spending is allowed: it closes the scope (no further release fits). Setting the
+        budget a scope already has is allowed whatever it has spent (it changes nothing; e.g. dbt sets
+        its configured budget at every connection).
         """
+        return self._set_budget(epsilon, delta, scope, write=True)
+
+    def check_budget(self, epsilon: float, delta: float, scope: str = DATABASE_SCOPE) -> Budget:
+        """The budget :meth:`set_budget` would set now, or its refusal; changes nothing (a check before
+        setting several budgets, so that one refused leaves all unset)."""
+        return self._set_budget(epsilon, delta, scope, write=False)
+
+    def _set_budget(self, epsilon: float, delta: float, scope: str, write: bool) -> Budget:
         budget = Budget(self.scope(scope), check_epsilon(epsilon), _check_budget_delta(delta))
         with self._transaction() as db:
-            db.execute("INSERT INTO budgets VALUES (?, ?, ?) ON CONFLICT(scope) DO UPDATE SET "
-                       "epsilon = excluded.epsilon, delta = excluded.delta",
-                       (budget.scope, budget.epsilon, budget.delta))
+            # Checked inside the write transaction: no charge can slip in between the check and the write.
+            current = db.execute("SELECT epsilon, delta FROM budgets WHERE scope = ?", (budget.scope,)).fetchone()
+            if current is None or tuple(current) != (budget.epsilon, budget.delta):
+                self._check_not_below_spent(db, budget)
+            if write:
+                db.execute("INSERT INTO budgets VALUES (?, ?, ?) ON CONFLICT(scope) DO UPDATE SET "
+                           "epsilon = excluded.epsilon, delta = excluded.delta",
+                           (budget.scope, budget.epsilon, budget.delta))
         return budget
 
-    def remove_budget(self, scope: str = DATABASE_SCOPE) -> None:
-        """Remove the limit of ``scope`` (its releases stay recorded)."""
+    def _check_not_below_spent(self, db: sqlite3.Connection, budget: Budget) -> None:
+        """Raise a ParameterError naming the parameter, the spending and the fix if ``budget`` is below it."""
+        if budget.scope == DATABASE_SCOPE:
+            spent = db.execute("SELECT epsilon, delta FROM releases").fetchall()
+        else:
+            spent = db.execute(_SPENT.format(s="main"), (budget.scope, budget.scope)).fetchall()
+        eps_spent = math.fsum(r[0] for r in spent)
+        delta_spent = math.fsum(r[1] for r in spent)
+        # The slack of the charge's check (_check): a budget that the charges fit is never "below" them.
+        below = [(name, value, used) for name, value, used in (("epsilon", budget.epsilon, eps_spent),
+                                                                ("delta", budget.delta, delta_spent))
+                 if used > value * (1 + _SLACK)]
+        if not below:
+            return
+        # 12 significant digits: the amount said is one that passes (rounding stays within the slack).
+        said = " and ".join(f"{name}={value:.12g} is below the {name} already spent ({used:.12g})"
+                            for name, value, used in below)
+        least = ", ".join(f"{name} >= {used:.12g}" for name, _, used in below)
+        where = "" if self.path is None else f" (ledger {str(self.path)})"
+        raise DPParameterError(
+            f"dpsql: budget of scope '{budget.scope}'{where}: {said} by its {len(spent)} release"
+            f"{'' if len(spent) == 1 else 's'}; a budget cannot undo releases already made, so nothing was "
+            f"changed. Set at least what is spent ({least}; exactly that closes the scope: no further release "
+            f"fits), or remove the budget to lift the limit")
+
+    def remove_budget(self, scope: str = DATABASE_SCOPE) -> bool:
+        """Remove the limit of ``scope`` (its releases stay recorded); whether it had one."""
         key = self.scope(scope)
         with self._transaction() as db:
-            db.execute("DELETE FROM budgets WHERE scope = ?", (key,))
+            return db.execute("DELETE FROM budgets WHERE scope = ?", (key,)).rowcount > 0
 
     def budgets(self) -> list[Budget]:
         with self._transaction() as db:
@@ -759,7 +962,9 @@ class Ledger:
             rows = db.execute("SELECT id, time, mechanism, unit, tbl, epsilon, delta, parameters, calibration, "
                               "seeded FROM releases ORDER BY id").fetchall()
             listed = self._scopes(db)
-        return [Release(i, t, m, u, tbl, e, d, p, c, seeded=bool(s), scopes=_release_scopes(listed, i, tbl))
+        # Parameters and calibration read as JSON text, whichever dpsql wrote them (json_text).
+        return [Release(i, t, m, u, tbl, e, d, json_text(p) or "", json_text(c) or "", seeded=bool(s),
+                        scopes=_release_scopes(listed, i, tbl))
                 for i, t, m, u, tbl, e, d, p, c, s in rows]
 
     def status(self) -> list[ScopeStatus]:
@@ -881,13 +1086,14 @@ class Ledger:
                     f"{', '.join(keys) or 'no table'} needs epsilon={epsilon:g}, delta={delta:g}, but only "
                     f"epsilon={max(0.0, row[0] - eps_spent):g}, delta={max(0.0, row[1] - delta_spent):g} remain of "
                     f"({row[0]:g}, {row[1]:g}){ledger}; nothing was released. Raise the budget with "
-                    f"dpsql.set_budget / 'dpsql budget set' if that is intended.")
+                    f"dpsql.set_budget, dp_set_budget() in SQL or 'dpsql budget set' if that is intended.")
 
     def _record(self, db: sqlite3.Connection, schema: str, keys: Sequence[str], now: float, mechanism: str,
                 unit: str, epsilon: float, delta: float, parameters: str, calibration: str,
                 seeded: bool) -> Release:
         """Record one release with its scopes (a release of no table has tbl 'database' and none)."""
         text = ", ".join(keys) or DATABASE_SCOPE
+        parameters, calibration = json_text(parameters) or "", json_text(calibration) or ""
         cur = db.execute(f"INSERT INTO {schema}.releases (time, mechanism, unit, tbl, epsilon, delta, parameters, "
                          f"calibration, seeded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                          (now, mechanism, unit, text, epsilon, delta, parameters, calibration, int(seeded)))

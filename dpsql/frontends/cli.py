@@ -1181,7 +1181,11 @@ def _seeded_per_scope(status, releases) -> dict[str, int]:
 
 
 def _release_doc(release: ledger_mod.Release) -> dict[str, Any]:
-    doc = dataclasses.asdict(release) if dataclasses.is_dataclass(release) else dict(vars(release))
+    """One release as JSON: released_at in ISO 8601 UTC, parameters and calibration as JSON values."""
+    if isinstance(release, ledger_mod.Release):
+        doc = release.to_json()
+    else:  # a release-like object from elsewhere: its fields as they are
+        doc = dataclasses.asdict(release) if dataclasses.is_dataclass(release) else dict(vars(release))
     doc["seeded"] = _seeded(release)
     doc["private"] = not doc["seeded"]
     return doc
@@ -1191,15 +1195,100 @@ SEEDED_NOTE = ("seeded releases used reproducible noise (--seed / seed=): they a
                "and the budget counts them like any other release")
 
 
+def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    """A plain text table whose column widths come from its cells (a scope name may be any length)."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip() + "\n"
+
+    return line(headers) + "".join(line(r) for r in rows)
+
+
+def _spent_of(spent: Sequence[str], budget: Sequence[str]) -> list[str]:
+    """``spent / budget`` cells whose slashes line up."""
+    ws, wb = max(map(len, spent), default=0), max(map(len, budget), default=0)
+    return [f"{a:>{ws}} / {b:<{wb}}".rstrip() for a, b in zip(spent, budget)]
+
+
+def _status_table(status: Sequence[ledger_mod.ScopeStatus], seeded: dict[str, int]) -> str:
+    eps = _spent_of([_fmt(s.epsilon_spent) for s in status], [_fmt(s.epsilon_budget) for s in status])
+    delta = _spent_of([_fmt(s.delta_spent) for s in status], [_fmt(s.delta_budget) for s in status])
+    # the spent / budget cells are left-aligned (their slashes line up); the counts are right-aligned
+    rows = [(s.scope, e, d, str(s.releases), str(seeded[s.scope])) for s, e, d in zip(status, eps, delta)]
+    return _text_table(("scope", "epsilon spent / budget", "delta spent / budget", "releases", "seeded (NOT private)"),
+                       rows, right=(3, 4))
+
+
+def _releases_table(releases: Sequence[ledger_mod.Release]) -> str:
+    rows = [(str(r.id), time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.time)), r.unit, f"{r.epsilon:.6g}",
+             f"{r.delta:.6g}", "NO (seeded)" if _seeded(r) else "yes", r.table, r.mechanism) for r in releases]
+    return _text_table(("id", "released at (UTC)", "unit", "epsilon", "delta", "private", "table", "mechanism"),
+                       rows, right=(0,))
+
+
+def _budget_database(target: str) -> tuple[Optional[Path], str]:
+    """The DuckDB database TARGET names, to check a scope against: the database file itself, or the one beside a
+    ``*.dpsql-ledger`` TARGET; else None and why there is none."""
+    path = Path(target)
+    if path.name.endswith(ledger_mod.LEDGER_SUFFIX):
+        database = path.with_name(path.name[:-len(ledger_mod.LEDGER_SUFFIX)])
+        if not database.is_file():
+            return None, f"{target} is a ledger file with no database file {database.name} beside it"
+    else:
+        database = path
+    try:
+        kind = _input_kind(database)
+    except OSError as exc:
+        return None, f"{str(database)} could not be read ({exc.strerror or exc})"
+    if kind != "duckdb":
+        return None, (f"{database.name} is a {kind} file, without tables; its releases are charged to 'database' "
+                      f"and to '{ledger_mod.file_scope(database)}', the scope --scope {str(database)} names")
+    return database, ""
+
+
+def _set_target_budget(ledger: Ledger, args: argparse.Namespace, err: TextIO) -> None:
+    """``budget set``: checked against the database, as dpsql.set_budget and dp_set_budget() check it (a view
+    is refused, a table that does not exist yet is warned about), and against the scope's spending (a budget
+    below it is refused, changing nothing)."""
+    # Imported here: the rest of the command line does not need them.
+    from dpsql.core import ledger_sql
+    from dpsql.core.scopes import Catalog
+
+    if args.scope.strip().lower() == ledger_mod.DATABASE_SCOPE:
+        ledger.set_budget(args.epsilon, args.delta, args.scope)
+        return
+    database, why = _budget_database(args.target)
+    catalog = None
+    if database is not None:
+        try:
+            con = dpsql.connect(str(database), read_only=True)
+        except Exception as exc:  # e.g. another process holds it for writing
+            why = f"{str(database)} could not be opened to check it ({error_line(exc)[len('Error: '):]})"
+        else:
+            try:
+                ((row,),) = con.execute("SELECT dp__catalog(NULL)").fetchall()
+                catalog = Catalog.from_row(row)
+            finally:
+                con.close()
+    change = ledger_sql.set_scope_budget(ledger, args.scope, args.epsilon, args.delta, catalog, unchecked=why)
+    if change.note:
+        print(f"dpsql: warning: {change.note}", file=err, flush=True)
+
+
 def cmd_budget(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Set or show the privacy budget of a database (or data file) and list its releases."""
     ledger = _target_ledger(args.target)
     if args.action == "set":
         if args.epsilon is None or args.delta is None:
             raise UsageError("budget set needs --epsilon and --delta")
-        ledger.set_budget(args.epsilon, args.delta, args.scope)
+        _set_target_budget(ledger, args, err)
     elif args.action == "remove":
-        ledger.remove_budget(args.scope)
+        if not ledger.remove_budget(args.scope):
+            print(f"dpsql: warning: scope {args.scope!r} ('{ledger.scope(args.scope)}') had no budget in "
+                  f"{str(ledger.path)}; nothing was removed ('dpsql budget show' lists the scopes)", file=err,
+                  flush=True)
     status, releases = ledger.status(), ledger.releases()
     seeded = _seeded_per_scope(status, releases)
     if args.json:
@@ -1214,22 +1303,12 @@ def cmd_budget(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             doc["releases"] = [_release_doc(r) for r in releases]
         out.write(json.dumps(doc, indent=2) + "\n")
     elif args.action == "releases":
-        out.write("id  released at (UTC)      unit     epsilon     delta        private      table  mechanism\n")
-        for r in releases:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.time))
-            private = "NO (seeded)" if _seeded(r) else "yes"
-            out.write(f"{r.id:<3} {when}  {r.unit:<8} {r.epsilon:<11.6g} {r.delta:<12.6g} {private:<12} "
-                      f"{r.table}  {r.mechanism}\n")
+        out.write(_releases_table(releases))
         if any(_seeded(r) for r in releases):
             out.write(f"NOT PRIVATE: {SEEDED_NOTE}\n")
     else:
         out.write(f"ledger: {ledger.path} (basic composition: sums)\n")
-        out.write("scope                epsilon spent / budget     delta spent / budget   releases  "
-                  "seeded (NOT private)\n")
-        for s in status:
-            out.write(f"{s.scope:<20} {_fmt(s.epsilon_spent):>10} / {_fmt(s.epsilon_budget):<10}  "
-                      f"{_fmt(s.delta_spent):>10} / {_fmt(s.delta_budget):<10} {s.releases:>6}  "
-                      f"{seeded[s.scope]:>6}\n")
+        out.write(_status_table(status, seeded))
         if any(seeded.values()):
             out.write(f"NOT PRIVATE: {SEEDED_NOTE}\n")
     out.flush()
@@ -1247,7 +1326,9 @@ def _add_budget_parser(sub) -> None:
     bp.add_argument("target", metavar="TARGET", help="DuckDB database, data file, or ledger file")
     bp.add_argument("--epsilon", type=float, help="total epsilon of the scope (set)")
     bp.add_argument("--delta", type=float, help="total delta of the scope, 0 <= delta < 1 (set)")
-    bp.add_argument("--scope", default="database", help="'database' (default) or a table name")
+    bp.add_argument("--scope", default="database",
+                    help="'database' (default), a table name (checked against the DuckDB database: a view is "
+                         "refused, a table that does not exist yet is warned about) or a file path")
     bp.add_argument("--json", action="store_true", help="print one JSON object")
     bp.set_defaults(func=cmd_budget)
 

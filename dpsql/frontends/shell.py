@@ -3,7 +3,7 @@
 Input is read line by line. A line starting with ``.`` at the start of a
 statement is a dot command (DuckDB's everyday ones: ``.mode``, ``.output``,
 ``.timer``, ``.schema``, ``.read``, ``.maxrows``, ``.tables``, ``.bail``,
-``.help``, ``.quit``); anything else accumulates until a statement ends with
+``.help``, ``.quit``; and dpsql's ``.budget``); anything else accumulates until a statement ends with
 ``;`` outside quotes and comments, and then every statement of the input runs
 in order. Errors are one ``Error: ...`` line on stderr. ``-c SQL`` stops at the
 first error; a script on standard input goes on after an error unless
@@ -73,7 +73,7 @@ Methods (method := '...'; default {default}): {methods}.
 Table names are strings ('my_table'). Every release is charged to the privacy ledger:
   SELECT * FROM dp_budget();     -- spent and remaining (epsilon, delta) per scope
   SELECT * FROM dp_releases();   -- one row per release
-(set budgets with dpsql.set_budget(...) or 'dpsql budget set DATABASE --epsilon E --delta D').
+  SELECT dp_set_budget('my_table', 1.0, 1e-5);   -- or .budget set my_table 1.0 1e-5
 Ledger of this session: {ledger}.
   The rule: --ledger FILE if given, else DATABASE.dpsql-ledger next to the database file,
   else (no database) an in-memory ledger forgotten at exit. 'dpsql set-union data.parquet'
@@ -88,6 +88,12 @@ Dot commands (at the start of a line):
   .timer on|off       print the run time of each statement
   .read FILE          run the SQL and dot commands of FILE
   .bail on|off        stop a script (-c, standard input, .read) at its first error
+  .budget [show]      spent and remaining (epsilon, delta) per scope of this session's ledger
+  .budget set SCOPE EPSILON DELTA
+                      set the total budget of SCOPE ('database', a table, a file); refused below what
+                      it has spent (equal closes it); a table that does not exist yet is warned about
+  .budget remove SCOPE
+                      remove the budget of SCOPE (its releases stay charged)
   .quit, .exit [CODE] leave, with exit code CODE if given (Ctrl-D also works; Ctrl-C stops a running statement, except a release
                       already charged: that one finishes so that its rows are shown)
 Flags: -c SQL, -csv, -json, -markdown, -line, -readonly, -bail, --ledger FILE ('dpsql shell --help')."""
@@ -613,17 +619,72 @@ class Shell:
             self.buffer = saved
 
 
+    def _budget(self, arg: str) -> None:
+        """``.budget [show] | set SCOPE EPSILON DELTA | remove SCOPE``: through dp_budget(), dp_set_budget() and
+        dp_remove_budget(), so the checks and the ledger are those of SQL (the ledger this session charges)."""
+        words = _words(arg)
+        action = words[0].lower() if words else "show"
+        usage = ("Error: dpsql: .budget takes show, set SCOPE EPSILON DELTA or remove SCOPE, e.g. "
+                 ".budget set my_table 1.0 1e-5 (a SCOPE with spaces or dots in one name: \"My Table\")")
+        if action == "show" and len(words) <= 1:
+            self.run("FROM dp_budget();")
+            return
+        if action == "set" and len(words) == 4:
+            try:
+                epsilon, delta = float(words[2]), float(words[3])
+            except ValueError:
+                self._error(f"Error: dpsql: .budget set: EPSILON and DELTA must be numbers (got {words[2]!r}, "
+                            f"{words[3]!r}), e.g. .budget set my_table 1.0 1e-5")
+                return
+            self._budget_change("SELECT dp_set_budget(?, ?, ?)", [words[1], epsilon, delta], "set")
+            return
+        if action == "remove" and len(words) == 2:
+            self._budget_change("SELECT dp_remove_budget(?)", [words[1]], "removed")
+            return
+        self._error(usage)
+
+    def _budget_change(self, sql: str, params: list[Any], done: str) -> None:
+        try:
+            ((change,),) = self.con.execute(sql, params).fetchall()
+        except Exception as exc:
+            self._error(error_line(exc))
+            return
+        if change["note"]:
+            self._say(f"dpsql: warning: {change['note']}")
+        if done == "removed" and change["note"]:
+            return  # it had no budget: the warning says so
+        ledger = change["ledger"] or "the in-memory ledger"
+        releases = f"{change['releases']} release" + ("" if change["releases"] == 1 else "s")
+        if done == "set":
+            text = (f"budget of scope '{change['scope']}' set to epsilon={change['epsilon_budget']:g}, "
+                    f"delta={change['delta_budget']:g} in {ledger}: spent epsilon={change['epsilon_spent']:g}, "
+                    f"delta={change['delta_spent']:g} ({releases}); remaining "
+                    f"epsilon={change['epsilon_remaining']:g}, delta={change['delta_remaining']:g}\n")
+        else:
+            text = f"budget of scope '{change['scope']}' removed from {ledger} ({releases} stay charged)\n"
+        self._emit(text, charged=False)
+
+
 _DOT_COMMANDS: dict[str, Callable[[Shell, str], None]] = {
     ".quit": Shell._quit, ".exit": Shell._quit, ".q": Shell._quit,
     ".help": Shell._help, ".tables": Shell._tables, ".schema": Shell._schema, ".mode": Shell._mode,
     ".output": Shell._output, ".maxrows": Shell._maxrows, ".timer": Shell._timer, ".bail": Shell._bail,
-    ".read": Shell._read,
+    ".read": Shell._read, ".budget": Shell._budget,
 }
 
 
 def _is_interrupt(exc: Exception) -> bool:
     # Ctrl-C while the engine runs comes back as the engine's interrupt error, not as KeyboardInterrupt.
     return isinstance(exc, duckdb.InterruptException) or str(exc).strip() == "Query interrupted"
+
+
+# A dot command's arguments: words separated by spaces; '...' is one word without its quotes, and a "..."
+# part is kept with its quotes (a quoted identifier: "My Table", "d.e" is one name, as in SQL).
+_WORDS = re.compile(r"""'([^']*)'|((?:"(?:[^"]|"")*"|[^\s"'])+)""")
+
+
+def _words(text: str) -> list[str]:
+    return [m.group(1) if m.group(1) is not None else m.group(2) for m in _WORDS.finditer(text)]
 
 
 def _unquote(text: str) -> str:

@@ -36,9 +36,23 @@ FROM (SELECT unnest(dp__budget_status(0)) AS s);
 
 -- Every charged release, oldest first: when (a TIMESTAMP in UTC; a TIMESTAMPTZ would need pytz in Python),
 -- which mechanism, privacy unit ('user', 'record' or 'element'),
--- which scopes (the tables and files it read, comma-separated), its (epsilon, delta), its other parameters, the calibration it
--- used, and whether it was made on a seeded connection (reproducible noise: NOT private).
+-- which scopes (the tables and files it read, comma-separated), its (epsilon, delta), its other parameters and the
+-- calibration it used (JSON; NULL when none was recorded; a ledger written by an older dpsql is read into the same
+-- JSON, dpsql.core.ledger.json_text), and whether it was made on a seeded connection (reproducible noise: NOT private).
 CREATE OR REPLACE TEMP MACRO dp_releases() AS TABLE
 SELECT r.release_id, make_timestamp((r.released_at * 1e6)::BIGINT) AS released_at, r.mechanism, r.unit, r.table_name,
-       r.epsilon, r.delta, r.parameters, r.calibration, r.seeded
+       r.epsilon, r.delta, r.parameters::JSON AS parameters, r.calibration::JSON AS calibration, r.seeded
 FROM (SELECT unnest(dp__budget_releases(0)) AS r);
+
+-- Set the total (epsilon, delta) of a scope ('database', a table name resolved as a release resolves its table,
+-- or a file path) in the ledger its releases are charged to, and return the scope's status afterwards: budget,
+-- spent, remaining, releases, the ledger file (NULL: in memory) and a note when the scope names no existing
+-- table or file (the budget then waits for it). Refused, changing nothing: a budget below what the scope has
+-- spent (equal closes it), a view, and a call hidden in a view or macro or sharing its statement with a release
+-- (dpsql/core/ledger_sql.py says why). Not undone by ROLLBACK: the ledger is outside DuckDB's transactions.
+CREATE OR REPLACE TEMP MACRO dp_set_budget(scope, epsilon, delta) AS
+    dp__set_budget(scope, epsilon, delta, dp__catalog(scope));
+
+-- Remove the budget of a scope (its releases stay charged); the same status, with a note if it had none.
+CREATE OR REPLACE TEMP MACRO dp_remove_budget(scope) AS
+    dp__remove_budget(scope, dp__catalog(scope));

@@ -644,3 +644,239 @@ def test_missing_ledger_file_is_created_whole(tmp_path):
     assert Ledger(path).budgets() == []
     assert path.read_bytes().startswith(b"SQLite format 3\x00")
     assert sorted(os.listdir(tmp_path)) == ["new.dpsql-ledger"]  # no temporary file left behind
+
+
+# -- setting a budget: never below what is spent --------------------------------------------------
+
+def test_budget_below_what_is_spent_is_refused_and_changes_nothing():
+    led = Ledger()
+    led.charge("m", "user", "t", 0.5, 1e-6)
+    led.set_budget(2.0, 1e-4)
+    led.set_budget(1.0, 1e-4, scope="t")
+    with pytest.raises(dpsql.ParameterError, match=r"scope 'database'.*epsilon=0\.4 is below the epsilon already "
+                                                   r"spent \(0\.5\).*Set at least what is spent \(epsilon >= 0\.5"):
+        led.set_budget(0.4, 1e-4)
+    with pytest.raises(dpsql.ParameterError, match=r"scope 'memory\.main\.t'.*delta=1e-07 is below the delta "
+                                                   r"already spent \(1e-06\).*delta >= 1e-06.*remove the budget"):
+        led.set_budget(1.0, 1e-7, scope="t")
+    with pytest.raises(dpsql.ParameterError, match="below"):
+        led.check_budget(0.4, 1e-4)
+    assert [(b.scope, b.epsilon, b.delta) for b in led.budgets()] == [("database", 2.0, 1e-4),
+                                                                       ("memory.main.t", 1.0, 1e-4)]
+    # a scope without a budget cannot get one below its spending either
+    led.remove_budget("t")
+    with pytest.raises(dpsql.ParameterError, match="below"):
+        led.set_budget(0.25, 1e-4, scope="t")
+    assert [b.scope for b in led.budgets()] == ["database"]
+
+
+def test_budget_equal_to_what_is_spent_closes_the_scope():
+    led = Ledger()
+    for _ in range(10):  # 0.1 ten times sums to 0.9999999999999999 or so: the budget 1.0 is not below it
+        led.charge("m", "user", "t", 0.1, 1e-7)
+    assert led.set_budget(1.0, 1e-6, scope="t").epsilon == 1.0
+    assert led.check_budget(1.0, 1e-6).epsilon == 1.0  # only checks: 'database' keeps no budget
+    assert [b.scope for b in led.budgets()] == ["memory.main.t"]
+    with pytest.raises(BudgetExceededError, match="scope 'memory.main.t' exceeded"):
+        led.charge("m", "user", "t", 0.01, 0.0)
+    led.charge("m", "user", "u", 0.01, 0.0)  # another table is not closed
+
+
+def test_setting_a_budget_again_unchanged_is_allowed_whatever_was_spent(tmp_path):
+    # A ledger whose budget was lowered below its spending before that was refused: setting the same budget
+    # again (dbt does at every connection) changes nothing and is not refused; any other value below is.
+    path = _old_ledger(tmp_path, ", seeded INTEGER NOT NULL DEFAULT 0", """
+        INSERT INTO budgets VALUES ('database', 1.0, 1e-5);
+        INSERT INTO releases VALUES (1, 0, 'm', 'user', 'shop.main.t', 1.5, 0, '', '', 0);
+        PRAGMA user_version = 1;""")
+    led = Ledger(path)
+    led.set_budget(1.0, 1e-5)
+    with pytest.raises(dpsql.ParameterError, match=r"epsilon=1\.2 is below the epsilon already spent \(1\.5\)"):
+        led.set_budget(1.2, 1e-5)
+    assert [(b.epsilon, b.delta) for b in led.budgets()] == [(1.0, 1e-5)]
+
+
+def test_python_set_budget_below_spent_is_refused(con):
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5, delta := 1e-5)").fetchall()
+    dpsql.set_budget(con, epsilon=1.0, delta=1e-4, scope="t")
+    with pytest.raises(dpsql.ParameterError, match=r"scope 'memory\.main\.t'.*epsilon=0\.25 is below"):
+        dpsql.set_budget(con, epsilon=0.25, delta=1e-4, scope="T")
+    assert con.sql("SELECT scope, epsilon_budget FROM dp_budget() WHERE epsilon_budget IS NOT NULL").fetchall() == [
+        ("memory.main.t", 1.0)]
+
+
+# -- releases as JSON with UTC times ----------------------------------------------------------------
+
+def test_dp_releases_parameters_are_json_and_released_at_a_utc_timestamp(con):
+    import datetime
+
+    con.sql("FROM dp_set_union_weighted_laplace('t', epsilon := 1.0, delta := 1e-5, max_items := 3)").fetchall()
+    types = dict(con.sql("SELECT column_name, column_type FROM (DESCRIBE FROM dp_releases())").fetchall())
+    assert (types["parameters"], types["calibration"], types["released_at"]) == ("JSON", "JSON", "TIMESTAMP")
+    ((max_items, noise, at),) = con.sql("SELECT parameters->>'max_items', calibration->>'noise', released_at "
+                                        "FROM dp_releases()").fetchall()
+    assert (max_items, noise) == ("3", "laplace")
+    (release,) = dpsql.releases(con)
+    utc = datetime.datetime.fromtimestamp(release.time, datetime.timezone.utc).replace(tzinfo=None)
+    assert abs(at - utc) <= datetime.timedelta(microseconds=1)
+    doc = release.to_json()
+    assert doc["parameters"]["max_items"] == 3 and doc["calibration"]["noise"] == "laplace"
+    iso = datetime.datetime.fromisoformat(doc["released_at"].replace("Z", "+00:00"))
+    assert iso.tzinfo == datetime.timezone.utc and abs(iso.replace(tzinfo=None) - utc) <= datetime.timedelta(
+        microseconds=1)
+    assert doc["released_at"].endswith("Z") and json.loads(json.dumps(doc)) == doc
+
+
+def test_older_ledger_struct_text_reads_as_json(tmp_path):
+    # An older dpsql recorded parameters and calibration as DuckDB's text of a struct.
+    path = _old_ledger(tmp_path, "", """
+        INSERT INTO releases VALUES (1, 0, 'dp_set_union_count_laplace', 'user', 'user_items', 0.5, 0,
+            '{''max_items'': 10, ''user_col'': user_id, ''item_col'': ''a, b''}',
+            '{''noise'': laplace, ''scale'': 2.5, ''threshold'': NULL, ''rounds'': [1, 2.5e-07]}');
+        INSERT INTO releases VALUES (2, 1.5, 'm', 'user', 'user_items', 0.25, 0, '', 'not a struct {');""")
+    led = Ledger(path)
+    first, second = led.releases()
+    assert json.loads(first.parameters) == {"max_items": 10, "user_col": "user_id", "item_col": "a, b"}
+    assert first.to_json()["calibration"] == {"noise": "laplace", "scale": 2.5, "threshold": None,
+                                              "rounds": [1, 2.5e-07]}
+    assert first.to_json()["released_at"] == "1970-01-01T00:00:00.000000Z"
+    assert second.to_json()["released_at"] == "1970-01-01T00:00:01.500000Z"
+    assert (second.parameters, second.to_json()["parameters"]) == ("", None)
+    assert second.to_json()["calibration"] == "not a struct {"  # kept whole, as a JSON string
+    con = dpsql.connect(ledger=path)
+    assert con.sql("SELECT release_id, parameters->>'user_col', calibration->>'scale', parameters IS NULL "
+                   "FROM dp_releases()").fetchall() == [(1, "user_id", "2.5", False), (2, None, None, True)]
+    con.close()
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"a": NaN, "b": [Infinity, -Infinity]}', {"a": "NaN", "b": ["Infinity", "-Infinity"]}),
+    ("{'q': 'it\\'s', 'n': {'x': y z}, 'e': '', 'f': inf}", {"q": "it's", "n": {"x": "y z"}, "e": "", "f": "Infinity"}),
+    ("[]", []),
+    ("{'unterminated': 'x}", "{'unterminated': 'x}"),
+])
+def test_json_text_is_strict_json(text, expected):
+    made = L.json_text(text)
+    assert json.loads(made, parse_constant=lambda c: pytest.fail(f"{c} is not JSON")) == expected
+
+
+# -- dp_set_budget / dp_remove_budget: setting budgets from SQL ----------------------------------------
+
+def _budgets(path_or_ledger):
+    led = path_or_ledger if isinstance(path_or_ledger, Ledger) else Ledger(path_or_ledger)
+    return [(b.scope, b.epsilon, b.delta) for b in led.budgets()]
+
+
+def test_dp_set_budget_writes_the_ledger_the_connection_charges(tmp_path):
+    path = tmp_path / "session.dpsql-ledger"
+    con = dpsql.connect(ledger=path)
+    con.execute("CREATE TABLE t AS SELECT i % 100 AS user_id, 'x' AS item FROM range(1000) r(i)")
+    ((change,),) = con.sql("SELECT dp_set_budget('\"T\"', 1.0, 1e-4)").fetchall()
+    assert (change["scope"], change["epsilon_budget"], change["epsilon_remaining"], change["ledger"], change["note"]) \
+        == ("memory.main.t", 1.0, 1.0, str(path), None)
+    assert _budgets(path) == [("memory.main.t", 1.0, 1e-4)]
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.75, delta := 1e-5)").fetchall()
+    with pytest.raises(duckdb.Error, match="scope 'memory.main.t' exceeded"):
+        con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5, delta := 1e-5)").fetchall()
+    # below what is spent: refused, nothing changed (as dpsql.set_budget and the CLI)
+    with pytest.raises(duckdb.Error, match=r"epsilon=0\.5 is below the epsilon already spent \(0\.75\)"):
+        con.sql("SELECT dp_set_budget('t', 0.5, 1e-4)").fetchall()
+    assert _budgets(path) == [("memory.main.t", 1.0, 1e-4)]
+    # equal closes the scope; the 'database' scope and a parameter error work as in Python
+    assert con.sql("SELECT dp_set_budget('t', 0.75, 1e-5).epsilon_remaining").fetchall() == [(0.0,)]
+    assert con.sql("SELECT dp_set_budget('database', 3, 1e-3).scope").fetchall() == [("database",)]
+    with pytest.raises(duckdb.Error, match="delta budget must be a number with 0 <= delta < 1"):
+        con.sql("SELECT dp_set_budget('t', 1.0, 1.5)").fetchall()
+    with pytest.raises(duckdb.Error, match="epsilon must not be NULL"):
+        con.sql("SELECT dp_set_budget('t', NULL, 1e-5)").fetchall()
+    assert _budgets(path) == [("database", 3.0, 1e-3), ("memory.main.t", 0.75, 1e-5)]
+    # remove: its releases stay charged; a scope without a budget is said
+    ((removed,),) = con.sql("SELECT dp_remove_budget('main.t')").fetchall()
+    assert (removed["scope"], removed["epsilon_budget"], removed["releases"], removed["note"]) == (
+        "memory.main.t", None, 1, None)
+    assert "had no budget" in con.sql("SELECT dp_remove_budget('t').note").fetchall()[0][0]
+    assert _budgets(path) == [("database", 3.0, 1e-3)]
+    con.close()
+
+
+def test_dp_set_budget_says_when_the_scope_names_nothing_yet(tmp_path, monkeypatch):
+    # A budget may precede its table (test_budget_set_before_the_table_exists_applies_to_it): accepted, and said.
+    monkeypatch.chdir(tmp_path)
+    con = dpsql.connect()
+    con.execute("CREATE TABLE t AS SELECT 1 AS user_id, 'x' AS item")
+    con.execute("CREATE VIEW v AS FROM t")
+    duckdb.sql(f"COPY (SELECT 1 AS user_id, 'x' AS item) TO '{tmp_path / 'here.parquet'}'")
+    notes = dict(con.sql("SELECT s, dp_set_budget(s, 1.0, 1e-5).note FROM (VALUES ('t'), ('Later'), ('here.parquet'), "
+                         "('gone.parquet'), ('database')) x(s)").fetchall())
+    assert notes["t"] is None and notes["here.parquet"] is None and notes["database"] is None
+    assert "names no table or view of this database yet" in notes["Later"] and "'memory.main.later'" in notes["Later"]
+    assert "names no existing file" in notes["gone.parquet"] and str(tmp_path / "gone.parquet") in notes["gone.parquet"]
+    assert len(_budgets(dpsql.core.state.ledger_of(con))) == 5
+    with pytest.raises(duckdb.Error, match="scope 'v' is a view: a release on it is charged to .*memory.main.t"):
+        con.sql("SELECT dp_set_budget('v', 1.0, 1e-5)").fetchall()
+    con.close()
+
+
+def test_dp_set_budget_goes_to_the_ledger_of_an_attached_database(tmp_path):
+    shop = tmp_path / "shop.duckdb"
+    duckdb.connect(str(shop)).execute("CREATE TABLE orders AS SELECT 1 AS user_id, 'x' AS item").close()
+    con = dpsql.connect()
+    con.execute(f"ATTACH '{shop}' AS archive (READ_ONLY)")
+    ((change,),) = con.sql("SELECT dp_set_budget('archive.orders', 1.0, 1e-4)").fetchall()
+    assert (change["scope"], change["ledger"]) == ("shop.main.orders", str(L.sidecar_path(shop)))
+    assert _budgets(L.sidecar_path(shop)) == [("shop.main.orders", 1.0, 1e-4)]
+    assert _budgets(dpsql.core.state.ledger_of(con)) == []
+    con.close()
+
+
+def test_dp_set_budget_is_never_folded_while_planning(con):
+    con.sql("EXPLAIN SELECT dp_set_budget('t', 1.0, 1e-5)").fetchall()
+    con.sql("PREPARE later AS SELECT dp_set_budget('t', 1.0, 1e-5)")
+    assert _budgets(dpsql.core.state.ledger_of(con)) == []
+
+
+def test_a_statement_never_both_changes_a_budget_and_releases(con):
+    ledger = dpsql.core.state.ledger_of(con)
+    dpsql.set_budget(con, 1.0, 1e-4, scope="t")
+    release = "FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5, delta := 1e-5)"
+    # hidden in a view or a macro, a budget change would go unseen: in a release's query it would lift the
+    # limit the release is checked against
+    con.execute("CREATE VIEW lifted AS FROM t WHERE dp_set_budget('t', 100, 0.5).epsilon_budget > 0")
+    con.execute("CREATE VIEW lift_view AS SELECT dp_set_budget('t', 100, 0.5) AS raised")
+    con.execute("CREATE MACRO lift(e) AS dp_set_budget('t', e, 0.5)")
+    for sql in ["FROM lift_view", "SELECT lift(100)", "SELECT count(*) FROM lifted"]:
+        with pytest.raises(duckdb.Error, match="dp_set_budget must be called in the statement itself"):
+            con.sql(sql).fetchall()
+    with pytest.raises(duckdb.Error, match="must be called in the statement itself|cannot tell which tables"):
+        con.sql("FROM dp_set_union_weighted_gaussian('lifted', epsilon := 0.5, delta := 1e-5)").fetchall()
+    # in one statement with a release, whichever DuckDB runs first refuses
+    for sql in [f"SELECT dp_set_budget('t', 100, 0.5), (SELECT count(*) FROM ({release}))",
+                f"SELECT (SELECT count(*) FROM ({release})), dp_remove_budget('t')"]:
+        with pytest.raises(duckdb.Error, match="changes a privacy budget .* and makes a release|also makes a release"):
+            con.sql(sql).fetchall()
+    con.execute(f"CREATE VIEW released AS {release}")
+    with pytest.raises(duckdb.Error, match="changes a privacy budget .* and makes a release|also makes a release"):
+        con.sql("SELECT dp_set_budget('t', 100, 0.5) FROM released").fetchall()
+    # the change's own check, whichever runs first: a release named in the statement, or read through a view
+    from dpsql.core import ledger_sql
+    ((row,),) = con.execute("SELECT dp__catalog(NULL)").fetchall()
+    for sql, named in [("SELECT dp_set_budget('t', 100, 0.5) FROM released", "released"),
+                       ("SELECT dp_set_budget('t', 1, 0), (FROM dp_set_union('t', epsilon := 1, delta := 0))",
+                        "dp_set_union")]:
+        with pytest.raises(dpsql.ParameterError, match=f"also makes a release \\({named}\\)"):
+            ledger_sql._check_budget_statement("dp_set_budget", {**row, "query": sql})
+    ledger_sql._check_budget_statement("dp_set_budget", {**row, "query": "SELECT dp_set_budget('t', 1, 0) FROM t"})
+    assert _budgets(ledger) == [("memory.main.t", 1.0, 1e-4)] and ledger.releases() == []
+    # one statement each: fine
+    con.sql("SELECT dp_set_budget('t', 2.0, 1e-4)").fetchall()
+    con.sql(release).fetchall()
+    assert [r.epsilon for r in ledger.releases()] == [0.5]
+
+
+def test_dp_set_budget_on_several_rows_is_checked_whole(con):
+    con.sql("FROM dp_set_union_weighted_gaussian('t', epsilon := 0.5, delta := 1e-5)").fetchall()
+    with pytest.raises(duckdb.Error, match="scope 'memory.main.t'.*below"):
+        con.sql("SELECT dp_set_budget(s, e, 1e-4) FROM (VALUES ('a', 1.0), ('t', 0.25), ('b', 1.0)) x(s, e)").fetchall()
+    assert _budgets(dpsql.core.state.ledger_of(con)) == []
+    con.sql("SELECT dp_set_budget(s, e, 1e-4) FROM (VALUES ('a', 1.0), ('t', 0.5)) x(s, e)").fetchall()
+    assert _budgets(dpsql.core.state.ledger_of(con)) == [("memory.main.a", 1.0, 1e-4), ("memory.main.t", 0.5, 1e-4)]

@@ -510,6 +510,104 @@ def test_duckdb_table_scope_budget_applies_to_cli_releases(data, tmp_path):
     assert spent == {"database": (0.6, 1), "shop.main.events": (0.6, 1)}
 
 
+def test_budget_set_below_what_is_spent_is_refused_and_changes_nothing(data, tmp_path):
+    from dpsql.core.ledger import Ledger
+
+    ledger = tmp_path / "l.dpsql-ledger"
+    assert cli("set-union", str(data.dir / "data.parquet"), *PARAMS, "--ledger", str(ledger)).returncode == 0
+    assert cli("budget", "set", str(ledger), "--epsilon", "2", "--delta", "1e-4").returncode == 0
+    r = cli("budget", "set", str(ledger), "--epsilon", "0.5", "--delta", "1e-4")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("Error: dpsql: budget of scope 'database'"), r.stderr
+    assert "epsilon=0.5 is below the epsilon already spent (1)" in r.stderr and "epsilon >= 1" in r.stderr
+    assert [(b.scope, b.epsilon, b.delta) for b in Ledger(ledger).budgets()] == [("database", 2.0, 1e-4)]
+    # equal to what is spent: allowed, and the scope is closed
+    assert cli("budget", "set", str(ledger), "--epsilon", "1", "--delta", "1e-5").returncode == 0
+    r = cli("set-union", str(data.dir / "data.parquet"), *PARAMS, "--ledger", str(ledger))
+    assert r.returncode == 1 and "exceeded" in r.stderr and charges(ledger) == 1
+
+
+def test_budget_set_scope_is_checked_against_the_database(data, tmp_path):
+    import shutil
+
+    from dpsql.core.ledger import Ledger, sidecar_path
+
+    db = tmp_path / "shop.duckdb"
+    shutil.copy(data.dir / "data.duckdb", db)
+    duckdb.connect(str(db)).execute("CREATE VIEW recent AS FROM events").close()
+    budget = ("--epsilon", "1", "--delta", "1e-4")
+    r = cli("budget", "set", str(db), "--scope", "EVENTS", *budget)
+    assert r.returncode == 0 and r.stderr == ""
+    # a table that does not exist (yet: a budget may precede its table) is set, and said, with its scope
+    r = cli("budget", "set", str(db), "--scope", "evnets", *budget)
+    assert r.returncode == 0 and r.stderr.startswith("dpsql: warning: scope 'evnets' names no table or view")
+    assert "'shop.main.evnets'" in r.stderr
+    # a view is refused: its releases are charged to the tables it reads
+    r = cli("budget", "set", str(db), "--scope", "recent", *budget)
+    assert r.returncode == 2 and "scope 'recent' is a view" in r.stderr and "shop.main.events" in r.stderr
+    assert [b.scope for b in Ledger(sidecar_path(db)).budgets()] == ["shop.main.events", "shop.main.evnets"]
+    # through the ledger file, the database beside it is checked
+    r = cli("budget", "set", str(sidecar_path(db)), "--scope", "other", *budget)
+    assert r.returncode == 0 and r.stderr == ""
+    # a data file has no tables: said, with where its releases are charged
+    parquet = tmp_path / "events.parquet"
+    shutil.copy(data.dir / "data.parquet", parquet)
+    r = cli("budget", "set", str(parquet), "--scope", "events", *budget)
+    assert r.returncode == 0 and "'events.main.events'; whether a table of that name exists was not checked" in r.stderr
+    assert "parquet file, without tables" in r.stderr and str(parquet.resolve()) in r.stderr
+    r = cli("budget", "set", str(parquet), "--scope", str(parquet), *budget)
+    assert r.returncode == 0 and r.stderr == ""
+
+
+def test_budget_remove_of_a_scope_without_budget_is_said(tmp_path):
+    from dpsql.core.ledger import Ledger
+
+    ledger = tmp_path / "l.dpsql-ledger"
+    Ledger(ledger).set_budget(1.0, 1e-5, scope="t")
+    r = cli("budget", "remove", str(ledger), "--scope", "u")
+    assert r.returncode == 0 and "scope 'u' ('l.main.u') had no budget" in r.stderr
+    r = cli("budget", "remove", str(ledger), "--scope", "t")
+    assert r.returncode == 0 and r.stderr == "" and Ledger(ledger).budgets() == []
+
+
+def test_budget_show_aligns_scopes_of_any_length(tmp_path):
+    from dpsql.core.ledger import Ledger
+
+    ledger = tmp_path / "l.dpsql-ledger"
+    led = Ledger(ledger)
+    names = ["t", "a_table_whose_name_is_longer_than_the_column_once_was", "mid_length_table"]
+    for i, name in enumerate(names):
+        led.charge("dp_set_union_weighted_gaussian", "user", name, 0.125 * (i + 1), 1e-6 * (i + 1))
+    led.set_budget(12.5, 1e-3, scope=names[1])
+    lines = cli("budget", "show", str(ledger)).stdout.splitlines()[1:]
+    header, rows = lines[0], lines[1:]
+    assert len(rows) == 4
+    # every scope fits its column: the next column starts where its header does, on every line
+    start = header.index("epsilon spent")
+    assert [line[:start].rstrip() for line in rows] == ["database", "l.main." + names[1], "l.main." + names[2],
+                                                        "l.main.t"]
+    assert all(line[start - 2:start] == "  " for line in rows)
+    # the slashes of 'spent / budget' line up, and the counts end under their headers
+    assert len({tuple(i for i, c in enumerate(line) if c == "/") for line in rows}) == 1, rows
+    assert {len(line) for line in rows} == {len(header)}
+    releases_end = header.index("releases") + len("releases")
+    assert all(line[:releases_end].endswith(count) for line, count in zip(rows, ["3", "1", "1", "1"]))
+
+
+def test_budget_releases_json_has_iso_times_and_json_parameters(data, tmp_path):
+    import datetime
+
+    ledger = tmp_path / "l.dpsql-ledger"
+    assert cli("set-union", str(data.dir / "data.parquet"), *PARAMS, "--ledger", str(ledger)).returncode == 0
+    (release,) = json.loads(cli("budget", "releases", str(ledger), "--json").stdout)["releases"]
+    when = datetime.datetime.fromisoformat(release["released_at"].replace("Z", "+00:00"))
+    assert release["released_at"].endswith("Z") and when.tzinfo == datetime.timezone.utc
+    assert abs(datetime.datetime.now(datetime.timezone.utc) - when) < datetime.timedelta(minutes=10)
+    assert "time" not in release
+    assert release["parameters"]["max_items"] == 10 and isinstance(release["calibration"], dict)
+    assert release["calibration"]["threshold"] > 0
+
+
 # ---------------------------------------------------------------- defaults: the SQL macro's
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -572,3 +572,45 @@ def test_ctrl_c_stops_a_piped_script(tmp_path):
         proc.kill()
     assert proc.returncode == 130, err
     assert err.strip() == "Error: interrupted" and "never_run" not in out
+
+
+def test_budget_dot_command_sets_shows_and_removes_in_the_session_ledger(tmp_path):
+    from dpsql.core.ledger import sidecar_path
+
+    db = str(tmp_path / "s.duckdb")
+    sidecar = sidecar_path(db)
+    r = shell(stdin=f"{SETUP}\n{MACRO}\n.budget set t 2 1e-4\n.budget set 'Later' 1 1e-5\n.budget remove later\n"
+                    f".mode csv\n.budget\n.budget show\n", database=db)
+    assert r.returncode == 0, r.stderr
+    assert (f"budget of scope 's.main.t' set to epsilon=2, delta=0.0001 in {sidecar}: spent epsilon=1, "
+            f"delta=1e-05 (1 release); remaining epsilon=1, delta=9e-05") in r.stdout
+    assert "budget of scope 's.main.later' removed" in r.stdout
+    # a table that does not exist yet: set, and said on stderr with the scope it was stored under
+    assert r.stderr.startswith("dpsql: warning: scope 'Later' names no table or view of this database yet")
+    assert "'s.main.later'" in r.stderr and "Error" not in r.stderr
+    assert r.stdout.count("s.main.t,2.0,0.0001,1.0,1e-05,1.0,9e-05,1,0\n") == 2  # .budget and .budget show
+    assert [(b.scope, b.epsilon, b.delta) for b in Ledger(sidecar).budgets()] == [("s.main.t", 2.0, 1e-4)]
+    # below what is spent: refused (one dpsql message), nothing changed; equal closes the scope
+    r = shell(stdin=".budget set t 0.5 1e-4\n", database=db)
+    line = r.stderr.strip()
+    assert r.returncode == 1 and line.startswith("Error: dpsql: budget of scope 's.main.t'") and line.count("dpsql:") == 1
+    assert "epsilon=0.5 is below the epsilon already spent (1)" in line
+    assert [(b.epsilon, b.delta) for b in Ledger(sidecar).budgets()] == [(2.0, 1e-4)]
+    r = shell(stdin=f".budget set \"T\" 1 1e-5\n{MACRO}\n", database=db)
+    assert r.returncode == 1 and "privacy budget of scope 's.main.t' exceeded" in r.stderr
+    assert [(b.epsilon, b.delta) for b in Ledger(sidecar).budgets()] == [(1.0, 1e-5)]
+
+
+def test_budget_dot_command_usage_errors_name_the_fix():
+    r = shell(stdin=".budget set t one 1e-5\n.budget frob\n.budget set t 1\n.budget remove\n")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 4
+    assert lines[0] == ("Error: dpsql: .budget set: EPSILON and DELTA must be numbers (got 'one', '1e-5'), "
+                        "e.g. .budget set my_table 1.0 1e-5")
+    assert all(line.startswith("Error: dpsql: .budget takes show, set SCOPE EPSILON DELTA or remove SCOPE")
+               for line in lines[1:])
+
+
+def test_budget_dot_command_is_in_the_help():
+    r = shell(".help")
+    assert ".budget set SCOPE EPSILON DELTA" in r.stdout and "dp_set_budget(" in r.stdout
