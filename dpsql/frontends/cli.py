@@ -1106,7 +1106,7 @@ def cmd_weighted_sample(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     token = ", 0::BIGINT AS token" if args.with_frequencies else ""
 
     def run(con: duckdb.DuckDBPyConnection) -> pa.Table:
-        released = pws.weighted_sample(con, _VIEW, eps, delta, tau=tau, scheme=scheme, power=power,
+        released = pws.weighted_sample(con, _VIEW, epsilon=eps, delta=delta, tau=tau, scheme=scheme, power=power,
                                        with_frequencies=args.with_frequencies, key_col=key_col, freq_col=freq_col)
         return released if args.with_frequencies else released.select(["key"])
 

@@ -129,20 +129,20 @@ def _shifting_heavy_hitters_arrays(source: NoiseSource, user_idx, time_idx, buck
                           n_users, horizon, n_buckets, k, cal["tau"], EPS0)
 
 
-@accepts_tables("tbl", "buckets_tbl")
-def shifting_heavy_hitters(con: duckdb.DuckDBPyConnection, tbl: str, buckets_tbl: str, k: int, horizon: int,
-                           epsilon: float, failure_probability: float = 0.05, *, user_col: str = "user_id",
+@accepts_tables("table", "buckets_tbl")
+def shifting_heavy_hitters(con: duckdb.DuckDBPyConnection, table: str, buckets_tbl: str, k: int, horizon: int, *,
+                           epsilon: float, failure_probability: float = 0.05, user_col: str = "user_id",
                            time_col: str = "t", bucket_col: str = "bucket") -> pa.Table:
     """Pure eps-DP shifting heavy hitters (``dp_shifting_heavy_hitters``): reported (t, bucket), sorted; charged once.
 
-    ``tbl`` rows (user, t, bucket) with t in 1..horizon; ``buckets_tbl``
+    ``table`` rows (user, t, bucket) with t in 1..horizon; ``buckets_tbl``
     lists the public bucket set Y in column ``bucket_col``; ``horizon`` = T is public.
     Rows outside Y x 1..horizon are ignored.
     """
     heavy_hitters_calibration(epsilon, k, check_k(horizon, "horizon"), 1, failure_probability)
-    _columns(con, tbl, user_col=user_col, time_col=time_col, bucket_col=bucket_col)
+    _columns(con, table, user_col=user_col, time_col=time_col, bucket_col=bucket_col)
     _columns(con, buckets_tbl, bucket_col=bucket_col)
-    return _release(con, f"dp_shifting_heavy_hitters({sql_string(tbl)}, {sql_string(buckets_tbl)}, "
+    return _release(con, f"dp_shifting_heavy_hitters({sql_string(table)}, {sql_string(buckets_tbl)}, "
                          f"{int(k)}, horizon := {int(horizon)}, epsilon := {_literal(epsilon)}, "
                          f"failure_probability := {_literal(failure_probability)}, "
                          f"user_col := {sql_string(user_col)}, time_col := {sql_string(time_col)}, "

@@ -145,15 +145,15 @@ def _k_median(source: NoiseSource, locations, distances, k: int, epsilon: float,
     return _local_search(dq, t_arr, h_noisy, k)
 
 
-@accepts_tables("tbl", "candidates_tbl", "distances_tbl")
-def k_median(con: duckdb.DuckDBPyConnection, tbl: str, candidates_tbl: str, distances_tbl: str, k: int,
-             epsilon: float, n_bound: int, *, q: int = 1, point_col: str = "point",
+@accepts_tables("table", "candidates_tbl", "distances_tbl")
+def k_median(con: duckdb.DuckDBPyConnection, table: str, candidates_tbl: str, distances_tbl: str, k: int, *,
+             epsilon: float, n_bound: int, q: int = 1, point_col: str = "point",
              candidate_col: str = "candidate_id", distance_point_col: str = "point",
              distance_candidate_col: str = "candidate", distance_col: str = "distance") -> pa.Table:
     """Pure eps-DP k-median (q = 1) / k-means (q = 2) (``dp_k_median``): (rank, candidate_id) in candidate_id
     order; charged once.
 
-    ``tbl`` (point_col): one private record per row, located at a candidate;
+    ``table`` (point_col): one private record per row, located at a candidate;
     ``candidates_tbl`` (candidate_col) and ``distances_tbl`` (distance_point_col,
     distance_candidate_col, distance_col in [0, 1]) are the public metric;
     ``n_bound`` a public upper bound on the number of points.
@@ -162,11 +162,11 @@ def k_median(con: duckdb.DuckDBPyConnection, tbl: str, candidates_tbl: str, dist
     if q not in (1, 2):
         raise DPParameterError(f"q must be 1 (k-median) or 2 (k-means) (got {q!r})")
     _check_n_bound(n_bound)
-    _columns(con, tbl, point_col=point_col)
+    _columns(con, table, point_col=point_col)
     _columns(con, candidates_tbl, candidate_col=candidate_col)
     _columns(con, distances_tbl, distance_point_col=distance_point_col,
              distance_candidate_col=distance_candidate_col, distance_col=distance_col)
-    return _release(con, f"dp_k_median({sql_string(tbl)}, {sql_string(candidates_tbl)}, "
+    return _release(con, f"dp_k_median({sql_string(table)}, {sql_string(candidates_tbl)}, "
                          f"{sql_string(distances_tbl)}, {int(k)}, epsilon := {_literal(epsilon)}, "
                          f"n_bound := {int(n_bound)}, q := {int(q)}, point_col := {sql_string(point_col)}, "
                          f"candidate_col := {sql_string(candidate_col)}, "

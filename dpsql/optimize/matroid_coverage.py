@@ -160,9 +160,9 @@ def _matroid_coverage_arrays(source: NoiseSource, set_idx, elem_idx, n_sets: int
     return rounded[exp_mech(source, values, EPS0 / 2)]
 
 
-@accepts_tables("tbl", "parts_tbl", "capacities_tbl")
-def matroid_coverage(con: duckdb.DuckDBPyConnection, tbl: str, parts_tbl: str, capacities_tbl: str,
-                     epsilon: float, *, eta: float = 0.2, failure_probability: float = 0.05,
+@accepts_tables("table", "parts_tbl", "capacities_tbl")
+def matroid_coverage(con: duckdb.DuckDBPyConnection, table: str, parts_tbl: str, capacities_tbl: str, *,
+                     epsilon: float, eta: float = 0.2, failure_probability: float = 0.05,
                      samples: Optional[int] = None, set_col: str = "set_id", element_col: str = "element",
                      part_col: str = "part", capacity_col: str = "capacity") -> pa.Table:
     """Pure eps-DP coverage under a partition matroid (``dp_matroid_coverage``): (rank, set_id) in set_id order;
@@ -174,10 +174,10 @@ def matroid_coverage(con: duckdb.DuckDBPyConnection, tbl: str, parts_tbl: str, c
     check_epsilon(epsilon), check_failure_probability(failure_probability), check_eta(eta)
     if samples is not None:
         check_k(samples, "samples")
-    _columns(con, tbl, set_col=set_col, element_col=element_col)
+    _columns(con, table, set_col=set_col, element_col=element_col)
     _columns(con, parts_tbl, set_col=set_col, part_col=part_col)
     _columns(con, capacities_tbl, part_col=part_col, capacity_col=capacity_col)
-    return _release(con, f"dp_matroid_coverage({sql_string(tbl)}, {sql_string(parts_tbl)}, "
+    return _release(con, f"dp_matroid_coverage({sql_string(table)}, {sql_string(parts_tbl)}, "
                          f"{sql_string(capacities_tbl)}, epsilon := {_literal(epsilon)}, eta := {_literal(eta)}, "
                          f"failure_probability := {_literal(failure_probability)}, samples := {_literal(samples)}, "
                          f"set_col := {sql_string(set_col)}, element_col := {sql_string(element_col)}, "

@@ -59,18 +59,18 @@ def _max_coverage_arrays(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_
     return _coverage_greedy(source, sub.set_idx, sub.elem_idx, n_sets, n_elems, k, EPS0)
 
 
-@accepts_tables("tbl", "candidates_tbl")
-def max_coverage(con: duckdb.DuckDBPyConnection, tbl: str, candidates_tbl: str, k: int, epsilon: float,
-                 *, set_col: str = "set_id", element_col: str = "element") -> pa.Table:
+@accepts_tables("table", "candidates_tbl")
+def max_coverage(con: duckdb.DuckDBPyConnection, table: str, candidates_tbl: str, k: int, *, epsilon: float,
+                 set_col: str = "set_id", element_col: str = "element") -> pa.Table:
     """Pure eps-DP max k-coverage (``dp_max_coverage``): (rank, set_id) in the greedy's order, charged once.
 
-    ``tbl`` rows (set, element) are private (the elements are the records);
+    ``table`` rows (set, element) are private (the elements are the records);
     ``candidates_tbl`` (column ``set_col``) lists the public candidate sets:
-    only those can be chosen, with or without rows in ``tbl``.
+    only those can be chosen, with or without rows in ``table``.
     """
     check_epsilon(epsilon), check_k(k)
-    _columns(con, tbl, set_col=set_col, element_col=element_col)
+    _columns(con, table, set_col=set_col, element_col=element_col)
     _columns(con, candidates_tbl, set_col=set_col)
-    return _release(con, f"dp_max_coverage({sql_string(tbl)}, {sql_string(candidates_tbl)}, {int(k)}, "
+    return _release(con, f"dp_max_coverage({sql_string(table)}, {sql_string(candidates_tbl)}, {int(k)}, "
                          f"epsilon := {_literal(epsilon)}, set_col := {sql_string(set_col)}, "
                          f"element_col := {sql_string(element_col)})")

@@ -99,15 +99,15 @@ def _greedy_scaling(source: NoiseSource, set_idx, elem_idx, n_sets: int, n_elems
     return perm
 
 
-@accepts_tables("tbl", "candidates_tbl")
-def set_cover(con: duckdb.DuckDBPyConnection, tbl: str, candidates_tbl: str, epsilon: float, *,
+@accepts_tables("table", "candidates_tbl")
+def set_cover(con: duckdb.DuckDBPyConnection, table: str, candidates_tbl: str, *, epsilon: float,
               set_col: str = "set_id", element_col: str = "element", tau_constant: float = 1000.0) -> pa.Table:
     """Pure eps-DP set cover (``dp_set_cover``, DPGreedyScaling): every candidate set of ``candidates_tbl``
     once, as (position, set_id) in the released order; charged once."""
     check_epsilon(epsilon)
     _check_positive_param("tau_constant", tau_constant, "the printed value is 1000")
-    _columns(con, tbl, set_col=set_col, element_col=element_col)
+    _columns(con, table, set_col=set_col, element_col=element_col)
     _columns(con, candidates_tbl, set_col=set_col)
-    return _release(con, f"dp_set_cover({sql_string(tbl)}, {sql_string(candidates_tbl)}, "
+    return _release(con, f"dp_set_cover({sql_string(table)}, {sql_string(candidates_tbl)}, "
                          f"epsilon := {_literal(epsilon)}, set_col := {sql_string(set_col)}, "
                          f"element_col := {sql_string(element_col)}, tau_constant := {_literal(tau_constant)})")

@@ -12,11 +12,11 @@ from dpsql.core.validation import check_identifier, check_table_name, sql_string
 from dpsql.core.inputs import accepts_tables
 
 
-@accepts_tables("tbl")
-def weighted_sample(con, tbl: str, epsilon: float, delta: float, *, tau: Optional[float] = None,
+@accepts_tables("table")
+def weighted_sample(con, table: str, *, epsilon: float, delta: float, tau: Optional[float] = None,
                     scheme: str = "ppswor", power: float = 1.0, with_frequencies: bool = False,
                     key_col: str = "key", freq_col: Optional[str] = None) -> pa.Table:
-    """(epsilon, delta)-DP private weighted sample of ``tbl`` -- ELEMENT-level privacy, NOT user-level.
+    """(epsilon, delta)-DP private weighted sample of ``table`` -- ELEMENT-level privacy, NOT user-level.
 
     Runs ``dp_weighted_sample`` on a connection prepared by :func:`dpsql.register`; returns Arrow columns
     ``key`` and ``token`` (NULL for keys only), rows sorted by key (the macro's ORDER BY: an order that depends
@@ -24,10 +24,10 @@ def weighted_sample(con, tbl: str, epsilon: float, delta: float, *, tau: Optiona
     """
     epsilon, delta, tau, scheme, power = check_pws_parameters(epsilon, delta, tau, scheme, power)
     check_frequency_range(epsilon, delta, tau, scheme, power, bool(with_frequencies))
-    tbl = check_table_name(tbl)
+    table = check_table_name(table)
     key_col = check_identifier("key_col", key_col)
     freq = "NULL" if freq_col is None else sql_string(check_identifier("freq_col", freq_col))
-    sql = (f"SELECT key, token FROM dp_weighted_sample({sql_string(tbl)}, {epsilon!r}, {delta!r}, "
+    sql = (f"SELECT key, token FROM dp_weighted_sample({sql_string(table)}, {epsilon!r}, {delta!r}, "
            f"tau := {'NULL' if tau is None else repr(tau)}, scheme := {sql_string(scheme)}, power := {power!r}, "
            f"with_frequencies := {'true' if with_frequencies else 'false'}, key_col := {sql_string(key_col)}, "
            f"freq_col := {freq})")

@@ -436,7 +436,7 @@ RELEASE_CALLS = {
         USER_ITEMS, lambda con: dpsql.hitting_set(con, "t", 3, epsilon=0.8, delta=1e-5), ("rank",)),
     "dpsql.topk.top_k_limited_domain": (
         USER_ITEMS, lambda con: dpsql.top_k_limited_domain(con, "t", 3, 5, epsilon=0.8, delta=1e-5), ("rank",)),
-    "dpsql.pws.api.weighted_sample": (USER_ITEMS, lambda con: dpsql.pws.weighted_sample(con, "t", 0.8, 1e-5,
+    "dpsql.pws.api.weighted_sample": (USER_ITEMS, lambda con: dpsql.pws.weighted_sample(con, "t", epsilon=0.8, delta=1e-5,
                                                                                       key_col="item"), ("key",)),
     **_optimize_calls(),
     "dpsql.groupby.group_by": (
@@ -446,6 +446,25 @@ RELEASE_CALLS = {
 
 def test_every_public_release_function_is_listed():
     assert set(_public_functions()) - NOT_RELEASES == set(RELEASE_CALLS)
+
+
+@pytest.mark.parametrize("qualname", sorted(RELEASE_CALLS))
+def test_public_release_function_follows_the_one_naming_rule(qualname):
+    """One vocabulary (README, "Parameter vocabulary"): the private table is ``table``, right after the
+    connection; a public table is ``<role>_tbl`` as in SQL; ``epsilon`` and ``delta`` are keywords; and
+    every table parameter takes the data itself (dpsql.core.inputs)."""
+    fn = _public_functions()[qualname]
+    params = inspect.signature(fn).parameters
+    names = list(params)
+    assert names[:2] == ["con", "table"], qualname
+    assert not any(n == "tbl" or n.endswith("_table") for n in names), qualname
+    for n in ("epsilon", "delta"):
+        if n in params:
+            assert params[n].kind is inspect.Parameter.KEYWORD_ONLY, (qualname, n)
+    tables = {"table"} | {n for n in names if n.endswith("_tbl")}
+    assert getattr(fn, "__wrapped__", None) is not None, f"{qualname} does not take the data itself"
+    decorated = inspect.getclosurevars(fn).nonlocals.get("params")
+    assert set(decorated or ()) == tables, qualname
 
 
 @pytest.mark.parametrize("qualname", sorted(RELEASE_CALLS))

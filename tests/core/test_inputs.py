@@ -157,7 +157,7 @@ def test_weighted_sample_takes_an_arrow_table():
     con = _con()
     try:
         keys = pa.table({"key": [f"k{i % 5}" for i in range(5000)]})
-        out = dpsql.weighted_sample(con, keys, 1.0, 1e-5)
+        out = dpsql.weighted_sample(con, keys, epsilon=1.0, delta=1e-5)
         assert set(out.column("key").to_pylist()) <= {f"k{i}" for i in range(5)}
         assert dpsql.releases(con)[-1].table == f"temp.main.{scope_name('tbl')}"
     finally:

@@ -227,8 +227,8 @@ OVER_BUDGET = {
     "hitting_set": lambda con: dpsql.hitting_set(con, "t", 2, epsilon=1.0, delta=1e-5),
     "top_k_limited_domain": lambda con: dpsql.top_k_limited_domain(con, "t", 1, 2, epsilon=1.0, delta=1e-5),
     "group_by": lambda con: dpsql.group_by(con, "t", epsilon=1.0, delta=1e-5),
-    "weighted_sample": lambda con: dpsql.weighted_sample(con, "t", 1.0, 1e-5, key_col="item"),
-    "max_coverage": lambda con: dpsql.optimize.max_coverage(con, "sets", "cands", 1, 1.0),
+    "weighted_sample": lambda con: dpsql.weighted_sample(con, "t", epsilon=1.0, delta=1e-5, key_col="item"),
+    "max_coverage": lambda con: dpsql.optimize.max_coverage(con, "sets", "cands", 1, epsilon=1.0),
 }
 
 

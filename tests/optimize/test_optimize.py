@@ -225,7 +225,7 @@ def test_sql_max_coverage_end_to_end():
     assert len(set(ids)) == 6 and all(isinstance(r[1], str) for r in out)
     greedy = optimize.coverage_value(s, e, m, n, optimize.nonprivate_greedy_coverage(s, e, m, n, 6))
     assert optimize.coverage_value(s, e, m, n, ids) >= 0.95 * greedy
-    py = optimize.max_coverage(con, "sets", "cands", 6, 5.0)
+    py = optimize.max_coverage(con, "sets", "cands", 6, epsilon=5.0)
     assert py.column_names == ["rank", "set_id"] and py.num_rows == 6
 
 
@@ -295,14 +295,14 @@ def test_python_api_bad_parameters():
     con = seeded(8)
     con.execute("CREATE TABLE t (set_id BIGINT, element BIGINT)")
     with pytest.raises(DPParameterError, match="not a column"):
-        optimize.max_coverage(con, "t", "t", 3, 1.0, element_col="nope")
+        optimize.max_coverage(con, "t", "t", 3, epsilon=1.0, element_col="nope")
     with pytest.raises(DPParameterError, match="does not exist"):
-        optimize.set_cover(con, "missing", "t", 1.0)
+        optimize.set_cover(con, "missing", "t", epsilon=1.0)
     with pytest.raises(DPParameterError, match="does not exist"):
-        optimize.set_cover(con, "t", "missing", 1.0)
+        optimize.set_cover(con, "t", "missing", epsilon=1.0)
     con.execute("CREATE TABLE c2 (other BIGINT)")
     with pytest.raises(DPParameterError, match="set_col := 'set_id' is not a column of 'c2'"):
-        optimize.max_coverage(con, "t", "c2", 3, 1.0)
+        optimize.max_coverage(con, "t", "c2", 3, epsilon=1.0)
     with pytest.raises(DPParameterError, match="k must"):
         optimize._max_coverage_arrays(NoiseSource(1), [0], [0], 1, 1, True, 1.0)
 
@@ -369,7 +369,7 @@ def test_sql_shifting_heavy_hitters():
     load(con, "bk", bucket=pa.array([f"b{i}" for i in range(8)]))
     # tau with the paper's constant is ~6000 k ln(...) > 3000 users: nothing is reported
     assert con.sql("FROM dp_shifting_heavy_hitters('st', 'bk', 2, epsilon := 1.0, horizon := 6)").fetchall() == []
-    out = optimize.shifting_heavy_hitters(con, "st", "bk", 2, 6, 1.0)
+    out = optimize.shifting_heavy_hitters(con, "st", "bk", 2, 6, epsilon=1.0)
     assert out.column_names == ["t", "bucket"] and out.num_rows == 0
     # epsilon = 50: tau ~ 1650 < 3000, p ~ 1; k = 2: bucket b0 at t = 1, 2, then its users retire
     query = "FROM dp_shifting_heavy_hitters('st', 'bk', 2, epsilon := 50.0, horizon := 6)"
@@ -486,7 +486,7 @@ def test_sql_matroid_coverage_equals_kernel_and_python_api_on_the_same_seed():
     # the macro's dense ids: sets in set_id order (here 0..m-1), elements in element order (all of 0..n-1 appear)
     kernel = optimize._matroid_coverage_arrays(source_of(con_kernel), s, e, m, n, parts, caps, 2.0, 0.5)
     assert chosen == kernel
-    py = optimize.matroid_coverage(con_py, "sets", "parts", "caps", 2.0, eta=0.5)
+    py = optimize.matroid_coverage(con_py, "sets", "parts", "caps", epsilon=2.0, eta=0.5)
     assert py.equals(out)
     assert all(sum(parts[chosen] == p) <= caps[p] for p in range(3))
     assert len(chosen) == sum(caps)  # the rounded sets are bases (capacities far below the part sizes)

@@ -272,16 +272,16 @@ def test_public_release_function_charges_once_and_matches_its_macro(name):
 def test_python_release_functions_validate_before_the_charge():
     con = dpsql.connect()
     con.execute(SETS + STREAM + METRIC)
-    bad = [lambda: optimize.max_coverage(con, "sets", "cands", 0, 1.0),
-           lambda: optimize.max_coverage(con, "sets", "nope", 2, 1.0),
+    bad = [lambda: optimize.max_coverage(con, "sets", "cands", 0, epsilon=1.0),
+           lambda: optimize.max_coverage(con, "sets", "nope", 2, epsilon=1.0),
            lambda: optimize.set_cover(con, "sets", "cands", epsilon=-1),
-           lambda: optimize.shifting_heavy_hitters(con, "st", "bk", 2, 0, 1.0),
-           lambda: optimize.shifting_heavy_hitters(con, "st", "bk", 2, 3, 1.0, failure_probability=1.0),
-           lambda: optimize.matroid_coverage(con, "sets", "parts", "caps", 1.0, eta=2.0),
-           lambda: optimize.matroid_coverage(con, "sets", "parts", "caps", 1.0, capacity_col="cap"),
-           lambda: optimize.k_median(con, "kp", "kc", "kd", 2, 1.0, None),
-           lambda: optimize.k_median(con, "kp", "kc", "kd", 2, 1.0, 10, q=3),
-           lambda: optimize.k_median(con, "kp", "kc", "kd", 2, 1.0, 10, distance_col="dist")]
+           lambda: optimize.shifting_heavy_hitters(con, "st", "bk", 2, 0, epsilon=1.0),
+           lambda: optimize.shifting_heavy_hitters(con, "st", "bk", 2, 3, epsilon=1.0, failure_probability=1.0),
+           lambda: optimize.matroid_coverage(con, "sets", "parts", "caps", epsilon=1.0, eta=2.0),
+           lambda: optimize.matroid_coverage(con, "sets", "parts", "caps", epsilon=1.0, capacity_col="cap"),
+           lambda: optimize.k_median(con, "kp", "kc", "kd", 2, epsilon=1.0, n_bound=None),
+           lambda: optimize.k_median(con, "kp", "kc", "kd", 2, epsilon=1.0, n_bound=10, q=3),
+           lambda: optimize.k_median(con, "kp", "kc", "kd", 2, epsilon=1.0, n_bound=10, distance_col="dist")]
     for call in bad:
         with pytest.raises(dpsql.core.validation.DPParameterError):
             call()
@@ -291,7 +291,8 @@ def test_python_release_functions_validate_before_the_charge():
 @pytest.mark.parametrize("name", sorted(RELEASE_CALLS))
 def test_python_release_functions_require_epsilon_and_name_parameters_as_their_macro(name):
     # epsilon has no default (a default would spend budget nobody typed), and every keyword of the
-    # Python function is a parameter of its macro, with the macro's default
+    # Python function is a parameter of its macro, with the macro's default (the private table, the macro's
+    # tbl, is table in every Python release function)
     import inspect
 
     fn = getattr(optimize, name)
@@ -300,7 +301,7 @@ def test_python_release_functions_require_epsilon_and_name_parameters_as_their_m
     assert params.pop("con").default is inspect.Parameter.empty
     assert params["epsilon"].default is inspect.Parameter.empty
     for pname, p in params.items():
-        decl = mech.param(pname)
+        decl = mech.param("tbl" if pname == "table" else pname)
         if p.default is not inspect.Parameter.empty:
             assert p.default == decl.default, (name, pname)
 

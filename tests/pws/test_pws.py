@@ -884,7 +884,7 @@ def test_released_rows_are_sorted_whatever_the_table_order(con, threads):
         for t in ("d", "dv"):
             assert [r[0] for r in con.execute(q.format(t=t)).fetchall()] == ORDER_KEYS, (q, t)
     for t in ("d", "dv"):
-        got = pws.weighted_sample(con, t, 1.0, 1e-5, with_frequencies=True)
+        got = pws.weighted_sample(con, t, epsilon=1.0, delta=1e-5, with_frequencies=True)
         assert got.column("key").to_pylist() == ORDER_KEYS
     est = con.execute("SELECT key FROM dp_weighted_sample_estimate('s_d', 1.0, 1e-5)").fetchall()
     assert [r[0] for r in est] == ORDER_KEYS
@@ -959,9 +959,11 @@ def test_python_weighted_sample_names_its_parameters_as_the_macro():
     params = dict(inspect.signature(pws.weighted_sample).parameters)
     del params["con"]
     mech = pws.MECHANISMS[0]
-    assert list(params) == list(mech.param_names)
+    # the private table, the macro's tbl, is table in every Python release function
+    assert list(params) == ["table" if n == "tbl" else n for n in mech.param_names]
     for name, p in params.items():
-        expected = inspect.Parameter.empty if mech.param(name).required else mech.param(name).default
+        decl = mech.param("tbl" if name == "table" else name)
+        expected = inspect.Parameter.empty if decl.required else decl.default
         assert p.default == expected, name
 
 
