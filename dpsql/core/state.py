@@ -6,6 +6,7 @@ their connection's. The maps hold connections weakly: a closed, collected connec
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Optional
@@ -13,9 +14,10 @@ from typing import Optional
 import duckdb
 
 from dpsql.core.errors import ParameterError
-from dpsql.core.ledger import DATABASE_SCOPE, Budget, Ledger, Release, ScopeStatus, resolve_scope, sidecar_path
+from dpsql.core.ledger import DATABASE_SCOPE, Budget, Ledger, Release, ScopeStatus, resolve_scope
 from dpsql.core.noise import NoiseSource
-from dpsql.core.scopes import Catalog, locate, trace
+from dpsql.core import ledger_sql
+from dpsql.core.scopes import Catalog
 
 __all__ = ["ConnectionState", "attach", "state_of", "source_of", "ledger_of", "current_ledger",
            "set_budget", "budget", "releases"]
@@ -69,24 +71,20 @@ def set_budget(con: duckdb.DuckDBPyConnection, epsilon: float, delta: float,
     to ``con`` has it in that file's ledger (its sidecar, :func:`dpsql.core.ledger.sidecar_path`); 'database'
     is the connection's own database. A view is refused: a release on a view is charged to the tables
     and files it reads, so a budget on the view would never apply.
+
+    A scope that names no existing table is kept (a budget may precede its table) and said with a
+    :class:`UserWarning` naming the scope it is stored under, as ``dpsql budget set`` and
+    ``dp_set_budget`` say it.
     """
     ledger = ledger_of(con)
-    key = resolve_scope(con, scope)
-    if key == DATABASE_SCOPE:
-        return ledger.set_budget(epsilon, delta, key)
+    if resolve_scope(con, scope) == DATABASE_SCOPE:
+        return ledger.set_budget(epsilon, delta, DATABASE_SCOPE)
     ((row,),) = con.execute("SELECT dp__catalog(?)", [scope]).fetchall()
-    catalog = Catalog.from_row(row)
-    database, is_view = locate(scope, catalog)
-    if is_view:
-        try:
-            reads = "the tables and files it reads (" + ", ".join(s.scope for s in trace(scope, catalog)) + ")"
-        except ParameterError:
-            reads = "the tables and files it reads"
-        raise ParameterError(f"dpsql: scope {scope!r} is a view: a release on it is charged to {reads}, so a budget "
-                             f"on the view would never apply; set the budget on those tables instead")
-    if database is not None and not ledger.owns(database):
-        ledger = Ledger(sidecar_path(database))
-    return ledger.set_budget(epsilon, delta, key)
+    change = ledger_sql.set_scope_budget(ledger, scope, epsilon, delta, Catalog.from_row(row))
+    if change.note:
+        warnings.warn("dpsql: " + change.note, UserWarning, stacklevel=2)
+    assert change.budget is not None  # set (not only checked)
+    return change.budget
 
 
 def budget(con: duckdb.DuckDBPyConnection) -> list[ScopeStatus]:

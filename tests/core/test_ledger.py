@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 from pathlib import Path
 
 import duckdb
@@ -409,8 +410,13 @@ def test_every_spelling_charges_one_scope(tmp_path):
 
 def test_budget_set_before_the_table_exists_applies_to_it():
     con = dpsql.connect()
-    dpsql.set_budget(con, epsilon=0.5, delta=1e-5, scope="Later")
+    # kept, and said: the scope names no table yet (a typo would otherwise guard nothing, silently)
+    with pytest.warns(UserWarning, match=r"dpsql: scope 'Later' names no table or view.*'memory.main.later'"):
+        dpsql.set_budget(con, epsilon=0.5, delta=1e-5, scope="Later")
     con.execute("CREATE TABLE later AS SELECT i AS user_id, 'x' AS item FROM range(100) r(i)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an existing table: nothing to say
+        dpsql.set_budget(con, epsilon=0.5, delta=1e-5, scope="later")
     with pytest.raises(duckdb.Error, match="scope 'memory.main.later' exceeded"):
         con.sql("FROM dp_set_union_weighted_gaussian('main.later', epsilon := 0.6, delta := 1e-5)").fetchall()
     con.close()
