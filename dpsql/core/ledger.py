@@ -1023,17 +1023,24 @@ class Ledger:
                 gates.enter_context(gate())
             return self._charge(mechanism, unit, table, epsilon, delta, parameters, calibration, seeded, scope)
 
-    def _charge(self, mechanism: str, unit: str, table: str, epsilon: float, delta: float, parameters: str,
-                calibration: str, seeded: bool, scope: Optional[str]) -> Release:
-        if unit not in UNITS:
-            raise DPParameterError(f"unit must be one of {UNITS} (got {unit!r})")
+    def check_charge(self, mechanism: str, table: str, epsilon: float, delta: float, *,
+                     scope: Optional[str] = None) -> None:
+        """Raise :class:`BudgetExceededError` if :meth:`charge` of this release would be refused now; record
+        nothing. For a front end that must refuse before it starts work it cannot take back (a Spark job);
+        the charge itself checks again, atomically, since another release may spend the budget meanwhile."""
         epsilon = check_epsilon(epsilon)
         delta = _check_release_delta(delta)
-        seeded = bool(seeded)
-        plan = self._plan(table, scope)
+        with self._locked(self._plan(table, scope)) as (plan, where):
+            for led, keys in plan:
+                led._check(*where[id(led)], keys, mechanism, epsilon, delta, self)
+
+    @contextlib.contextmanager
+    def _locked(self, plan: list[tuple["Ledger", list[str]]]) \
+            -> Iterator[tuple[list[tuple["Ledger", list[str]]], dict[int, tuple[sqlite3.Connection, str]]]]:
+        """Every ledger of ``plan`` in one transaction (the in-memory one first, then the files in the order of
+        their paths): ``plan`` and, per ledger, the connection and schema holding it."""
         files = sorted((led for led, _ in plan if led.path is not None),
                        key=lambda led: os.path.realpath(led.path or ""))
-        now = time.time()
         with contextlib.ExitStack() as stack:
             where: dict[int, tuple[sqlite3.Connection, str]] = {}
             for led, _ in plan:
@@ -1043,6 +1050,17 @@ class Ledger:
                 db = stack.enter_context(files[0]._transaction(attached=files[1:]))
                 for i, led in enumerate(files):
                     where[id(led)] = (db, "main" if i == 0 else f"l{i}")
+            yield plan, where
+
+    def _charge(self, mechanism: str, unit: str, table: str, epsilon: float, delta: float, parameters: str,
+                calibration: str, seeded: bool, scope: Optional[str]) -> Release:
+        if unit not in UNITS:
+            raise DPParameterError(f"unit must be one of {UNITS} (got {unit!r})")
+        epsilon = check_epsilon(epsilon)
+        delta = _check_release_delta(delta)
+        seeded = bool(seeded)
+        now = time.time()
+        with self._locked(self._plan(table, scope)) as (plan, where):
             for led, keys in plan:
                 led._check(*where[id(led)], keys, mechanism, epsilon, delta, self)
             recorded = [led._record(*where[id(led)], keys, now, mechanism, unit, epsilon, delta, parameters,

@@ -886,3 +886,22 @@ def test_dp_set_budget_on_several_rows_is_checked_whole(con):
     assert _budgets(dpsql.core.state.ledger_of(con)) == []
     con.sql("SELECT dp_set_budget(s, e, 1e-4) FROM (VALUES ('a', 1.0), ('t', 0.5)) x(s, e)").fetchall()
     assert _budgets(dpsql.core.state.ledger_of(con)) == [("memory.main.a", 1.0, 1e-4), ("memory.main.t", 0.5, 1e-4)]
+
+
+def test_check_charge_refuses_what_charge_would_and_records_nothing(tmp_path):
+    ledger = L.Ledger(str(tmp_path / "events.dpsql-ledger"))
+    ledger.set_budget(1.0, 1e-5, "database")
+    ledger.set_budget(0.7, 1e-5, str(tmp_path / "a.parquet"))
+    scopes = L.ScopeSet([(L.file_scope(tmp_path / "a.parquet"), None), (L.file_scope(tmp_path / "b.parquet"), None)])
+    ledger.check_charge("m", "a.parquet", 0.6, 1e-6, scope=scopes)  # fits: nothing recorded
+    assert ledger.releases() == []
+    ledger.charge("m", "user", "a.parquet", 0.6, 1e-6, scope=scopes)
+    with pytest.raises(L.BudgetExceededError, match=r"scope '.*a.parquet' exceeded"):
+        ledger.check_charge("m", "a.parquet", 0.2, 1e-6, scope=scopes)
+    only_b = L.ScopeSet([(L.file_scope(tmp_path / "b.parquet"), None)])
+    ledger.check_charge("m", "b.parquet", 0.2, 1e-6, scope=only_b)  # b has no budget of its own; database fits
+    with pytest.raises(L.BudgetExceededError, match="scope 'database' exceeded"):
+        ledger.check_charge("m", "b.parquet", 0.5, 1e-6, scope=only_b)
+    assert len(ledger.releases()) == 1
+    with pytest.raises(L.DPParameterError):
+        ledger.check_charge("m", "b.parquet", -1.0, 1e-6, scope=only_b)
