@@ -398,9 +398,12 @@ def _release_probability(method: str, k: int) -> float:
     """P(an item held by k single-item users is released), max_items = 1.
 
     With one item per user every weighting gives the item weight k (MAD: no item reaches
-    tau; MAD2R round two: UserWeights of a single item is 1), so each item is an
-    independent experiment with this probability.
+    tau; MAD2R round two: UserWeights of a single item is 1; sips_cumulative: a user's one weight
+    min(1, max_boost, p/p) is 1 in every round), so each item is an independent experiment with
+    this probability.
     """
+    if method == "sips_cumulative":
+        return _cumulative_release_probability(k)
     if method == "mad2r":
         c = adaptive.mad2r_calibration(EPS, DELTA, 1)
         r1, r2 = c.round1, c.round2
@@ -419,6 +422,24 @@ def _release_probability(method: str, k: int) -> float:
     return _gauss_pass(k, cal.scale, cal.threshold)
 
 
+def _cumulative_release_probability(k: float, n: int = 400_000) -> float:
+    """P(released) of an item of weight k in every round of sips_cumulative: its running sum z_r adds
+    share_r (k + N(0, sigma_r^2)); released when z_r >= F_r rho_r, dropped (never released) when below
+    F_r drop_below_r. Simulated with n draws (fixed generator: a model, s.e. below 0.001)."""
+    from dpsql.union import cumulative
+
+    c = cumulative.sips_cumulative_parameters(EPS, DELTA, 1)
+    rng = np.random.default_rng(0)
+    z, alive, released = np.zeros(n), np.ones(n, dtype=bool), np.zeros(n, dtype=bool)
+    for r in range(c.rounds):
+        z = np.where(alive, z + c.share[r] * (k + c.sigma[r] * rng.standard_normal(n)), z)
+        passed = alive & (z >= c.cumulative_share[r] * c.rho[r])
+        dropped = alive & ~passed & (z < c.cumulative_share[r] * c.drop_below[r])
+        released |= passed
+        alive &= ~passed & ~dropped
+    return float(released.mean())
+
+
 def _threshold(method: str) -> float:
     if method == "mad2r":
         return adaptive.mad2r_calibration(EPS, DELTA, 1).round2.rho
@@ -427,7 +448,7 @@ def _threshold(method: str) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian",
-                                    "mad", "mad2r", "sips"])
+                                    "mad", "mad2r", "sips", "sips_cumulative"])
 def test_release_distribution_matches_duckdb(spark, method):
     from dpsql.frontends import spark as dspark
 
@@ -444,6 +465,7 @@ def test_release_distribution_matches_duckdb(spark, method):
     finally:
         con.close()
     sd = math.sqrt(N_ITEMS * p * (1 - p))
+    print(f"{method}: k={k} p={p:.4f} expected={N_ITEMS * p:.1f} spark={spark_n} duckdb={duck_n} sd={sd:.2f}")
     assert 0.05 < p < 0.95
     assert abs(spark_n - N_ITEMS * p) <= 4 * sd, (spark_n, N_ITEMS * p)
     assert abs(duck_n - N_ITEMS * p) <= 4 * sd, (duck_n, N_ITEMS * p)
@@ -494,6 +516,9 @@ BAD = [
     ("mad2r", BUDGET, dict(b_min=0.2)),
     ("sips", BUDGET, dict(split=[0.2, 0.2, 0.2, 0.2, 0.1, 0.1])),
     ("mad", BUDGET, dict(max_adaptive_degree=1.5)),
+    ("sips_cumulative", BUDGET, dict(tilt=20.0)),
+    ("sips_cumulative", BUDGET, dict(max_boost=0.5)),
+    ("sips_cumulative", BUDGET, dict(split=[0.1] * 10)),
 ]
 
 
@@ -530,10 +555,13 @@ def test_bad_columns_and_methods(spark):
         dspark.set_union(frame, "mad2r", user_col="item", **BUDGET)
     with pytest.raises(DPParameterError, match="method must be one of"):
         dspark.set_union(frame, "nope", **BUDGET)
-    with pytest.raises(DPParameterError, match="'policy_gaussian' has no Spark form"):
-        dspark.set_union(frame, "policy_gaussian", **BUDGET)
-    with pytest.raises(DPParameterError, match="'sips_cumulative' has no Spark form"):
-        dspark.set_union(frame, "sips_cumulative", **BUDGET)
+    # a method without a Spark form is refused by name, naming the ones Spark runs and DuckDB
+    without = [m for m in union.METHODS if m not in dspark.PARALLEL_METHODS]
+    assert "policy_gaussian" in without
+    for method in without:
+        with pytest.raises(DPParameterError, match=rf"^dpsql: method '{method}' has no Spark form; the Spark backend "
+                                                   rf"runs .*sips_cumulative.* \(run {method} with DuckDB\)$"):
+            dspark.set_union(frame, method, **BUDGET)
     with pytest.raises(DPParameterError, match="does not apply to method 'weighted_gaussian'"):
         dspark.set_union(frame, "weighted_gaussian", beta=2.0, **BUDGET)
 
@@ -979,14 +1007,18 @@ def test_group_by_value_column_is_numeric_and_its_nulls_are_skipped_like_duckdb(
     assert got == {"a": (3, round(1.5 / g) + round(2.0 / g)), "b": (1, None)}
 
 
-def test_the_spark_default_is_a_method_spark_runs(spark):
-    """DuckDB's default (sips_cumulative) has no Spark form: the Spark functions default to the best
-    method they run, and refuse DuckDB's default by name."""
+def test_the_spark_defaults_are_duckdbs():
+    """The Spark functions default to DuckDB's default method (the most preferred declaration, which has a
+    Spark form) and group_by to dpsql.group_by's default selection. No session needed."""
     import inspect
 
+    _need("pyspark")
     from dpsql.frontends import spark as dspark
 
-    assert dspark.DEFAULT_METHOD in dspark.PARALLEL_METHODS and dspark.DEFAULT_METHOD == "mad2r"
-    assert union.DEFAULT_METHOD not in dspark.PARALLEL_METHODS
+    assert dspark.DEFAULT_METHOD == union.DEFAULT_METHOD == "sips_cumulative"
+    assert dspark.DEFAULT_METHOD in dspark.PARALLEL_METHODS
     assert inspect.signature(dspark.set_union).parameters["method"].default == dspark.DEFAULT_METHOD
-    assert inspect.signature(dspark.group_by).parameters["selection"].default == dspark.DEFAULT_METHOD
+    duck_selection = inspect.signature(dpsql.group_by).parameters["selection"].default
+    assert inspect.signature(dspark.group_by).parameters["selection"].default == dspark.DEFAULT_SELECTION
+    assert dspark.DEFAULT_SELECTION == duck_selection == union.DEFAULT_METHOD
+    assert dspark.DEFAULT_SELECTION in dspark.PARALLEL_METHODS
