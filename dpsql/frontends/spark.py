@@ -458,36 +458,39 @@ def _cumulative_params(session, c: cumulative.CumulativeParameters):
     return F.broadcast(session.range(1).select(*columns))
 
 
-def sips_cumulative_sums(rows, prev, params, r: int):
+def sips_cumulative_sums(rows, prev, c: cumulative.CumulativeParameters, r: int):
     """Round ``r``'s pre-noise sums (item, y) of ``sips_cumulative``: the stage ``dp__scr_sums``. NOT a release.
 
     ``rows`` (user_id, item, p FLOAT) the live rows with their tilts, ``prev`` (item, z, passed,
-    dropped) the previous round's state (empty in round one), ``params`` the one-row calibration
-    (:func:`_cumulative_params`). ``y`` adds each live row's ``least(1, max_boost/sqrt(e_u),
-    p/sqrt(S_u))`` and the item's ``z_prev / share[r]``.
+    dropped) the previous round's state (empty in round one), ``c`` the parameters
+    (:func:`dpsql.union.cumulative.sips_cumulative_parameters`). ``y`` adds each live row's
+    ``least(1, max_boost/sqrt(e_u), p/sqrt(S_u))`` and the item's ``z_prev / share[r]``. Testing/audit.
     """
     return _run_stage("dp__sips_cumulative_round", {"rows_rel": rows.select("user_id", "item", "p"),
                                                     "prev_rel": prev.select("item", "z", "passed", "dropped"),
-                                                    "params_rel": params}, {"r": int(r)}, output="dp__scr_sums")
+                                                    "params_rel": _cumulative_params(rows.sparkSession, c)},
+                      {"r": int(r)}, output="dp__scr_sums")
 
 
-def sips_cumulative_state(noisy, params, r: int):
+def sips_cumulative_state(noisy, c: cumulative.CumulativeParameters, r: int):
     """(item, z, passed, dropped) of round ``r`` from its noisy sums (item, noisy): the stage ``dp__scr_state``."""
     return _run_stage("dp__sips_cumulative_round", {"dp__scr_noisy": noisy.select("item", "noisy"),
-                                                    "params_rel": params}, {"r": int(r)}, output="dp__scr_state")
+                                                    "params_rel": _cumulative_params(noisy.sparkSession, c)},
+                      {"r": int(r)}, output="dp__scr_state")
 
 
-def sips_cumulative_next_rows(rows, state, params, r: int, plain: bool):
+def sips_cumulative_next_rows(rows, state, c: cumulative.CumulativeParameters, r: int):
     """Round ``r + 1``'s rows (user_id, item, p): ``dp__sips_cumulative_next`` with its tilt ``dp__sips_cumulative_tilt``.
 
     ``rows`` round ``r``'s rows, ``state`` its (item, z, passed, dropped). Also round two's rows
     (``r = 1``): DuckDB's ``dp__sips_cumulative_next_first`` gives the same rows under 32-bit ids.
     """
+    params = _cumulative_params(rows.sparkSession, c)
     state = state.select("item", "z", "passed", "dropped")
     tilt = _run_stage("dp__sips_cumulative_tilt", {"z_rel": state, "params_rel": params}, {"r": int(r)})
     return _run_stage("dp__sips_cumulative_next", {"rows_rel": rows.select("user_id", "item", "p"), "z_rel": state,
                                                    "params_rel": params, "dp__sips_cumulative_tilt": tilt},
-                      {"r": int(r), "plain": bool(plain)})
+                      {"r": int(r), "plain": c.plain})
 
 
 # --------------------------------------------------------------------------
@@ -568,21 +571,19 @@ def _release_cumulative_rounds(capped, c: cumulative.CumulativeParameters, seed,
     (``sigma[r]``), then the state (passed, dropped) and the next round's rows and tilts. The noisy
     sums are materialised once a round: the state, the release and every later round read them.
     """
-    session = capped.sparkSession
-    params = _cumulative_params(session, c)
     rows = _run_stage("dp__body_set_union_sips_cumulative", {"dp__capped_user_items_window": capped},
                       output="dp__sc_rows1")
     state = rows.select("item").limit(0).selectExpr("item", "CAST(0.0 AS DOUBLE) AS z", "false AS passed",
                                                     "false AS dropped")
     released = []
     for r in range(1, c.rounds + 1):
-        sums = sips_cumulative_sums(rows, state, params, r)
+        sums = sips_cumulative_sums(rows, state, c, r)
         noisy = _materialise(_noisy(sums.select("item", sums["y"].alias("w")),
                                     _Noise("gaussian", c.sigma[r - 1], 0.0, strict=False), seed, keep_all=True))
-        state = _materialise(sips_cumulative_state(noisy, params, r))
+        state = _materialise(sips_cumulative_state(noisy, c, r))
         released.append(state.where("passed").select("item"))
         if r < c.rounds:  # the rows of a round are stored, as the macro's (they shrink as items leave)
-            rows = _materialise(sips_cumulative_next_rows(rows, state, params, r, c.plain))
+            rows = _materialise(sips_cumulative_next_rows(rows, state, c, r))
     result = released[0]
     for out in released[1:]:
         result = result.unionByName(out)

@@ -309,26 +309,25 @@ def test_sips_cumulative_rounds_agree(spark, capped, epsilon, options):
         return spark.createDataFrame([(u, i, float(p)) for (u, i), p in rs.items()],
                                      "user_id long, item string, p float")
 
-    params = dspark._cumulative_params(spark, c)
     tilted = dropped = 0
     passing_rounds = set()
     for r in range(1, c.rounds + 1):
         live = rows(r - 1)
         prev = state(r - 1) if r > 1 else {}
         prev_frame = state_frame(prev) if prev else state_frame({"none": (0.0, False, False)}).limit(0)
-        sums = {i: y for i, y in dspark.sips_cumulative_sums(rows_frame(live), prev_frame, params, r).collect()}
+        sums = {i: y for i, y in dspark.sips_cumulative_sums(rows_frame(live), prev_frame, c, r).collect()}
         want = state(r)
         assert set(sums) == set(want), r
         for item, y in sums.items():  # DuckDB's z = share * (y + 0)
             assert c.share[r - 1] * y == pytest.approx(want[item][0], rel=1e-12, abs=1e-12), (r, item)
         noisy = spark.createDataFrame([(i, float(y)) for i, y in sums.items()], "item string, noisy double")
-        got_state = {i: (z, p_, d) for i, z, p_, d in dspark.sips_cumulative_state(noisy, params, r).collect()}
+        got_state = {i: (z, p_, d) for i, z, p_, d in dspark.sips_cumulative_state(noisy, c, r).collect()}
         assert {i: v[1:] for i, v in got_state.items()} == {i: v[1:] for i, v in want.items()}, r
         passing_rounds |= {r} if any(v[1] for v in want.values()) else set()
         dropped += sum(v[2] for v in want.values())
         if r < c.rounds:
             nxt = {(u, i): p for u, i, p in
-                   dspark.sips_cumulative_next_rows(rows_frame(live), state_frame(want), params, r, c.plain).collect()}
+                   dspark.sips_cumulative_next_rows(rows_frame(live), state_frame(want), c, r).collect()}
             duck_next = rows(r)
             assert set(nxt) == set(duck_next), r
             for key, p in duck_next.items():  # FLOAT on both engines: within one FLOAT ulp
