@@ -6,7 +6,8 @@
         --output released.parquet
     python examples/spark_mad2r.py events.parquet --epsilon 1 --delta 1e-5 --master spark://host:7077
 
-The release is a Spark DataFrame with one column ``item``; it is materialised once (reading it
+MAD2R is chosen by name: without a method, ``set_union`` runs the default, DuckDB's
+(``sips_cumulative``). The release is a Spark DataFrame with one column ``item``; it is materialised once (reading it
 again does not redraw the noise). Every parameter is checked before Spark reads a row, and a
 NULL user or item stops it with a ``dpsql:`` error before anything is drawn.
 

@@ -98,7 +98,7 @@ class SparkForm:
     ``release`` names the backend's release of the capped rows (``dpsql.frontends.spark.RELEASES``), by
     its shape: ``"one_shot"`` -- the declaration's ``weighting``, then the method's noise and strict
     threshold (its ``calibrate``) -- or one of the translated adaptive forms (``"biased_round"``,
-    ``"two_rounds"``, ``"peeling_rounds"``).
+    ``"two_rounds"``, ``"peeling_rounds"``, ``"cumulative_rounds"``).
     ``calibrate``: the calibration that release reads, called as
     ``calibrate(epsilon, delta, max_items, **the method's own options)``; ``None``: the declaration's
     ``calibrate(epsilon, delta, max_items)``.

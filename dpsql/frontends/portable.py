@@ -29,6 +29,10 @@ The translation also makes the DuckDB dialect's implicit choices explicit:
 * ``hash(...)`` (DuckDB: 64 bits) becomes ``xxhash64(...)``: Spark's ``hash`` is
   a 32-bit murmur3, whose collisions would tie the cap's ranking keys;
 * ``AS [NOT] MATERIALIZED`` hints are dropped (the caller materialises);
+* a list subscript ``x[i]`` (1-based, negative from the end) becomes ``element_at(x, i)``, its
+  Spark counterpart: Spark's ``x[i]`` counts from 0 and has no negative form;
+* a scalar parameter declared ``INTEGER`` is bound as an integer literal (a list index), any
+  other number as a DOUBLE;
 * a ``UNION ALL`` branch whose ``WHERE`` is constant after binding is pruned,
   as DuckDB prunes it when planning (UserWeights' closed form vs. its UDF).
 """
@@ -108,14 +112,42 @@ def _sqlglot():
     return sqlglot, exp, simplify
 
 
-def _literal(exp, value: object):
+_INTEGER_TYPES = ("INTEGER", "INT", "BIGINT")
+
+
+def _literal(exp, value: object, declared: str = ""):
     if isinstance(value, bool):
         return exp.Boolean(this=value)
     if isinstance(value, str):
         return exp.Literal.string(value)
+    if isinstance(value, int) and declared.upper() in _INTEGER_TYPES:
+        return exp.Literal.number(str(value))
     if isinstance(value, (int, float)):
         return exp.Literal.number(repr(float(value)))  # a decimal literal: the DOUBLE pass casts it
     raise TranslationError(f"cannot bind a constant of type {type(value).__name__}")
+
+
+def _subscripts_as_element_at(exp, tree):
+    """DuckDB's list subscript ``x[i]`` as ``element_at(x, i)`` (both 1-based, negative from the end).
+
+    sqlglot's DuckDB reader stores a literal index minus one (its 0-based form, also for a negative
+    one) and any other index as written, so a literal gets its one back. A string subscript (a struct
+    field) is left alone.
+    """
+    def convert(node):
+        if not isinstance(node, exp.Bracket) or len(node.expressions) != 1:
+            return node
+        index = node.expressions[0]
+        if isinstance(index, exp.Literal) and index.is_string:
+            return node
+        if isinstance(index, exp.Literal) or (isinstance(index, exp.Neg) and isinstance(index.this, exp.Literal)):
+            written = int(index.this.this if isinstance(index, exp.Neg) else index.this)
+            written = (-written if isinstance(index, exp.Neg) else written) + 1
+            index = exp.Literal.number(str(written)) if written >= 0 else exp.Neg(
+                this=exp.Literal.number(str(-written)))
+        return exp.Anonymous(this="element_at", expressions=[node.this, index])
+
+    return tree.transform(convert)
 
 
 def _referenced(exp, node, names: set[str]) -> set[str]:
@@ -242,6 +274,7 @@ def stage_sql(macro: str, relations: Mapping[str, str], constants: Optional[Mapp
     dropped = set(relations) & {c.alias for c in tree.find_all(exp.CTE)}
     tree = _select_output(exp, tree, output, dropped) if output else _drop_ctes(exp, tree, dropped)
     params = set(defs[macro].params)
+    declared = {p.name: p.type for p in sqltext.parameters(defs[macro].signature)}
 
     def bind(node):
         if isinstance(node, exp.CTE):
@@ -267,7 +300,7 @@ def stage_sql(macro: str, relations: Mapping[str, str], constants: Optional[Mapp
         if isinstance(node, exp.Column) and not node.table and node.name in params:
             if node.name not in constants:
                 raise TranslationError(f"{macro}: scalar parameter {node.name!r} is not bound")
-            return _literal(exp, constants[node.name])
+            return _literal(exp, constants[node.name], declared.get(node.name, ""))
         if isinstance(node, exp.Anonymous) and node.name.lower() in _RENAMED:
             node.set("this", _RENAMED[node.name.lower()])
         return node
@@ -277,6 +310,7 @@ def stage_sql(macro: str, relations: Mapping[str, str], constants: Optional[Mapp
             return exp.Cast(this=node.copy(), to=exp.DataType.build("double"))
         return node
 
+    tree = _subscripts_as_element_at(exp, tree)  # before binding: a bound index is a literal as written
     tree = tree.transform(bind)
     tree = _prune_constant_branches(exp, simplify, tree)
     tree = tree.transform(as_double)

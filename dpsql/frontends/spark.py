@@ -8,14 +8,19 @@ returns a Spark DataFrame with one column ``item`` (the released items);
 method, then granular Laplace count / sum / mean per item, as :func:`dpsql.group_by`).
 The sequential policies have no parallel form: run them with DuckDB.
 
+The default is the most preferred declaration with a Spark form (:data:`DEFAULT_METHOD`), today
+DuckDB's default too: ``sips_cumulative``.
+
 One definition of every stage: the contribution bounding and the pre-noise
 weights are the stages of ``sql/00_core/20_contribution_bounding.sql``,
-``sql/30_union/10_basic.sql``, ``sql/30_union/20_adaptive.sql`` and ``sql/97_groupby/groupby.sql`` marked
+``sql/30_union/10_basic.sql``, ``sql/30_union/20_adaptive.sql``, ``sql/30_union/30_cumulative.sql``
+and ``sql/97_groupby/groupby.sql`` marked
 ``-- dpsql:portable <name>``, translated to Spark SQL by :mod:`dpsql.frontends.portable`
 (which refuses unmarked stages); the methods and their options are the
 declarations of :mod:`dpsql.core.registry` (``Mechanism.spark``); validation and
 calibration are the declarations' checks and the functions of
-:mod:`dpsql.core.calibration` / :mod:`dpsql.union.adaptive` (same numbers, same errors);
+:mod:`dpsql.core.calibration` / :mod:`dpsql.union.adaptive` / :mod:`dpsql.union.cumulative` (same
+numbers, same errors);
 noise is :class:`dpsql.core.noise.NoiseSource`, drawn in vectorised Arrow batches.
 
 Privacy argument: the same as the DuckDB macros (``dpsql.union``,
@@ -30,7 +35,8 @@ Privacy argument: the same as the DuckDB macros (``dpsql.union``,
 * **noise**: one :class:`NoiseSource` per Spark task, keyed with 256 bits from
   the OS CSPRNG of the executor; never Spark's ``rand()``;
 * **one draw per release**: every noisy intermediate that is read twice (MAD2R's
-  round-one noisy weights, each DP-SIPS round's released set) and the returned
+  round-one noisy weights, each DP-SIPS round's released set, each cumulative round's
+  noisy weights, from which its released, dropped and tilted items follow) and the returned
   release are materialised once with an eager local checkpoint, so Spark's lazy
   re-evaluation cannot redraw noise (a second draw would be a second release).
   A lost checkpoint block fails the job instead of recomputing it.
@@ -72,7 +78,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dpsql.union import adaptive
+from dpsql.union import adaptive, cumulative
 from dpsql.core import calibration
 from dpsql import groupby, topk, union
 from dpsql.union.adaptive import user_weights_batch
@@ -84,14 +90,17 @@ from dpsql.core.validation import (DPParameterError, check_column_pair, check_id
                               derived_budget, warn_weak_parameters)
 
 __all__ = ["PARALLEL_METHODS", "DEFAULT_METHOD", "set_union", "top_k_domain", "capped_user_items", "set_union_weights",
-           "mad_weights", "mad_biased_weights", "sips_round_weights", "group_by", "group_by_stats",
-           "pre_selection_weights"]
+           "mad_weights", "mad_biased_weights", "sips_round_weights", "sips_cumulative_sums",
+           "sips_cumulative_state", "sips_cumulative_next_rows", "group_by", "group_by_stats",
+           "pre_selection_weights", "DEFAULT_SELECTION"]
 
 # The methods with a parallel form, as declared (Mechanism.spark); the policies are sequential.
 PARALLEL_METHODS = tuple(n for n, m in set_union_methods().items() if m.spark is not None)
-# The Spark backend's default: the most preferred method it runs (Mechanism.preference); it differs from
-# DuckDB's while the most preferred declaration has no Spark form.
+# The Spark backend's default: the most preferred method it runs (Mechanism.preference), DuckDB's default
+# (dpsql.union.DEFAULT_METHOD) as long as the most preferred declaration has a Spark form.
 DEFAULT_METHOD = preferred(set_union_methods()[n] for n in PARALLEL_METHODS)
+# group_by's default selection: the one dp_group_by declares (as dpsql.group_by's default).
+DEFAULT_SELECTION = {m.name: m for m in groupby.MECHANISMS}["group_by"].param("selection").default
 _noise_stage = itertools.count(1)
 
 
@@ -434,6 +443,56 @@ def sips_round_weights(rows, removed):
                                          "removed_rel": removed.select("item")}, output="dp__sr_weights")
 
 
+def _cumulative_params(session, c: cumulative.CumulativeParameters):
+    """The one-row ``dp__sc_cal`` the cumulative stages read (lists per round, max_boost NULL: no cap)."""
+    from pyspark.sql import functions as F
+
+    def lists(values: Sequence[float]):
+        return F.array(*(F.lit(float(v)).cast("double") for v in values))
+
+    row = c.sql_row()
+    columns = [lists(row[k]).alias(k) for k in ("share", "cumulative_share", "sigma", "mean_sigma", "rho",
+                                                  "drop_below")]
+    columns += [F.lit(None if c.max_boost is None else float(c.max_boost)).cast("double").alias("max_boost"),
+                F.lit(float(c.tilt)).cast("double").alias("tilt")]
+    return F.broadcast(session.range(1).select(*columns))
+
+
+def sips_cumulative_sums(rows, prev, c: cumulative.CumulativeParameters, r: int):
+    """Round ``r``'s pre-noise sums (item, y) of ``sips_cumulative``: the stage ``dp__scr_sums``. NOT a release.
+
+    ``rows`` (user_id, item, p FLOAT) the live rows with their tilts, ``prev`` (item, z, passed,
+    dropped) the previous round's state (empty in round one), ``c`` the parameters
+    (:func:`dpsql.union.cumulative.sips_cumulative_parameters`). ``y`` adds each live row's
+    ``least(1, max_boost/sqrt(e_u), p/sqrt(S_u))`` and the item's ``z_prev / share[r]``. Testing/audit.
+    """
+    return _run_stage("dp__sips_cumulative_round", {"rows_rel": rows.select("user_id", "item", "p"),
+                                                    "prev_rel": prev.select("item", "z", "passed", "dropped"),
+                                                    "params_rel": _cumulative_params(rows.sparkSession, c)},
+                      {"r": int(r)}, output="dp__scr_sums")
+
+
+def sips_cumulative_state(noisy, c: cumulative.CumulativeParameters, r: int):
+    """(item, z, passed, dropped) of round ``r`` from its noisy sums (item, noisy): the stage ``dp__scr_state``."""
+    return _run_stage("dp__sips_cumulative_round", {"dp__scr_noisy": noisy.select("item", "noisy"),
+                                                    "params_rel": _cumulative_params(noisy.sparkSession, c)},
+                      {"r": int(r)}, output="dp__scr_state")
+
+
+def sips_cumulative_next_rows(rows, state, c: cumulative.CumulativeParameters, r: int):
+    """Round ``r + 1``'s rows (user_id, item, p): ``dp__sips_cumulative_next`` with its tilt ``dp__sips_cumulative_tilt``.
+
+    ``rows`` round ``r``'s rows, ``state`` its (item, z, passed, dropped). Also round two's rows
+    (``r = 1``): DuckDB's ``dp__sips_cumulative_next_first`` gives the same rows under 32-bit ids.
+    """
+    params = _cumulative_params(rows.sparkSession, c)
+    state = state.select("item", "z", "passed", "dropped")
+    tilt = _run_stage("dp__sips_cumulative_tilt", {"z_rel": state, "params_rel": params}, {"r": int(r)})
+    return _run_stage("dp__sips_cumulative_next", {"rows_rel": rows.select("user_id", "item", "p"), "z_rel": state,
+                                                   "params_rel": params, "dp__sips_cumulative_tilt": tilt},
+                      {"r": int(r), "plain": c.plain})
+
+
 # --------------------------------------------------------------------------
 # Releases
 # --------------------------------------------------------------------------
@@ -505,14 +564,42 @@ def _release_peeling_rounds(capped, rounds: Sequence[calibration.RoundCalibratio
     return result
 
 
+def _release_cumulative_rounds(capped, c: cumulative.CumulativeParameters, seed, method: str):
+    """``dp__body_set_union_sips_cumulative``: its rounds as translated stages, the noise drawn here.
+
+    Round ``r``: the sums of the live rows (:func:`sips_cumulative_sums`), one Gaussian draw per item
+    (``sigma[r]``), then the state (passed, dropped) and the next round's rows and tilts. The noisy
+    sums are materialised once a round: the state, the release and every later round read them.
+    """
+    rows = _run_stage("dp__body_set_union_sips_cumulative", {"dp__capped_user_items_window": capped},
+                      output="dp__sc_rows1")
+    state = rows.select("item").limit(0).selectExpr("item", "CAST(0.0 AS DOUBLE) AS z", "false AS passed",
+                                                    "false AS dropped")
+    released = []
+    for r in range(1, c.rounds + 1):
+        sums = sips_cumulative_sums(rows, state, c, r)
+        noisy = _materialise(_noisy(sums.select("item", sums["y"].alias("w")),
+                                    _Noise("gaussian", c.sigma[r - 1], 0.0, strict=False), seed, keep_all=True))
+        state = _materialise(sips_cumulative_state(noisy, c, r))
+        released.append(state.where("passed").select("item"))
+        if r < c.rounds:  # the rows of a round are stored, as the macro's (they shrink as items leave)
+            rows = _materialise(sips_cumulative_next_rows(rows, state, c, r))
+    result = released[0]
+    for out in released[1:]:
+        result = result.unionByName(out)
+    return result
+
+
 # The Spark releases a declaration can name (SparkForm.release), by the shape of the release: each takes
 # the capped rows, the calibration, the seed and the method's name. "one_shot" (weights, noise, threshold)
 # reads the capped rows once; the others run translated adaptive stages, which read them several times:
 # "biased_round" (one round of MAD's rerouted weights), "two_rounds" (a round, then one biased by its
-# noisy weights), "peeling_rounds" (rounds on the items no earlier round released).
+# noisy weights), "peeling_rounds" (rounds on the items no earlier round released), "cumulative_rounds"
+# (rounds whose noisy weights add up per item: released, dropped or tilted by the running mean).
 RELEASES: dict[str, Callable[..., Any]] = {"one_shot": _release_one_shot, "biased_round": _release_biased_round,
                                            "two_rounds": _release_two_rounds,
-                                           "peeling_rounds": _release_peeling_rounds}
+                                           "peeling_rounds": _release_peeling_rounds,
+                                           "cumulative_rounds": _release_cumulative_rounds}
 
 
 def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,
@@ -717,7 +804,7 @@ def _pre_selection(pairs, method: str, epsilon: float, delta: float, max_items: 
 
 def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: Sequence[str] = ("count",),
              value_col: Optional[str] = None, lower: Optional[float] = None, upper: Optional[float] = None,
-             max_items: int = 100, selection: str = DEFAULT_METHOD, split: float = groupby.DEFAULT_SPLIT,
+             max_items: int = 100, selection: str = DEFAULT_SELECTION, split: float = groupby.DEFAULT_SPLIT,
              pre_threshold: int = 1, confidence: float = groupby.DEFAULT_CONFIDENCE, items=None,
              user_col: str = "user_id", item_col: str = "item", seed: Optional[int] = None):
     """Private GROUP BY item of the Spark DataFrame ``df``: the Spark counterpart of :func:`dpsql.group_by`.

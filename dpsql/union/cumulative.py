@@ -40,7 +40,9 @@ user-item pairs after the cap, and a larger one is refused before the charge, on
 refusal tells only that the table is outside that domain).
 
 Argument: docs/proofs/sips_cumulative.md. The macro is ``dp_set_union_sips_cumulative``
-(sql/30_union/30_cumulative.sql).
+(sql/30_union/30_cumulative.sql); the Spark backend runs its translated stages on the same
+:func:`sips_cumulative_parameters` (``dpsql.frontends.spark``, release ``cumulative_rounds``) and
+needs no ids, so it has no 2^32 bound.
 """
 from __future__ import annotations
 
@@ -56,14 +58,14 @@ from duckdb.sqltypes import DOUBLE, VARCHAR
 from dpsql.core import accounting, calibration
 from dpsql.union.adaptive import check_split, multi_round_noise
 from dpsql.core.calibration import Accounting, RoundCalibration, SetUnionCalibration
-from dpsql.core.mechanism import AuditCase, Mechanism, Param, user_item_example, user_item_params
+from dpsql.core.mechanism import AuditCase, Mechanism, Param, SparkForm, user_item_example, user_item_params
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import DPParameterError, check_column_pair, check_delta, check_epsilon, check_max_items, \
     derived_budget, warn_weak_parameters
 
 __all__ = ["MECHANISMS", "DEFAULT_SPLIT", "MAX_ROUNDS", "DEFAULT_DROP_MARGIN", "DEFAULT_MAX_BOOST", "DEFAULT_TILT",
-           "NOVEL_SHARE", "LAST_NOVEL_SHARE", "CumulativeRound", "check_drop_margin", "check_max_boost",
-           "check_tilt", "novelty_bound", "sips_cumulative_calibration",
+           "NOVEL_SHARE", "LAST_NOVEL_SHARE", "CumulativeRound", "CumulativeParameters", "check_drop_margin",
+           "check_max_boost", "check_tilt", "novelty_bound", "sips_cumulative_calibration", "sips_cumulative_parameters",
            "sips_cumulative_accounting", "sips_cumulative_set_union_calibration", "udfs"]
 
 # Seven rounds, each with 1.6 times the budget of the one before: the early rounds are cheap and release
@@ -229,29 +231,70 @@ def sips_cumulative_set_union_calibration(epsilon: float, delta: float, max_item
                                                           max_boost))
 
 
+@dataclass(frozen=True)
+class CumulativeParameters:
+    """What every round of a release reads: the row ``dp__sc_cal`` of the macro (:meth:`sql_row`), the
+    Spark form's calibration too. Per round (lists, round ``r`` at ``r - 1``): ``share``,
+    ``cumulative_share``, ``sigma``, ``mean_sigma``, ``rho`` (the running mean's threshold),
+    ``drop_below`` (-inf where nothing is dropped, so the SQL comparison needs no NULL case);
+    ``max_boost`` (None: no cap, as ``least()`` skips NULLs) and ``tilt`` (0 without dropping: the
+    tilt needs the cap's novelty bound, and without dropping every weight is 1/sqrt(d)); ``plain``:
+    no dropping (the macro's ``drop_margin IS NULL``: no cap, no tilt, every p stays 1)."""
+
+    share: tuple[float, ...]
+    cumulative_share: tuple[float, ...]
+    sigma: tuple[float, ...]
+    mean_sigma: tuple[float, ...]
+    rho: tuple[float, ...]
+    drop_below: tuple[float, ...]
+    max_boost: Optional[float]
+    tilt: float
+    plain: bool
+    accounting: Accounting
+
+    @property
+    def rounds(self) -> int:
+        return len(self.share)
+
+    def sql_row(self) -> dict:
+        """The struct of ``dp__sips_cumulative_calibration`` (lists as tuples)."""
+        a = self.accounting
+        return {"share": self.share, "cumulative_share": self.cumulative_share, "sigma": self.sigma,
+                "mean_sigma": self.mean_sigma, "rho": self.rho, "drop_below": self.drop_below,
+                "max_boost": self.max_boost, "tilt": self.tilt,
+                "accountant": a.accountant, "total_epsilon": a.epsilon, "total_delta": a.delta}
+
+
+def sips_cumulative_parameters(epsilon: float, delta: float, max_items: int,
+                               split: Optional[Sequence[float]] = DEFAULT_SPLIT,
+                               drop_margin: Optional[float] = DEFAULT_DROP_MARGIN,
+                               max_boost: Optional[float] = DEFAULT_MAX_BOOST,
+                               tilt: Optional[float] = DEFAULT_TILT) -> CumulativeParameters:
+    """Every parameter checked (``tilt`` too where it does not apply), then the rounds'
+    :class:`CumulativeParameters`: the one calibration of both backends."""
+    key = _key(epsilon, delta, max_items, list(split) if split is not None else None, drop_margin, max_boost)
+    return _parameters(key, check_tilt(tilt))
+
+
+@lru_cache(maxsize=128)
+def _parameters(key: tuple, tilt: Optional[float]) -> CumulativeParameters:
+    rounds, a = _calibration(*key)
+    dropping = key[4] is not None
+    return CumulativeParameters(
+        share=tuple(r.share for r in rounds), cumulative_share=tuple(r.cumulative_share for r in rounds),
+        sigma=tuple(r.sigma for r in rounds), mean_sigma=tuple(r.mean_sigma for r in rounds),
+        rho=tuple(r.threshold for r in rounds),
+        drop_below=tuple(-math.inf if r.drop_below is None else r.drop_below for r in rounds),
+        max_boost=key[5] if dropping else None, tilt=(tilt or 0.0) if dropping else 0.0, plain=not dropping,
+        accounting=a)
+
+
 def udfs(source) -> list[Udf]:
     """The calibration UDF of ``dp_set_union_sips_cumulative`` (pure; rows cached per parameters)."""
 
-    @lru_cache(maxsize=128)
-    def _row(epsilon, delta, max_items, split, drop_margin, max_boost, tilt):
-        key = _key(epsilon, delta, max_items, list(split) if split is not None else None, drop_margin, max_boost)
-        checked_tilt = check_tilt(tilt)  # checked even where it does not apply (drop_margin NULL)
-        rounds, a = _calibration(*key)
-        # drop_below: -inf where nothing is dropped (the last round, or no dropping), so the SQL
-        # comparison needs no NULL case; max_boost: NULL means no cap (least() skips NULLs)
-        return {"share": tuple(r.share for r in rounds), "cumulative_share": tuple(r.cumulative_share for r in rounds),
-                "sigma": tuple(r.sigma for r in rounds), "mean_sigma": tuple(r.mean_sigma for r in rounds),
-                "rho": tuple(r.threshold for r in rounds),
-                "drop_below": tuple(-math.inf if r.drop_below is None else r.drop_below for r in rounds),
-                "max_boost": key[5] if key[4] is not None else None,
-                # the tilt needs the cap's novelty bound: without dropping every weight is 1/sqrt(d)
-                "tilt": (checked_tilt or 0.0) if key[4] is not None else 0.0,
-                "accountant": a.accountant, "total_epsilon": a.epsilon, "total_delta": a.delta}
-
     def cal(epsilon, delta, max_items, split, drop_margin, max_boost, tilt, user_col, item_col):
         check_column_pair(user_col, item_col)
-        row = _row(epsilon, delta, max_items, tuple(split) if isinstance(split, list) else split, drop_margin,
-                   max_boost, tilt)
+        row = sips_cumulative_parameters(epsilon, delta, max_items, split, drop_margin, max_boost, tilt).sql_row()
         warn_weak_parameters(epsilon, delta, what="dp_set_union_sips_cumulative", stacklevel=1)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in row.items()}
 
@@ -284,10 +327,13 @@ MECHANISMS: tuple[Mechanism, ...] = (
                     "tilted towards the items still in doubt",
         proof="sips_cumulative", calibrate=sips_cumulative_set_union_calibration, rounds=len(DEFAULT_SPLIT),
         sql="30_union/30_cumulative.sql",
-        # No Spark form yet. Not a Gaussian domain for dp_top_k's zCDP route: at the default drop_margin its
+        # The Spark form: the macro's rounds, translated (dpsql.frontends.spark), on the same parameters.
+        spark=SparkForm("cumulative_rounds", sips_cumulative_parameters),
+        # Not a Gaussian domain for dp_top_k's zCDP route: at the default drop_margin its
         # rounds compose to gaussian_sigma(epsilon, 0.6 delta), below the gaussian_sigma(epsilon, delta/2)
         # that route assumes (its novel items take 0.4 delta), so the route would understate its zCDP.
-        # The best parallel method measured (benchmarks/README.md, "Utility"): dpsql.union.DEFAULT_METHOD.
+        # The best parallel method measured (benchmarks/README.md, "Utility"): dpsql.union.DEFAULT_METHOD, and
+        # the Spark backend's default (dpsql.frontends.spark.DEFAULT_METHOD).
         preference=1,
         example=user_item_example(split="[0.2, 0.3, 0.5]", drop_margin="1.5", max_boost="3", tilt="0.5"),
         audit=(AuditCase("threshold", options=(("max_items", 100), ("t", 1)), note="last round's running mean"),

@@ -19,6 +19,8 @@
 -- the chain's estimates fall to one row by round five. IS NOT DISTINCT FROM (no NULL user gets here)
 -- keeps DuckDB from pushing `user_id IS NOT NULL` into the stored rows, where it would meet the other
 -- readers' filters as an OR tested on every row. A user is one group, so one match per row.
+-- The pre-noise sums (dp__scr_sums) and the state of the noisy sums (dp__scr_state) are the stages the
+-- Spark backend translates; it draws the noise of dp__scr_noisy itself, once per item.
 CREATE OR REPLACE TEMP MACRO dp__sips_cumulative_round(rows_rel VARCHAR, prev_rel VARCHAR, params_rel VARCHAR,
                                                        r INTEGER) AS TABLE
 WITH dp__scr_users AS (
@@ -26,6 +28,7 @@ WITH dp__scr_users AS (
     FROM (SELECT user_id, sum(p::DOUBLE * p) AS s2, count(*) AS e FROM query_table(rows_rel) GROUP BY user_id)
          CROSS JOIN query_table(params_rel)
     WHERE s2 > 0),
+-- dpsql:portable dp__scr_sums
 dp__scr_sums AS (
     SELECT item, sum(x) AS y
     FROM (SELECT item, least(w.cap, p * w.inv) AS x
@@ -35,16 +38,23 @@ dp__scr_sums AS (
           UNION ALL
           SELECT item, z / share[r] AS x FROM query_table(prev_rel) CROSS JOIN query_table(params_rel)
           WHERE NOT passed AND NOT dropped)
-    GROUP BY item)
-SELECT item, z, z >= bar AS passed, z < bar AND z < drop_bar AS dropped
-FROM (SELECT item, share[r] * (y + dp_gaussian_noise(sigma[r])) AS z, cumulative_share[r] * rho[r] AS bar,
-             cumulative_share[r] * drop_below[r] AS drop_bar
-      FROM dp__scr_sums CROSS JOIN query_table(params_rel));
+    GROUP BY item),
+-- the round's noisy weights: one draw per item (read once, so not stored)
+dp__scr_noisy AS (SELECT item, y + dp_gaussian_noise(sigma[r]) AS noisy
+                  FROM dp__scr_sums CROSS JOIN query_table(params_rel)),
+-- dpsql:portable dp__scr_state
+dp__scr_state AS (
+    SELECT item, z, z >= bar AS passed, z < bar AND z < drop_bar AS dropped
+    FROM (SELECT item, share[r] * noisy AS z, cumulative_share[r] * rho[r] AS bar,
+                 cumulative_share[r] * drop_below[r] AS drop_bar
+          FROM dp__scr_noisy CROSS JOIN query_table(params_rel)))
+FROM dp__scr_state;
 
 -- An item's tilt after round r: p = exp(-tilt * clip(score, 0, 3)), score = how many standard
 -- deviations of its running mean (mean_sigma[r]) the mean is above the last round's threshold (tilt 0:
 -- p = 1); 0 if round r dropped it. FLOAT: the rows of every round are stored. Passes `z_rel`'s other
 -- columns through (round one's item id).
+-- dpsql:portable dp__sips_cumulative_tilt
 CREATE OR REPLACE TEMP MACRO dp__sips_cumulative_tilt(z_rel VARCHAR, params_rel VARCHAR, r INTEGER) AS TABLE
 SELECT dp__zr.* EXCLUDE (z, passed, dropped),
        CASE WHEN dropped THEN 0.0
@@ -56,6 +66,8 @@ FROM query_table(z_rel) AS dp__zr CROSS JOIN query_table(params_rel) WHERE NOT p
 -- (`z_rel`), each with its new tilt. An item dropped earlier is not in `z_rel`: its rows pass as they are.
 -- `plain` (no dropping, so no tilt: every p stays 1) removes the released items with an anti join on
 -- them instead of joining every other item's tilt. It is a constant: DuckDB prunes the other branches.
+-- The Spark backend also builds round 2's rows with it (r = 1: every p is 1), without the ids below.
+-- dpsql:portable dp__sips_cumulative_next
 CREATE OR REPLACE TEMP MACRO dp__sips_cumulative_next(rows_rel VARCHAR, z_rel VARCHAR, params_rel VARCHAR,
                                                       r INTEGER, plain BOOLEAN) AS TABLE
 SELECT user_id, item, p
@@ -102,6 +114,7 @@ dp__sc_size AS MATERIALIZED (
                ELSE error('dpsql: dp_set_union_sips_cumulative takes fewer than 2^32 user-item pairs after '
                           || 'the max_items cap; lower max_items, or use dp_set_union_mad2r') END),
 -- Round one reads the capped rows as they are stored (every p = 1); round two reads round one's sums by id.
+-- dpsql:portable dp__sc_rows1
 dp__sc_rows1 AS NOT MATERIALIZED (SELECT user_id, item, 1.0::FLOAT AS p FROM dp__sc_rows),
 dp__sc_none AS (SELECT item, 0.0 AS z, false AS passed, false AS dropped FROM dp__sc_rows LIMIT 0),
 dp__sc_z1 AS MATERIALIZED (SELECT *, (row_number() OVER ())::UINTEGER AS id

@@ -229,7 +229,7 @@ def test_defaults_are_the_most_preferred_declarations():
     # one place: Mechanism.preference (the Spark backend's default is the best method it runs)
     assert union.DEFAULT_METHOD == "sips_cumulative" == preferred(union.METHODS.values())
     spark = pytest.importorskip("dpsql.frontends.spark")
-    assert spark.DEFAULT_METHOD == "mad2r" == preferred(union.METHODS[n] for n in spark.PARALLEL_METHODS)
+    assert spark.DEFAULT_METHOD == "sips_cumulative" == preferred(union.METHODS[n] for n in spark.PARALLEL_METHODS)
 
 
 def test_the_choices_of_top_k_and_group_by_are_declared():

@@ -170,6 +170,21 @@ def test_translated_stages_are_the_macros_with_bindings():
     assert "FROM noisy" in items2 and "cal AS dp__m2_cal" in items2
 
 
+def test_list_subscripts_and_integer_parameters_keep_duckdbs_meaning():
+    """DuckDB's x[i] counts from 1 and from the end when negative: Spark's element_at, not Spark's x[i]."""
+    tilt = stage_sql("dp__sips_cumulative_tilt", {"z_rel": "z", "params_rel": "par"}, {"r": 3})
+    # the INTEGER parameter r is bound as an integer index; rho[-1] is the last round's threshold
+    assert "ELEMENT_AT(cumulative_share, 3)" in tilt and "ELEMENT_AT(rho, -1)" in tilt, tilt
+    assert "[" not in tilt
+    tree = sqlglot.parse_one("SELECT x[1], x[-1], x[r], x[-2], s['f'] FROM t", read="duckdb")
+    got = portable._subscripts_as_element_at(sqlglot.exp, tree).sql(dialect="spark")
+    assert got == "SELECT ELEMENT_AT(x, 1), ELEMENT_AT(x, -1), ELEMENT_AT(x, r), ELEMENT_AT(x, -2), s['f'] FROM t", got
+    # any other number is still a DOUBLE
+    sums = stage_sql("dp__sips_cumulative_round", {"rows_rel": "rows", "prev_rel": "prev", "params_rel": "par"},
+                     {"r": 2}, output="dp__scr_sums")
+    assert "ELEMENT_AT(share, 2)" in sums and "noise" not in sums.lower()
+
+
 def test_the_cap_is_the_macro_with_a_64_bit_hash_and_the_bound_salt():
     for macro in ("dp__capped_user_items", "dp__capped_user_items_window"):
         sql = stage_sql(macro, {"dp__user_items": "pairs", "dp__salt": "salt"}, {"max_items": 3})
@@ -185,7 +200,8 @@ def test_the_cap_is_the_macro_with_a_64_bit_hash_and_the_bound_salt():
 # The Spark backend's methods and parameters come from the declarations
 # ---------------------------------------------------------------------------
 
-SPARK_METHODS = {"count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian", "mad", "mad2r", "sips"}
+SPARK_METHODS = {"count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian", "mad", "mad2r", "sips",
+                 "sips_cumulative"}
 COMMON = {"tbl", "epsilon", "delta", "max_items", "user_col", "item_col"}
 
 
@@ -197,7 +213,9 @@ def test_spark_methods_and_options_are_the_declarations():
         form = declared[name].spark
         assert form is not None and form.release in dspark.RELEASES, name
         assert (form.release == "one_shot") == (declared[name].weighting is not None), name
-    assert {n for n in dspark.PARALLEL_METHODS if declared[n].spark.release != "one_shot"} == {"mad", "mad2r", "sips"}
+    assert ({n for n in dspark.PARALLEL_METHODS if declared[n].spark.release != "one_shot"}
+            == {"mad", "mad2r", "sips", "sips_cumulative"})
+    assert dspark.DEFAULT_METHOD == union.DEFAULT_METHOD  # the most preferred declaration has a Spark form
     for name in dspark.PARALLEL_METHODS:
         assert dspark._options_of(name) == tuple(n for n in declared[name].param_names if n not in COMMON)
     assert dspark._options_of("mad2r") == ("split", "max_adaptive_degree", "beta", "b_min", "b_max", "c_lb", "c_ub")
@@ -220,6 +238,8 @@ def test_spark_releases_require_epsilon_and_delta(fn):
     ("mad2r", dict(b_min=0.2)),
     ("mad2r", dict(split=[0.5, 0.6])),
     ("mad", dict(max_adaptive_degree=1.5)),
+    ("sips_cumulative", dict(tilt=-1.0)),
+    ("sips_cumulative", dict(drop_margin=101.0)),
     ("count_laplace", dict(max_items=2.5)),
     ("weighted_gaussian", dict(epsilon=0.0)),
     ("policy_gaussian", dict()),

@@ -225,6 +225,131 @@ def test_sips_round_weights_agree(spark, capped):
     assert_same_weights(dspark.sips_round_weights(frame, removed_frame).collect(), duck)
 
 
+def _zero_gaussian_noise(con):
+    """Replace the connection's dp_gaussian_noise by zeros: the macros' noisy sums are then their sums."""
+    from duckdb.sqltypes import DOUBLE
+
+    con.remove_function("dp_gaussian_noise")
+    con.create_function("dp_gaussian_noise", lambda s: pa.array(np.zeros(len(s))), [DOUBLE], DOUBLE, type="arrow",
+                        side_effects=True)
+
+
+def _sql_option(v) -> str:
+    if v is None:
+        return "NULL"
+    return f"[{', '.join(repr(float(x)) for x in v)}]::DOUBLE[]" if isinstance(v, (list, tuple)) else repr(float(v))
+
+
+# (epsilon, options): the default (dropping, cap, tilt); another split, margin and tilt without a cap; no
+# dropping (plain: no cap, no tilt). epsilon 3 puts the last threshold inside the data's weights, so items
+# pass in several rounds and, with dropping, some are dropped and some tilted.
+CUMULATIVE_CASES = [
+    (3.0, {}),
+    (3.0, dict(split=[0.1, 0.2, 0.3, 0.4], drop_margin=1.0, max_boost=None, tilt=2.0)),
+    (3.0, dict(split=[0.2, 0.3, 0.5], drop_margin=None)),
+]
+
+
+@pytest.mark.parametrize("epsilon,options", CUMULATIVE_CASES)
+def test_sips_cumulative_rounds_agree(spark, capped, epsilon, options):
+    """Round by round, from DuckDB's state (noise zeroed), the translated stages give DuckDB's sums, state and
+    next rows with their FLOAT tilts; and the whole Spark release with noise of sigma 1e-300 (nothing at
+    these weights) releases DuckDB's noiseless release."""
+    import dataclasses
+
+    from dpsql.frontends import spark as dspark
+    from dpsql.union import cumulative
+
+    shared, frame = capped
+    capped_rows = shared.sql("FROM c").to_arrow_table()  # noqa: F841 (read by DuckDB's replacement scan)
+    con = seeded(7)  # its own connection: the noise is zeroed on it
+    con.execute("CREATE TABLE c AS FROM capped_rows")
+    opts = {"split": cumulative.DEFAULT_SPLIT, "drop_margin": cumulative.DEFAULT_DROP_MARGIN,
+            "max_boost": cumulative.DEFAULT_MAX_BOOST, "tilt": cumulative.DEFAULT_TILT, **options}
+    c = cumulative.sips_cumulative_parameters(epsilon, DELTA, MAX_ITEMS, **opts)
+    args = ", ".join(_sql_option(opts[k]) for k in ("split", "drop_margin", "max_boost", "tilt"))
+    _zero_gaussian_noise(con)
+    con.execute(f"CREATE OR REPLACE TABLE cal AS SELECT unnest(dp__sips_cumulative_calibration({epsilon}, {DELTA}, "
+                f"{MAX_ITEMS}, {args}, 'user_id', 'item'))")
+    assert con.execute("SELECT tilt, max_boost FROM cal").fetchone() == (c.tilt, c.max_boost)
+    # DuckDB's chain, as its body runs it (round two's rows and later under 32-bit ids)
+    con.execute("CREATE OR REPLACE TABLE k0 AS SELECT user_id, item, 1.0::FLOAT AS p FROM c")
+    con.execute("CREATE OR REPLACE TABLE z0 AS SELECT item, 0.0::DOUBLE AS z, false AS passed, false AS dropped "
+                "FROM c LIMIT 0")
+    con.execute("CREATE OR REPLACE TABLE z1 AS SELECT *, (row_number() OVER ())::UINTEGER AS id "
+                "FROM dp__sips_cumulative_round('k0', 'z0', 'cal', 1)")
+    con.execute("CREATE OR REPLACE TABLE uid AS SELECT user_id, (row_number() OVER ())::UINTEGER AS uid "
+                "FROM (SELECT DISTINCT user_id FROM c)")
+    names = dict(con.execute("SELECT id, item FROM z1").fetchall())
+    users = dict(con.execute("SELECT uid, user_id FROM uid").fetchall())
+    for r in range(1, c.rounds):
+        if r == 1:
+            con.execute("CREATE OR REPLACE TABLE k1 AS FROM dp__sips_cumulative_next_first('c', 'uid', 'z1', 'cal')")
+            con.execute("CREATE OR REPLACE TABLE zid1 AS SELECT id AS item, z, passed, dropped FROM z1")
+        else:
+            con.execute(f"CREATE OR REPLACE TABLE k{r} AS FROM dp__sips_cumulative_next('k{r - 1}', 'z{r}', 'cal', "
+                        f"{r}, {opts['drop_margin'] is None})")
+        prev = "zid1" if r == 1 else f"z{r}"
+        con.execute(f"CREATE OR REPLACE TABLE z{r + 1} AS FROM dp__sips_cumulative_round('k{r}', '{prev}', 'cal', "
+                    f"{r + 1})")
+
+    def state(r):  # DuckDB's state of round r, by item name
+        return {(names[i] if r > 1 else i): (z, passed, dropped)
+                for i, z, passed, dropped in con.execute(f"SELECT item, z, passed, dropped FROM z{r}").fetchall()}
+
+    def rows(r):  # DuckDB's rows of round r + 1, by user and item name
+        got = con.execute(f"SELECT user_id, item, p FROM k{r}").fetchall()
+        return {((users[u], names[i]) if r > 0 else (u, i)): p for u, i, p in got}
+
+    def state_frame(st):
+        return spark.createDataFrame([(i, float(z), bool(pa_), bool(d)) for i, (z, pa_, d) in st.items()],
+                                     "item string, z double, passed boolean, dropped boolean")
+
+    def rows_frame(rs):
+        return spark.createDataFrame([(u, i, float(p)) for (u, i), p in rs.items()],
+                                     "user_id long, item string, p float")
+
+    tilted = dropped = 0
+    passing_rounds = set()
+    for r in range(1, c.rounds + 1):
+        live = rows(r - 1)
+        prev = state(r - 1) if r > 1 else {}
+        prev_frame = state_frame(prev) if prev else state_frame({"none": (0.0, False, False)}).limit(0)
+        sums = {i: y for i, y in dspark.sips_cumulative_sums(rows_frame(live), prev_frame, c, r).collect()}
+        want = state(r)
+        assert set(sums) == set(want), r
+        for item, y in sums.items():  # DuckDB's z = share * (y + 0)
+            assert c.share[r - 1] * y == pytest.approx(want[item][0], rel=1e-12, abs=1e-12), (r, item)
+        noisy = spark.createDataFrame([(i, float(y)) for i, y in sums.items()], "item string, noisy double")
+        got_state = {i: (z, p_, d) for i, z, p_, d in dspark.sips_cumulative_state(noisy, c, r).collect()}
+        assert {i: v[1:] for i, v in got_state.items()} == {i: v[1:] for i, v in want.items()}, r
+        passing_rounds |= {r} if any(v[1] for v in want.values()) else set()
+        dropped += sum(v[2] for v in want.values())
+        if r < c.rounds:
+            nxt = {(u, i): p for u, i, p in
+                   dspark.sips_cumulative_next_rows(rows_frame(live), state_frame(want), c, r).collect()}
+            duck_next = rows(r)
+            assert set(nxt) == set(duck_next), r
+            for key, p in duck_next.items():  # FLOAT on both engines: within one FLOAT ulp
+                assert nxt[key] == pytest.approx(p, rel=1.2e-7, abs=0.0), (r, key)
+            tilted += sum(0.0 < p < 1.0 for p in duck_next.values())
+    # the data exercises what the stages do
+    assert len(passing_rounds) >= 2, passing_rounds
+    if c.plain:
+        assert dropped == 0 and tilted == 0
+    else:
+        assert dropped > 0 and tilted > 0, (dropped, tilted)
+
+    # the whole release: Spark's chain against DuckDB's body (c has at most MAX_ITEMS items a user: no cap)
+    con.execute("CREATE OR REPLACE TABLE c0 AS SELECT user_id, item FROM c")
+    duck = sorted(dpsql.set_union(con, "c0", "sips_cumulative", epsilon=epsilon, delta=DELTA, max_items=MAX_ITEMS,
+                                  **options).column("item").to_pylist())
+    con.close()
+    quiet = dataclasses.replace(c, sigma=(1e-300,) * c.rounds)
+    got = sorted(r[0] for r in dspark._release_cumulative_rounds(frame, quiet, 1, "sips_cumulative").collect())
+    assert got == duck and 0 < len(duck) < len(names)
+
+
 # ---------------------------------------------------------------------------
 # Contribution bounding
 # ---------------------------------------------------------------------------
@@ -272,9 +397,12 @@ def _release_probability(method: str, k: int) -> float:
     """P(an item held by k single-item users is released), max_items = 1.
 
     With one item per user every weighting gives the item weight k (MAD: no item reaches
-    tau; MAD2R round two: UserWeights of a single item is 1), so each item is an
-    independent experiment with this probability.
+    tau; MAD2R round two: UserWeights of a single item is 1; sips_cumulative: a user's one weight
+    min(1, max_boost, p/p) is 1 in every round), so each item is an independent experiment with
+    this probability.
     """
+    if method == "sips_cumulative":
+        return _cumulative_release_probability(k)
     if method == "mad2r":
         c = adaptive.mad2r_calibration(EPS, DELTA, 1)
         r1, r2 = c.round1, c.round2
@@ -293,6 +421,24 @@ def _release_probability(method: str, k: int) -> float:
     return _gauss_pass(k, cal.scale, cal.threshold)
 
 
+def _cumulative_release_probability(k: float, n: int = 400_000) -> float:
+    """P(released) of an item of weight k in every round of sips_cumulative: its running sum z_r adds
+    share_r (k + N(0, sigma_r^2)); released when z_r >= F_r rho_r, dropped (never released) when below
+    F_r drop_below_r. Simulated with n draws (fixed generator: a model, s.e. below 0.001)."""
+    from dpsql.union import cumulative
+
+    c = cumulative.sips_cumulative_parameters(EPS, DELTA, 1)
+    rng = np.random.default_rng(0)
+    z, alive, released = np.zeros(n), np.ones(n, dtype=bool), np.zeros(n, dtype=bool)
+    for r in range(c.rounds):
+        z = np.where(alive, z + c.share[r] * (k + c.sigma[r] * rng.standard_normal(n)), z)
+        passed = alive & (z >= c.cumulative_share[r] * c.rho[r])
+        dropped = alive & ~passed & (z < c.cumulative_share[r] * c.drop_below[r])
+        released |= passed
+        alive &= ~passed & ~dropped
+    return float(released.mean())
+
+
 def _threshold(method: str) -> float:
     if method == "mad2r":
         return adaptive.mad2r_calibration(EPS, DELTA, 1).round2.rho
@@ -301,7 +447,7 @@ def _threshold(method: str) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["count_laplace", "count_gaussian", "weighted_laplace", "weighted_gaussian",
-                                    "mad", "mad2r", "sips"])
+                                    "mad", "mad2r", "sips", "sips_cumulative"])
 def test_release_distribution_matches_duckdb(spark, method):
     from dpsql.frontends import spark as dspark
 
@@ -318,6 +464,7 @@ def test_release_distribution_matches_duckdb(spark, method):
     finally:
         con.close()
     sd = math.sqrt(N_ITEMS * p * (1 - p))
+    print(f"{method}: k={k} p={p:.4f} expected={N_ITEMS * p:.1f} spark={spark_n} duckdb={duck_n} sd={sd:.2f}")
     assert 0.05 < p < 0.95
     assert abs(spark_n - N_ITEMS * p) <= 4 * sd, (spark_n, N_ITEMS * p)
     assert abs(duck_n - N_ITEMS * p) <= 4 * sd, (duck_n, N_ITEMS * p)
@@ -368,6 +515,9 @@ BAD = [
     ("mad2r", BUDGET, dict(b_min=0.2)),
     ("sips", BUDGET, dict(split=[0.2, 0.2, 0.2, 0.2, 0.1, 0.1])),
     ("mad", BUDGET, dict(max_adaptive_degree=1.5)),
+    ("sips_cumulative", BUDGET, dict(tilt=20.0)),
+    ("sips_cumulative", BUDGET, dict(max_boost=0.5)),
+    ("sips_cumulative", BUDGET, dict(split=[0.1] * 10)),
 ]
 
 
@@ -404,10 +554,13 @@ def test_bad_columns_and_methods(spark):
         dspark.set_union(frame, "mad2r", user_col="item", **BUDGET)
     with pytest.raises(DPParameterError, match="method must be one of"):
         dspark.set_union(frame, "nope", **BUDGET)
-    with pytest.raises(DPParameterError, match="'policy_gaussian' has no Spark form"):
-        dspark.set_union(frame, "policy_gaussian", **BUDGET)
-    with pytest.raises(DPParameterError, match="'sips_cumulative' has no Spark form"):
-        dspark.set_union(frame, "sips_cumulative", **BUDGET)
+    # a method without a Spark form is refused by name, naming the ones Spark runs and DuckDB
+    without = [m for m in union.METHODS if m not in dspark.PARALLEL_METHODS]
+    assert "policy_gaussian" in without
+    for method in without:
+        with pytest.raises(DPParameterError, match=rf"^dpsql: method '{method}' has no Spark form; the Spark backend "
+                                                   rf"runs .*sips_cumulative.* \(run {method} with DuckDB\)$"):
+            dspark.set_union(frame, method, **BUDGET)
     with pytest.raises(DPParameterError, match="does not apply to method 'weighted_gaussian'"):
         dspark.set_union(frame, "weighted_gaussian", beta=2.0, **BUDGET)
 
@@ -853,14 +1006,18 @@ def test_group_by_value_column_is_numeric_and_its_nulls_are_skipped_like_duckdb(
     assert got == {"a": (3, round(1.5 / g) + round(2.0 / g)), "b": (1, None)}
 
 
-def test_the_spark_default_is_a_method_spark_runs(spark):
-    """DuckDB's default (sips_cumulative) has no Spark form: the Spark functions default to the best
-    method they run, and refuse DuckDB's default by name."""
+def test_the_spark_defaults_are_duckdbs():
+    """The Spark functions default to DuckDB's default method (the most preferred declaration, which has a
+    Spark form) and group_by to dpsql.group_by's default selection. No session needed."""
     import inspect
 
+    _need("pyspark")
     from dpsql.frontends import spark as dspark
 
-    assert dspark.DEFAULT_METHOD in dspark.PARALLEL_METHODS and dspark.DEFAULT_METHOD == "mad2r"
-    assert union.DEFAULT_METHOD not in dspark.PARALLEL_METHODS
+    assert dspark.DEFAULT_METHOD == union.DEFAULT_METHOD == "sips_cumulative"
+    assert dspark.DEFAULT_METHOD in dspark.PARALLEL_METHODS
     assert inspect.signature(dspark.set_union).parameters["method"].default == dspark.DEFAULT_METHOD
-    assert inspect.signature(dspark.group_by).parameters["selection"].default == dspark.DEFAULT_METHOD
+    duck_selection = inspect.signature(dpsql.group_by).parameters["selection"].default
+    assert inspect.signature(dspark.group_by).parameters["selection"].default == dspark.DEFAULT_SELECTION
+    assert dspark.DEFAULT_SELECTION == duck_selection == union.DEFAULT_METHOD
+    assert dspark.DEFAULT_SELECTION in dspark.PARALLEL_METHODS
