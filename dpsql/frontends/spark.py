@@ -67,13 +67,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import sys
 import threading
 import uuid
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -85,11 +86,14 @@ from dpsql.union.adaptive import user_weights_batch
 from dpsql.core.mechanism import preferred
 from dpsql.core.registry import set_union_methods
 from dpsql.core.noise import NOT_PRIVATE_WARNING, NoiseSource, secure_source
+from dpsql.core.ledger import Ledger
+from dpsql.frontends import spark_ledger
+from dpsql.frontends.spark_ledger import session_ledger
 from dpsql.frontends.portable import stage_sql
 from dpsql.core.validation import (DPParameterError, check_column_pair, check_identifier, check_max_items,
                               derived_budget, warn_weak_parameters)
 
-__all__ = ["PARALLEL_METHODS", "DEFAULT_METHOD", "set_union", "top_k_domain", "capped_user_items", "set_union_weights",
+__all__ = ["session_ledger", "PARALLEL_METHODS", "DEFAULT_METHOD", "set_union", "top_k_domain", "capped_user_items", "set_union_weights",
            "mad_weights", "mad_biased_weights", "sips_round_weights", "sips_cumulative_sums",
            "sips_cumulative_state", "sips_cumulative_next_rows", "group_by", "group_by_stats",
            "pre_selection_weights", "DEFAULT_SELECTION"]
@@ -602,18 +606,9 @@ RELEASES: dict[str, Callable[..., Any]] = {"one_shot": _release_one_shot, "biase
                                            "cumulative_rounds": _release_cumulative_rounds}
 
 
-def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,
-              max_items: int = 100, user_col: str = "user_id", item_col: str = "item",
-              seed: Optional[int] = None, **options):
-    """Release items of the Spark DataFrame ``df`` under user-level (epsilon, delta)-DP.
-
-    The Spark counterpart of :func:`dpsql.set_union` for the parallel methods
-    (:data:`PARALLEL_METHODS`); ``options`` are the method's own parameters as
-    declared (e.g. MAD2R's ``split``, ``max_adaptive_degree``, ``beta``, ``b_min``,
-    ``b_max``, ``c_lb``, ``c_ub``). Every parameter is validated before any row is read.
-    Returns a materialised DataFrame with one column ``item`` (the input's type).
-    ``seed`` is for tests only: the release is then NOT private.
-    """
+def _set_union_plan(method: str, epsilon: float, delta: float, max_items: int, user_col: str, item_col: str,
+                    options: Mapping[str, object]) -> tuple[str, dict, Any]:
+    """The method, its validated parameters and its calibration: every check before any row is read."""
     method = union.check_method(method)
     if method not in PARALLEL_METHODS:
         raise DPParameterError(f"method {method!r} has no Spark form; the Spark backend runs "
@@ -624,14 +619,22 @@ def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,
     union.calibrate(method, epsilon, delta, max_items)  # as dpsql.set_union: the method at its defaults
     form = set_union_methods()[method].spark
     assert form is not None  # a PARALLEL_METHODS method
-    release = RELEASES[form.release]
     if form.calibrate is not None:
         cal = form.calibrate(epsilon, delta, max_items, **{n: values[n] for n in _options_of(method)})
     else:
         cal = union.calibrate(method, epsilon, delta, max_items)
+    return method, values, cal
+
+
+def _set_union_run(df, method: str, values: Mapping[str, Any], cal: Any, seed: Optional[int]):
+    """The Spark jobs of a set-union release planned by :func:`_set_union_plan` (charged by the caller)."""
+    form = set_union_methods()[method].spark
+    assert form is not None
+    release = RELEASES[form.release]
+    max_items = values["max_items"]
     pairs = _user_items(df, values["user_col"], values["item_col"])
     if seed is not None:
-        warnings.warn(NOT_PRIVATE_WARNING, stacklevel=2)
+        warnings.warn(NOT_PRIVATE_WARNING, stacklevel=3)
         salt = NoiseSource(int(seed)).salt()
     else:
         salt = secure_source().salt()
@@ -644,17 +647,47 @@ def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,
     return _materialise(released.orderBy("item"))
 
 
+def _recorded(values: Mapping[str, Any], **more: Any) -> dict[str, Any]:
+    """What the ledger records as a release's parameters: all but epsilon and delta (recorded apart)."""
+    return {**more, **{k: v for k, v in values.items() if k not in ("epsilon", "delta")}}
+
+
+def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,
+              max_items: int = 100, user_col: str = "user_id", item_col: str = "item",
+              seed: Optional[int] = None, ledger: Union[None, str, os.PathLike, Ledger] = None,
+              scope: Optional[str] = None, **options):
+    """Release items of the Spark DataFrame ``df`` under user-level (epsilon, delta)-DP.
+
+    The Spark counterpart of :func:`dpsql.set_union` for the parallel methods
+    (:data:`PARALLEL_METHODS`); ``options`` are the method's own parameters as
+    declared (e.g. MAD2R's ``split``, ``max_adaptive_degree``, ``beta``, ``b_min``,
+    ``b_max``, ``c_lb``, ``c_ub``). Every parameter is validated, and every budget that
+    applies checked, before any Spark job runs. Charged once to ``ledger`` (a ledger file, as
+    DuckDB's; default the session's in-memory ledger) for the files ``df`` reads, or for
+    ``scope`` (:mod:`dpsql.frontends.spark_ledger`). Returns a materialised DataFrame with one
+    column ``item`` (the input's type). ``seed`` is for tests only: the release is then NOT private.
+    """
+    method, values, cal = _set_union_plan(method, epsilon, delta, max_items, user_col, item_col, options)
+    return spark_ledger.charged(df, ledger=ledger, scope=scope, mechanism=set_union_methods()[method].macro,
+                                epsilon=values["epsilon"], delta=values["delta"],
+                                parameters=_recorded(values, method=method), calibration=cal,
+                                seeded=seed is not None, release=lambda: _set_union_run(df, method, values, cal, seed))
+
+
 def top_k_domain(df, k: int, *, epsilon: float, delta: float, max_items: int = 100,
                  domain_method: str = topk.DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
-                 item_col: str = "item", seed: Optional[int] = None):
+                 item_col: str = "item", seed: Optional[int] = None,
+                 ledger: Union[None, str, os.PathLike, Ledger] = None, scope: Optional[str] = None):
     """The domain step of ``dp_top_k`` / ``dp_hitting_set``: ``domain_method`` at (epsilon/2, delta/2).
 
     The same budget split and validation as :func:`dpsql.topk.top_k_calibration` ([MM] Alg. 2); the
     selection step (epsilon/2, delta/2) is left to the caller, e.g. on the (small) domain in DuckDB.
     """
     cal = topk.top_k_calibration(k, epsilon, delta, max_items, domain_method)
+    # charged as the set-union release it is, at the domain step's (epsilon/2, delta/2)
     return set_union(df, cal.domain_method, epsilon=cal.domain_epsilon, delta=cal.domain_delta,
-                     max_items=max_items, user_col=user_col, item_col=item_col, seed=seed)
+                     max_items=max_items, user_col=user_col, item_col=item_col, seed=seed, ledger=ledger,
+                     scope=scope)
 
 
 # --------------------------------------------------------------------------
@@ -806,7 +839,8 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
              value_col: Optional[str] = None, lower: Optional[float] = None, upper: Optional[float] = None,
              max_items: int = 100, selection: str = DEFAULT_SELECTION, split: float = groupby.DEFAULT_SPLIT,
              pre_threshold: int = 1, confidence: float = groupby.DEFAULT_CONFIDENCE, items=None,
-             user_col: str = "user_id", item_col: str = "item", seed: Optional[int] = None):
+             user_col: str = "user_id", item_col: str = "item", seed: Optional[int] = None,
+             ledger: Union[None, str, os.PathLike, Ledger] = None, scope: Optional[str] = None):
     """Private GROUP BY item of the Spark DataFrame ``df``: the Spark counterpart of :func:`dpsql.group_by`.
 
     The same parameters, checks, calibration, contribution bounding, granular Laplace noise and
@@ -817,9 +851,10 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
     a row at ``(epsilon, 0)`` and ``delta`` must be left out. Every parameter is validated before
     any row is read; then one scan refuses a NULL user or item, or a NULL or non-numeric
     ``value_col`` value in any row (DuckDB checks the values of the selected or listed items only),
-    with DuckDB's text before anything is drawn. No ledger: as :func:`set_union`, nothing is
-    charged (keep the account yourself: the call spends ``(epsilon, delta)``, or ``(epsilon, 0)``
-    with ``items``). The aggregates' cap has its own salt (as the macro's ``dp__salt``).
+    with DuckDB's text before anything is drawn. The selection and the aggregates are one release,
+    charged once to ``ledger`` for the files ``df`` reads, or for ``scope``, as :func:`set_union`
+    (``(epsilon, delta)``, or ``(epsilon, 0)`` with ``items``); the budgets are checked before any
+    Spark job runs. The aggregates' cap has its own salt (as the macro's ``dp__salt``).
     ``seed`` is for tests only: the release is then NOT private.
     """
     public = items is not None
@@ -841,6 +876,23 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
                                    f"backend selects with {', '.join(PARALLEL_METHODS)} (run selection := "
                                    f"'{cal.selection}' with DuckDB's dp_group_by)")
     warn_weak_parameters(epsilon, None if public else delta, what=mech.macro, stacklevel=2)
+    if not public:
+        assert cal.selection is not None
+        with derived_budget():  # shares of the budget checked above
+            plan = None if cal.pre_threshold > 1 else _set_union_plan(
+                cal.selection, cal.selection_epsilon, cal.selection_delta, values["max_items"], values["user_col"],
+                values["item_col"], {})
+    return spark_ledger.charged(
+        df, ledger=ledger, scope=scope, mechanism=mech.macro, epsilon=values["epsilon"],
+        delta=0.0 if public else values["delta"], parameters=_recorded(values), calibration=cal,
+        seeded=seed is not None,
+        release=lambda: _group_by_run(df, items, values, cal, None if public else plan, seed))
+
+
+def _group_by_run(df, items, values: Mapping[str, Any], cal: groupby.GroupByCalibration,
+                  plan: Optional[tuple[str, dict, Any]], seed: Optional[int]):
+    """The Spark jobs of a GROUP BY release checked by :func:`group_by` (charged by the caller)."""
+    public = items is not None
     max_items = values["max_items"]
     rows = _checked_rows(df, values["user_col"], values["item_col"], values["value_col"])
     if public:
@@ -853,16 +905,14 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
     if not public:
         assert cal.selection is not None
         with derived_budget():  # shares of the budget checked above
-            if cal.pre_threshold > 1:
+            if plan is None:
                 pairs = _run_stage("dp__user_items", {"dp__user_item_rows": rows.select("user_id", "item")})
                 pre_salt = secure_source().salt() if seed is None else NoiseSource(int(seed)).salt()
                 selected = _materialise(_pre_selection(pairs, cal.selection, cal.selection_epsilon,
                                                        cal.selection_delta, max_items, cal.pre_threshold, pre_salt,
                                                        seed))
-            else:
-                selected = set_union(df, cal.selection, epsilon=cal.selection_epsilon, delta=cal.selection_delta,
-                                     max_items=max_items, user_col=values["user_col"], item_col=values["item_col"],
-                                     seed=seed)
+            else:  # a step of this release: charged with it, not apart
+                selected = _set_union_run(df, *plan, seed)
     stats = group_by_stats(rows, selected, max_items, salt, cal)
     joined = selected.select("item").join(stats, "item", "left")
     return _materialise(_group_by_noisy(joined, cal, seed).orderBy("item"))

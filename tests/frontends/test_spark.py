@@ -456,7 +456,7 @@ def test_release_distribution_matches_duckdb(spark, method):
     rows = [(i * k + j, f"x{i}") for i in range(N_ITEMS) for j in range(k)]
     data = arrow(rows)
     spark_n = dspark.set_union(spark.createDataFrame(data), method, epsilon=EPS, delta=DELTA, max_items=1,
-                               seed=20261122).count()
+                               seed=20261122, scope="t").count()
     con = seeded(20261122)
     try:
         con.execute("CREATE TABLE t AS FROM data")
@@ -479,11 +479,11 @@ def test_top_k_domain_is_the_set_union_at_half_budget(spark):
     k = round(half.threshold)
     p = _gauss_pass(k, half.scale, half.threshold)
     frame = spark.createDataFrame(arrow([(i * k + j, f"x{i}") for i in range(N_ITEMS) for j in range(k)]))
-    n = dspark.top_k_domain(frame, 10, epsilon=EPS, delta=DELTA, max_items=1).count()
+    n = dspark.top_k_domain(frame, 10, epsilon=EPS, delta=DELTA, max_items=1, scope="t").count()
     assert topk.DEFAULT_DOMAIN_METHOD == "weighted_gaussian"
     assert abs(n - N_ITEMS * p) <= 4 * math.sqrt(N_ITEMS * p * (1 - p)), (n, N_ITEMS * p)
     with pytest.raises(DPParameterError, match="k must be a whole number"):
-        dspark.top_k_domain(frame, 2.5, epsilon=EPS, delta=DELTA)
+        dspark.top_k_domain(frame, 2.5, epsilon=EPS, delta=DELTA, scope="t")
 
 
 def test_release_is_drawn_once(spark):
@@ -493,7 +493,7 @@ def test_release_is_drawn_once(spark):
     cal = basic.weighted_gaussian_calibration(EPS, DELTA, 1)
     k = round(cal.threshold)
     frame = spark.createDataFrame(arrow([(i * k + j, f"x{i}") for i in range(N_ITEMS) for j in range(k)]))
-    out = dspark.set_union(frame, "weighted_gaussian", epsilon=EPS, delta=DELTA, max_items=1)  # OS-keyed noise
+    out = dspark.set_union(frame, "weighted_gaussian", epsilon=EPS, delta=DELTA, max_items=1, scope="t")  # OS-keyed noise
     first = [r[0] for r in out.collect()]
     assert 0 < len(first) < N_ITEMS  # each item passes with probability ~1/2: a redraw would differ
     assert first == sorted(first)  # released in sorted order, not the partitions' (data-dependent) order
@@ -531,7 +531,7 @@ def test_bad_parameters_fail_like_duckdb(spark, method, common, options):
 
     frame = spark.createDataFrame(arrow([(1, "a")]))
     with pytest.raises(DPParameterError) as spark_err:
-        dspark.set_union(frame, method, **common, **options)
+        dspark.set_union(frame, method, **common, **options, scope="t")
     con = dpsql.connect()
     try:
         con.execute("CREATE TABLE t (user_id BIGINT, item VARCHAR)")
@@ -549,20 +549,20 @@ def test_bad_columns_and_methods(spark):
     frame = spark.createDataFrame(arrow([(1, "a")]))
     with pytest.raises(DPParameterError, match=r"user_col := 'uid' is not a column of the DataFrame; "
                                                r"its columns are user_id, item"):
-        dspark.set_union(frame, "mad2r", user_col="uid", **BUDGET)
+        dspark.set_union(frame, "mad2r", user_col="uid", **BUDGET, scope="t")
     with pytest.raises(DPParameterError, match="two different columns"):
-        dspark.set_union(frame, "mad2r", user_col="item", **BUDGET)
+        dspark.set_union(frame, "mad2r", user_col="item", **BUDGET, scope="t")
     with pytest.raises(DPParameterError, match="method must be one of"):
-        dspark.set_union(frame, "nope", **BUDGET)
+        dspark.set_union(frame, "nope", **BUDGET, scope="t")
     # a method without a Spark form is refused by name, naming the ones Spark runs and DuckDB
     without = [m for m in union.METHODS if m not in dspark.PARALLEL_METHODS]
     assert "policy_gaussian" in without
     for method in without:
         with pytest.raises(DPParameterError, match=rf"^dpsql: method '{method}' has no Spark form; the Spark backend "
                                                    rf"runs .*sips_cumulative.* \(run {method} with DuckDB\)$"):
-            dspark.set_union(frame, method, **BUDGET)
+            dspark.set_union(frame, method, **BUDGET, scope="t")
     with pytest.raises(DPParameterError, match="does not apply to method 'weighted_gaussian'"):
-        dspark.set_union(frame, "weighted_gaussian", beta=2.0, **BUDGET)
+        dspark.set_union(frame, "weighted_gaussian", beta=2.0, **BUDGET, scope="t")
 
 
 @pytest.mark.parametrize("column", ["user_id", "item"])
@@ -588,13 +588,13 @@ def test_null_users_and_items_fail_like_duckdb(spark, column, monkeypatch):
     frame = spark.createDataFrame(rows)
     for method in ("weighted_gaussian", "mad2r"):
         with pytest.raises(DPParameterError) as spark_err:  # a Python exception, not a Java stack trace
-            dspark.set_union(frame, method, **BUDGET)
+            dspark.set_union(frame, method, **BUDGET, scope="t")
         assert str(spark_err.value) == message
     assert drawn == []
     # both columns NULL: the user column is named, as DuckDB names it first
     both = spark.createDataFrame([(None, None), (1, "a")], "uid long, query string")
     with pytest.raises(DPParameterError, match=r"^dpsql: column uid \(user_col\) contains NULL"):
-        dspark.set_union(both, user_col="uid", item_col="query", **BUDGET)
+        dspark.set_union(both, user_col="uid", item_col="query", **BUDGET, scope="t")
 
 
 # ---------------------------------------------------------------------------
@@ -664,7 +664,7 @@ session = (SparkSession.builder.master("local[1]").appName("dpsql-path-python")
 session.sparkContext.setLogLevel("ERROR")
 # SQL rows, as a read of Parquet gives (createDataFrame of a list would run the user's own Python tasks)
 rows = session.sql("SELECT id AS user_id, 'common' AS item FROM range(400) UNION ALL SELECT 1, 'rare'")
-released = dspark.set_union(rows, "weighted_gaussian", epsilon=1.0, delta=1e-5, max_items=4)
+released = dspark.set_union(rows, "weighted_gaussian", epsilon=1.0, delta=1e-5, max_items=4, scope="t")
 print(json.dumps({"items": [r.item for r in released.collect()], "python": session.sparkContext.pythonExec}))
 session.stop()
 """
@@ -791,7 +791,7 @@ def test_group_by_columns_order_and_calibration_are_dpsql_group_by_s(spark, aggr
     values = {} if aggregates == ["count"] else dict(value_col="v", lower=-1.0, upper=5.0)
     kwargs = dict(epsilon=1.0, aggregates=aggregates, max_items=GB_MAX, confidence=0.9, **values)
     duck = _gb_duck(gb_arrow(rows), items, **kwargs)
-    out = dspark.group_by(spark.createDataFrame(gb_arrow(rows)), items=spark.createDataFrame(items), seed=5, **kwargs)
+    out = dspark.group_by(spark.createDataFrame(gb_arrow(rows)), items=spark.createDataFrame(items), seed=5, **kwargs, scope="t")
     assert out.columns == duck.column_names
     assert [f.dataType.simpleString() for f in out.schema.fields[1:]] == ["double"] * (len(out.columns) - 1)
     got = out.collect()
@@ -828,7 +828,7 @@ def test_group_by_count_noise_has_the_calibrated_scale(spark):
     rows = [(k * 100 + u, f"x{k:03d}", 1.0) for k in range(n_items) for u in range(k % 7)]
     items = spark.createDataFrame([(f"x{k:03d}",) for k in range(n_items)], "item string")
     out = dspark.group_by(spark.createDataFrame(gb_arrow(rows)), epsilon=1.0, items=items, max_items=2,
-                          confidence=conf, seed=20261124).collect()
+                          confidence=conf, seed=20261124, scope="t").collect()
     z = np.array([r["count"] - (int(r["item"][1:]) % 7) for r in out])
     cal = gb.group_by_calibration(1.0, None, 2, ["count"], selection=None, confidence=conf)
     b, g = out[0]["count_scale"], cal.count_granularity
@@ -845,7 +845,7 @@ def test_group_by_count_only_calibration_numbers(spark):
     from dpsql.frontends import spark as dspark
 
     frame = spark.createDataFrame(gb_arrow(gb_rows(4)))
-    out = dspark.group_by(frame, epsilon=1.0, delta=1e-5, max_items=10, selection="count_laplace", seed=4)
+    out = dspark.group_by(frame, epsilon=1.0, delta=1e-5, max_items=10, selection="count_laplace", seed=4, scope="t")
     assert out.columns == ["item", "count", "count_scale", "count_ci"]
     got = out.collect()
     # the numbers of tests/groupby/test_group_by.py::test_count_only_split_and_scale
@@ -909,7 +909,7 @@ def test_group_by_pre_threshold_selects_only_items_with_enough_users(spark):
     for u, i, _ in rows:
         users.setdefault(i, set()).add(u)
     out = dspark.group_by(spark.createDataFrame(gb_arrow(rows)), epsilon=8.0, delta=1e-5, selection="count_laplace",
-                          pre_threshold=12, max_items=GB_MAX, seed=8)
+                          pre_threshold=12, max_items=GB_MAX, seed=8, scope="t")
     released = [r["item"] for r in out.collect()]
     assert released and all(len(users[i]) >= 12 for i in released)
     assert released == sorted(released)
@@ -981,7 +981,7 @@ def test_group_by_null_user_fails_like_duckdb(spark, monkeypatch):
     monkeypatch.setattr(dspark, "_noise_task", lambda *a: drawn.append("noise"))
     monkeypatch.setattr(dspark, "_group_by_task", lambda *a: drawn.append("noise"))
     with pytest.raises(DPParameterError) as spark_err:
-        dspark.group_by(spark.createDataFrame(rows), delta=1e-5, selection="count_laplace", **args)
+        dspark.group_by(spark.createDataFrame(rows), delta=1e-5, selection="count_laplace", **args, scope="t")
     assert str(spark_err.value) == message and drawn == []
 
 
@@ -993,7 +993,7 @@ def test_group_by_value_column_is_numeric_and_its_nulls_are_skipped_like_duckdb(
                      "v": pa.array(["1", "secret"])})
     args = dict(epsilon=1.0, aggregates=["sum"], value_col="v", lower=0, upper=2)
     with pytest.raises(DPParameterError, match=r"^dpsql: value_col := 'v' has type string, not a number") as err:
-        dspark.group_by(spark.createDataFrame(text), delta=1e-5, selection="count_laplace", **args)
+        dspark.group_by(spark.createDataFrame(text), delta=1e-5, selection="count_laplace", **args, scope="t")
     assert "secret" not in str(err.value)
     # NULL values: the translated stage skips them in the sum (the user still counts), as DuckDB does.
     rows = pa.table({"user_id": pa.array([1, 2, 3, 4], pa.int64()), "item": pa.array(["a", "a", "a", "b"]),
