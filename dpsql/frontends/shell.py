@@ -40,7 +40,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, TextIO
 
 import duckdb
 
@@ -50,6 +50,9 @@ from dpsql.core.errors import LedgerIOError, ParameterError, from_engine
 # Statements are split by DuckDB's own tokenizer: quotes, E'...' escapes, $tag$ strings and nested
 # comments split where DuckDB's parser would.
 from dpsql.core.sqltext import is_complete, split_statements
+
+if TYPE_CHECKING:
+    from dpsql.frontends.prompt import SqlCompleter
 
 __all__ = ["split_statements", "is_complete", "error_line", "Shell", "run_shell", "add_arguments", "run_args",
            "MODES"]
@@ -277,6 +280,8 @@ class Shell:
         self.exit_code: Optional[int] = None  # .exit CODE / .quit CODE: the process's exit code
         self._depth = 0
         self._noted_files: set[str] = set()
+        # The prompt's completer (interactive sessions): told when a statement may have changed the catalog.
+        self.completer: Optional["SqlCompleter"] = None
 
     @property
     def failed(self) -> bool:
@@ -300,6 +305,27 @@ class Shell:
         if is_complete(text):
             self.buffer = []
             self.run(text)
+
+    @staticmethod
+    def leaves_pending(text: str) -> bool:
+        """Whether feeding ``text`` line by line would leave an unfinished statement (the prompt's Enter rule)."""
+        buffer: list[str] = []
+        for line in text.split("\n"):
+            if not buffer and (not line.strip() or line.strip().startswith(".")):
+                continue
+            buffer.append(line)
+            if is_complete("\n".join(buffer)):
+                buffer = []
+        return bool(buffer)
+
+    def feed_entry(self, text: str) -> None:
+        """Take one entry of the prompt (one or more lines); run it all, an unfinished last statement too."""
+        for line in text.split("\n"):
+            self.feed(line)
+            if self.done:
+                self.buffer = []
+                return
+        self.finish()
 
     def feed_all(self, lines: Iterable[str]) -> None:
         """Feed a script's lines; stop at ``.quit``, an interrupt, or (with bail) its first error."""
@@ -361,6 +387,8 @@ class Shell:
             if ctrl_c.requested and not self.interactive:  # Ctrl-C came as the statement ended: the script stops
                 self.interrupted = self.done = True
         finally:
+            if self.completer is not None and parsed[-1].type not in _KEEPS_CATALOG:
+                self.completer.invalidate()
             if self.timer:
                 self._print_timer(started, cpu)
 
@@ -460,6 +488,10 @@ class Shell:
             self._error(f"Error: dpsql: unknown command {command!r}; enter .help for the list")
             return
         handler(self, arg)
+
+    @staticmethod
+    def dot_command_names() -> list[str]:
+        return sorted(_DOT_COMMANDS)
 
     def _quit(self, arg: str) -> None:
         # As the DuckDB CLI: `.exit CODE` leaves with that exit code (an integer 0-255).
@@ -673,6 +705,11 @@ _DOT_COMMANDS: dict[str, Callable[[Shell, str], None]] = {
 }
 
 
+# Statements after which the prompt's completion names need not be read again.
+_KEEPS_CATALOG = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN, duckdb.StatementType.INSERT,
+                            duckdb.StatementType.UPDATE, duckdb.StatementType.DELETE})
+
+
 def _is_interrupt(exc: Exception) -> bool:
     # Ctrl-C while the engine runs comes back as the engine's interrupt error, not as KeyboardInterrupt.
     return isinstance(exc, duckdb.InterruptException) or str(exc).strip() == "Query interrupted"
@@ -697,31 +734,6 @@ def _unquote(text: str) -> str:
 # Entry point
 # --------------------------------------------------------------------------
 
-def _setup_readline() -> Optional[Callable[[], None]]:
-    """Enable line editing and load the history file; return a function that saves it, if possible."""
-    try:
-        import readline
-    except ImportError:  # e.g. Windows without pyreadline: plain input() still works
-        return None
-    try:
-        path = Path.home() / HISTORY_FILE
-    except (RuntimeError, KeyError):  # no resolvable home directory
-        return None
-    try:
-        readline.read_history_file(path)
-    except (FileNotFoundError, PermissionError, OSError):
-        pass
-    readline.set_history_length(1000)
-
-    def save() -> None:
-        try:
-            readline.write_history_file(path)
-        except OSError:  # an unwritable home is not an error for a prompt
-            pass
-
-    return save
-
-
 def banner(shell: Shell, database: str) -> str:
     """The first lines of an interactive session: versions, database, and the ledger it charges."""
     if shell.ledger.path is None:
@@ -734,23 +746,12 @@ def banner(shell: Shell, database: str) -> str:
 
 
 def _interactive(shell: Shell, database: str) -> None:
-    save_history = _setup_readline()
+    from dpsql.frontends import prompt  # prompt_toolkit is imported only for a person at a terminal
+
     print(banner(shell, database), file=shell.stdout, flush=True)
-    try:
-        while not shell.done:
-            try:
-                line = input(CONTINUATION if shell.pending else PROMPT)
-            except EOFError:
-                print(file=shell.stdout)
-                break
-            except KeyboardInterrupt:  # Ctrl-C drops the statement being typed, as in other SQL shells
-                print(file=shell.stdout)
-                shell.cancel()
-                continue
-            shell.feed(line)
-    finally:
-        if save_history is not None:
-            save_history()
+    prompt.read_entries(shell, HISTORY_FILE, PROMPT, CONTINUATION)
+    if not shell.done:  # Ctrl-D: end the prompt's line, as a terminal shell does
+        print(file=shell.stdout)
 
 
 def _ledger_path(ledger: Optional[str]) -> Optional[Path]:

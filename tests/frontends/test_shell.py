@@ -479,7 +479,7 @@ def test_in_a_real_terminal(tmp_path):
     tmux("new-session", "-d", "-s", "s", "-x", "120", "-y", "50", "-c", str(tmp_path), command)
     try:
         tmux("set-option", "-t", "s", "remain-on-exit", "on")  # the last screen stays readable
-        wait_for(r"^dpsql> $")
+        wait_for(r"^dpsql> ?$")
         assert "in-memory ledger, forgotten at exit" in screen()
         type_line(".mode markdown")
         type_line("SELECT 41 + 1 AS answer;")
@@ -487,7 +487,7 @@ def test_in_a_real_terminal(tmp_path):
         type_line(".mode duckbox")
         type_line(SETUP)
         type_line("SELECT item FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5,")
-        wait_for(r"^   \.\.\.> $")  # a statement continues on the next line
+        wait_for(r"^   \.\.\.> ?$")  # a statement continues on the next line
         type_line("max_items := 10);")
         text = wait_for(r"│ w6 +│")
         assert re.findall(r"│ (w\d) +│", text) == [f"w{i}" for i in range(7)]
@@ -614,3 +614,52 @@ def test_budget_dot_command_usage_errors_name_the_fix():
 def test_budget_dot_command_is_in_the_help():
     r = shell(".help")
     assert ".budget set SCOPE EPSILON DELTA" in r.stdout and "dp_set_budget(" in r.stdout
+
+
+# ---------------------------------------------------------------- the prompt (prompt_toolkit)
+
+@pytest.mark.parametrize("text, pending", [
+    ("SELECT 1;", False),
+    ("SELECT 1", True),
+    ("SELECT 1,\n  2;", False),
+    ("SELECT ';'", True),
+    (".tables", False),
+    ("SELECT 1;\n.tables", False),
+    ("", False),
+    ("SELECT 1; -- done", False),
+])
+def test_enter_runs_only_complete_input(text, pending):
+    assert shell_mod.Shell.leaves_pending(text) is pending
+
+
+def test_a_prompt_entry_runs_whole_and_an_unfinished_one_on_alt_enter():
+    sh = shell_mod.Shell(dpsql.connect(), interactive=True, out=io.StringIO(), err=io.StringIO(), mode="csv")
+    sh.feed_entry("SELECT 1 AS a,\n  2 AS b;\n.mode line\nSELECT 3 AS c")
+    assert sh.out.getvalue() == "a,b\n1,2\n    c = 3\n" and not sh.pending
+
+
+def test_completion_of_keywords_tables_columns_and_dp_functions():
+    from prompt_toolkit.completion import CompleteEvent
+    from prompt_toolkit.document import Document
+
+    from dpsql.frontends.prompt import SqlCompleter
+
+    sh = shell_mod.Shell(dpsql.connect(), interactive=True, out=io.StringIO(), err=io.StringIO())
+    completer = sh.completer = SqlCompleter(sh.con, sh.dot_command_names())
+
+    def complete(text: str) -> list[str]:
+        return [c.text for c in completer.get_completions(Document(text), CompleteEvent())]
+
+    assert complete("SELECT * FROM dp_set_union_w") == ["dp_set_union_weighted_gaussian",
+                                                        "dp_set_union_weighted_laplace"]
+    assert not any(name.startswith("dp__") for name in complete("SELECT dp_"))  # dpsql's helpers are not offered
+    assert complete("SEL") == ["SELECT"] and complete("sel") == ["select"]
+    assert complete("FROM user_ev") == []
+    sh.feed("CREATE TABLE user_events AS SELECT 1 AS visitor_id;")  # a new table: the names are read again
+    assert complete("FROM user_ev") == ["user_events"]
+    assert complete("SELECT visitor") == ["visitor_id"]
+    assert complete(".ta") == [".tables"]
+    sh.feed("SELECT 1 AS unrelated_name;")
+    assert not completer.stale  # a query does not make the completer read the catalog again
+    sh.feed("DROP TABLE user_events;")
+    assert complete("FROM user_ev") == []
