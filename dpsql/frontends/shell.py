@@ -5,7 +5,8 @@ statement is a dot command (DuckDB's everyday ones: ``.mode``, ``.output``,
 ``.timer``, ``.schema``, ``.read``, ``.maxrows``, ``.tables``, ``.bail``,
 ``.help``, ``.quit``; and dpsql's ``.budget``); anything else accumulates until a statement ends with
 ``;`` outside quotes and comments, and then every statement of the input runs
-in order. Errors are one ``Error: ...`` line on stderr. ``-c SQL`` stops at the
+in order. Errors are one ``Error: ...`` line on stderr, followed, for an error DuckDB places in the SQL
+text (parser, binder, catalog), by its ``LINE n: ...`` excerpt and ``^`` marker. ``-c SQL`` stops at the
 first error; a script on standard input goes on after an error unless
 ``-bail``; both exit 1 if anything failed. The prompt reports errors and
 carries on.
@@ -54,7 +55,7 @@ from dpsql.core.sqltext import is_complete, split_statements
 if TYPE_CHECKING:
     from dpsql.frontends.prompt import SqlCompleter
 
-__all__ = ["split_statements", "is_complete", "error_line", "Shell", "run_shell", "add_arguments", "run_args",
+__all__ = ["split_statements", "is_complete", "error_line", "error_text", "Shell", "run_shell", "add_arguments", "run_args",
            "MODES"]
 
 HISTORY_FILE = ".dpsql_history"
@@ -142,6 +143,55 @@ def error_line(exc: BaseException) -> str:
         text += (" (dpsql: pass tables and columns as quoted strings, numbers such as epsilon := 1.0 unquoted,"
                  " and always epsilon and delta)")
     return f"Error: {text}"
+
+
+def error_text(exc: BaseException) -> str:
+    """:func:`error_line`, followed by the ``LINE n: ...`` excerpt and its ``^`` marker when DuckDB gave one
+    (a parser, binder or catalog error points at the SQL text the user typed). A dpsql error is one line."""
+    line = error_line(exc)
+    if from_engine(exc) is not exc:
+        return line
+    lines = str(exc).splitlines()
+    start = next((i for i, text in enumerate(lines) if text.startswith("LINE ")), None)
+    if start is None:
+        return line
+    excerpt = [text.rstrip() for text in lines[start:start + 2]]
+    return "\n".join([line, *excerpt])
+
+
+# Errors found while binding a statement: DuckDB's relation API reports them without the excerpt that
+# running the same text as a statement adds.
+_BIND_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
+_CONTEXT_PREFIX = "PREPARE dpsql_shell_error_context AS\n"
+_LINE_NUMBER = re.compile(r"^LINE (\d+):", re.M)
+
+
+def _with_context(exc: duckdb.Error, con: duckdb.DuckDBPyConnection, sql: str) -> duckdb.Error:
+    """``exc`` with DuckDB's excerpt of ``sql`` where the error is, found by preparing ``sql`` again.
+
+    Only called for an error raised while binding: nothing has run. PREPARE binds and never executes; its
+    own line is the first, so the excerpt's line numbers are shifted back by one.
+    """
+    try:
+        prepared = duckdb.extract_statements(sql)
+    except duckdb.Error:
+        return exc
+    if len(prepared) != 1:
+        return exc
+    try:
+        con.execute(_CONTEXT_PREFIX + sql)
+    except duckdb.Error as again:
+        text = str(again)
+        head = str(exc).split("\n", 1)[0]
+        found = _LINE_NUMBER.search(text)
+        if text.split("\n", 1)[0] != head or found is None or int(found.group(1)) < 2:
+            return exc
+        excerpt = _LINE_NUMBER.sub(lambda m: f"LINE {int(m.group(1)) - 1}:", text[found.start():])
+        return type(exc)(f"{exc}\n\n{excerpt}")
+    else:  # binding succeeded this time: keep the error as it came
+        with contextlib.suppress(duckdb.Error):
+            con.execute("DEALLOCATE dpsql_shell_error_context")
+    return exc
 
 
 # --------------------------------------------------------------------------
@@ -361,7 +411,7 @@ class Shell:
                 if _is_interrupt(exc):
                     self._interrupted()
                 else:
-                    self._error(error_line(exc))
+                    self._error(error_text(exc))
                 return False
         return True
 
@@ -413,7 +463,12 @@ class Shell:
 
     def _compute(self, sql: str, last: duckdb.Statement) -> Optional[tuple[Any, ...]]:
         """Run ``sql`` and hold its rows (in the worker thread): None, ("plan", text) or ("rows", names, rows)."""
-        relation = self.con.sql(sql)
+        try:
+            relation = self.con.sql(sql)
+        except _BIND_ERRORS as exc:
+            if "\nLINE " in str(exc):
+                raise
+            raise _with_context(exc, self.con, sql) from exc
         if relation is None or (not _query_only(last) and relation.columns in _REPORT_COLUMNS):
             return None
         if last.type == duckdb.StatementType.EXPLAIN and relation.columns == ["explain_key", "explain_value"]:

@@ -91,12 +91,15 @@ def test_piped_stdin(runs):
 
 
 @pytest.mark.parametrize("name", ["error", "stdin_bail"])
-def test_error_is_one_line_and_stops(runs, name):
+def test_error_is_one_line_with_duckdbs_excerpt_and_stops(runs, name):
     r = runs[name]
     assert_clean(r)
     assert r.returncode != 0
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ")
+    lines = r.stderr.rstrip().splitlines()
+    # One line, then DuckDB's excerpt of the statement and a ^ under the error's place, as in DuckDB's CLI.
+    assert len(lines) == 3 and lines[0].startswith("Error: ") and lines[1].startswith("LINE 1: ")
+    place = "no_such_table" if name == "error" else "SELEC"
+    assert lines[2][lines[1].index(place):].startswith("^" * len(place)), r.stderr
     assert "never_run" not in r.stdout
 
 
@@ -105,8 +108,8 @@ def test_piped_script_goes_on_after_an_error_unless_bail(runs):
     assert_clean(r)
     assert r.returncode == 1  # the script had errors
     assert "after_error" in r.stdout
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 2 and all(line.startswith("Error: ") for line in lines)
+    errors = [line for line in r.stderr.splitlines() if not line.startswith(("LINE ", " "))]
+    assert len(errors) == 2 and all(line.startswith("Error: ") for line in errors)
 
 
 def test_csv_and_json_flags(runs):
@@ -140,6 +143,20 @@ def test_database_file_persists(tmp_path):
     assert shell("CREATE TABLE kept AS SELECT 5 AS five;", database=db).returncode == 0
     r = shell("SELECT five FROM kept;", database=db)
     assert r.returncode == 0 and "5" in r.stdout
+
+
+@pytest.mark.parametrize("sql, line, place", [
+    ("SELECT a FROM (SELECT 1 AS b);", "LINE 1: SELECT a FROM (SELECT 1 AS b)", "a FROM"),  # binder (a query)
+    ("SELECT 1,\n  no_such_function(2);", "LINE 2:   no_such_function(2)", "no_such"),  # catalog, line 2
+    ("CREATE TABLE c AS SELECT zz;", "LINE 1: CREATE TABLE c AS SELECT zz", "zz"),  # binder (not a query)
+    ("SELECT 1 +;", "LINE 1: SELECT 1 +", ""),  # parser: at the end
+])
+def test_duckdb_errors_show_the_line_and_place(sql, line, place):
+    r = shell(stdin=sql)
+    head, *excerpt = r.stderr.rstrip("\n").splitlines()
+    assert r.returncode == 1 and head.startswith("Error: ") and excerpt[0] == line, r.stderr
+    caret = excerpt[1].index("^")
+    assert excerpt[0][caret:].startswith(place) if place else caret >= len(excerpt[0]) - 1
 
 
 def test_dpsql_macros_and_parameter_errors():
@@ -239,8 +256,10 @@ def test_wrong_typed_or_missing_parameter_gets_a_dpsql_hint(call):
 
 def test_bare_table_identifier_gets_a_hint_and_ledger_is_readable(tmp_path):
     r = shell(f"{SETUP} SELECT * FROM dp_set_union(t, epsilon := 1.0, delta := 1e-5);")
-    assert r.returncode == 1 and "quote it: dp_set_union('events'" in r.stderr
-    assert "\n" not in r.stderr.strip()
+    first, *excerpt = r.stderr.rstrip().splitlines()
+    assert r.returncode == 1 and "quote it: dp_set_union('events'" in first
+    assert excerpt[0] == "LINE 1: SELECT * FROM dp_set_union(t, epsilon := 1.0, delta := 1e-5)"
+    assert excerpt[0][excerpt[1].index("^"):].startswith("dp_set_union(t,")
     db = str(tmp_path / "b.duckdb")
     r = shell(f"{SETUP} SELECT count(*) >= 0 AS ok FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5); "
               "SELECT scope, epsilon_spent FROM dp_budget();", database=db)
