@@ -303,8 +303,8 @@ def test_mode_flags_and_unknown_mode():
     out = io.StringIO()
     assert cli_main(["shell", "-line", "-c", "SELECT 7 AS seven;"], out=out, err=err) == 0
     assert out.getvalue() == "seven = 7\n"
-    r = shell(stdin=".mode box\nSELECT 1 AS one;\n")
-    assert r.returncode == 1 and "Error: dpsql: .mode 'box' is not supported; use one of duckbox, csv" in r.stderr
+    r = shell(stdin=".mode html\nSELECT 1 AS one;\n")
+    assert r.returncode == 1 and "Error: dpsql: .mode 'html' is not supported; use one of duckbox, box" in r.stderr
     assert "one" in r.stdout  # the mode stayed duckbox and the script went on
 
 
@@ -682,3 +682,123 @@ def test_completion_of_keywords_tables_columns_and_dp_functions():
     assert not completer.stale  # a query does not make the completer read the catalog again
     sh.feed("DROP TABLE user_events;")
     assert complete("FROM user_ev") == []
+
+
+# ---------------------------------------------------------------- DuckDB CLI's everyday commands and flags
+
+def test_several_c_options_all_run_in_order_and_cmd_and_init_run_first(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    assert cli_main(["shell", "-csv", "-c", "SELECT 1 AS a;", "-c", "SELECT 2 AS b;"], out=out, err=err) == 0
+    assert out.getvalue() == "a\n1\nb\n2\n"
+    init = tmp_path / "init.sql"
+    init.write_text(".mode csv\nCREATE TABLE seen AS SELECT 'init' AS step;\n")
+    out = io.StringIO()
+    code = cli_main(["shell", "-init", str(init), "-cmd", "INSERT INTO seen VALUES ('cmd1');", "-cmd",
+                     ".headers off", "-c", "SELECT string_agg(step, ' ') FROM seen;"], out=out, err=err)
+    assert (code, out.getvalue(), err.getvalue()) == (0, "init cmd1\n", "")
+    out = io.StringIO()  # a failing -c ends the run: the next does not run
+    assert cli_main(["shell", "-c", "SELEC 1;", "-c", "SELECT 'never' AS never_run;"], out=out, err=err) == 1
+    assert "never_run" not in out.getvalue()
+    r = shell("SELECT 1;", init=str(tmp_path / "missing.sql"))
+    assert r.returncode == 2 and r.stderr.startswith("Error: dpsql: -init") and "no such file" in r.stderr
+
+
+def test_cmd_runs_before_piped_input():
+    r = shell(stdin="SELECT 1 AS a, NULL AS b;\n", commands_first=[".mode list", ".nullvalue (null)"])
+    assert (r.returncode, r.stdout) == (0, "a|b\n1|(null)\n")
+
+
+LIST_QUERY = "SELECT 1 AS a, 'x|y' AS b, NULL AS c UNION ALL SELECT 22, 'z', 3 ORDER BY a;"
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("list", "a|b|c\n1|x|y|\n22|z|3\n"),
+    ("tabs", "a\tb\tc\n1\tx|y\t\n22\tz\t3\n"),
+    ("table", "+----+-----+------+\n| a  |  b  |  c   |\n+----+-----+------+\n| 1  | x|y | NULL |\n"
+              "| 22 | z   | 3    |\n+----+-----+------+\n"),
+    ("box", "┌────┬─────┬──────┐\n│ a  │  b  │  c   │\n├────┼─────┼──────┤\n│ 1  │ x|y │ NULL │\n"
+            "│ 22 │ z   │ 3    │\n└────┴─────┴──────┘\n"),
+])
+def test_list_tabs_table_and_box_modes(mode, expected):
+    r = shell(stdin=f".mode {mode}\n{LIST_QUERY}\n")
+    assert (r.returncode, r.stderr, r.stdout) == (0, "", expected)
+
+
+def test_headers_nullvalue_and_separator():
+    r = shell(stdin=f".mode list\n.headers off\n.nullvalue NIL\n{LIST_QUERY}\n.separator ', ' ';\\n'\n{LIST_QUERY}\n"
+                    f".mode csv\n.headers on\n{LIST_QUERY}\n.nullvalue\n.separator ;\n{LIST_QUERY}\n")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == ("1|x|y|NIL\n22|z|3\n"            # list, no headers, NULL as NIL
+                        "1, x|y, NIL;\n22, z, 3;\n"       # separators with escapes
+                        'a,b,c\n1,x|y,NIL\n22,z,3\n'      # .mode csv: its own separator again
+                        'a;b;c\n1;x|y;\n22;z;3\n')        # NULL back to csv's empty field; ';' separated
+    r = shell(stdin=".headers maybe\n.separator\n")
+    assert r.returncode == 1 and "Error: dpsql: .headers needs on or off" in r.stderr
+    assert "Error: dpsql: .separator takes a COLUMN separator" in r.stderr
+    r = shell(stdin=".nullvalue ∅\nSELECT NULL AS n;\n")  # duckbox too
+    assert "∅" in r.stdout
+
+
+def test_once_sends_only_the_next_result_to_a_file(tmp_path):
+    target = tmp_path / "once.csv"
+    r = shell(stdin=f".mode csv\n.once '{target}'\nSELECT 1 AS a;\nSELECT 2 AS b;\n.once {target}.tables\n.tables\n"
+                    "CREATE TABLE tt (i INTEGER);\n")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert target.read_text() == "a\n1\n" and r.stdout == "b\n2\n"
+    assert Path(f"{target}.tables").read_text() == ""  # .tables ran before the table existed
+    r = shell(stdin=".once\n.once x.dpsql-ledger\n")
+    assert r.returncode == 1 and "Error: dpsql: .once needs a FILE" in r.stderr
+    assert "Error: dpsql: .once 'x.dpsql-ledger' is a privacy ledger" in r.stderr
+
+
+def test_print_and_echo():
+    r = shell(stdin=".print 'hello there' world\\tend\n.echo on\nSELECT 1 AS one;\n.echo off\nSELECT 2 AS two;\n",
+              mode="csv")
+    assert r.stdout == "hello there world\tend\nSELECT 1 AS one;\none\n1\n.echo off\ntwo\n2\n"
+
+
+def test_open_and_databases_follow_the_ledger_rule(tmp_path):
+    db = tmp_path / "opened.duckdb"
+    r = shell(stdin=f".databases\nCREATE TABLE gone (i INTEGER);\n.open {db}\n{SETUP}\n{MACRO}\n.databases\n"
+                    ".tables\n.open\n.tables\n.open -readonly\n.open a b\n")
+    assert r.returncode == 1, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "memory" and f"opened: {db}" in lines and lines.count("t") == 1 and "gone" not in lines
+    assert "Error: dpsql: .open -readonly needs a FILE" in r.stderr and "Error: dpsql: .open takes one FILE" in r.stderr
+    # the release after .open was charged to the sidecar of the file it opened
+    assert [(x.table, x.epsilon) for x in Ledger(f"{db}.dpsql-ledger").releases()] == [("opened.main.t", 1.0)]
+    r = shell(stdin=f".open -readonly {db}\nCREATE TABLE z (i INTEGER);\n.databases\n.open {db}.dpsql-ledger\n")
+    assert "read-only" in r.stderr and f"opened: {db} (read-only)" in r.stdout
+    assert "is a privacy ledger, not a database" in r.stderr
+
+
+def test_import_csv_and_parquet_creates_or_appends(tmp_path):
+    data = tmp_path / "in.csv"
+    data.write_text("user_id,item\nu1,a\nu2,b\n")
+    parquet = tmp_path / "in.parquet"
+    assert shell(f"COPY (SELECT 'u3' AS user_id, 'c' AS item) TO '{parquet}';").returncode == 0
+    r = shell(stdin=f".import {data} events\n.import {parquet} events\n.import {data} \"Other Name\"\n.mode csv\n"
+                    "SELECT user_id, item FROM events ORDER BY 1;\nSELECT count(*) AS n FROM \"Other Name\";\n"
+                    f".import {tmp_path / 'missing.csv'} x\n.import only_one\n")
+    assert r.returncode == 1
+    assert r.stdout == "user_id,item\nu1,a\nu2,b\nu3,c\nn\n2\n"
+    assert "Error: dpsql: .import: no file" in r.stderr and "Error: dpsql: .import takes FILE TABLE" in r.stderr
+
+
+def test_dump_rebuilds_tables_and_views():
+    setup = ("CREATE TABLE d (i INTEGER, s VARCHAR, l INTEGER[], dt DATE, x DOUBLE, b BOOLEAN); "
+             "INSERT INTO d VALUES (1, 'it''s', [1, 2], DATE '2024-01-02', 'nan', true), (NULL, NULL, NULL, NULL, "
+             "1.5, NULL); CREATE VIEW dv AS SELECT i FROM d; CREATE TEMP TABLE scratch (i INTEGER);")
+    r = shell(f"{setup}\n.dump\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "BEGIN TRANSACTION;",
+        "CREATE TABLE d(i INTEGER, s VARCHAR, l INTEGER[], dt DATE, x DOUBLE, b BOOLEAN);",
+        "INSERT INTO \"d\" VALUES(1, 'it''s', '[1, 2]', '2024-01-02', 'nan', true);",
+        "INSERT INTO \"d\" VALUES(NULL, NULL, NULL, NULL, 1.5, NULL);",
+        "CREATE VIEW dv AS SELECT i FROM d;",
+        "COMMIT;"]
+    again = shell(f"{r.stdout}\n.mode csv\nSELECT * FROM d ORDER BY i;\nSELECT * FROM dv;\n")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "i,s,l,dt,x,b\n1,it's,\"[1, 2]\",2024-01-02,nan,true\n,,,,1.5,\ni\n1\n\n"
+    assert shell(f"{setup}\n.dump dv\n").stdout.splitlines()[1:-1] == ["CREATE VIEW dv AS SELECT i FROM d;"]
