@@ -464,69 +464,131 @@ def test_banner_names_the_ledger():
 
 # ---------------------------------------------------------------- a real terminal
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_in_a_real_terminal(tmp_path):
-    """What a person sees: the banner, a dot command, a release, Ctrl-C on a long query, .quit."""
-    server = ["tmux", "-L", f"dpsql-test-{os.getpid()}"]  # a private tmux server, killed at the end
-    env = dict(os.environ, PYTHONIOENCODING="utf-8", TERM="xterm", HOME=str(tmp_path))
-    exit_file = tmp_path / "exit-status"
-    # tmux runs the command with sh: the shell's exit status is written to a file when it ends.
-    command = f"{shlex.quote(sys.executable)} -m dpsql shell; echo $? > {shlex.quote(str(exit_file))}"
+class Terminal:
+    """``dpsql shell`` in a tmux window of its own: keys typed, the screen read, the exit status kept."""
 
-    def tmux(*args: str) -> str:
-        return subprocess.run([*server, *args], capture_output=True, text=True, check=True, env=env,
+    def __init__(self, tmp_path: Path):
+        self.server = ["tmux", "-L", f"dpsql-test-{os.getpid()}"]  # a private tmux server, killed at the end
+        self.env = dict(os.environ, PYTHONIOENCODING="utf-8", TERM="xterm", HOME=str(tmp_path))
+        self.exit_file = tmp_path / "exit-status"
+        # tmux runs the command with sh: the shell's exit status is written to a file when it ends.
+        command = f"{shlex.quote(sys.executable)} -m dpsql shell; echo $? > {shlex.quote(str(self.exit_file))}"
+        self.tmux("new-session", "-d", "-s", "s", "-x", "120", "-y", "50", "-c", str(tmp_path), command)
+        self.tmux("set-option", "-t", "s", "remain-on-exit", "on")  # the last screen stays readable
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run([*self.server, *args], capture_output=True, text=True, check=True, env=self.env,
                               timeout=10).stdout
 
-    def screen() -> str:
-        return tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", "s")
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", "s")
 
-    def wait_for(pattern: str, timeout: float = 8.0) -> str:
+    def wait_for(self, pattern: str, timeout: float = 8.0, count: int = 1) -> str:
         deadline = time.monotonic() + timeout
         while True:
-            text = screen()
-            if re.search(pattern, text, re.M):
+            text = self.screen()
+            if len(re.findall(pattern, text, re.M)) >= count:
                 return text
             if time.monotonic() > deadline:
-                raise AssertionError(f"{pattern!r} did not appear; the screen shows:\n{text}")
+                raise AssertionError(f"{pattern!r} did not appear {count} time(s); the screen shows:\n{text}")
             time.sleep(0.1)
 
-    def type_line(text: str) -> None:
+    def type(self, text: str) -> None:
+        self.tmux("send-keys", "-t", "s", "-l", text)
+
+    def keys(self, *names: str) -> None:
+        self.tmux("send-keys", "-t", "s", *names)
+
+    def type_line(self, text: str) -> None:
         # A tmux argument ending in ';' separates tmux commands: a trailing space keeps it literal.
-        tmux("send-keys", "-t", "s", "-l", text + " ")
-        tmux("send-keys", "-t", "s", "Enter")
+        self.type(text + " ")
+        self.keys("Enter")
 
-    tmux("new-session", "-d", "-s", "s", "-x", "120", "-y", "50", "-c", str(tmp_path), command)
-    try:
-        tmux("set-option", "-t", "s", "remain-on-exit", "on")  # the last screen stays readable
-        wait_for(r"^dpsql> ?$")
-        assert "in-memory ledger, forgotten at exit" in screen()
-        type_line(".mode markdown")
-        type_line("SELECT 41 + 1 AS answer;")
-        wait_for(r"^\| 42 +\|$")
-        type_line(".mode duckbox")
-        type_line(SETUP)
-        type_line("SELECT item FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5,")
-        wait_for(r"^   \.\.\.> ?$")  # a statement continues on the next line
-        type_line("max_items := 10);")
-        text = wait_for(r"│ w6 +│")
-        assert re.findall(r"│ (w\d) +│", text) == [f"w{i}" for i in range(7)]
-        type_line("SELECT count(*) FROM range(30000000000) a WHERE hash(a.range) % 7 = 3;")
-        time.sleep(1.0)
-        started = time.monotonic()
-        tmux("send-keys", "-t", "s", "C-c")
-        wait_for(r"^(\^C)?Error: interrupted$")
-        assert time.monotonic() - started < 5
-        type_line("SELECT 'still here' AS s;")
-        wait_for(r"│ still here │")
-        type_line(".quit")
+    def exit_status(self) -> str:
         deadline = time.monotonic() + 8
-        while not exit_file.exists() or not exit_file.read_text().strip():
-            assert time.monotonic() < deadline, screen()
+        while not self.exit_file.exists() or not self.exit_file.read_text().strip():
+            assert time.monotonic() < deadline, self.screen()
             time.sleep(0.1)
-        assert exit_file.read_text().strip() == "0", screen()
-        assert "Traceback" not in screen()
+        return self.exit_file.read_text().strip()
+
+    def close(self) -> None:
+        subprocess.run([*self.server, "kill-server"], capture_output=True, env=self.env, timeout=10)
+
+
+@pytest.fixture
+def terminal(tmp_path):
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    term = Terminal(tmp_path)
+    try:
+        yield term
     finally:
-        subprocess.run([*server, "kill-server"], capture_output=True, env=env, timeout=10)
+        term.close()
+
+
+def test_in_a_real_terminal(terminal):
+    """What a person sees: the banner, a dot command, a release, Ctrl-C on a long query, .quit."""
+    t = terminal
+    t.wait_for(r"^dpsql> ?$")
+    assert "in-memory ledger, forgotten at exit" in t.screen()
+    t.type_line(".mode markdown")
+    t.type_line("SELECT 41 + 1 AS answer;")
+    t.wait_for(r"^\| 42 +\|$")
+    t.type_line(".mode duckbox")
+    t.type_line(SETUP)
+    t.type_line("SELECT item FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5,")
+    t.wait_for(r"^   \.\.\.> ?$")  # a statement continues on the next line
+    t.type_line("max_items := 10);")
+    text = t.wait_for(r"│ w6 +│")
+    assert re.findall(r"│ (w\d) +│", text) == [f"w{i}" for i in range(7)]
+    t.type_line("SELECT count(*) FROM range(30000000000) a WHERE hash(a.range) % 7 = 3;")
+    time.sleep(1.0)
+    started = time.monotonic()
+    t.keys("C-c")
+    t.wait_for(r"^(\^C)?Error: interrupted$")
+    assert time.monotonic() - started < 5
+    t.type_line("SELECT 'still here' AS s;")
+    t.wait_for(r"│ still here │")
+    t.type_line(".quit")
+    assert t.exit_status() == "0", t.screen()
+    assert "Traceback" not in t.screen()
+
+
+def test_prompt_in_a_real_terminal(terminal, tmp_path):
+    """The prompt: a multi-line statement runs and comes back whole with Up, Tab completes a table and a dp_
+    function, Ctrl-C clears what is typed, Ctrl-D leaves; the history file holds the statement as one entry."""
+    t = terminal
+    t.wait_for(r"^dpsql> ?$")
+    t.type_line("CREATE TABLE user_events AS SELECT 'u1' AS user_id, 'a' AS item;")
+    t.type_line("SELECT 6 *")
+    t.wait_for(r"^   \.\.\.> ?$")  # Enter in an unfinished statement starts a new line of it
+    t.type_line("7 AS answer;")
+    t.wait_for(r"│\s+42 │\n└─+┘\ndpsql> ?$")  # keys go to the prompt once it is drawn again
+    t.keys("Up")  # the whole statement comes back, both lines, and runs again as one
+    t.wait_for(r"^   \.\.\.> 7 AS answer; ?$", count=2)
+    t.keys("Enter")
+    t.wait_for(r"│\s+42 │\n└─+┘\ndpsql> ?$")
+    assert len(re.findall(r"│\s+42 │", t.screen())) == 2
+    t.type("SELECT count(*) AS n_events FROM user_ev")
+    t.keys("Tab")
+    t.wait_for(r"^dpsql> SELECT count\(\*\) AS n_events FROM user_events ?$")
+    t.type_line(";")
+    t.wait_for(r"│\s+1 │")
+    t.type("SELECT round(dp_gaussian_sig")
+    t.keys("Tab")
+    t.wait_for(r"^dpsql> SELECT round\(dp_gaussian_sigma ?$")
+    t.type_line("(1.0, 1e-5), 3) AS sigma;")
+    t.wait_for(r"│\s+3\.731 │\n└─+┘\ndpsql> ?$")  # Ctrl-C below must reach the prompt, not a statement
+    t.type("SELECT 'discarded' AS")
+    t.keys("C-c")  # clears the input: what follows is a statement of its own
+    t.type_line("SELECT 'kept' AS k;")
+    t.wait_for(r"│ kept    │\n└─+┘\ndpsql> ?$")
+    assert "discarded │" not in t.screen() and "Error" not in t.screen()
+    t.keys("C-d")
+    assert t.exit_status() == "0", t.screen()
+    assert "Traceback" not in t.screen()
+    history = (tmp_path / ".dpsql_history").read_text(encoding="utf-8")
+    assert "\n+SELECT 6 * \n+7 AS answer; \n" in history  # one entry of two lines
 
 
 # ---------------------------------------------------------------- Ctrl-C and the charge
