@@ -1,28 +1,28 @@
 """``dpsql shell``: an SQL prompt on a DuckDB connection with dpsql registered.
 
-Input is read line by line. A line starting with ``.`` at the start of a
-statement is a dot command (DuckDB's everyday ones: ``.mode``, ``.output``,
-``.timer``, ``.schema``, ``.read``, ``.maxrows``, ``.tables``, ``.bail``,
-``.help``, ``.quit``; and dpsql's ``.budget``); anything else accumulates until a statement ends with
-``;`` outside quotes and comments, and then every statement of the input runs
-in order. Errors are one ``Error: ...`` line on stderr, followed, for an error DuckDB places in the SQL
-text (parser, binder, catalog), by its ``LINE n: ...`` excerpt and ``^`` marker. ``-c SQL`` stops at the
-first error; a script on standard input goes on after an error unless
-``-bail``; both exit 1 if anything failed. The prompt reports errors and
-carries on.
+A person at a terminal types at a prompt (:mod:`dpsql.frontends.prompt`: editing, whole-statement history,
+Tab completion); ``-c``, ``-cmd``, ``-init`` and piped standard input are read as plain lines. A line
+starting with ``.`` at the start of a statement is a dot command (DuckDB's everyday ones: ``.mode``,
+``.output``, ``.once``, ``.headers``, ``.nullvalue``, ``.separator``, ``.print``, ``.echo``, ``.timer``,
+``.schema``, ``.tables``, ``.databases``, ``.open``, ``.read``, ``.import``, ``.dump``, ``.maxrows``,
+``.bail``, ``.help``, ``.quit``; and dpsql's ``.budget``); anything else accumulates until a statement
+ends with ``;`` outside quotes and comments, and then every statement of the input runs in order.
+Errors are one ``Error: ...`` line on stderr, followed, for an error DuckDB places in the SQL text
+(parser, binder, catalog), by its ``LINE n: ...`` excerpt and ``^`` marker. ``-c SQL`` stops at the
+first error; a script on standard input goes on after an error unless ``-bail``; both exit 1 if
+anything failed. The prompt reports errors and carries on.
 
-Output modes (``.mode``, or the flags ``-csv``, ``-json``, ``-markdown``,
-``-line``): duckbox (default), csv, json, jsonlines, markdown, line. Each result
-is read once and held, then drawn: a release is never run twice to be shown.
-duckbox shows ``.maxrows`` rows (default 40), except for a release (a statement
-that charged the ledger), which is shown whole, or as CSV when it is too long
-for a box, so that no released row is lost. Ctrl-C stops a running statement
-(nothing is charged if it comes before the charge); once a statement has
-charged a release it finishes and its rows are shown. Ctrl-C ends a script.
+Output modes (``.mode``, or the flags ``-csv``, ``-json``, ``-markdown``, ``-line``, ``-list``,
+``-table``, ``-box``): duckbox (default), box, table, csv, list, tabs, json, jsonlines, markdown, line.
+Each result is read once and held, then drawn: a release is never run twice to be shown. duckbox shows
+``.maxrows`` rows (default 40), except for a release (a statement that charged the ledger), which is
+shown whole, or as CSV when it is too long for a box, so that no released row is lost; every other mode
+shows every row. Ctrl-C stops a running statement (nothing is charged if it comes before the charge);
+once a statement has charged a release it finishes and its rows are shown. Ctrl-C ends a script.
 
 Ledger rule, the same as the other commands': a session charges ``--ledger
 FILE`` if given, else the sidecar ``DATABASE.dpsql-ledger`` of the database it
-opens (what ``dpsql budget show DATABASE`` reads), else, with no database, an
+opens (what ``dpsql budget show DATABASE`` reads; ``.open FILE`` follows the same rule), else, with no database, an
 in-memory ledger forgotten at exit. ``dpsql set-union data.parquet`` charges
 ``data.parquet.dpsql-ledger`` because that is the file it opens; to charge the
 same ledger from an in-memory shell, pass ``--ledger data.parquet.dpsql-ledger``
@@ -72,7 +72,9 @@ _MAX_READ_DEPTH = 16
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 HELP = """\
-Enter SQL statements terminated by ';'. A statement may span several lines.
+Enter SQL statements terminated by ';'. A statement may span several lines: Enter runs it once it ends
+with ';' (Alt-Enter runs it as it is); Up recalls a whole statement; Tab completes keywords, tables,
+columns and functions (dp_...); Ctrl-C clears the input.
 dpsql's macros are registered on this connection, for example:
   SELECT * FROM dp_set_union('my_table', epsilon := 1.0, delta := 1e-5, max_items := 100);
 Methods (method := '...'; default {default}): {methods}.
@@ -88,11 +90,26 @@ Dot commands (at the start of a line):
   .help               show this text
   .tables             list tables and views
   .schema [PATTERN]   CREATE statements of tables, views and indexes (names matching PATTERN, LIKE)
+  .databases          the attached databases and their files
+  .open [-readonly] [FILE]
+                      go on with the database FILE (no FILE: a new in-memory one); its ledger by the rule
+                      above (--ledger FILE if given, else FILE.dpsql-ledger)
   .mode [MODE]        output mode: {modes} (no MODE: show it)
+  .headers on|off     the names line of csv, list and tabs
+  .nullvalue [TEXT]   how NULL is shown (no TEXT: the mode's own, an empty field in csv, list and tabs)
+  .separator COL [ROW]
+                      the separators of csv, list and tabs (\\t, \\n read as tab and newline); .mode resets them
   .output [FILE]      send results to FILE (no FILE: back to stdout)
+  .once FILE          send the next command's results to FILE
+  .print TEXT         write TEXT
+  .echo on|off        write each command before running it
   .maxrows [N]        rows duckbox shows (default {maxrows}); a release is always shown whole
   .timer on|off       print the run time of each statement
   .read FILE          run the SQL and dot commands of FILE
+  .import FILE TABLE  load a CSV, Parquet or JSON file (DuckDB's readers, by the file's extension) into TABLE,
+                      created if it does not exist
+  .dump [PATTERN]     SQL that rebuilds this database's tables (CREATE TABLE and an INSERT per row) and views,
+                      those matching PATTERN (LIKE); not indexes, sequences, macros, types or other databases
   .bail on|off        stop a script (-c, standard input, .read) at its first error
   .budget [show]      spent and remaining (epsilon, delta) per scope of this session's ledger
   .budget set SCOPE EPSILON DELTA
@@ -102,7 +119,8 @@ Dot commands (at the start of a line):
                       remove the budget of SCOPE (its releases stay charged)
   .quit, .exit [CODE] leave, with exit code CODE if given (Ctrl-D also works; Ctrl-C stops a running statement, except a release
                       already charged: that one finishes so that its rows are shown)
-Flags: -c SQL, -csv, -json, -markdown, -line, -readonly, -bail, --ledger FILE ('dpsql shell --help')."""
+Flags: -c SQL (repeatable), -cmd COMMAND (repeatable, before the input), -init FILE, -csv, -json, -markdown, -line,
+-list, -table, -box, -readonly, -bail, --ledger FILE ('dpsql shell --help')."""
 
 
 # --------------------------------------------------------------------------

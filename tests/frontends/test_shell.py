@@ -864,3 +864,12 @@ def test_dump_rebuilds_tables_and_views():
     assert again.returncode == 0, again.stderr
     assert again.stdout == "i,s,l,dt,x,b\n1,it's,\"[1, 2]\",2024-01-02,nan,true\n,,,,1.5,\ni\n1\n\n"
     assert shell(f"{setup}\n.dump dv\n").stdout.splitlines()[1:-1] == ["CREATE VIEW dv AS SELECT i FROM d;"]
+
+
+def test_help_names_every_dot_command_and_flag():
+    text = shell(".help").stdout
+    for command in shell_mod.Shell.dot_command_names():
+        if command not in (".q", ".header"):  # aliases
+            assert re.search(rf"^  {re.escape(command)}\b|[ ,]{re.escape(command)}\b", text, re.M), command
+    for flag in ("-cmd", "-init", "-list", "-table", "-box", "-c SQL (repeatable)"):
+        assert flag in text, flag
