@@ -20,6 +20,7 @@ from prompt_toolkit.completion import CompleteEvent, Completer, Completion
 from prompt_toolkit.document import Document
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
+from prompt_toolkit.output import create_output
 
 if TYPE_CHECKING:
     from dpsql.frontends.shell import Shell
@@ -152,6 +153,8 @@ def session(shell: "Shell", history_file: str, prompt: str, continuation: str) -
         message=prompt, multiline=True, key_bindings=bindings, history=_history(history_file),
         completer=completer, complete_while_typing=False,
         prompt_continuation=lambda width, line_number, wrap_count: continuation,
+        # With results sent to a file (dpsql shell > out.txt) the prompt is drawn on the terminal of stderr.
+        output=create_output(always_prefer_tty=True),
     )
 
 

@@ -805,8 +805,8 @@ class Shell:
                   "read_json_auto" if lower.endswith((".json", ".jsonl", ".ndjson")) else "read_csv")
         source = f"{reader}({_string_literal(name)})"
         target = table if _QUALIFIED_NAME.fullmatch(table) else _identifier(_unquote(table))
-        try:
-            self.con.execute(f"SELECT * FROM {target} LIMIT 0")
+        try:  # bound, never run: TABLE could be a view over a release
+            self.con.sql(f"FROM {target}")
             exists = True
         except duckdb.Error:
             exists = False
