@@ -1,27 +1,28 @@
 """``dpsql shell``: an SQL prompt on a DuckDB connection with dpsql registered.
 
-Input is read line by line. A line starting with ``.`` at the start of a
-statement is a dot command (DuckDB's everyday ones: ``.mode``, ``.output``,
-``.timer``, ``.schema``, ``.read``, ``.maxrows``, ``.tables``, ``.bail``,
-``.help``, ``.quit``; and dpsql's ``.budget``); anything else accumulates until a statement ends with
-``;`` outside quotes and comments, and then every statement of the input runs
-in order. Errors are one ``Error: ...`` line on stderr. ``-c SQL`` stops at the
-first error; a script on standard input goes on after an error unless
-``-bail``; both exit 1 if anything failed. The prompt reports errors and
-carries on.
+A person at a terminal types at a prompt (:mod:`dpsql.frontends.prompt`: editing, whole-statement history,
+Tab completion); ``-c``, ``-cmd``, ``-init`` and piped standard input are read as plain lines. A line
+starting with ``.`` at the start of a statement is a dot command (DuckDB's everyday ones: ``.mode``,
+``.output``, ``.once``, ``.headers``, ``.nullvalue``, ``.separator``, ``.print``, ``.echo``, ``.timer``,
+``.schema``, ``.tables``, ``.databases``, ``.open``, ``.read``, ``.import``, ``.dump``, ``.maxrows``,
+``.bail``, ``.help``, ``.quit``; and dpsql's ``.budget``); anything else accumulates until a statement
+ends with ``;`` outside quotes and comments, and then every statement of the input runs in order.
+Errors are one ``Error: ...`` line on stderr, followed, for an error DuckDB places in the SQL text
+(parser, binder, catalog), by its ``LINE n: ...`` excerpt and ``^`` marker. ``-c SQL`` stops at the
+first error; a script on standard input goes on after an error unless ``-bail``; both exit 1 if
+anything failed. The prompt reports errors and carries on.
 
-Output modes (``.mode``, or the flags ``-csv``, ``-json``, ``-markdown``,
-``-line``): duckbox (default), csv, json, jsonlines, markdown, line. Each result
-is read once and held, then drawn: a release is never run twice to be shown.
-duckbox shows ``.maxrows`` rows (default 40), except for a release (a statement
-that charged the ledger), which is shown whole, or as CSV when it is too long
-for a box, so that no released row is lost. Ctrl-C stops a running statement
-(nothing is charged if it comes before the charge); once a statement has
-charged a release it finishes and its rows are shown. Ctrl-C ends a script.
+Output modes (``.mode``, or the flags ``-csv``, ``-json``, ``-markdown``, ``-line``, ``-list``,
+``-table``, ``-box``): duckbox (default), box, table, csv, list, tabs, json, jsonlines, markdown, line.
+Each result is read once and held, then drawn: a release is never run twice to be shown. duckbox shows
+``.maxrows`` rows (default 40), except for a release (a statement that charged the ledger), which is
+shown whole, or as CSV when it is too long for a box, so that no released row is lost; every other mode
+shows every row. Ctrl-C stops a running statement (nothing is charged if it comes before the charge);
+once a statement has charged a release it finishes and its rows are shown. Ctrl-C ends a script.
 
 Ledger rule, the same as the other commands': a session charges ``--ledger
 FILE`` if given, else the sidecar ``DATABASE.dpsql-ledger`` of the database it
-opens (what ``dpsql budget show DATABASE`` reads), else, with no database, an
+opens (what ``dpsql budget show DATABASE`` reads; ``.open FILE`` follows the same rule), else, with no database, an
 in-memory ledger forgotten at exit. ``dpsql set-union data.parquet`` charges
 ``data.parquet.dpsql-ledger`` because that is the file it opens; to charge the
 same ledger from an in-memory shell, pass ``--ledger data.parquet.dpsql-ledger``
@@ -40,7 +41,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence, TextIO
 
 import duckdb
 
@@ -51,13 +52,18 @@ from dpsql.core.errors import LedgerIOError, ParameterError, from_engine
 # comments split where DuckDB's parser would.
 from dpsql.core.sqltext import is_complete, split_statements
 
-__all__ = ["split_statements", "is_complete", "error_line", "Shell", "run_shell", "add_arguments", "run_args",
+if TYPE_CHECKING:
+    from dpsql.frontends.prompt import SqlCompleter
+
+__all__ = ["split_statements", "is_complete", "error_line", "error_text", "Shell", "run_shell", "add_arguments", "run_args",
            "MODES"]
 
 HISTORY_FILE = ".dpsql_history"
 PROMPT = "dpsql> "
 CONTINUATION = "   ...> "
-MODES = ("duckbox", "csv", "json", "jsonlines", "markdown", "line")
+MODES = ("duckbox", "box", "table", "csv", "list", "tabs", "json", "jsonlines", "markdown", "line")
+# The column separator each mode starts with (.mode resets it; .separator changes it).
+_SEPARATORS = {"csv": ",", "list": "|", "tabs": "\t"}
 DEFAULT_MAXROWS = 40
 # The box renderer draws at most this many rows; a longer release is printed as CSV instead.
 _BOX_ROWS = 9999
@@ -66,7 +72,9 @@ _MAX_READ_DEPTH = 16
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 HELP = """\
-Enter SQL statements terminated by ';'. A statement may span several lines.
+Enter SQL statements terminated by ';'. A statement may span several lines: Enter runs it once it ends
+with ';' (Alt-Enter runs it as it is); Up recalls a whole statement; Tab completes keywords, tables,
+columns and functions (dp_...); Ctrl-C clears the input.
 dpsql's macros are registered on this connection, for example:
   SELECT * FROM dp_set_union('my_table', epsilon := 1.0, delta := 1e-5, max_items := 100);
 Methods (method := '...'; default {default}): {methods}.
@@ -82,11 +90,26 @@ Dot commands (at the start of a line):
   .help               show this text
   .tables             list tables and views
   .schema [PATTERN]   CREATE statements of tables, views and indexes (names matching PATTERN, LIKE)
+  .databases          the attached databases and their files
+  .open [-readonly] [FILE]
+                      go on with the database FILE (no FILE: a new in-memory one); its ledger by the rule
+                      above (--ledger FILE if given, else FILE.dpsql-ledger)
   .mode [MODE]        output mode: {modes} (no MODE: show it)
+  .headers on|off     the names line of csv, list and tabs
+  .nullvalue [TEXT]   how NULL is shown (no TEXT: the mode's own, an empty field in csv, list and tabs)
+  .separator COL [ROW]
+                      the separators of csv, list and tabs (\\t, \\n read as tab and newline); .mode resets them
   .output [FILE]      send results to FILE (no FILE: back to stdout)
+  .once FILE          send the next command's results to FILE
+  .print TEXT         write TEXT
+  .echo on|off        write each command before running it
   .maxrows [N]        rows duckbox shows (default {maxrows}); a release is always shown whole
   .timer on|off       print the run time of each statement
   .read FILE          run the SQL and dot commands of FILE
+  .import FILE TABLE  load a CSV, Parquet or JSON file (DuckDB's readers, by the file's extension) into TABLE,
+                      created if it does not exist
+  .dump [PATTERN]     SQL that rebuilds this database's tables (CREATE TABLE and an INSERT per row) and views,
+                      those matching PATTERN (LIKE); not indexes, sequences, macros, types or other databases
   .bail on|off        stop a script (-c, standard input, .read) at its first error
   .budget [show]      spent and remaining (epsilon, delta) per scope of this session's ledger
   .budget set SCOPE EPSILON DELTA
@@ -96,7 +119,8 @@ Dot commands (at the start of a line):
                       remove the budget of SCOPE (its releases stay charged)
   .quit, .exit [CODE] leave, with exit code CODE if given (Ctrl-D also works; Ctrl-C stops a running statement, except a release
                       already charged: that one finishes so that its rows are shown)
-Flags: -c SQL, -csv, -json, -markdown, -line, -readonly, -bail, --ledger FILE ('dpsql shell --help')."""
+Flags: -c SQL (repeatable), -cmd COMMAND (repeatable, before the input), -init FILE, -csv, -json, -markdown, -line,
+-list, -table, -box, -readonly, -bail, --ledger FILE ('dpsql shell --help')."""
 
 
 # --------------------------------------------------------------------------
@@ -139,6 +163,55 @@ def error_line(exc: BaseException) -> str:
         text += (" (dpsql: pass tables and columns as quoted strings, numbers such as epsilon := 1.0 unquoted,"
                  " and always epsilon and delta)")
     return f"Error: {text}"
+
+
+def error_text(exc: BaseException) -> str:
+    """:func:`error_line`, followed by the ``LINE n: ...`` excerpt and its ``^`` marker when DuckDB gave one
+    (a parser, binder or catalog error points at the SQL text the user typed). A dpsql error is one line."""
+    line = error_line(exc)
+    if from_engine(exc) is not exc:
+        return line
+    lines = str(exc).splitlines()
+    start = next((i for i, text in enumerate(lines) if text.startswith("LINE ")), None)
+    if start is None:
+        return line
+    excerpt = [text.rstrip() for text in lines[start:start + 2]]
+    return "\n".join([line, *excerpt])
+
+
+# Errors found while binding a statement: DuckDB's relation API reports them without the excerpt that
+# running the same text as a statement adds.
+_BIND_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException)
+_CONTEXT_PREFIX = "PREPARE dpsql_shell_error_context AS\n"
+_LINE_NUMBER = re.compile(r"^LINE (\d+):", re.M)
+
+
+def _with_context(exc: duckdb.Error, con: duckdb.DuckDBPyConnection, sql: str) -> duckdb.Error:
+    """``exc`` with DuckDB's excerpt of ``sql`` where the error is, found by preparing ``sql`` again.
+
+    Only called for an error raised while binding: nothing has run. PREPARE binds and never executes; its
+    own line is the first, so the excerpt's line numbers are shifted back by one.
+    """
+    try:
+        prepared = duckdb.extract_statements(sql)
+    except duckdb.Error:
+        return exc
+    if len(prepared) != 1:
+        return exc
+    try:
+        con.execute(_CONTEXT_PREFIX + sql)
+    except duckdb.Error as again:
+        text = str(again)
+        head = str(exc).split("\n", 1)[0]
+        found = _LINE_NUMBER.search(text)
+        if text.split("\n", 1)[0] != head or found is None or int(found.group(1)) < 2:
+            return exc
+        excerpt = _LINE_NUMBER.sub(lambda m: f"LINE {int(m.group(1)) - 1}:", text[found.start():])
+        return type(exc)(f"{exc}\n\n{excerpt}")
+    else:  # binding succeeded this time: keep the error as it came
+        with contextlib.suppress(duckdb.Error):
+            con.execute("DEALLOCATE dpsql_shell_error_context")
+    return exc
 
 
 # --------------------------------------------------------------------------
@@ -186,13 +259,45 @@ def _markdown_cell(value: Optional[str]) -> str:
     return text.replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
 
 
+def _grid_cell(value: Optional[str], null: str) -> str:
+    # A line break inside a cell would break the grid: shown as \n, as in markdown's <br>.
+    return null if value is None else value.replace("\r\n", "\\n").replace("\n", "\\n")
+
+
+def _grid(names: list[str], values: list[tuple[Any, ...]], null: str, box: bool) -> str:
+    """``table`` (ASCII) or ``box`` (line drawing) mode: every row, names centred, values left-aligned."""
+    cells = [[_grid_cell(v, null) for v in line] for line in values]
+    widths = [max([len(h), *(len(line[i]) for line in cells)]) for i, h in enumerate(names)]
+    if box:
+        top, middle, bottom, bar = ("┌", "┬", "┐", "─"), ("├", "┼", "┤", "─"), ("└", "┴", "┘", "─"), "│"
+    else:
+        top = middle = bottom = ("+", "+", "+", "-")
+        bar = "|"
+
+    def rule(left: str, cross: str, right: str, line: str) -> str:
+        return left + cross.join(line * (w + 2) for w in widths) + right
+
+    def row(texts: list[str], center: bool = False) -> str:
+        return bar + bar.join(" " + (t.center(w) if center else t.ljust(w)) + " " for t, w in zip(texts, widths)) + bar
+
+    lines = [rule(*top), row(names, center=True), rule(*middle), *(row(line) for line in cells), rule(*bottom)]
+    return "\n".join(lines) + "\n"
+
+
 def render(rows: duckdb.DuckDBPyRelation, names: list[str], mode: str, *, max_rows: int,
-           max_width: Optional[int] = None) -> str:
-    """The text of a held result in ``mode`` (one of :data:`MODES`); duckbox shows ``max_rows`` rows."""
+           max_width: Optional[int] = None, headers: bool = True, null: Optional[str] = None,
+           separator: Optional[str] = None, row_separator: str = "\n") -> str:
+    """The text of a held result in ``mode`` (one of :data:`MODES`); duckbox shows ``max_rows`` rows.
+
+    ``headers``: the names line of csv, list and tabs. ``null``: how NULL is written (default: an empty
+    field in csv, list and tabs, else NULL). ``separator`` and ``row_separator``: between the fields and
+    after the rows of csv, list and tabs (default: the mode's, see ``.separator``).
+    """
     if mode == "duckbox":
         buffer = io.StringIO()
         with contextlib.redirect_stdout(buffer):  # the renderer prints; keep its text for our stream
-            rows.show(max_rows=max_rows, max_width=max_width, max_col_width=max_width)
+            rows.show(max_rows=max_rows, max_width=max_width, max_col_width=max_width,
+                      null_value="NULL" if null is None else null)
         return buffer.getvalue().rstrip("\n") + "\n"
     if mode == "json":
         objects = _json_objects(rows, names)
@@ -200,19 +305,35 @@ def render(rows: duckdb.DuckDBPyRelation, names: list[str], mode: str, *, max_ro
     if mode == "jsonlines":
         return "".join(o + "\n" for o in _json_objects(rows, names))
     values = _texts(rows)
-    if mode == "csv":
-        return "".join(",".join(_csv_field(v) for v in line) + "\n" for line in [tuple(names), *values])
+    if mode in _SEPARATORS:
+        sep = _SEPARATORS[mode] if separator is None else separator
+        lines = [tuple(names), *values] if headers else values
+        if mode == "csv":
+            def field(v: Optional[str]) -> str:
+                if v is None:
+                    return "" if null is None else null
+                # quoted when it holds the separator, a quote or a line break (COPY's rule, any separator)
+                if v == "" or sep in v or any(c in v for c in '"\r\n'):
+                    return '"' + v.replace('"', '""') + '"'
+                return v
+        else:
+            def field(v: Optional[str]) -> str:
+                return ("" if null is None else null) if v is None else v
+        return "".join(sep.join(field(v) for v in line) + row_separator for line in lines)
+    shown = "NULL" if null is None else null
+    if mode in ("table", "box"):
+        return _grid(names, values, shown, box=mode == "box")
     if mode == "markdown":
-        cells = [[_markdown_cell(v) for v in line] for line in values]
+        cells = [[_markdown_cell(shown if v is None else v) for v in line] for line in values]
         heads = [_markdown_cell(n) for n in names]
         widths = [max([3, len(h), *(len(line[i]) for line in cells)]) for i, h in enumerate(heads)]
-        lines = ["| " + " | ".join(h.center(w) for h, w in zip(heads, widths)) + " |",
+        table = ["| " + " | ".join(h.center(w) for h, w in zip(heads, widths)) + " |",
                  "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-        lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |" for line in cells]
-        return "\n".join(lines) + "\n"
+        table += ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |" for line in cells]
+        return "\n".join(table) + "\n"
     if mode == "line":
         width = max([5, *(len(n) for n in names)])
-        blocks = ["".join(f"{n:>{width}} = {'NULL' if v is None else v}\n" for n, v in zip(names, line))
+        blocks = ["".join(f"{n:>{width}} = {shown if v is None else v}\n" for n, v in zip(names, line))
                   for line in values]
         return "\n".join(blocks)
     raise ParameterError(f"unknown output mode {mode!r}; use one of {', '.join(MODES)}")
@@ -257,8 +378,15 @@ class Shell:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, *, interactive: bool, bail: bool = False,
                  mode: str = "duckbox", out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-                 width: Optional[Callable[[], int]] = None):
+                 width: Optional[Callable[[], int]] = None, ledger_file: Optional[Path] = None):
         self.con = con
+        self.ledger_file = ledger_file  # --ledger: the ledger every database .open opens is charged to
+        self.headers = True
+        self.null: Optional[str] = None        # .nullvalue (None: the mode's own)
+        self.separator: Optional[str] = None   # .separator (None: the mode's own)
+        self.row_separator = "\n"
+        self.echo = False
+        self._once: Optional[int] = None        # .once: the .read depth whose next command ends it
         self.interactive = interactive
         self.bail = bail
         self.mode = mode
@@ -277,6 +405,8 @@ class Shell:
         self.exit_code: Optional[int] = None  # .exit CODE / .quit CODE: the process's exit code
         self._depth = 0
         self._noted_files: set[str] = set()
+        # The prompt's completer (interactive sessions): told when a statement may have changed the catalog.
+        self.completer: Optional["SqlCompleter"] = None
 
     @property
     def failed(self) -> bool:
@@ -300,6 +430,28 @@ class Shell:
         if is_complete(text):
             self.buffer = []
             self.run(text)
+            self._end_once()
+
+    @staticmethod
+    def leaves_pending(text: str) -> bool:
+        """Whether feeding ``text`` line by line would leave an unfinished statement (the prompt's Enter rule)."""
+        buffer: list[str] = []
+        for line in text.split("\n"):
+            if not buffer and (not line.strip() or line.strip().startswith(".")):
+                continue
+            buffer.append(line)
+            if is_complete("\n".join(buffer)):
+                buffer = []
+        return bool(buffer)
+
+    def feed_entry(self, text: str) -> None:
+        """Take one entry of the prompt (one or more lines); run it all, an unfinished last statement too."""
+        for line in text.split("\n"):
+            self.feed(line)
+            if self.done:
+                self.buffer = []
+                return
+        self.finish()
 
     def feed_all(self, lines: Iterable[str]) -> None:
         """Feed a script's lines; stop at ``.quit``, an interrupt, or (with bail) its first error."""
@@ -317,6 +469,7 @@ class Shell:
         self.buffer = []
         if text.strip():
             self.run(text)
+            self._end_once()
 
     def cancel(self) -> None:
         """Forget an unfinished statement (Ctrl-C at the prompt)."""
@@ -335,7 +488,7 @@ class Shell:
                 if _is_interrupt(exc):
                     self._interrupted()
                 else:
-                    self._error(error_line(exc))
+                    self._error(error_text(exc))
                 return False
         return True
 
@@ -347,6 +500,8 @@ class Shell:
 
     def execute(self, sql: str) -> None:
         """Run one statement and draw its rows (nothing for DDL and DML)."""
+        if self.echo:
+            self._emit(sql + ";\n", charged=False)
         parsed = duckdb.extract_statements(sql)
         if not parsed:  # only comments
             return
@@ -361,6 +516,8 @@ class Shell:
             if ctrl_c.requested and not self.interactive:  # Ctrl-C came as the statement ended: the script stops
                 self.interrupted = self.done = True
         finally:
+            if self.completer is not None and parsed[-1].type not in _KEEPS_CATALOG:
+                self.completer.invalidate()
             if self.timer:
                 self._print_timer(started, cpu)
 
@@ -385,7 +542,12 @@ class Shell:
 
     def _compute(self, sql: str, last: duckdb.Statement) -> Optional[tuple[Any, ...]]:
         """Run ``sql`` and hold its rows (in the worker thread): None, ("plan", text) or ("rows", names, rows)."""
-        relation = self.con.sql(sql)
+        try:
+            relation = self.con.sql(sql)
+        except _BIND_ERRORS as exc:
+            if "\nLINE " in str(exc):
+                raise
+            raise _with_context(exc, self.con, sql) from exc
         if relation is None or (not _query_only(last) and relation.columns in _REPORT_COLUMNS):
             return None
         if last.type == duckdb.StatementType.EXPLAIN and relation.columns == ["explain_key", "explain_value"]:
@@ -398,14 +560,15 @@ class Shell:
     def _draw(self, rows: duckdb.DuckDBPyRelation, names: list[str], charged: bool) -> str:
         if self.mode != "duckbox" or not charged:
             return render(rows, names, self.mode, max_rows=self.maxrows,
-                          max_width=self.width() if self.width else None)
+                          max_width=self.width() if self.width else None, headers=self.headers, null=self.null,
+                          separator=self.separator, row_separator=self.row_separator)
         # A release is shown whole (its rows exist once: running it again would be another release).
         count = rows.shape[0]
         if count > _BOX_ROWS:
             self._say(f"dpsql: this release has {count} rows, more than a box can show: printed as CSV so "
                       f"that none is lost (use .mode csv and .output FILE for large releases)")
             return render(rows, names, "csv", max_rows=count)
-        return render(rows, names, "duckbox", max_rows=max(count, 1), max_width=_HUGE)
+        return render(rows, names, "duckbox", max_rows=max(count, 1), max_width=_HUGE, null=self.null)
 
     def _note_file_releases(self) -> None:
         """Say once per file when an in-memory ledger took a release that read a file (see the module doc)."""
@@ -453,13 +616,27 @@ class Shell:
     # -- dot commands -------------------------------------------------------------------------
     def dot_command(self, line: str) -> None:
         """Handle one dot command (see HELP)."""
+        if self.echo:
+            self._emit(line + "\n", charged=False)
         command, _, rest = line.partition(" ")
         command, arg = command.lower(), rest.strip()
         handler = _DOT_COMMANDS.get(command)
         if handler is None:
             self._error(f"Error: dpsql: unknown command {command!r}; enter .help for the list")
             return
+        once = self._once == self._depth
         handler(self, arg)
+        if once:  # the command after .once has written its output
+            self._end_once()
+
+    def _end_once(self) -> None:
+        if self._once == self._depth:
+            self._once = None
+            self._close_output()
+
+    @staticmethod
+    def dot_command_names() -> list[str]:
+        return sorted(_DOT_COMMANDS)
 
     def _quit(self, arg: str) -> None:
         # As the DuckDB CLI: `.exit CODE` leaves with that exit code (an integer 0-255).
@@ -510,27 +687,155 @@ class Shell:
             self._error(f"Error: dpsql: .mode {mode!r} is not supported; use one of {', '.join(MODES)}")
             return
         self.mode = mode
+        self.separator, self.row_separator = None, "\n"  # each mode starts with its own separators
 
-    def _output(self, arg: str) -> None:
+    def _output(self, arg: str, command: str = ".output") -> bool:
         if not arg:
             self._close_output()
-            return
+            return False
         name = _unquote(arg)
         if self._is_ledger(name):
             # Opening it for writing would empty it: every budget and release it holds would be lost.
-            self._error(f"Error: dpsql: .output {name!r} is a privacy ledger (a *{ledger_mod.LEDGER_SUFFIX} file, "
+            self._error(f"Error: dpsql: {command} {name!r} is a privacy ledger (a *{ledger_mod.LEDGER_SUFFIX} file, "
                         f"this session's ledger, or a file holding one); writing results there would destroy its "
                         f"budgets and releases. Name another file; results still go to "
                         f"{self.output_name or 'stdout'}")
-            return
+            return False
         try:
             stream = open(name, "w", encoding="utf-8", newline="")
         except OSError as exc:
-            self._error(f"Error: dpsql: .output: cannot write {name!r} ({exc.strerror or exc}); "
+            self._error(f"Error: dpsql: {command}: cannot write {name!r} ({exc.strerror or exc}); "
                         f"results still go to {self.output_name or 'stdout'}")
-            return
+            return False
         self._close_output()
         self.out, self.output_name = stream, name
+        return True
+
+    def _once_to(self, arg: str) -> None:
+        if not arg:
+            self._error("Error: dpsql: .once needs a FILE, e.g. .once result.csv (the next command's output goes there)")
+            return
+        if self._output(arg, ".once"):
+            self._once = self._depth
+
+    def _headers(self, arg: str) -> None:
+        value = self._switch(".headers", arg)
+        if value is not None:
+            self.headers = value
+
+    def _echo(self, arg: str) -> None:
+        value = self._switch(".echo", arg)
+        if value is not None:
+            self.echo = value
+
+    def _nullvalue(self, arg: str) -> None:
+        # .nullvalue alone: back to each mode's own (an empty field in csv, list and tabs, NULL elsewhere)
+        self.null = _unescape(_unquote(arg)) if arg else None
+
+    def _separator(self, arg: str) -> None:
+        words = _words(arg)
+        if not 1 <= len(words) <= 2:
+            self._error(r"Error: dpsql: .separator takes a COLUMN separator and optionally a ROW one, e.g. "
+                        r".separator ';' or .separator '\t' '\n'")
+            return
+        self.separator = _unescape(words[0])
+        if len(words) == 2:
+            self.row_separator = _unescape(words[1])
+
+    def _print(self, arg: str) -> None:
+        self._emit(" ".join(_unescape(word) for word in _words(arg)) + "\n", charged=False)
+
+    def _databases(self, arg: str) -> None:
+        try:
+            found = self.con.sql("SELECT database_name, path, readonly FROM duckdb_databases() WHERE NOT internal "
+                                 "ORDER BY database_name = current_database() DESC, database_name").fetchall()
+        except Exception as exc:
+            self._error(error_line(exc))
+            return
+        self._emit("".join(name + (f": {path}" if path else "") + (" (read-only)" if readonly else "") + "\n"
+                           for name, path, readonly in found), charged=False)
+
+    def _open(self, arg: str) -> None:
+        """``.open [-readonly] [FILE]``: the session goes on with FILE (no FILE: a new in-memory database),
+        dpsql registered on it, charging the ledger the rule of the module docstring gives."""
+        words = _words(arg)
+        readonly = bool(words) and words[0].lower() in ("-readonly", "--readonly")
+        if readonly:
+            words = words[1:]
+        if len(words) > 1:
+            self._error("Error: dpsql: .open takes one FILE (quote a name with spaces), e.g. .open events.duckdb")
+            return
+        database = _unquote(words[0]) if words else ":memory:"
+        if readonly and database == ":memory:":
+            self._error("Error: dpsql: .open -readonly needs a FILE (an in-memory database is always writable)")
+            return
+        if database != ":memory:" and self._is_ledger(database):
+            self._error(f"Error: dpsql: .open {database!r} is a privacy ledger, not a database; open the "
+                        f"database it belongs to")
+            return
+        try:
+            con = dpsql.connect(database, read_only=readonly, ledger=session_ledger(database, self.ledger_file))
+        except Exception as exc:  # the session stays on the database it had
+            self._error(error_line(exc))
+            return
+        old, self.con = self.con, con
+        with contextlib.suppress(duckdb.Error):
+            old.close()
+        self.ledger = state.ledger_of(con)
+        self._noted_files = set()
+        if self.completer is not None:
+            self.completer.invalidate(con)
+        if self.interactive:
+            ledger = self.ledger.path or "an in-memory ledger, forgotten at exit"
+            self._say(f"dpsql: opened {database}; releases are charged to {ledger}")
+
+    def _import(self, arg: str) -> None:
+        """``.import FILE TABLE``: FILE's rows (DuckDB's CSV, Parquet or JSON reader, by its extension) into
+        TABLE, created from the file if it does not exist."""
+        words = _words(arg)
+        if len(words) != 2:
+            self._error("Error: dpsql: .import takes FILE TABLE, e.g. .import events.csv events")
+            return
+        name, table = _unquote(words[0]), words[1]
+        if not os.path.exists(name) and not any(c in name for c in "*?["):
+            self._error(f"Error: dpsql: .import: no file {name!r}")
+            return
+        lower = name.lower()
+        reader = ("read_parquet" if lower.endswith(".parquet") else
+                  "read_json_auto" if lower.endswith((".json", ".jsonl", ".ndjson")) else "read_csv")
+        source = f"{reader}({_string_literal(name)})"
+        target = table if _QUALIFIED_NAME.fullmatch(table) else _identifier(_unquote(table))
+        try:  # bound, never run: TABLE could be a view over a release
+            self.con.sql(f"FROM {target}")
+            exists = True
+        except duckdb.Error:
+            exists = False
+        self.run(f"INSERT INTO {target} SELECT * FROM {source};" if exists else
+                 f"CREATE TABLE {target} AS SELECT * FROM {source};")
+
+    def _dump(self, arg: str) -> None:
+        """``.dump [PATTERN]``: SQL that rebuilds this database's tables (CREATE TABLE, then one INSERT per
+        row) and views, those whose names match the LIKE ``PATTERN``."""
+        pattern = _unquote(arg) if arg else None
+        try:
+            objects = self.con.execute(_DUMP_SQL, [pattern]).fetchall()
+            self._emit("BEGIN TRANSACTION;\n", charged=False)
+            for kind, schema, name, sql in objects:
+                self._emit(sql.rstrip().rstrip(";") + ";\n", charged=False)
+                if kind != "table":
+                    continue
+                columns = self.con.execute(
+                    "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
+                    "AND schema_name = ? AND table_name = ? ORDER BY column_index", [schema, name]).fetchall()
+                values = " || ', ' || ".join(_literal_sql(column, data_type) for column, data_type in columns)
+                target = _identifier(name) if schema == "main" else f"{_identifier(schema)}.{_identifier(name)}"
+                result = self.con.execute(f"SELECT {_string_literal('INSERT INTO ' + target + ' VALUES(')} || "
+                                          f"{values} || ');' FROM {target}")
+                while batch := result.fetchmany(10_000):
+                    self._emit("".join(line + "\n" for (line,) in batch), charged=False)
+            self._emit("COMMIT;\n", charged=False)
+        except duckdb.Error as exc:
+            self._error(error_line(exc))
 
     def _is_ledger(self, name: str) -> bool:
         """Whether ``name`` is a ledger (or one of its SQLite journals): by its name, as this session's
@@ -665,12 +970,67 @@ class Shell:
         self._emit(text, charged=False)
 
 
-_DOT_COMMANDS: dict[str, Callable[[Shell, str], None]] = {
+_DOT_COMMANDS: dict[str, Callable[[Shell, str], Any]] = {
     ".quit": Shell._quit, ".exit": Shell._quit, ".q": Shell._quit,
     ".help": Shell._help, ".tables": Shell._tables, ".schema": Shell._schema, ".mode": Shell._mode,
-    ".output": Shell._output, ".maxrows": Shell._maxrows, ".timer": Shell._timer, ".bail": Shell._bail,
-    ".read": Shell._read, ".budget": Shell._budget,
+    ".output": Shell._output, ".once": Shell._once_to, ".maxrows": Shell._maxrows, ".timer": Shell._timer,
+    ".bail": Shell._bail, ".read": Shell._read, ".budget": Shell._budget, ".headers": Shell._headers,
+    ".header": Shell._headers, ".nullvalue": Shell._nullvalue, ".separator": Shell._separator,
+    ".print": Shell._print, ".echo": Shell._echo, ".databases": Shell._databases, ".open": Shell._open,
+    ".import": Shell._import, ".dump": Shell._dump,
 }
+
+# A table name .import uses as written: a plain or dotted name (schema.table); anything else is quoted.
+_QUALIFIED_NAME = re.compile(r'(?:[A-Za-z_]\w*|"(?:[^"]|"")+")(?:\.(?:[A-Za-z_]\w*|"(?:[^"]|"")+"))*')
+
+_DUMP_SQL = """
+SELECT kind, s, n, sql FROM (
+    SELECT 'table' AS kind, schema_name AS s, table_name AS n, 0 AS k, sql FROM duckdb_tables()
+    WHERE NOT internal AND NOT temporary AND database_name = current_database()
+      AND ($1 IS NULL OR table_name ILIKE $1)
+    UNION ALL
+    SELECT 'view', schema_name, view_name, 1, sql FROM duckdb_views()
+    WHERE NOT internal AND NOT temporary AND database_name = current_database()
+      AND ($1 IS NULL OR view_name ILIKE $1))
+WHERE sql IS NOT NULL
+ORDER BY k, s, n
+"""
+
+# .dump writes numbers and booleans as they are, every other value as a string literal that DuckDB casts back
+# to the column's type on INSERT (dates, lists, structs, ...), and NaN and infinities as strings too.
+_NUMERIC = re.compile(r"TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT|UTINYINT|USMALLINT|UINTEGER|UBIGINT|UHUGEINT"
+                      r"|FLOAT|DOUBLE|DECIMAL\(\d+,\d+\)|BOOLEAN")
+
+
+def _identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _string_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _literal_sql(column: str, data_type: str) -> str:
+    """SQL for the text of ``column``'s value as a literal of an INSERT statement."""
+    value = _identifier(column)
+    text = f"CAST({value} AS VARCHAR)"
+    quoted = f"'''' || replace({text}, '''', '''''') || ''''"
+    if _NUMERIC.fullmatch(data_type):
+        quoted = f"CASE WHEN {text} IN ('nan', 'inf', '-inf') THEN {quoted} ELSE {text} END"
+    return f"CASE WHEN {value} IS NULL THEN 'NULL' ELSE {quoted} END"
+
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "\\": "\\"}
+
+
+def _unescape(text: str) -> str:
+    r"""A dot command's argument with the escapes \t, \n, \r and \\ read, as DuckDB's CLI reads them."""
+    return re.sub(r"\\([tnr\\])", lambda m: _ESCAPES[m.group(1)], text)
+
+
+# Statements after which the prompt's completion names need not be read again.
+_KEEPS_CATALOG = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN, duckdb.StatementType.INSERT,
+                            duckdb.StatementType.UPDATE, duckdb.StatementType.DELETE})
 
 
 def _is_interrupt(exc: Exception) -> bool:
@@ -697,31 +1057,6 @@ def _unquote(text: str) -> str:
 # Entry point
 # --------------------------------------------------------------------------
 
-def _setup_readline() -> Optional[Callable[[], None]]:
-    """Enable line editing and load the history file; return a function that saves it, if possible."""
-    try:
-        import readline
-    except ImportError:  # e.g. Windows without pyreadline: plain input() still works
-        return None
-    try:
-        path = Path.home() / HISTORY_FILE
-    except (RuntimeError, KeyError):  # no resolvable home directory
-        return None
-    try:
-        readline.read_history_file(path)
-    except (FileNotFoundError, PermissionError, OSError):
-        pass
-    readline.set_history_length(1000)
-
-    def save() -> None:
-        try:
-            readline.write_history_file(path)
-        except OSError:  # an unwritable home is not an error for a prompt
-            pass
-
-    return save
-
-
 def banner(shell: Shell, database: str) -> str:
     """The first lines of an interactive session: versions, database, and the ledger it charges."""
     if shell.ledger.path is None:
@@ -734,23 +1069,12 @@ def banner(shell: Shell, database: str) -> str:
 
 
 def _interactive(shell: Shell, database: str) -> None:
-    save_history = _setup_readline()
+    from dpsql.frontends import prompt  # prompt_toolkit is imported only for a person at a terminal
+
     print(banner(shell, database), file=shell.stdout, flush=True)
-    try:
-        while not shell.done:
-            try:
-                line = input(CONTINUATION if shell.pending else PROMPT)
-            except EOFError:
-                print(file=shell.stdout)
-                break
-            except KeyboardInterrupt:  # Ctrl-C drops the statement being typed, as in other SQL shells
-                print(file=shell.stdout)
-                shell.cancel()
-                continue
-            shell.feed(line)
-    finally:
-        if save_history is not None:
-            save_history()
+    prompt.read_entries(shell, HISTORY_FILE, PROMPT, CONTINUATION)
+    if not shell.done:  # Ctrl-D: end the prompt's line, as a terminal shell does
+        print(file=shell.stdout)
 
 
 def _ledger_path(ledger: Optional[str]) -> Optional[Path]:
@@ -789,22 +1113,27 @@ def session_ledger(database: str, ledger: Optional[Path]) -> ledger_mod.Ledger:
     return ledger_mod.Ledger(None if in_memory else ledger_mod.sidecar_path(database))
 
 
-def run_shell(database: Optional[str] = None, command: Optional[str] = None, *,
+def run_shell(database: Optional[str] = None, command: "Optional[str | Sequence[str]]" = None, *,
               mode: str = "duckbox", readonly: bool = False, bail: bool = False, ledger: Optional[str] = None,
+              init: Optional[str] = None, commands_first: Sequence[str] = (),
               stdin: TextIO = sys.stdin, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Run the shell on ``database`` (in memory if None) and return the exit code.
 
-    With ``command``, run that SQL (stopping at its first error); else read stdin
-    to its end when it is not a terminal (going on after errors unless ``bail``);
-    else prompt. Exit code: 0, 1 if a script had an error, 2 for a bad option,
+    First the SQL and dot commands of the file ``init`` (``-init``), then each of ``commands_first``
+    (``-cmd``); then, with ``command`` (``-c``: one SQL text or several, run in order), that SQL
+    (stopping at its first error); else stdin to its end when it is not a terminal (going on after errors
+    unless ``bail``); else prompt. Exit code: 0, 1 if a script had an error, 2 for a bad option,
     130 if interrupted. ``ledger``: see the module docstring.
     """
     database = database or ":memory:"
+    commands = [command] if isinstance(command, str) else None if command is None else list(command)
     try:
         if mode not in MODES:
             raise ParameterError(f"dpsql: unknown output mode {mode!r}; use one of {', '.join(MODES)}")
         if readonly and database == ":memory:":
             raise ParameterError("dpsql: -readonly needs a DATABASE file (an in-memory database is always writable)")
+        if init is not None and not os.path.isfile(init):
+            raise ParameterError(f"dpsql: -init {init!r}: no such file; name a file of SQL and dot commands")
         ledger_path = _ledger_path(ledger)
     except ParameterError as exc:
         print(f"Error: {exc}", file=err, flush=True)
@@ -819,35 +1148,57 @@ def run_shell(database: Optional[str] = None, command: Optional[str] = None, *,
         return 1
     shell = None
     try:
-        interactive = command is None and stdin.isatty()
-        shell = Shell(con, interactive=interactive, bail=bail or command is not None, mode=mode, out=out, err=err,
-                      width=_terminal_width if interactive and out.isatty() else None)
-        if command is not None:
-            shell.feed_all(command.splitlines())
+        interactive = commands is None and stdin.isatty()
+        shell = Shell(con, interactive=interactive, bail=bail or commands is not None, mode=mode, out=out, err=err,
+                      width=_terminal_width if interactive and out.isatty() else None, ledger_file=ledger_path)
+        # -init and -cmd come first, as in DuckDB's CLI; with -bail (or -c) their first error ends the session.
+        for first in ([None] if init is not None else []) + list(commands_first):
+            before = shell.errors
+            if first is None:
+                shell._read(init or "")
+            else:
+                shell.feed_all(first.splitlines())
+            if shell.done or (shell.bail and shell.errors > before):
+                return _exit_code(shell, interactive)
+        if commands is not None:
+            for text in commands:  # each -c in order; one that fails ends the run
+                shell.feed_all(text.splitlines())
+                if shell.done or shell.failed:
+                    break
         elif interactive:
             _interactive(shell, database)
         else:
             shell.feed_all(stdin)
-        if shell.exit_code is not None:
-            return shell.exit_code
-        if interactive:
-            return 0
-        return 130 if shell.interrupted else (1 if shell.failed else 0)
+        return _exit_code(shell, interactive)
     finally:
         if shell is not None:
             shell._close_output()
+            con = shell.con  # .open may have replaced the connection
         con.close()
+
+
+def _exit_code(shell: Shell, interactive: bool) -> int:
+    if shell.exit_code is not None:
+        return shell.exit_code
+    if interactive:
+        return 0
+    return 130 if shell.interrupted else (1 if shell.failed else 0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``dpsql shell`` options (DuckDB's CLI spellings: ``-csv``, ``-json``, ``-readonly``, ``-bail``)."""
     parser.add_argument("database", nargs="?", metavar="DATABASE", help="DuckDB database file (default: in memory)")
-    parser.add_argument("-c", dest="command", metavar="SQL", help="run SQL and exit (stops at the first error)")
+    parser.add_argument("-c", dest="command", metavar="SQL", action="append",
+                        help="run SQL and exit (stops at the first error); repeat it to run several, in order")
+    parser.add_argument("-cmd", dest="cmd", metavar="COMMAND", action="append", default=[],
+                        help="run COMMAND (SQL or a dot command) before reading input; repeatable")
+    parser.add_argument("-init", dest="init", metavar="FILE",
+                        help="run the SQL and dot commands of FILE first (before -cmd)")
     parser.add_argument("-readonly", "--readonly", action="store_true", help="open DATABASE read-only "
                         "(releases are still charged to its ledger)")
     parser.add_argument("-bail", "--bail", action="store_true",
                         help="stop a script read from standard input at its first error")
-    for mode in ("csv", "json", "markdown", "line"):
+    for mode in ("csv", "json", "markdown", "line", "list", "table", "box"):
         parser.add_argument(f"-{mode}", f"--{mode}", dest="mode", action="store_const", const=mode,
                             help=f"output mode {mode} (.mode {mode})")
     parser.set_defaults(mode="duckbox")
@@ -859,4 +1210,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_args(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Run the shell with the options :func:`add_arguments` parsed."""
     return run_shell(args.database, args.command, mode=args.mode, readonly=args.readonly, bail=args.bail,
-                     ledger=args.ledger, out=out, err=err)
+                     ledger=args.ledger, init=args.init, commands_first=args.cmd, out=out, err=err)

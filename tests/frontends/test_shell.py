@@ -91,12 +91,15 @@ def test_piped_stdin(runs):
 
 
 @pytest.mark.parametrize("name", ["error", "stdin_bail"])
-def test_error_is_one_line_and_stops(runs, name):
+def test_error_is_one_line_with_duckdbs_excerpt_and_stops(runs, name):
     r = runs[name]
     assert_clean(r)
     assert r.returncode != 0
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ")
+    lines = r.stderr.rstrip().splitlines()
+    # One line, then DuckDB's excerpt of the statement and a ^ under the error's place, as in DuckDB's CLI.
+    assert len(lines) == 3 and lines[0].startswith("Error: ") and lines[1].startswith("LINE 1: ")
+    place = "no_such_table" if name == "error" else "SELEC"
+    assert lines[2][lines[1].index(place):].startswith("^" * len(place)), r.stderr
     assert "never_run" not in r.stdout
 
 
@@ -105,8 +108,8 @@ def test_piped_script_goes_on_after_an_error_unless_bail(runs):
     assert_clean(r)
     assert r.returncode == 1  # the script had errors
     assert "after_error" in r.stdout
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 2 and all(line.startswith("Error: ") for line in lines)
+    errors = [line for line in r.stderr.splitlines() if not line.startswith(("LINE ", " "))]
+    assert len(errors) == 2 and all(line.startswith("Error: ") for line in errors)
 
 
 def test_csv_and_json_flags(runs):
@@ -140,6 +143,20 @@ def test_database_file_persists(tmp_path):
     assert shell("CREATE TABLE kept AS SELECT 5 AS five;", database=db).returncode == 0
     r = shell("SELECT five FROM kept;", database=db)
     assert r.returncode == 0 and "5" in r.stdout
+
+
+@pytest.mark.parametrize("sql, line, place", [
+    ("SELECT a FROM (SELECT 1 AS b);", "LINE 1: SELECT a FROM (SELECT 1 AS b)", "a FROM"),  # binder (a query)
+    ("SELECT 1,\n  no_such_function(2);", "LINE 2:   no_such_function(2)", "no_such"),  # catalog, line 2
+    ("CREATE TABLE c AS SELECT zz;", "LINE 1: CREATE TABLE c AS SELECT zz", "zz"),  # binder (not a query)
+    ("SELECT 1 +;", "LINE 1: SELECT 1 +", ""),  # parser: at the end
+])
+def test_duckdb_errors_show_the_line_and_place(sql, line, place):
+    r = shell(stdin=sql)
+    head, *excerpt = r.stderr.rstrip("\n").splitlines()
+    assert r.returncode == 1 and head.startswith("Error: ") and excerpt[0] == line, r.stderr
+    caret = excerpt[1].index("^")
+    assert excerpt[0][caret:].startswith(place) if place else caret >= len(excerpt[0]) - 1
 
 
 def test_dpsql_macros_and_parameter_errors():
@@ -239,8 +256,10 @@ def test_wrong_typed_or_missing_parameter_gets_a_dpsql_hint(call):
 
 def test_bare_table_identifier_gets_a_hint_and_ledger_is_readable(tmp_path):
     r = shell(f"{SETUP} SELECT * FROM dp_set_union(t, epsilon := 1.0, delta := 1e-5);")
-    assert r.returncode == 1 and "quote it: dp_set_union('events'" in r.stderr
-    assert "\n" not in r.stderr.strip()
+    first, *excerpt = r.stderr.rstrip().splitlines()
+    assert r.returncode == 1 and "quote it: dp_set_union('events'" in first
+    assert excerpt[0] == "LINE 1: SELECT * FROM dp_set_union(t, epsilon := 1.0, delta := 1e-5)"
+    assert excerpt[0][excerpt[1].index("^"):].startswith("dp_set_union(t,")
     db = str(tmp_path / "b.duckdb")
     r = shell(f"{SETUP} SELECT count(*) >= 0 AS ok FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5); "
               "SELECT scope, epsilon_spent FROM dp_budget();", database=db)
@@ -284,8 +303,8 @@ def test_mode_flags_and_unknown_mode():
     out = io.StringIO()
     assert cli_main(["shell", "-line", "-c", "SELECT 7 AS seven;"], out=out, err=err) == 0
     assert out.getvalue() == "seven = 7\n"
-    r = shell(stdin=".mode box\nSELECT 1 AS one;\n")
-    assert r.returncode == 1 and "Error: dpsql: .mode 'box' is not supported; use one of duckbox, csv" in r.stderr
+    r = shell(stdin=".mode html\nSELECT 1 AS one;\n")
+    assert r.returncode == 1 and "Error: dpsql: .mode 'html' is not supported; use one of duckbox, box" in r.stderr
     assert "one" in r.stdout  # the mode stayed duckbox and the script went on
 
 
@@ -445,69 +464,131 @@ def test_banner_names_the_ledger():
 
 # ---------------------------------------------------------------- a real terminal
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_in_a_real_terminal(tmp_path):
-    """What a person sees: the banner, a dot command, a release, Ctrl-C on a long query, .quit."""
-    server = ["tmux", "-L", f"dpsql-test-{os.getpid()}"]  # a private tmux server, killed at the end
-    env = dict(os.environ, PYTHONIOENCODING="utf-8", TERM="xterm", HOME=str(tmp_path))
-    exit_file = tmp_path / "exit-status"
-    # tmux runs the command with sh: the shell's exit status is written to a file when it ends.
-    command = f"{shlex.quote(sys.executable)} -m dpsql shell; echo $? > {shlex.quote(str(exit_file))}"
+class Terminal:
+    """``dpsql shell`` in a tmux window of its own: keys typed, the screen read, the exit status kept."""
 
-    def tmux(*args: str) -> str:
-        return subprocess.run([*server, *args], capture_output=True, text=True, check=True, env=env,
+    def __init__(self, tmp_path: Path):
+        self.server = ["tmux", "-L", f"dpsql-test-{os.getpid()}"]  # a private tmux server, killed at the end
+        self.env = dict(os.environ, PYTHONIOENCODING="utf-8", TERM="xterm", HOME=str(tmp_path))
+        self.exit_file = tmp_path / "exit-status"
+        # tmux runs the command with sh: the shell's exit status is written to a file when it ends.
+        command = f"{shlex.quote(sys.executable)} -m dpsql shell; echo $? > {shlex.quote(str(self.exit_file))}"
+        self.tmux("new-session", "-d", "-s", "s", "-x", "120", "-y", "50", "-c", str(tmp_path), command)
+        self.tmux("set-option", "-t", "s", "remain-on-exit", "on")  # the last screen stays readable
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run([*self.server, *args], capture_output=True, text=True, check=True, env=self.env,
                               timeout=10).stdout
 
-    def screen() -> str:
-        return tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", "s")
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", "s")
 
-    def wait_for(pattern: str, timeout: float = 8.0) -> str:
+    def wait_for(self, pattern: str, timeout: float = 8.0, count: int = 1) -> str:
         deadline = time.monotonic() + timeout
         while True:
-            text = screen()
-            if re.search(pattern, text, re.M):
+            text = self.screen()
+            if len(re.findall(pattern, text, re.M)) >= count:
                 return text
             if time.monotonic() > deadline:
-                raise AssertionError(f"{pattern!r} did not appear; the screen shows:\n{text}")
+                raise AssertionError(f"{pattern!r} did not appear {count} time(s); the screen shows:\n{text}")
             time.sleep(0.1)
 
-    def type_line(text: str) -> None:
+    def type(self, text: str) -> None:
+        self.tmux("send-keys", "-t", "s", "-l", text)
+
+    def keys(self, *names: str) -> None:
+        self.tmux("send-keys", "-t", "s", *names)
+
+    def type_line(self, text: str) -> None:
         # A tmux argument ending in ';' separates tmux commands: a trailing space keeps it literal.
-        tmux("send-keys", "-t", "s", "-l", text + " ")
-        tmux("send-keys", "-t", "s", "Enter")
+        self.type(text + " ")
+        self.keys("Enter")
 
-    tmux("new-session", "-d", "-s", "s", "-x", "120", "-y", "50", "-c", str(tmp_path), command)
-    try:
-        tmux("set-option", "-t", "s", "remain-on-exit", "on")  # the last screen stays readable
-        wait_for(r"^dpsql> $")
-        assert "in-memory ledger, forgotten at exit" in screen()
-        type_line(".mode markdown")
-        type_line("SELECT 41 + 1 AS answer;")
-        wait_for(r"^\| 42 +\|$")
-        type_line(".mode duckbox")
-        type_line(SETUP)
-        type_line("SELECT item FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5,")
-        wait_for(r"^   \.\.\.> $")  # a statement continues on the next line
-        type_line("max_items := 10);")
-        text = wait_for(r"│ w6 +│")
-        assert re.findall(r"│ (w\d) +│", text) == [f"w{i}" for i in range(7)]
-        type_line("SELECT count(*) FROM range(30000000000) a WHERE hash(a.range) % 7 = 3;")
-        time.sleep(1.0)
-        started = time.monotonic()
-        tmux("send-keys", "-t", "s", "C-c")
-        wait_for(r"^(\^C)?Error: interrupted$")
-        assert time.monotonic() - started < 5
-        type_line("SELECT 'still here' AS s;")
-        wait_for(r"│ still here │")
-        type_line(".quit")
+    def exit_status(self) -> str:
         deadline = time.monotonic() + 8
-        while not exit_file.exists() or not exit_file.read_text().strip():
-            assert time.monotonic() < deadline, screen()
+        while not self.exit_file.exists() or not self.exit_file.read_text().strip():
+            assert time.monotonic() < deadline, self.screen()
             time.sleep(0.1)
-        assert exit_file.read_text().strip() == "0", screen()
-        assert "Traceback" not in screen()
+        return self.exit_file.read_text().strip()
+
+    def close(self) -> None:
+        subprocess.run([*self.server, "kill-server"], capture_output=True, env=self.env, timeout=10)
+
+
+@pytest.fixture
+def terminal(tmp_path):
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    term = Terminal(tmp_path)
+    try:
+        yield term
     finally:
-        subprocess.run([*server, "kill-server"], capture_output=True, env=env, timeout=10)
+        term.close()
+
+
+def test_in_a_real_terminal(terminal):
+    """What a person sees: the banner, a dot command, a release, Ctrl-C on a long query, .quit."""
+    t = terminal
+    t.wait_for(r"^dpsql> ?$")
+    assert "in-memory ledger, forgotten at exit" in t.screen()
+    t.type_line(".mode markdown")
+    t.type_line("SELECT 41 + 1 AS answer;")
+    t.wait_for(r"^\| 42 +\|$")
+    t.type_line(".mode duckbox")
+    t.type_line(SETUP)
+    t.type_line("SELECT item FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5,")
+    t.wait_for(r"^   \.\.\.> ?$")  # a statement continues on the next line
+    t.type_line("max_items := 10);")
+    text = t.wait_for(r"│ w6 +│")
+    assert re.findall(r"│ (w\d) +│", text) == [f"w{i}" for i in range(7)]
+    t.type_line("SELECT count(*) FROM range(30000000000) a WHERE hash(a.range) % 7 = 3;")
+    time.sleep(1.0)
+    started = time.monotonic()
+    t.keys("C-c")
+    t.wait_for(r"^(\^C)?Error: interrupted$")
+    assert time.monotonic() - started < 5
+    t.type_line("SELECT 'still here' AS s;")
+    t.wait_for(r"│ still here │")
+    t.type_line(".quit")
+    assert t.exit_status() == "0", t.screen()
+    assert "Traceback" not in t.screen()
+
+
+def test_prompt_in_a_real_terminal(terminal, tmp_path):
+    """The prompt: a multi-line statement runs and comes back whole with Up, Tab completes a table and a dp_
+    function, Ctrl-C clears what is typed, Ctrl-D leaves; the history file holds the statement as one entry."""
+    t = terminal
+    t.wait_for(r"^dpsql> ?$")
+    t.type_line("CREATE TABLE user_events AS SELECT 'u1' AS user_id, 'a' AS item;")
+    t.type_line("SELECT 6 *")
+    t.wait_for(r"^   \.\.\.> ?$")  # Enter in an unfinished statement starts a new line of it
+    t.type_line("7 AS answer;")
+    t.wait_for(r"│\s+42 │\n└─+┘\ndpsql> ?$")  # keys go to the prompt once it is drawn again
+    t.keys("Up")  # the whole statement comes back, both lines, and runs again as one
+    t.wait_for(r"^   \.\.\.> 7 AS answer; ?$", count=2)
+    t.keys("Enter")
+    t.wait_for(r"│\s+42 │\n└─+┘\ndpsql> ?$")
+    assert len(re.findall(r"│\s+42 │", t.screen())) == 2
+    t.type("SELECT count(*) AS n_events FROM user_ev")
+    t.keys("Tab")
+    t.wait_for(r"^dpsql> SELECT count\(\*\) AS n_events FROM user_events ?$")
+    t.type_line(";")
+    t.wait_for(r"│\s+1 │")
+    t.type("SELECT round(dp_gaussian_sig")
+    t.keys("Tab")
+    t.wait_for(r"^dpsql> SELECT round\(dp_gaussian_sigma ?$")
+    t.type_line("(1.0, 1e-5), 3) AS sigma;")
+    t.wait_for(r"│\s+3\.731 │\n└─+┘\ndpsql> ?$")  # Ctrl-C below must reach the prompt, not a statement
+    t.type("SELECT 'discarded' AS")
+    t.keys("C-c")  # clears the input: what follows is a statement of its own
+    t.type_line("SELECT 'kept' AS k;")
+    t.wait_for(r"│ kept    │\n└─+┘\ndpsql> ?$")
+    assert "discarded │" not in t.screen() and "Error" not in t.screen()
+    t.keys("C-d")
+    assert t.exit_status() == "0", t.screen()
+    assert "Traceback" not in t.screen()
+    history = (tmp_path / ".dpsql_history").read_text(encoding="utf-8")
+    assert "\n+SELECT 6 * \n+7 AS answer; \n" in history  # one entry of two lines
 
 
 # ---------------------------------------------------------------- Ctrl-C and the charge
@@ -614,3 +695,181 @@ def test_budget_dot_command_usage_errors_name_the_fix():
 def test_budget_dot_command_is_in_the_help():
     r = shell(".help")
     assert ".budget set SCOPE EPSILON DELTA" in r.stdout and "dp_set_budget(" in r.stdout
+
+
+# ---------------------------------------------------------------- the prompt (prompt_toolkit)
+
+@pytest.mark.parametrize("text, pending", [
+    ("SELECT 1;", False),
+    ("SELECT 1", True),
+    ("SELECT 1,\n  2;", False),
+    ("SELECT ';'", True),
+    (".tables", False),
+    ("SELECT 1;\n.tables", False),
+    ("", False),
+    ("SELECT 1; -- done", False),
+])
+def test_enter_runs_only_complete_input(text, pending):
+    assert shell_mod.Shell.leaves_pending(text) is pending
+
+
+def test_a_prompt_entry_runs_whole_and_an_unfinished_one_on_alt_enter():
+    sh = shell_mod.Shell(dpsql.connect(), interactive=True, out=io.StringIO(), err=io.StringIO(), mode="csv")
+    sh.feed_entry("SELECT 1 AS a,\n  2 AS b;\n.mode line\nSELECT 3 AS c")
+    assert sh.out.getvalue() == "a,b\n1,2\n    c = 3\n" and not sh.pending
+
+
+def test_completion_of_keywords_tables_columns_and_dp_functions():
+    from prompt_toolkit.completion import CompleteEvent
+    from prompt_toolkit.document import Document
+
+    from dpsql.frontends.prompt import SqlCompleter
+
+    sh = shell_mod.Shell(dpsql.connect(), interactive=True, out=io.StringIO(), err=io.StringIO())
+    completer = sh.completer = SqlCompleter(sh.con, sh.dot_command_names())
+
+    def complete(text: str) -> list[str]:
+        return [c.text for c in completer.get_completions(Document(text), CompleteEvent())]
+
+    assert complete("SELECT * FROM dp_set_union_w") == ["dp_set_union_weighted_gaussian",
+                                                        "dp_set_union_weighted_laplace"]
+    assert not any(name.startswith("dp__") for name in complete("SELECT dp_"))  # dpsql's helpers are not offered
+    assert complete("SEL") == ["SELECT"] and complete("sel") == ["select"]
+    assert complete("FROM user_ev") == []
+    sh.feed("CREATE TABLE user_events AS SELECT 1 AS visitor_id;")  # a new table: the names are read again
+    assert complete("FROM user_ev") == ["user_events"]
+    assert complete("SELECT visitor") == ["visitor_id"]
+    assert complete(".ta") == [".tables"]
+    sh.feed("SELECT 1 AS unrelated_name;")
+    assert not completer.stale  # a query does not make the completer read the catalog again
+    sh.feed("DROP TABLE user_events;")
+    assert complete("FROM user_ev") == []
+
+
+# ---------------------------------------------------------------- DuckDB CLI's everyday commands and flags
+
+def test_several_c_options_all_run_in_order_and_cmd_and_init_run_first(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    assert cli_main(["shell", "-csv", "-c", "SELECT 1 AS a;", "-c", "SELECT 2 AS b;"], out=out, err=err) == 0
+    assert out.getvalue() == "a\n1\nb\n2\n"
+    init = tmp_path / "init.sql"
+    init.write_text(".mode csv\nCREATE TABLE seen AS SELECT 'init' AS step;\n")
+    out = io.StringIO()
+    code = cli_main(["shell", "-init", str(init), "-cmd", "INSERT INTO seen VALUES ('cmd1');", "-cmd",
+                     ".headers off", "-c", "SELECT string_agg(step, ' ') FROM seen;"], out=out, err=err)
+    assert (code, out.getvalue(), err.getvalue()) == (0, "init cmd1\n", "")
+    out = io.StringIO()  # a failing -c ends the run: the next does not run
+    assert cli_main(["shell", "-c", "SELEC 1;", "-c", "SELECT 'never' AS never_run;"], out=out, err=err) == 1
+    assert "never_run" not in out.getvalue()
+    r = shell("SELECT 1;", init=str(tmp_path / "missing.sql"))
+    assert r.returncode == 2 and r.stderr.startswith("Error: dpsql: -init") and "no such file" in r.stderr
+
+
+def test_cmd_runs_before_piped_input():
+    r = shell(stdin="SELECT 1 AS a, NULL AS b;\n", commands_first=[".mode list", ".nullvalue (null)"])
+    assert (r.returncode, r.stdout) == (0, "a|b\n1|(null)\n")
+
+
+LIST_QUERY = "SELECT 1 AS a, 'x|y' AS b, NULL AS c UNION ALL SELECT 22, 'z', 3 ORDER BY a;"
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("list", "a|b|c\n1|x|y|\n22|z|3\n"),
+    ("tabs", "a\tb\tc\n1\tx|y\t\n22\tz\t3\n"),
+    ("table", "+----+-----+------+\n| a  |  b  |  c   |\n+----+-----+------+\n| 1  | x|y | NULL |\n"
+              "| 22 | z   | 3    |\n+----+-----+------+\n"),
+    ("box", "┌────┬─────┬──────┐\n│ a  │  b  │  c   │\n├────┼─────┼──────┤\n│ 1  │ x|y │ NULL │\n"
+            "│ 22 │ z   │ 3    │\n└────┴─────┴──────┘\n"),
+])
+def test_list_tabs_table_and_box_modes(mode, expected):
+    r = shell(stdin=f".mode {mode}\n{LIST_QUERY}\n")
+    assert (r.returncode, r.stderr, r.stdout) == (0, "", expected)
+
+
+def test_headers_nullvalue_and_separator():
+    r = shell(stdin=f".mode list\n.headers off\n.nullvalue NIL\n{LIST_QUERY}\n.separator ', ' ';\\n'\n{LIST_QUERY}\n"
+                    f".mode csv\n.headers on\n{LIST_QUERY}\n.nullvalue\n.separator ;\n{LIST_QUERY}\n")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == ("1|x|y|NIL\n22|z|3\n"            # list, no headers, NULL as NIL
+                        "1, x|y, NIL;\n22, z, 3;\n"       # separators with escapes
+                        'a,b,c\n1,x|y,NIL\n22,z,3\n'      # .mode csv: its own separator again
+                        'a;b;c\n1;x|y;\n22;z;3\n')        # NULL back to csv's empty field; ';' separated
+    r = shell(stdin=".headers maybe\n.separator\n")
+    assert r.returncode == 1 and "Error: dpsql: .headers needs on or off" in r.stderr
+    assert "Error: dpsql: .separator takes a COLUMN separator" in r.stderr
+    r = shell(stdin=".nullvalue ∅\nSELECT NULL AS n;\n")  # duckbox too
+    assert "∅" in r.stdout
+
+
+def test_once_sends_only_the_next_result_to_a_file(tmp_path):
+    target = tmp_path / "once.csv"
+    r = shell(stdin=f".mode csv\n.once '{target}'\nSELECT 1 AS a;\nSELECT 2 AS b;\n.once {target}.tables\n.tables\n"
+                    "CREATE TABLE tt (i INTEGER);\n")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert target.read_text() == "a\n1\n" and r.stdout == "b\n2\n"
+    assert Path(f"{target}.tables").read_text() == ""  # .tables ran before the table existed
+    r = shell(stdin=".once\n.once x.dpsql-ledger\n")
+    assert r.returncode == 1 and "Error: dpsql: .once needs a FILE" in r.stderr
+    assert "Error: dpsql: .once 'x.dpsql-ledger' is a privacy ledger" in r.stderr
+
+
+def test_print_and_echo():
+    r = shell(stdin=".print 'hello there' world\\tend\n.echo on\nSELECT 1 AS one;\n.echo off\nSELECT 2 AS two;\n",
+              mode="csv")
+    assert r.stdout == "hello there world\tend\nSELECT 1 AS one;\none\n1\n.echo off\ntwo\n2\n"
+
+
+def test_open_and_databases_follow_the_ledger_rule(tmp_path):
+    db = tmp_path / "opened.duckdb"
+    r = shell(stdin=f".databases\nCREATE TABLE gone (i INTEGER);\n.open {db}\n{SETUP}\n{MACRO}\n.databases\n"
+                    ".tables\n.open\n.tables\n.open -readonly\n.open a b\n")
+    assert r.returncode == 1, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "memory" and f"opened: {db}" in lines and lines.count("t") == 1 and "gone" not in lines
+    assert "Error: dpsql: .open -readonly needs a FILE" in r.stderr and "Error: dpsql: .open takes one FILE" in r.stderr
+    # the release after .open was charged to the sidecar of the file it opened
+    assert [(x.table, x.epsilon) for x in Ledger(f"{db}.dpsql-ledger").releases()] == [("opened.main.t", 1.0)]
+    r = shell(stdin=f".open -readonly {db}\nCREATE TABLE z (i INTEGER);\n.databases\n.open {db}.dpsql-ledger\n")
+    assert "read-only" in r.stderr and f"opened: {db} (read-only)" in r.stdout
+    assert "is a privacy ledger, not a database" in r.stderr
+
+
+def test_import_csv_and_parquet_creates_or_appends(tmp_path):
+    data = tmp_path / "in.csv"
+    data.write_text("user_id,item\nu1,a\nu2,b\n")
+    parquet = tmp_path / "in.parquet"
+    assert shell(f"COPY (SELECT 'u3' AS user_id, 'c' AS item) TO '{parquet}';").returncode == 0
+    r = shell(stdin=f".import {data} events\n.import {parquet} events\n.import {data} \"Other Name\"\n.mode csv\n"
+                    "SELECT user_id, item FROM events ORDER BY 1;\nSELECT count(*) AS n FROM \"Other Name\";\n"
+                    f".import {tmp_path / 'missing.csv'} x\n.import only_one\n")
+    assert r.returncode == 1
+    assert r.stdout == "user_id,item\nu1,a\nu2,b\nu3,c\nn\n2\n"
+    assert "Error: dpsql: .import: no file" in r.stderr and "Error: dpsql: .import takes FILE TABLE" in r.stderr
+
+
+def test_dump_rebuilds_tables_and_views():
+    setup = ("CREATE TABLE d (i INTEGER, s VARCHAR, l INTEGER[], dt DATE, x DOUBLE, b BOOLEAN); "
+             "INSERT INTO d VALUES (1, 'it''s', [1, 2], DATE '2024-01-02', 'nan', true), (NULL, NULL, NULL, NULL, "
+             "1.5, NULL); CREATE VIEW dv AS SELECT i FROM d; CREATE TEMP TABLE scratch (i INTEGER);")
+    r = shell(f"{setup}\n.dump\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "BEGIN TRANSACTION;",
+        "CREATE TABLE d(i INTEGER, s VARCHAR, l INTEGER[], dt DATE, x DOUBLE, b BOOLEAN);",
+        "INSERT INTO \"d\" VALUES(1, 'it''s', '[1, 2]', '2024-01-02', 'nan', true);",
+        "INSERT INTO \"d\" VALUES(NULL, NULL, NULL, NULL, 1.5, NULL);",
+        "CREATE VIEW dv AS SELECT i FROM d;",
+        "COMMIT;"]
+    again = shell(f"{r.stdout}\n.mode csv\nSELECT * FROM d ORDER BY i;\nSELECT * FROM dv;\n")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "i,s,l,dt,x,b\n1,it's,\"[1, 2]\",2024-01-02,nan,true\n,,,,1.5,\ni\n1\n\n"
+    assert shell(f"{setup}\n.dump dv\n").stdout.splitlines()[1:-1] == ["CREATE VIEW dv AS SELECT i FROM d;"]
+
+
+def test_help_names_every_dot_command_and_flag():
+    text = shell(".help").stdout
+    for command in shell_mod.Shell.dot_command_names():
+        if command not in (".q", ".header"):  # aliases
+            assert re.search(rf"^  {re.escape(command)}\b|[ ,]{re.escape(command)}\b", text, re.M), command
+    for flag in ("-cmd", "-init", "-list", "-table", "-box", "-c SQL (repeatable)"):
+        assert flag in text, flag
