@@ -3,7 +3,8 @@
 
 Exit codes: 0 success; 1 a failure while running (an engine or I/O error);
 2 a bad argument, parameter or input description (the message names it).
-Every error is one ``Error: ...`` line on stderr, never a traceback. Only
+Every error is one ``Error: ...`` line on stderr, never a traceback; a warning (weak privacy
+parameters) is one ``dpsql: warning: ...`` line. Only
 released items and public calibration numbers are ever printed, except by
 ``evaluate``, which prints NON-PRIVATE statistics of the raw input and says so.
 
@@ -47,7 +48,7 @@ from dpsql.core.mechanism import Param
 from dpsql.core.release import sorted_release
 from dpsql.frontends import shell as shell_mod
 from dpsql.frontends.shell import error_line
-from dpsql.core.validation import check_identifier, sql_string
+from dpsql.core.validation import WeakPrivacyWarning, check_identifier, sql_string
 
 __all__ = ["main", "UsageError"]
 
@@ -745,11 +746,27 @@ def _release(args: argparse.Namespace, err: TextIO, interrupts: runner.Interrupt
         released = run(con)
         return released, time.perf_counter() - started
 
-    try:
-        released, elapsed = runner.run(con, work, interrupts=interrupts)
-    finally:
-        con.close()
+    # A warning (weak privacy parameters) is one line on stderr, as errors are, not Python's report with
+    # a source line; "always": each run says it, even when an earlier one in this process did.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", WeakPrivacyWarning)
+        try:
+            released, elapsed = runner.run(con, work, interrupts=interrupts)
+        finally:
+            con.close()
+            _say_warnings(err, caught)
     return _ordered(released), output, elapsed
+
+
+def _say_warnings(err: TextIO, caught: Sequence[warnings.WarningMessage]) -> None:
+    """Each distinct warning as one ``dpsql: warning: ...`` line on ``err``."""
+    said = set()
+    for w in caught:
+        text = " ".join(str(w.message).split())
+        text = text[len("dpsql: "):] if text.startswith("dpsql: ") else f"{w.category.__name__}: {text}"
+        if text not in said:
+            said.add(text)
+            _say(err, f"dpsql: warning: {text}")
 
 
 def _finish(args: argparse.Namespace, released: pa.Table, output: Optional[_Output], mechanism: str,

@@ -87,6 +87,7 @@ def runs(data) -> dict[str, subprocess.CompletedProcess]:
         "bad_epsilon": ["set-union", "data.parquet", "--epsilon", "-1", "--delta", "1e-5", "--max-items", "10"],
         "missing_file": ["set-union", "no_such_file.parquet", *PARAMS],
         "progress": ["set-union", "data.parquet", *PARAMS, "--progress", "--seed", "3"],
+        "weak": ["set-union", "data.parquet", "--epsilon", "20", "--delta", "1e-5", "--ledger", "weak.dpsql-ledger"],
         "no_command": [],
     }
     with ThreadPoolExecutor(max_workers=len(commands)) as pool:
@@ -135,6 +136,16 @@ def test_progress_and_seed_warning_on_stderr(runs, data):
     last = r.stderr.strip().splitlines()[-1]
     assert "released" in last and last.endswith(" s")
     assert set(r.stdout.splitlines()) <= data.items  # stdout holds only the items
+
+
+def test_weak_parameters_warn_in_one_line_without_source(runs, data):
+    r = runs["weak"]
+    assert_clean(r)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == ["dpsql: warning: weak privacy parameters of dp_set_union_sips_cumulative: epsilon "
+                                     "= 20 > 10 (the odds of any outcome may change by a factor up to e^epsilon). The "
+                                     "release runs; choose smaller values for a meaningful guarantee"]
+    assert data.common <= set(r.stdout.splitlines())
 
 
 def test_no_command_shows_help(runs):
@@ -1018,3 +1029,19 @@ def test_headerless_text_csv_does_not_show_its_first_line(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert "--user-col 'user_id' is not a column" in r.stderr and "add a header line" in r.stderr
     assert SECRET not in r.stderr and "patient0" not in r.stderr
+
+
+# ---------------------------------------------------------------- one line per message
+
+@pytest.mark.parametrize("command, flags, macro", [
+    ("set-union", ["--epsilon", "20", "--delta", "1e-5"], "dp_set_union_sips_cumulative"),
+    ("set-union", ["--method", "mad2r", "--epsilon", "20", "--delta", "1e-5"], "dp_set_union_mad2r"),
+    ("top-k", ["--k", "3", "--epsilon", "1", "--delta", "0.01"], "dp_top_k"),
+    ("group-by", ["--epsilon", "20", "--delta", "1e-5"], "dp_group_by"),
+])
+def test_weak_parameters_are_one_warning_line(data, tmp_path, command, flags, macro):
+    r = cli(command, str(data.dir / "data.parquet"), *flags, "--ledger", str(tmp_path / "l.dpsql-ledger"))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [r.stderr.strip()]
+    assert r.stderr.startswith(f"dpsql: warning: weak privacy parameters of {macro}: ")
+    assert "WeakPrivacyWarning" not in r.stderr and ".py" not in r.stderr
