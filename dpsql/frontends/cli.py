@@ -102,6 +102,81 @@ def _input_kind(path: Path) -> str:
     return "csv"
 
 
+# What makes a path a glob for DuckDB's readers.
+_GLOB_CHARS = ("*", "?", "[")
+# A folder is read as DuckDB's readers read it: FOLDER/**/*.parquet (hive partitions included), or
+# FOLDER/**/*.csv, FOLDER/**/*.json for a folder without Parquet files.
+_FOLDER_SUFFIXES = (".parquet", ".csv", ".json")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """An input as DuckDB's readers take it: a file, a glob or a folder (``location``), the files it
+    names (in DuckDB's order: a multi-file CSV is sniffed on the first) and their kind."""
+
+    location: str
+    files: tuple[Path, ...]
+    kind: str
+
+    @property
+    def first(self) -> Path:
+        return self.files[0]
+
+    @property
+    def home(self) -> Path:
+        """The file, or the folder of a folder or a glob (the part before its first wildcard)."""
+        if len(self.files) == 1 and self.files[0] == Path(self.location):
+            return self.files[0]
+        fixed = []
+        for part in Path(self.location).parts:
+            if any(c in part for c in _GLOB_CHARS):
+                break
+            fixed.append(part)
+        return Path(os.path.abspath(Path(*fixed) if fixed else Path(".")))
+
+
+def _glob(pattern: str) -> tuple[Path, ...]:
+    """The files DuckDB's readers read for ``pattern`` (DuckDB's own glob, so ``**`` means what it means there)."""
+    con = duckdb.connect()
+    try:
+        return tuple(Path(f) for (f,) in con.execute("SELECT file FROM glob(?) ORDER BY file", [pattern]).fetchall())
+    except duckdb.Error as exc:
+        raise UsageError(f"cannot list the files of {pattern!r} ({error_line(exc)[len('Error: '):]})") from None
+    finally:
+        con.close()
+
+
+def _source(flag: str, text: str) -> _Source:
+    """The input ``text`` given to ``flag``: a file, a glob (``'dir/*.parquet'``, ``'dir/**/*.parquet'``) or a
+    folder (of Parquet files, hive-partitioned or not), checked before anything is read.
+
+    The readers are given ``text`` itself, as ``read_parquet(text)`` would be in SQL, so the ledger
+    scope is the one SQL's file tracing gives the same read (:func:`dpsql.core.ledger.file_scope`: a glob or
+    a folder is its own scope)."""
+    path = Path(text)
+    if path.is_file():
+        return _Source(text, (path,), _input_kind(path))
+    if path.is_dir():
+        for suffix in _FOLDER_SUFFIXES:
+            files = _glob(str(path / "**" / f"*{suffix}"))
+            if files:
+                return _Source(text, files, _input_kind(files[0]))
+        raise UsageError(f"{flag} {text!r} is a folder without *.parquet, *.csv or *.json files (in it or its "
+                         f"subfolders); name the files with a glob, e.g. '{path / '*.parquet'}'")
+    if any(c in text for c in _GLOB_CHARS):
+        files = _glob(text)
+        if not files:
+            raise UsageError(f"{flag} {text!r} matches no file")
+        kind = _input_kind(files[0])
+        if kind == "duckdb":
+            raise UsageError(f"{flag} {text!r} matches DuckDB databases; a glob or a folder must name Parquet, CSV "
+                             f"or JSON files: give one database with --table")
+        return _Source(text, files, kind)
+    if flag == "INPUT":
+        raise UsageError(f"input file {text!r} does not exist")
+    raise UsageError(f"{flag} file {text!r} does not exist")
+
+
 @dataclasses.dataclass(frozen=True)
 class _Reader:
     """How a text input is read: DuckDB ``read_csv`` options given on the command line."""
@@ -196,7 +271,7 @@ def _pick_table(tables: list[tuple[str, str]], wanted: Optional[str], input_name
     return matches[0]
 
 
-def _open_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str,
+def _open_input(con: duckdb.DuckDBPyConnection, source: _Source, table: Optional[str], input_name: str,
                 view: str = _VIEW, whole_csv: bool = False, reader: _Reader = _Reader()) -> None:
     """Create the TEMP view ``view`` over the input (a DuckDB file is attached read-only).
 
@@ -204,28 +279,31 @@ def _open_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Op
     use of the view), so that a column whose values change type after the sample gets a type
     that fits them all.
     """
-    location = sql_string(str(path))
+    location, kind = sql_string(source.location), source.kind
     if kind == "duckdb":
         con.execute(f"ATTACH {location} AS {_SOURCE_DB} (READ_ONLY)")
         schema, name = _pick_table(_source_tables(con), table, input_name)
-        source = f"{_SOURCE_DB}.{_quote_ident(schema)}.{_quote_ident(name)}"
+        read = f"{_SOURCE_DB}.{_quote_ident(schema)}.{_quote_ident(name)}"
     elif kind == "parquet":
-        source = f"read_parquet({location})"
+        read = f"read_parquet({location})"
     elif kind == "json":
-        source = f"read_json({location})"
+        read = f"read_json({location})"
     else:
-        source = f"read_csv({location}{reader.csv_options(whole_csv)})"
-    con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {source}")
+        read = f"read_csv({location}{reader.csv_options(whole_csv)})"
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {read}")
 
 
-def _check_not_empty(path: Path, input_name: str, kind: str) -> None:
-    """A text input with nothing but white space has no header (DuckDB would invent a column ``column0``)."""
-    with open(path, "rb") as f:
+def _check_not_empty(source: _Source, input_name: str) -> None:
+    """A text input with nothing but white space has no header (DuckDB would invent a column ``column0``).
+
+    Of several files, the first is checked: DuckDB takes the columns from it."""
+    with open(source.first, "rb") as f:
         while chunk := f.read(1 << 16):
             if chunk.strip():
                 return
-    what = "a header line naming the columns (e.g. user_id,item)" if kind == "csv" else "JSON records"
-    raise UsageError(f"dpsql: {input_name} is empty; it needs {what}; nothing was released or charged")
+    what = "a header line naming the columns (e.g. user_id,item)" if source.kind == "csv" else "JSON records"
+    which = input_name if len(source.files) == 1 else f"the first file of {input_name} ({str(source.first)!r})"
+    raise UsageError(f"dpsql: {which} is empty; it needs {what}; nothing was released or charged")
 
 
 def _first_ragged_line(path: Path, delimiter: str) -> Optional[str]:
@@ -381,22 +459,22 @@ def _input_error(con: duckdb.DuckDBPyConnection, exc: duckdb.Error, input_name: 
     return UsageError(f"dpsql: {input_name}: {said}; {fix}. {_NOT_SHOWN}; nothing was released or charged")
 
 
-def _copy_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str,
+def _copy_input(con: duckdb.DuckDBPyConnection, source: _Source, table: Optional[str], input_name: str,
                 columns: Sequence[tuple[str, str]], reader: _Reader = _Reader()) -> list[str]:
     """Copy ``columns`` (flag, name) of the input into the TEMP table ``dpsql_input``; their quoted names.
 
     The whole input is read once here, so an unreadable row or a value that does not fit its
     column's type fails now, with a message that names the line and the column, never the data.
     """
-    wanted = [col for _, col in columns]
+    wanted, kind = [col for _, col in columns], source.kind
     if kind in ("csv", "json"):
-        _check_not_empty(path, input_name, kind)
+        _check_not_empty(source, input_name)
     try:
         # The CSV sniffer reads a sample here.
-        _open_input(con, path, kind, table, input_name, view=_RAW, reader=reader)
+        _open_input(con, source, table, input_name, view=_RAW, reader=reader)
     except duckdb.Error as exc:
         raise _input_error(con, exc, input_name, kind, wanted, reader) from None
-    _check_input_columns(con, columns, input_name, view=_RAW, csv_path=path if kind == "csv" else None,
+    _check_input_columns(con, columns, input_name, view=_RAW, csv_path=source.first if kind == "csv" else None,
                          reader=reader)
     names = [_quote_ident(col) for col in wanted]
     copy = f"CREATE OR REPLACE TEMP TABLE {_VIEW} AS SELECT {', '.join(names)} FROM {_RAW}"
@@ -409,7 +487,7 @@ def _copy_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Op
         # Most often a type the sniffer guessed from its sample that later rows do not fit:
         # sniff the whole file and read it again.
         try:
-            _open_input(con, path, kind, table, input_name, view=_RAW, whole_csv=True, reader=reader)
+            _open_input(con, source, table, input_name, view=_RAW, whole_csv=True, reader=reader)
         except duckdb.Error:  # the whole file defeats the sniffer: the first failure names the line
             raise _input_error(con, exc, input_name, kind, wanted, reader) from None
         try:
@@ -420,7 +498,7 @@ def _copy_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Op
     return names
 
 
-def _load_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str,
+def _load_input(con: duckdb.DuckDBPyConnection, source: _Source, table: Optional[str], input_name: str,
                 columns: Sequence[tuple[str, str]], reader: _Reader = _Reader()) -> None:
     """Copy ``columns`` (flag, name) of the input into the TEMP table ``dpsql_input``, checked.
 
@@ -428,7 +506,7 @@ def _load_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Op
     unreadable row or a value that does not fit its column's type fails now, and so does a NULL
     in any of the columns. Nothing has been charged when this raises.
     """
-    names = _copy_input(con, path, kind, table, input_name, columns, reader)
+    names = _copy_input(con, source, table, input_name, columns, reader)
     nulls = con.execute("SELECT " + ", ".join(f"bool_or({n} IS NULL)" for n in names) + f" FROM {_VIEW}").fetchall()
     for (flag, col), has_null in zip(columns, nulls[0]):
         if has_null:
@@ -444,7 +522,7 @@ class _Output:
     format: str  # 'csv' or 'parquet'
 
 
-def _output_path(output: Optional[str], input_path: Path) -> Optional[_Output]:
+def _output_path(output: Optional[str], source: _Source) -> Optional[_Output]:
     """The --output file, checked before anything is read: known format, writable, not the input."""
     if output is None:
         return None
@@ -456,8 +534,9 @@ def _output_path(output: Optional[str], input_path: Path) -> Optional[_Output]:
         raise UsageError(f"--output {output!r}: folder {str(path.parent)!r} does not exist")
     if path.is_dir():
         raise UsageError(f"--output {output!r} is a folder; name a file")
-    if path.exists() and path.resolve() == input_path.resolve():
-        raise UsageError("--output must not be the input file")
+    if path.exists() and path.resolve() in {f.resolve() for f in source.files}:
+        raise UsageError("--output must not be the input file" if len(source.files) == 1 else
+                         "--output must not be one of the input files")
     if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"--output {output!r} exists and is not writable")
     return _Output(path, fmt)
@@ -577,33 +656,30 @@ def _interrupts(err: TextIO) -> runner.Interrupts:
     return runner.Interrupts(notice=functools.partial(_say, err))
 
 
-def _input_ledger(args: argparse.Namespace, input_path: Path, kind: str) -> Ledger:
-    """The ledger a release from INPUT is charged to: --ledger, else the sidecar of the input file.
+def _input_ledger(args: argparse.Namespace, source: _Source) -> Ledger:
+    """The ledger a release from INPUT is charged to: --ledger, else the sidecar of the input file (of
+    the folder, for a folder or a glob: ``dpsql budget show FOLDER`` shows it).
 
     The release reads the input through the TEMP table ``dpsql_input``; the ledger records the
-    DuckDB table (--table, as a table of that database) or the input file (its absolute path)
-    instead, so that 'dpsql budget set INPUT --scope' can name it.
+    DuckDB table (--table, as a table of that database) or the scope SQL gives a read of the input
+    file, glob or folder (``read_parquet('INPUT')``: its absolute path, :func:`dpsql.core.ledger.file_scope`)
+    instead, so that 'dpsql budget set INPUT --scope' can name it and SQL meets the same budget.
     """
-    path = Path(args.ledger) if args.ledger else ledger_mod.sidecar_path(input_path)
+    path = Path(args.ledger) if args.ledger else ledger_mod.sidecar_path(source.home)
     if args.ledger and not path.parent.is_dir():
         raise UsageError(f"--ledger {args.ledger!r}: folder {str(path.parent)!r} does not exist")
-    if kind == "duckdb" and args.table:
+    if source.kind == "duckdb" and args.table:
         # A table scope is a catalog identity: the table of the input database, whatever the ledger's name.
-        return Ledger(path, aliases={_VIEW: args.table}, database=ledger_mod.database_alias(input_path))
-    return Ledger(path, aliases={_VIEW: str(input_path.resolve())})
+        return Ledger(path, aliases={_VIEW: args.table}, database=ledger_mod.database_alias(source.first))
+    return Ledger(path, aliases={_VIEW: ledger_mod.file_scope(source.location)})
 
 
-def _input_file(args: argparse.Namespace) -> tuple[Path, str, Optional[_Output], _Reader]:
-    """INPUT, its kind, the --output file and the CSV reader options, all checked before anything is read."""
-    input_path = Path(args.input)
-    if not input_path.exists():
-        raise UsageError(f"input file {args.input!r} does not exist")
-    if not input_path.is_file():
-        raise UsageError(f"input {args.input!r} is not a file")
-    kind = _input_kind(input_path)
-    if args.table is not None and kind != "duckdb":
-        raise UsageError(f"--table applies to a DuckDB database input; {args.input!r} is a {kind} file")
-    return input_path, kind, _output_path(args.output, input_path), _reader(args, kind)
+def _input_file(args: argparse.Namespace) -> tuple[_Source, Optional[_Output], _Reader]:
+    """INPUT, the --output file and the CSV reader options, all checked before anything is read."""
+    source = _source("INPUT", args.input)
+    if args.table is not None and source.kind != "duckdb":
+        raise UsageError(f"--table applies to a DuckDB database input; {args.input!r} is a {source.kind} file")
+    return source, _output_path(args.output, source), _reader(args, source.kind)
 
 
 def _file_metadata(args: argparse.Namespace, mechanism: str) -> dict[str, str]:
@@ -729,15 +805,15 @@ def _release(args: argparse.Namespace, err: TextIO, interrupts: runner.Interrupt
     ``probe_sql`` selects zero rows of the released columns' types from ``dpsql_input``.
     Returns the released rows in value order, the output and the seconds the release took.
     """
-    input_path, kind, output, reader = _input_file(args)
+    source, output, reader = _input_file(args)
     if args.seed is not None:
         print(SEED_WARNING, file=err, flush=True)
-    con = _connect(args.seed, _input_ledger(args, input_path, kind))
+    con = _connect(args.seed, _input_ledger(args, source))
 
     def work() -> tuple[pa.Table, float]:
         if getattr(args, "progress", False):
             _say(err, f"dpsql: reading {args.input!r}")
-        _load_input(con, input_path, kind, args.table, f"{args.input!r} (read as {kind})", columns, reader)
+        _load_input(con, source, args.table, f"{args.input!r} (read as {source.kind})", columns, reader)
         interrupts.check()
         if output is not None:
             _probe_output(con, probe_sql, output)
@@ -988,8 +1064,9 @@ def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _add_input_options(p: argparse.ArgumentParser) -> None:
     """INPUT, --table and DuckDB's CSV reader options (for an input read as CSV)."""
     p.add_argument("input", metavar="INPUT",
-                   help="Parquet file, CSV file, JSON file (*.json, *.jsonl, *.ndjson), or DuckDB database "
-                        "(with --table)")
+                   help="Parquet file, CSV file, JSON file (*.json, *.jsonl, *.ndjson), DuckDB database "
+                        "(with --table), or several files as SQL's readers take them: a glob ('data/*.parquet', "
+                        "'data/**/*.parquet', quoted) or a folder of Parquet files (hive partitions included)")
     p.add_argument("--table", help="table or view to read when INPUT is a DuckDB database")
     csv = p.add_argument_group("CSV input (DuckDB's read_csv options)")
     csv.add_argument("--delimiter", metavar="CHAR", help="field separator, e.g. ';' or '\\t' (default: sniffed)")
@@ -1006,7 +1083,8 @@ def _add_release_options(p: argparse.ArgumentParser, *, rows: str) -> None:
     p.add_argument("--output", metavar="FILE", help=f"write the {rows} to FILE: *.csv (CSV) or *.parquet (Parquet)")
     p.add_argument("--json", action="store_true", help=f"print one JSON object with the parameters, "
                                                        f"calibration and {rows}")
-    p.add_argument("--ledger", metavar="FILE", help="privacy ledger to charge (default: INPUT.dpsql-ledger)")
+    p.add_argument("--ledger", metavar="FILE", help="privacy ledger to charge (default: INPUT.dpsql-ledger; for a "
+                                                    "glob or a folder, FOLDER.dpsql-ledger beside its folder)")
     p.add_argument("--seed", type=int, help="reproducible noise for tests: the result is NOT private")
 
 
@@ -1047,10 +1125,10 @@ EVALUATE_NOTE = ("NON-PRIVATE evaluation: computed from the raw input, not diffe
                  "do not publish these numbers.")
 
 
-def _open_released(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """TEMP view ``dpsql_released`` over a Parquet or CSV file of released items (column ``item``)."""
-    location = sql_string(str(path))
-    reader = {"parquet": "read_parquet", "json": "read_json"}.get(_input_kind(path), "read_csv")
+def _open_released(con: duckdb.DuckDBPyConnection, source: _Source) -> None:
+    """TEMP view ``dpsql_released`` over a Parquet, CSV or JSON file (a glob, a folder) of released items."""
+    location = sql_string(source.location)
+    reader = {"parquet": "read_parquet", "json": "read_json"}.get(source.kind, "read_csv")
     con.execute(f"CREATE TEMP VIEW dpsql_released AS SELECT * FROM {reader}({location})")
 
 
@@ -1062,22 +1140,17 @@ def cmd_evaluate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     item_col = check_identifier("--item-col", args.item_col)
     if args.k is not None and args.k < 1:
         raise UsageError(f"--k must be >= 1 (got {args.k})")
-    paths = {}
-    for flag, value in (("INPUT", args.input), ("--released", args.released)):
-        path = Path(value)
-        if not path.is_file():
-            raise UsageError(f"{flag} file {value!r} does not exist")
-        paths[flag] = path
+    source, released = _source("INPUT", args.input), _source("--released", args.released)
     con = _connect(None)
     try:
-        kind = _input_kind(paths["INPUT"])
+        kind = source.kind
         reader = _reader(args, kind)
         input_name = f"{args.input!r} (read as {kind})"
         # A TEMP table of the two columns: read once (the metrics scan it many times), and a row
         # DuckDB cannot read is reported by line and column, never quoted.
-        _copy_input(con, paths["INPUT"], kind, args.table, input_name,
-                    [("--user-col", user_col), ("--item-col", item_col)], reader)
-        _open_released(con, paths["--released"])
+        _copy_input(con, source, args.table, input_name, [("--user-col", user_col), ("--item-col", item_col)],
+                    reader)
+        _open_released(con, released)
         names = [r[0].lower() for r in con.execute("SELECT name FROM pragma_table_info('dpsql_released')").fetchall()]
         if args.released_col.lower() not in names:
             raise UsageError(f"--released-col {args.released_col!r} is not a column of {args.released!r}")

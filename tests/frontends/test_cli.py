@@ -1031,6 +1031,111 @@ def test_headerless_text_csv_does_not_show_its_first_line(tmp_path):
     assert SECRET not in r.stderr and "patient0" not in r.stderr
 
 
+# ---------------------------------------------------------------- globs, folders, hive partitions
+# INPUT may be what SQL's readers take: a glob, a folder of Parquet files, a hive-partitioned folder.
+
+RELEASES = {"set-union": [], "top-k": ["--k", "3"], "hitting-set": ["--k", "3"], "group-by": [],
+            "weighted-sample": ["--key-col", "item"]}
+
+
+@pytest.fixture(scope="module")
+def parts(data) -> SimpleNamespace:
+    """data.parquet's rows as two files of a folder, and as a hive-partitioned folder whose item is only in
+    the folder names (item=common0/...)."""
+    table = pq.read_table(data.dir / "data.parquet")
+    flat = data.dir / "flat"
+    flat.mkdir()
+    half = table.num_rows // 2
+    pq.write_table(table.slice(0, half), flat / "a.parquet")
+    pq.write_table(table.slice(half), flat / "b.parquet")
+    con = duckdb.connect()
+    try:
+        con.execute(f"COPY (FROM read_parquet('{data.dir / 'data.parquet'}')) TO '{data.dir / 'hive'}' "
+                    f"(FORMAT parquet, PARTITION_BY (item))")
+    finally:
+        con.close()
+    assert pq.read_schema(next((data.dir / "hive").glob("item=*/*.parquet"))).names == ["user_id", "extra"]
+    return SimpleNamespace(flat=flat, hive=data.dir / "hive")
+
+
+@pytest.mark.parametrize("command, sources", [
+    ("set-union", ["flat/*.parquet", "flat", "hive", "hive/**/*.parquet"]),
+    *((command, ["hive"]) for command in list(RELEASES)[1:]),  # every release reads INPUT alike
+])
+def test_glob_folder_and_hive_inputs_release_what_one_file_releases(data, parts, tmp_path, command, sources):
+    base = [*BUDGET, "--seed", "7", "--ledger", str(tmp_path / "l.dpsql-ledger"), *RELEASES[command]]
+    expected = cli(command, str(data.dir / "data.parquet"), *base)
+    assert expected.returncode == 0, expected.stderr
+    assert data.common & set(expected.stdout.replace("\t", "\n").splitlines())
+    for source in (data.dir / name for name in sources):
+        r = cli(command, str(source), *base)
+        assert r.returncode == 0, (source, r.stderr)
+        assert r.stdout == expected.stdout, source  # the same rows, read from several files: the same release
+
+
+def test_evaluate_reads_a_glob(data, parts, tmp_path):
+    released = write_lines(tmp_path / "released.csv", ["item", "common0", "mid01"])
+    one, many = (cli("evaluate", str(source), "--released", str(released), "--json")
+                 for source in (data.dir / "data.parquet", parts.flat / "*.parquet"))
+    assert one.returncode == 0 and many.returncode == 0, one.stderr + many.stderr
+    assert {**json.loads(one.stdout), "input": None} == {**json.loads(many.stdout), "input": None}
+
+
+def test_glob_and_folder_inputs_are_charged_to_the_scopes_sql_gives_them(data, parts, tmp_path):
+    import shutil
+    import warnings
+
+    import dpsql
+    from dpsql.core.ledger import Ledger
+
+    folder = tmp_path / "events"
+    shutil.copytree(parts.flat, folder)
+    sidecar = tmp_path / "events.dpsql-ledger"  # a folder's, and its globs': `dpsql budget show FOLDER` shows it
+    for source in (folder / "*.parquet", folder, folder / "**" / "*.parquet"):
+        sql_ledger = tmp_path / "sql.dpsql-ledger"
+        sql_ledger.unlink(missing_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            con = dpsql.connect(ledger=str(sql_ledger))
+        try:
+            con.execute(f"CREATE VIEW v AS FROM read_parquet('{source}')")
+            dpsql.set_union(con, "v", "weighted_gaussian", epsilon=1.0, delta=1e-5)
+        finally:
+            con.close()
+        (by_sql,) = Ledger(sql_ledger).releases()
+        r = cli("set-union", str(source), "--method", "weighted_gaussian", *BUDGET)
+        assert r.returncode == 0, r.stderr
+        assert Ledger(sidecar).releases()[-1].table == by_sql.table == os.path.realpath(source)
+    # a budget on the glob's scope bounds the CLI's releases from that glob, not those from the folder
+    glob = str(folder / "*.parquet")
+    assert cli("budget", "set", str(folder), "--scope", glob, "--epsilon", "1.5", "--delta", "1e-3").returncode == 0
+    refused = cli("set-union", glob, *BUDGET)
+    assert refused.returncode == 1 and f"scope '{os.path.realpath(glob)}' exceeded" in refused.stderr
+    assert cli("set-union", str(folder), *BUDGET).returncode == 0
+
+
+@pytest.mark.parametrize("source, words", [
+    ("nothing/*.parquet", ["INPUT", "matches no file"]),
+    ("empty", ["INPUT", "folder without *.parquet"]),
+])
+def test_glob_or_folder_without_files_is_one_clear_line(tmp_path, source, words):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "nothing").mkdir()
+    r = cli("set-union", str(tmp_path / source), *BUDGET, "--ledger", str(tmp_path / "l.dpsql-ledger"))
+    assert r.returncode == 2 and r.stdout == ""
+    line = r.stderr.strip()
+    assert line.startswith("Error: ") and "\n" not in line
+    for word in words:
+        assert word in line
+
+
+def test_output_must_not_overwrite_a_file_of_a_glob(parts, tmp_path):
+    r = cli("set-union", str(parts.flat / "*.parquet"), *BUDGET, "--ledger", str(tmp_path / "l.dpsql-ledger"),
+            "--output", str(parts.flat / "a.parquet"))
+    assert r.returncode == 2 and "--output must not be one of the input files" in r.stderr
+    assert pq.read_table(parts.flat / "a.parquet").column_names == ["user_id", "item", "extra"]
+
+
 # ---------------------------------------------------------------- one line per message
 
 @pytest.mark.parametrize("command, flags, macro", [
