@@ -499,17 +499,19 @@ def _copy_input(con: duckdb.DuckDBPyConnection, source: _Source, table: Optional
 
 
 def _load_input(con: duckdb.DuckDBPyConnection, source: _Source, table: Optional[str], input_name: str,
-                columns: Sequence[tuple[str, str]], reader: _Reader = _Reader()) -> None:
+                columns: Sequence[tuple[str, str]], reader: _Reader = _Reader(),
+                nullable: Sequence[str] = ()) -> None:
     """Copy ``columns`` (flag, name) of the input into the TEMP table ``dpsql_input``, checked.
 
     Runs before the release: the whole input is read once here (:func:`_copy_input`), so an
     unreadable row or a value that does not fit its column's type fails now, and so does a NULL
-    in any of the columns. Nothing has been charged when this raises.
+    in any of the columns but those of the flags ``nullable`` (a NULL the macro skips, as
+    dp_group_by skips a NULL value). Nothing has been charged when this raises.
     """
     names = _copy_input(con, source, table, input_name, columns, reader)
     nulls = con.execute("SELECT " + ", ".join(f"bool_or({n} IS NULL)" for n in names) + f" FROM {_VIEW}").fetchall()
     for (flag, col), has_null in zip(columns, nulls[0]):
-        if has_null:
+        if has_null and flag not in nullable:
             raise UsageError(f"{flag} {col!r} contains NULL in {input_name}; filter those rows out first "
                              f"(e.g. a view WHERE {col} IS NOT NULL); nothing was released or charged")
 
@@ -799,10 +801,12 @@ def _fill_defaults(args: argparse.Namespace, macro: str, names: Sequence[tuple[s
 
 def _release(args: argparse.Namespace, err: TextIO, interrupts: runner.Interrupts,
              columns: Sequence[tuple[str, str]], probe_sql: str,
-             run: Callable[[duckdb.DuckDBPyConnection], pa.Table]) -> tuple[pa.Table, Optional[_Output], float]:
+             run: Callable[[duckdb.DuckDBPyConnection], pa.Table],
+             nullable: Sequence[str] = ()) -> tuple[pa.Table, Optional[_Output], float]:
     """Check, load INPUT, probe --output, then ``run`` the release (charged), interruptible with Ctrl-C.
 
-    ``probe_sql`` selects zero rows of the released columns' types from ``dpsql_input``.
+    ``probe_sql`` selects zero rows of the released columns' types from ``dpsql_input``; ``nullable``:
+    the flags of ``columns`` whose NULLs the release skips (:func:`_load_input`).
     Returns the released rows in value order, the output and the seconds the release took.
     """
     source, output, reader = _input_file(args)
@@ -813,7 +817,7 @@ def _release(args: argparse.Namespace, err: TextIO, interrupts: runner.Interrupt
     def work() -> tuple[pa.Table, float]:
         if getattr(args, "progress", False):
             _say(err, f"dpsql: reading {args.input!r}")
-        _load_input(con, source, args.table, f"{args.input!r} (read as {source.kind})", columns, reader)
+        _load_input(con, source, args.table, f"{args.input!r} (read as {source.kind})", columns, reader, nullable)
         interrupts.check()
         if output is not None:
             _probe_output(con, probe_sql, output)
@@ -1048,8 +1052,11 @@ def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         probe += [f"0.0::DOUBLE AS {_quote_ident(agg)}"] + ([f"0.0::DOUBLE AS {agg}_scale"] if agg != "mean" else [])
         probe.append(f"0.0::DOUBLE AS {agg}_ci")
     with _interrupts(err) as interrupts:
+        # A NULL value is skipped by the sum and the mean, as in SQL and Python (dp_group_by); a NULL user
+        # or item is refused there too.
         released, output, _ = _release(args, err, interrupts, columns,
-                                       f"SELECT {', '.join(probe)} FROM {_VIEW} LIMIT 0", run)
+                                       f"SELECT {', '.join(probe)} FROM {_VIEW} LIMIT 0", run,
+                                       nullable=["--value-col"])
         if public_delta:
             args.delta = 0.0  # what dp_group_by_public charges (the file metadata records it)
         doc = {"mechanism": macro, "aggregates": list(aggregates), "epsilon": float(args.epsilon),

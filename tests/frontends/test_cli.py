@@ -1136,6 +1136,40 @@ def test_output_must_not_overwrite_a_file_of_a_glob(parts, tmp_path):
     assert pq.read_table(parts.flat / "a.parquet").column_names == ["user_id", "item", "extra"]
 
 
+# ---------------------------------------------------------------- NULL values, as SQL and Python
+
+def test_group_by_skips_null_values_as_sql_and_python_do(tmp_path):
+    import warnings
+
+    import dpsql
+
+    values = [None if u % 7 == 0 else float(u % 5) for u in range(300)]
+    path = tmp_path / "spend.parquet"
+    pq.write_table(pa.table({"user_id": [f"u{u}" for u in range(300)], "item": ["common"] * 300, "spend": values}),
+                   path)
+    r = cli("group-by", str(path), *BUDGET, "--aggregates", "count,sum,mean", "--value-col", "spend", "--lower", "0",
+            "--upper", "5", "--seed", "9", "--json", "--ledger", str(tmp_path / "l.dpsql-ledger"))
+    assert r.returncode == 0, r.stderr
+    released = []
+    for run in ("python", "sql"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            con = dpsql.connect(seed=9)
+        try:
+            con.execute(f"CREATE VIEW t AS FROM read_parquet('{path}')")
+            if run == "python":
+                rows = dpsql.group_by(con, "t", epsilon=1.0, delta=1e-5, aggregates=["count", "sum", "mean"],
+                                      value_col="spend", lower=0, upper=5).to_pylist()
+            else:
+                rows = con.sql("FROM dp_group_by('t', epsilon := 1.0, delta := 1e-5, aggregates := ['count', 'sum', "
+                               "'mean'], value_col := 'spend', lower := 0, upper := 5)").to_arrow_table().to_pylist()
+        finally:
+            con.close()
+        released.append(rows)
+    assert json.loads(r.stdout)["rows"] == released[0] == released[1]
+    assert [row["item"] for row in released[0]] == ["common"]
+
+
 # ---------------------------------------------------------------- one line per message
 
 @pytest.mark.parametrize("command, flags, macro", [
