@@ -58,8 +58,10 @@ SEED_WARNING = ("WARNING: --seed makes noise and sampling reproducible: this res
 _VIEW = "dpsql_input"      # the TEMP table a release reads (a copy of the needed input columns)
 _RAW = "dpsql_raw_input"   # the TEMP view over the input file or table
 _SOURCE_DB = "dpsql_source"
-# --output suffix -> format; any other name is refused before the release.
-OUTPUT_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".parq": "parquet"}
+# --output suffix -> format; any other name is refused before the release. JSON holds the rows as
+# objects named by their columns, as CSV and Parquet hold them (and as --json's "rows" does).
+OUTPUT_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".parq": "parquet", ".json": "json",
+                  ".jsonl": "ndjson", ".ndjson": "ndjson"}
 
 
 class UsageError(Exception):
@@ -521,7 +523,7 @@ class _Output:
     """A checked ``--output`` file and its format."""
 
     path: Path
-    format: str  # 'csv' or 'parquet'
+    format: str  # 'csv', 'parquet', 'json' (an array of row objects) or 'ndjson' (one row object a line)
 
 
 def _output_path(output: Optional[str], source: _Source) -> Optional[_Output]:
@@ -531,7 +533,7 @@ def _output_path(output: Optional[str], source: _Source) -> Optional[_Output]:
     path = Path(output)
     fmt = OUTPUT_FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise UsageError(f"--output {output!r}: unknown format; name the file *.parquet or *.csv")
+        raise UsageError(f"--output {output!r}: unknown format; name the file *.parquet, *.csv or *.json")
     if not path.parent.is_dir():
         raise UsageError(f"--output {output!r}: folder {str(path.parent)!r} does not exist")
     if path.is_dir():
@@ -545,15 +547,18 @@ def _output_path(output: Optional[str], source: _Source) -> Optional[_Output]:
 
 
 def _write(rows: pa.Table, output: _Output, metadata: Optional[dict[str, str]] = None) -> None:
-    """Write ``rows`` in their order: Parquet (zstd, with ``metadata`` as key-value metadata) or CSV.
+    """Write ``rows`` in their order: Parquet (zstd, with ``metadata`` as key-value metadata), CSV or JSON.
 
-    DuckDB writes every column type (lists, structs, blobs included; CSV shows them as text).
+    DuckDB writes every column type (lists, structs, blobs included; CSV shows them as text, JSON
+    as arrays and objects).
     """
     con = duckdb.connect()
     try:
         con.register("dpsql_released", rows)
         if output.format == "csv":
             options = "FORMAT csv, HEADER true"
+        elif output.format in ("json", "ndjson"):
+            options = "FORMAT json" + (", ARRAY true" if output.format == "json" else "")
         else:
             kv = ", ".join(f"{_quote_ident(k)}: {sql_string(v)}" for k, v in (metadata or {}).items())
             options = "FORMAT parquet, COMPRESSION zstd" + (f", KV_METADATA {{{kv}}}" if kv else "")
@@ -1087,7 +1092,8 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
 
 def _add_release_options(p: argparse.ArgumentParser, *, rows: str) -> None:
     """--output, --json, --ledger and --seed of a release command."""
-    p.add_argument("--output", metavar="FILE", help=f"write the {rows} to FILE: *.csv (CSV) or *.parquet (Parquet)")
+    p.add_argument("--output", metavar="FILE", help=f"write the {rows} to FILE: *.csv (CSV), *.parquet (Parquet) "
+                                                    f"or *.json (a JSON array of row objects; *.jsonl: one a line)")
     p.add_argument("--json", action="store_true", help=f"print one JSON object with the parameters, "
                                                        f"calibration and {rows}")
     p.add_argument("--ledger", metavar="FILE", help="privacy ledger to charge (default: INPUT.dpsql-ledger; for a "

@@ -363,7 +363,7 @@ def test_weighted_sample_null_key_fails_before_the_charge(tmp_path):
 
 
 @pytest.mark.parametrize("output, words", [
-    ("out.txt", ["--output", "*.parquet or *.csv"]),
+    ("out.txt", ["--output", "*.parquet, *.csv or *.json"]),
     ("folder.parquet", ["--output", "is a folder"]),
     ("missing/out.parquet", ["--output", "does not exist"]),
 ])
@@ -1134,6 +1134,21 @@ def test_output_must_not_overwrite_a_file_of_a_glob(parts, tmp_path):
             "--output", str(parts.flat / "a.parquet"))
     assert r.returncode == 2 and "--output must not be one of the input files" in r.stderr
     assert pq.read_table(parts.flat / "a.parquet").column_names == ["user_id", "item", "extra"]
+
+
+# ---------------------------------------------------------------- JSON output, headers, the round trip
+
+@pytest.mark.parametrize("name", ["out.json", "out.jsonl"])
+def test_output_json_holds_the_rows_as_objects(data, tmp_path, name):
+    out = tmp_path / name
+    base = ["top-k", str(data.dir / "data.parquet"), "--k", "3", *BUDGET, "--seed", "4",
+            "--ledger", str(tmp_path / "l.dpsql-ledger")]
+    r = cli(*base, "--output", str(out))
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    text = out.read_text(encoding="utf-8")
+    rows = json.loads(text) if name.endswith(".json") else [json.loads(line) for line in text.splitlines()]
+    items = json.loads(cli(*base, "--json").stdout)["items"]  # the same seed: the same items
+    assert rows == [{"rank": rank, "item": item} for rank, item in enumerate(items, 1)]
 
 
 # ---------------------------------------------------------------- NULL values, as SQL and Python
