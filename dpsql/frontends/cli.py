@@ -723,6 +723,15 @@ def escape_text(text: str) -> str:
     return _NEEDS_ESCAPE.sub(one, text)
 
 
+_UNESCAPES = {v: k for k, v in _ESCAPES.items()}
+_ESCAPED = re.compile(r"\\(?:[\\nrt]|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4})")
+
+
+def unescape_text(text: str) -> str:
+    """The text :func:`escape_text` made ``text`` from."""
+    return _ESCAPED.sub(lambda m: _UNESCAPES.get(m.group()) or chr(int(m.group()[2:], 16)), text)
+
+
 def _text_columns(rows: pa.Table) -> list[list[str]]:
     """Each column of ``rows`` as text, as DuckDB casts it to VARCHAR, which is what its CSV writer writes.
 
@@ -752,8 +761,11 @@ def _text_columns(rows: pa.Table) -> list[list[str]]:
 
 
 def _print_rows(rows: pa.Table, out: TextIO) -> None:
-    """One line per row, columns separated by tabs (see :func:`_text_columns`)."""
+    """One line per row, columns separated by tabs (see :func:`_text_columns`), under a header line of
+    the column names when there are several (one column, an item or a key a line, needs none)."""
     columns = _text_columns(rows)
+    if rows.num_columns > 1:
+        out.write("\t".join(escape_text(name) for name in rows.column_names) + "\n")
     for i in range(rows.num_rows):
         out.write("\t".join(col[i] for col in columns) + "\n")
 
@@ -1107,9 +1119,9 @@ def _default_help(macro: str, name: str) -> str:
         f"default: {str(param.sql_default()).strip(chr(39))}, as in SQL"
 
 
-PLAIN_OUTPUT = ("Plain output is one value per line (columns separated by tabs); numbers are written as in "
-                "CSV output, and a backslash, line break, tab or other control character in a value as "
-                "\\\\, \\n, \\t, \\xHH.")
+PLAIN_OUTPUT = ("Plain output is one value per line (columns separated by tabs, under a header line of column "
+                "names when there are several); numbers are written as in CSV output, and a backslash, line "
+                "break, tab or other control character in a value as \\\\, \\n, \\t, \\xHH.")
 
 
 def _add_ranked_parser(sub, name: str, macro: str, func: Callable, summary: str, description: str) -> None:
@@ -1138,11 +1150,58 @@ EVALUATE_NOTE = ("NON-PRIVATE evaluation: computed from the raw input, not diffe
                  "do not publish these numbers.")
 
 
-def _open_released(con: duckdb.DuckDBPyConnection, source: _Source) -> None:
-    """TEMP view ``dpsql_released`` over a Parquet, CSV or JSON file (a glob, a folder) of released items."""
+def _header_names(path: Path, column: str) -> Optional[list[str]]:
+    """The columns of a text file of released rows if its first line is a header naming ``column``, as
+    DuckDB's CSV sniffer reads it; None for a file without one (or that is no CSV file DuckDB can sniff)."""
+    con = duckdb.connect()
+    try:
+        names = [r[0] for r in con.execute(f"SELECT column_name FROM (DESCRIBE SELECT * FROM "
+                                           f"read_csv({sql_string(str(path))}))").fetchall()]
+    except duckdb.Error:
+        return None
+    finally:
+        con.close()
+    return names if column.lower() in (n.lower() for n in names) else None
+
+
+def _open_released(con: duckdb.DuckDBPyConnection, source: _Source, column: str, item_type: Optional[str]) -> None:
+    """TEMP view ``dpsql_released`` over the released rows: Parquet, JSON or CSV files as DuckDB reads them,
+    or the plain output of a release command.
+
+    A text file is plain output unless its first line is a header naming ``column`` without tabs (a CSV
+    file, e.g. one --output wrote): one escaped value a line (:func:`escape_text`), or tab-separated under
+    a header line of column names. A plain value is read as the input's item type ``item_type``, from the
+    text DuckDB gave it (a text item is unescaped first). A one-column output whose first value is
+    ``column``'s own name reads as a CSV file with that header.
+    """
     location = sql_string(source.location)
-    reader = {"parquet": "read_parquet", "json": "read_json"}.get(source.kind, "read_csv")
-    con.execute(f"CREATE TEMP VIEW dpsql_released AS SELECT * FROM {reader}({location})")
+    if source.kind == "duckdb":
+        raise UsageError(f"--released {source.location!r} is a DuckDB database; give the Parquet, CSV or JSON "
+                         f"file a release wrote (--output), or its plain output")
+    first = ""
+    if source.kind == "csv" and len(source.files) == 1:
+        with source.first.open(encoding="utf-8", errors="replace", newline="") as f:
+            first = f.readline().rstrip("\r\n")
+    tabbed = "\t" in first and column.lower() in (unescape_text(f).lower() for f in first.split("\t"))
+    if source.kind != "csv" or len(source.files) > 1 or (not tabbed and _header_names(source.first, column)):
+        reader = {"parquet": "read_parquet", "json": "read_json"}.get(source.kind, "read_csv")
+        con.execute(f"CREATE TEMP VIEW dpsql_released AS SELECT * FROM {reader}({location})")
+        return
+    lines = source.first.read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if tabbed:
+        names = [unescape_text(f).lower() for f in lines[0].split("\t")]
+        at = names.index(column.lower())
+        texts = [line.rstrip("\r").split("\t")[at] for line in lines[1:]]
+    else:
+        texts = [line.rstrip("\r") for line in lines]
+    text_item = item_type is None or item_type.upper() == "VARCHAR"
+    values = [unescape_text(t) if text_item else t for t in texts]
+    con.register("dpsql_released_text", pa.table({column: pa.array(values, pa.string())}))
+    name = _quote_ident(column)
+    cast = "" if text_item else f"::{item_type}"
+    con.execute(f"CREATE TEMP VIEW dpsql_released AS SELECT {name}{cast} AS {name} FROM dpsql_released_text")
 
 
 def cmd_evaluate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -1151,6 +1210,7 @@ def cmd_evaluate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     user_col = check_identifier("--user-col", args.user_col)
     item_col = check_identifier("--item-col", args.item_col)
+    released_col = check_identifier("--released-col", args.released_col)
     if args.k is not None and args.k < 1:
         raise UsageError(f"--k must be >= 1 (got {args.k})")
     source, released = _source("INPUT", args.input), _source("--released", args.released)
@@ -1163,12 +1223,12 @@ def cmd_evaluate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         # DuckDB cannot read is reported by line and column, never quoted.
         _copy_input(con, source, args.table, input_name, [("--user-col", user_col), ("--item-col", item_col)],
                     reader)
-        _open_released(con, released)
+        _open_released(con, released, released_col, _column_type(con, _VIEW, item_col))
         names = [r[0].lower() for r in con.execute("SELECT name FROM pragma_table_info('dpsql_released')").fetchall()]
-        if args.released_col.lower() not in names:
-            raise UsageError(f"--released-col {args.released_col!r} is not a column of {args.released!r}")
+        if released_col.lower() not in names:
+            raise UsageError(f"--released-col {released_col!r} is not a column of {args.released!r}")
         doc = metrics.evaluate(con, _VIEW, "dpsql_released", k=args.k, user_col=user_col, item_col=item_col,
-                               released_col=args.released_col)
+                               released_col=released_col)
     finally:
         con.close()
     doc = {"input": args.input, "released": args.released, "private": False, "note": EVALUATE_NOTE, **doc}
@@ -1504,7 +1564,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "frequency bucket. Reads the raw data: the numbers are NOT private.")
     _add_input_options(ev)
     ev.add_argument("--released", required=True, metavar="FILE",
-                    help="Parquet, CSV or JSON file of released items")
+                    help="Parquet, CSV or JSON file of released items (as --output writes them), or a release's "
+                         "plain output")
     ev.add_argument("--released-col", default="item", help="item column of --released (default: item)")
     ev.add_argument("--k", type=int, help="also report the top-k missing mass (at most k released items)")
     ev.add_argument("--user-col", default="user_id", help="user column (default: user_id)")

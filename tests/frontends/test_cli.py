@@ -7,6 +7,7 @@ them side by side keeps the module fast); the other cases call
 """
 from __future__ import annotations
 
+import decimal
 import io
 import json
 import os
@@ -1149,6 +1150,65 @@ def test_output_json_holds_the_rows_as_objects(data, tmp_path, name):
     rows = json.loads(text) if name.endswith(".json") else [json.loads(line) for line in text.splitlines()]
     items = json.loads(cli(*base, "--json").stdout)["items"]  # the same seed: the same items
     assert rows == [{"rank": rank, "item": item} for rank, item in enumerate(items, 1)]
+
+
+def test_plain_output_of_several_columns_has_a_header_line(data, tmp_path):
+    base = [str(data.dir / "data.parquet"), *BUDGET, "--seed", "3", "--ledger", str(tmp_path / "l.dpsql-ledger")]
+    group_by = [*base, "--aggregates", "count,sum", "--value-col", "extra", "--lower", "0", "--upper", "10"]
+    plain = cli("group-by", *group_by)
+    assert plain.returncode == 0, plain.stderr
+    assert cli("group-by", *group_by, "--output", str(tmp_path / "g.parquet")).returncode == 0
+    written = pq.read_table(tmp_path / "g.parquet")
+    lines = plain.stdout.splitlines()
+    assert lines[0].split("\t") == written.column_names and len(written.column_names) > 1
+    assert [line.split("\t")[0] for line in lines[1:]] == written.column("item").to_pylist()
+    sample = cli("weighted-sample", *base, "--key-col", "item", "--with-frequencies").stdout.splitlines()
+    assert sample[0] == "key\ttoken" and set(line.split("\t")[0] for line in sample[1:]) <= data.items
+    # one column: a value a line, no header
+    keys = cli("weighted-sample", *base, "--key-col", "item").stdout.splitlines()
+    assert keys and set(keys) <= data.items
+
+
+@pytest.mark.parametrize("command, written", [("set-union", ["released.csv", "released.json"]),
+                                              ("top-k", []), ("group-by", [])])
+def test_evaluate_reads_back_what_a_release_printed_or_wrote(data, tmp_path, command, written):
+    base = [command, str(data.dir / "data.parquet"), *BUDGET, "--seed", "5",
+            "--ledger", str(tmp_path / "l.dpsql-ledger"), *RELEASES[command]]
+    plain = cli(*base)
+    assert plain.returncode == 0, plain.stderr
+    (tmp_path / "released.txt").write_text(plain.stdout, encoding="utf-8")
+    files = [tmp_path / "released.txt"]
+    for name in ("released.parquet", *written):
+        assert cli(*base, "--output", str(tmp_path / name)).returncode == 0
+        files.append(tmp_path / name)
+    docs = []
+    for path in files:
+        r = cli("evaluate", str(data.dir / "data.parquet"), "--released", str(path), "--json")
+        assert r.returncode == 0, (path.name, r.stderr)
+        # (DuckDB's parallel sums may differ in the last bits from run to run)
+        docs.append(json.loads(r.stdout, parse_float=lambda text: round(float(text), 12)) | {"released": None})
+    assert docs[0]["released_items"] == pq.read_table(files[1]).num_rows > 0
+    assert all(doc == docs[0] for doc in docs[1:])
+
+
+@pytest.mark.parametrize("values", [ODD_ITEMS, [10, 200, 3000], [b"\x00a,\"\n", b"plain"],
+                                    [decimal.Decimal(x) for x in ("1.50", "20", "300.25")]],
+                         ids=["text", "int", "blob", "decimal"])
+def test_plain_output_of_any_item_type_reads_back(tmp_path, values):
+    items = pa.array(values)
+    users = pa.array([u for u in range(300) for _ in range(len(items))])
+    table = pa.table({"user_id": users, "item": pa.concat_arrays([items] * 300)})
+    pq.write_table(table, tmp_path / "typed.parquet")
+    base = ["set-union", str(tmp_path / "typed.parquet"), "--method", "weighted_gaussian", *BUDGET,
+            "--ledger", str(tmp_path / "l.dpsql-ledger")]
+    plain = cli(*base)
+    assert plain.returncode == 0, plain.stderr
+    (tmp_path / "released.txt").write_text(plain.stdout, encoding="utf-8")
+    r = cli("evaluate", str(tmp_path / "typed.parquet"), "--released", str(tmp_path / "released.txt"), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    # every item is held by all 300 users: all released, each found again in the data
+    assert doc["released_items"] == len(items) and doc["missing_mass_p"]["0"] == 0 and doc["hits"] == 300
 
 
 # ---------------------------------------------------------------- NULL values, as SQL and Python
