@@ -1204,6 +1204,24 @@ def _open_released(con: duckdb.DuckDBPyConnection, source: _Source, column: str,
     con.execute(f"CREATE TEMP VIEW dpsql_released AS SELECT {name}{cast} AS {name} FROM dpsql_released_text")
 
 
+def _top_k_released(con: duckdb.DuckDBPyConnection, args: argparse.Namespace, names: Sequence[str]) -> str:
+    """The released rows the top-k missing mass compares (at most --k items): all of them, or the first k
+    by rank of a ranked release (top-k and hitting-set --output write a column ``rank``)."""
+    released_col = sql_string(args.released_col)
+    [(count,)] = con.execute(f"SELECT count(*) FROM dp__eval_released_items('dpsql_released', "
+                             f"released_col := {released_col})").fetchall()
+    if count <= args.k:
+        return "dpsql_released"
+    if "rank" in names and args.released_col.lower() != "rank":
+        con.execute(f"CREATE TEMP VIEW dpsql_released_top AS FROM dpsql_released ORDER BY rank LIMIT {int(args.k)}")
+        return "dpsql_released_top"
+    raise UsageError(f"dpsql: --k {args.k}: --released {args.released!r} holds {count} items and no rank column; "
+                     f"the top-k missing mass compares at most k released items with the k most frequent, and an "
+                     f"unranked release (set-union) does not say which k to take. Leave --k out, give --k {count} "
+                     f"or more, or evaluate a ranked release (dpsql top-k --output FILE writes rank, item: its "
+                     f"first k are taken)")
+
+
 def cmd_evaluate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Missing mass, hits and coverage of a released item file against the raw INPUT (NON-PRIVATE)."""
     from dpsql.tools import metrics
@@ -1227,8 +1245,15 @@ def cmd_evaluate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         names = [r[0].lower() for r in con.execute("SELECT name FROM pragma_table_info('dpsql_released')").fetchall()]
         if released_col.lower() not in names:
             raise UsageError(f"--released-col {released_col!r} is not a column of {args.released!r}")
-        doc = metrics.evaluate(con, _VIEW, "dpsql_released", k=args.k, user_col=user_col, item_col=item_col,
+        doc = metrics.evaluate(con, _VIEW, "dpsql_released", user_col=user_col, item_col=item_col,
                                released_col=released_col)
+        if args.k is not None:
+            top = _top_k_released(con, args, names)
+            [(_, _, value)] = con.execute(
+                f"FROM dp_eval_top_k_missing_mass({sql_string(_VIEW)}, {sql_string(top)}, {float(args.k)!r}, "
+                f"user_col := {sql_string(user_col)}, item_col := {sql_string(item_col)}, "
+                f"released_col := {sql_string(released_col)})").fetchall()
+            doc["top_k_missing_mass"], doc["k"] = value, int(args.k)
     finally:
         con.close()
     doc = {"input": args.input, "released": args.released, "private": False, "note": EVALUATE_NOTE, **doc}
@@ -1567,7 +1592,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Parquet, CSV or JSON file of released items (as --output writes them), or a release's "
                          "plain output")
     ev.add_argument("--released-col", default="item", help="item column of --released (default: item)")
-    ev.add_argument("--k", type=int, help="also report the top-k missing mass (at most k released items)")
+    ev.add_argument("--k", type=int, help="also report the top-k missing mass: of the first k items by rank of a "
+                                          "ranked release (top-k, hitting-set --output), or of an unranked one "
+                                          "holding at most k items")
     ev.add_argument("--user-col", default="user_id", help="user column (default: user_id)")
     ev.add_argument("--item-col", default="item", help="item column (default: item)")
     ev.add_argument("--json", action="store_true", help="print one JSON object")

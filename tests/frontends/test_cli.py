@@ -1211,6 +1211,38 @@ def test_plain_output_of_any_item_type_reads_back(tmp_path, values):
     assert doc["released_items"] == len(items) and doc["missing_mass_p"]["0"] == 0 and doc["hits"] == 300
 
 
+# ---------------------------------------------------------------- evaluate --k
+
+def test_evaluate_k_on_a_set_union_release_says_what_k_needs(data, tmp_path):
+    out = tmp_path / "items.parquet"
+    assert cli("set-union", str(data.dir / "data.parquet"), *PARAMS, "--seed", "2", "--output", str(out),
+               "--ledger", str(tmp_path / "l.dpsql-ledger")).returncode == 0
+    n = pq.read_table(out).num_rows
+    assert n > 3
+    r = cli("evaluate", str(data.dir / "data.parquet"), "--released", str(out), "--k", "3")
+    assert r.returncode == 2 and r.stdout == ""
+    line = r.stderr.strip()
+    assert line.startswith("Error: dpsql: --k 3: ") and "\n" not in line
+    assert f"holds {n} items and no rank column" in line and f"--k {n} or more" in line and "top-k" in line
+    ok = cli("evaluate", str(data.dir / "data.parquet"), "--released", str(out), "--k", str(n), "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["k"] == n
+
+
+def test_evaluate_k_takes_the_first_k_of_a_ranked_release(data, tmp_path):
+    ranked = tmp_path / "ranked.parquet"
+    assert cli("top-k", str(data.dir / "data.parquet"), "--k", "5", *BUDGET, "--seed", "2", "--output", str(ranked),
+               "--ledger", str(tmp_path / "l.dpsql-ledger")).returncode == 0
+    table = pq.read_table(ranked).sort_by("rank")
+    assert table.num_rows == 5
+    first = tmp_path / "first.parquet"
+    pq.write_table(table.slice(0, 3), first)
+    whole, cut = (json.loads(cli("evaluate", str(data.dir / "data.parquet"), "--released", str(path), "--k", "3",
+                                 "--json").stdout) for path in (ranked, first))
+    assert whole["k"] == 3 and whole["top_k_missing_mass"] == cut["top_k_missing_mass"]
+    assert whole["released_items"] == 5 and cut["released_items"] == 3  # the other measures: the whole release
+
+
 # ---------------------------------------------------------------- NULL values, as SQL and Python
 
 def test_group_by_skips_null_values_as_sql_and_python_do(tmp_path):
