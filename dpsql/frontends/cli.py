@@ -884,6 +884,12 @@ def _finish(args: argparse.Namespace, released: pa.Table, output: Optional[_Outp
         out.write(json.dumps(doc, indent=2, default=str) + "\n")
     elif output is None or not written:
         _print_rows(released if plain is None else released.select(list(plain)), out)
+    else:  # the rows are in the file: say so, as the JSON document would ("output", "n_released")
+        named = f"method={doc['method']}" if "method" in doc else f"mechanism={mechanism}"
+        k = f", k={doc['k']}" if "k" in doc else ""
+        seeded = "; seeded: NOT private" if args.seed is not None else ""
+        _say(err, f"dpsql: released {released.num_rows} {rows_key} to {output.path} (epsilon={float(args.epsilon):g}, "
+                  f"delta={float(args.delta):g}, {named}{k}){seeded}")
     out.flush()
     if interrupts.requested:
         _say(err, "dpsql: interrupted; the release was charged before Ctrl-C, so it was finished and delivered")
@@ -1121,7 +1127,8 @@ def _default_help(macro: str, name: str) -> str:
 
 PLAIN_OUTPUT = ("Plain output is one value per line (columns separated by tabs, under a header line of column "
                 "names when there are several); numbers are written as in CSV output, and a backslash, line "
-                "break, tab or other control character in a value as \\\\, \\n, \\t, \\xHH.")
+                "break, tab or other control character in a value as \\\\, \\n, \\t, \\xHH. --output "
+                "says on stderr what it wrote.")
 
 
 def _add_ranked_parser(sub, name: str, macro: str, func: Callable, summary: str, description: str) -> None:

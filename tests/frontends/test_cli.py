@@ -1291,3 +1291,23 @@ def test_weak_parameters_are_one_warning_line(data, tmp_path, command, flags, ma
     assert r.stderr.splitlines() == [r.stderr.strip()]
     assert r.stderr.startswith(f"dpsql: warning: weak privacy parameters of {macro}: ")
     assert "WeakPrivacyWarning" not in r.stderr and ".py" not in r.stderr
+
+
+# ---------------------------------------------------------------- --output says what it wrote
+
+@pytest.mark.parametrize("command, noun", [("set-union", "items"), ("top-k", "items"), ("hitting-set", "items"),
+                                           ("group-by", "rows"), ("weighted-sample", "keys")])
+def test_output_says_what_was_written(data, tmp_path, command, noun):
+    out = tmp_path / "out.csv"
+    base = [command, str(data.dir / "data.parquet"), *BUDGET, *RELEASES[command],
+            "--ledger", str(tmp_path / "l.dpsql-ledger"), "--output", str(out)]
+    r = cli(*base)
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    n = len(pcsv.read_csv(out))
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"dpsql: released {n} {noun} to {out} (epsilon=1, delta=1e-05, ")
+    what = {"set-union": "method=sips_cumulative)", "top-k": "mechanism=dp_top_k, k=3)",
+            "hitting-set": "mechanism=dp_hitting_set, k=3)", "group-by": "mechanism=dp_group_by)",
+            "weighted-sample": "mechanism=dp_weighted_sample)"}[command]
+    assert line.endswith(what), line
+    assert cli(*base, "--json").stderr == ""  # the JSON document says it ("output", "n_released")
