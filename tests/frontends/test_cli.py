@@ -1279,6 +1279,19 @@ def test_group_by_skips_null_values_as_sql_and_python_do(tmp_path):
 
 # ---------------------------------------------------------------- one line per message
 
+@pytest.mark.parametrize("command", ["top-k", "group-by", "weighted-sample"])
+def test_budget_exceeded_is_one_dpsql_line_for_every_release(data, tmp_path, command):
+    from dpsql.core.ledger import Ledger
+
+    ledger = tmp_path / "l.dpsql-ledger"
+    Ledger(ledger).set_budget(0.5, 1e-3)
+    r = cli(command, str(data.dir / "data.parquet"), *BUDGET, *RELEASES[command], "--ledger", str(ledger))
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("Error: dpsql: privacy budget of scope 'database' exceeded"), r.stderr
+    assert r.stderr.count("dpsql:") == 1 and "Error" not in r.stderr[len("Error"):]
+    assert charges(ledger) == 0
+
+
 @pytest.mark.parametrize("command, flags, macro", [
     ("set-union", ["--epsilon", "20", "--delta", "1e-5"], "dp_set_union_sips_cumulative"),
     ("set-union", ["--method", "mad2r", "--epsilon", "20", "--delta", "1e-5"], "dp_set_union_mad2r"),
