@@ -1079,7 +1079,9 @@ def test_evaluate_reads_a_glob(data, parts, tmp_path):
     one, many = (cli("evaluate", str(source), "--released", str(released), "--json")
                  for source in (data.dir / "data.parquet", parts.flat / "*.parquet"))
     assert one.returncode == 0 and many.returncode == 0, one.stderr + many.stderr
-    assert {**json.loads(one.stdout), "input": None} == {**json.loads(many.stdout), "input": None}
+    docs = [json.loads(r.stdout, parse_float=lambda text: round(float(text), 12)) | {"input": None}
+            for r in (one, many)]  # (DuckDB's parallel sums may differ in the last bits from run to run)
+    assert docs[0] == docs[1]
 
 
 def test_glob_and_folder_inputs_are_charged_to_the_scopes_sql_gives_them(data, parts, tmp_path):
