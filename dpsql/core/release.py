@@ -43,9 +43,10 @@ from duckdb.sqltypes import DOUBLE, VARCHAR, DuckDBPyType
 from dpsql.core.errors import ParameterError, engine_errors
 from dpsql.core.mechanism import Mechanism, Param, sql_literal
 from dpsql.core.udf import Udf, scalar
+from dpsql.core.validation import warn_weak_parameters
 
 __all__ = ["body_macro", "signature", "release_sql", "wrapper_sql", "wrappers_sql", "check_release", "check_type",
-           "sql_value", "call_sql", "sorted_release", "udfs"]
+           "sql_value", "call_sql", "sorted_release", "warn_weak", "udfs"]
 
 
 def body_macro(mech: Mechanism) -> str:
@@ -131,6 +132,14 @@ def check_release(mech: Mechanism, bound: Mapping[str, Any]) -> dict[str, Any]:
     return {"epsilon": float(values["epsilon"]), "delta": float(values.get("delta") or 0.0),
             "parameters": json.dumps(others, default=repr), "calibration": calibration,
             "macro": mech.macro, "unit": mech.unit}
+
+
+def warn_weak(checked: Mapping[str, Any]) -> None:
+    """The release's one :class:`~dpsql.core.validation.WeakPrivacyWarning`, if its epsilon or delta (what
+    :func:`check_release` returned) is weak: a release's check UDF runs once per statement and calls this
+    each time (its result may be cached), while its steps' calibrations, which DuckDB calls several times
+    and which see shares of the budget, do not warn."""
+    warn_weak_parameters(checked["epsilon"], checked["delta"], what=checked["macro"])
 
 
 def sql_value(name: str, value: Any, sql_type: str) -> str:
@@ -220,6 +229,7 @@ def udfs(registry: Callable[[], Mapping[str, Mechanism]]) -> list[Udf]:
             found = check_release(declared[name], json.loads(bound_json))
             last.clear()
             last[key] = found
+        warn_weak(found)
         return dict(found)
 
     return [Udf("dp__release_check", scalar(release_check), (VARCHAR, VARCHAR), check_type())]

@@ -12,9 +12,15 @@ import functools
 import inspect
 import math
 import numbers
+import os
 import re
+import sys
+import threading
 import warnings
-from typing import Any, Callable, Iterator, TypeGuard, TypeVar, cast
+from types import FrameType
+from typing import Any, Callable, Iterator, Optional, TypeGuard, TypeVar, cast
+
+import duckdb
 
 from dpsql.core.errors import DPParameterError
 
@@ -33,6 +39,7 @@ __all__ = [
     "derived_budget",
     "user_budget",
     "warn_weak_parameters",
+    "weak_parameters_message",
     "WEAK_EPSILON",
     "WEAK_DELTA",
     "WeakPrivacyWarning",
@@ -161,6 +168,45 @@ class WeakPrivacyWarning(UserWarning):
     """Parameters that are valid but give a guarantee a careful user would not rely on."""
 
 
+# A warning names the first frame outside these (dpsql, DuckDB's Python layer, the thread a release may run
+# in): the user's line.
+_LIBRARY_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+                 os.path.dirname(os.path.abspath(duckdb.__file__ or "")) + os.sep)
+_LIBRARY_FILES = tuple(os.path.abspath(m.__file__ or "") for m in (contextlib, threading))
+
+
+def _caller_stacklevel(stacklevel: int) -> Optional[int]:
+    """The ``stacklevel`` of ``warnings.warn``, called by the caller of this function, that names the first
+    frame from ``stacklevel`` on outside dpsql and DuckDB: the user's line that started the release, not
+    dpsql's source. None when this thread has no such frame: DuckDB runs most UDFs on its own threads."""
+    try:
+        frame: Optional[FrameType] = sys._getframe(stacklevel)  # what warnings.warn(stacklevel=...) names
+    except ValueError:
+        return None
+    level = stacklevel
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not name.startswith(_LIBRARY_DIRS) and name not in _LIBRARY_FILES:
+            return level
+        frame, level = frame.f_back, level + 1
+    return None
+
+
+def weak_parameters_message(epsilon: object, delta: object = None, *, what: str = "") -> Optional[str]:
+    """The one-line message of :func:`warn_weak_parameters`, or None when the parameters are not weak."""
+    weak = []
+    if _is_real(epsilon) and float(epsilon) > WEAK_EPSILON:
+        weak.append(f"epsilon = {float(epsilon):g} > {WEAK_EPSILON:g} (the odds of any outcome may change by "
+                    f"a factor up to e^epsilon)")
+    if _is_real(delta) and float(delta) > WEAK_DELTA:
+        weak.append(f"delta = {float(delta):g} > {WEAK_DELTA:g} (delta should be well below 1/number of users)")
+    if not weak:
+        return None
+    where = f" of {what}" if what else ""
+    return (f"dpsql: weak privacy parameters{where}: " + "; ".join(weak) + ". The release runs; choose smaller "
+            "values for a meaningful guarantee")
+
+
 def warn_weak_parameters(epsilon: object, delta: object = None, *, what: str = "", stacklevel: int = 2) -> None:
     """Warn (:class:`WeakPrivacyWarning`) when ``epsilon > WEAK_EPSILON`` or ``delta > WEAK_DELTA``.
 
@@ -173,19 +219,20 @@ def warn_weak_parameters(epsilon: object, delta: object = None, *, what: str = "
     outcome change by ``e^10 > 22,000``, beyond the per-release budgets of
     published deployments.
 
-    ``what`` names the release (a macro that runs another, as dp_top_k runs dp_set_union with
-    half its budget, warns for each with its own values). Non-numeric values are left to the checks.
+    ``what`` names the release. A release warns once, with its own values: its check calls this
+    (:func:`dpsql.core.release.check_release`), not the calibrations of its steps, which DuckDB
+    calls several times while it plans a statement and which see shares of the budget (dp_top_k's
+    domain step runs at half of it). The warning names the first frame from ``stacklevel`` on that
+    is outside dpsql (the user's call), not dpsql's source. Non-numeric values are left to the checks.
     """
-    weak = []
-    if _is_real(epsilon) and float(epsilon) > WEAK_EPSILON:
-        weak.append(f"epsilon = {float(epsilon):g} > {WEAK_EPSILON:g} (the odds of any outcome may change by "
-                    f"a factor up to e^epsilon)")
-    if _is_real(delta) and float(delta) > WEAK_DELTA:
-        weak.append(f"delta = {float(delta):g} > {WEAK_DELTA:g} (delta should be well below 1/number of users)")
-    if weak:
-        where = f" of {what}" if what else ""
-        warnings.warn(f"dpsql: weak privacy parameters{where}: " + "; ".join(weak) + ". The release runs; choose smaller "
-                      "values for a meaningful guarantee", WeakPrivacyWarning, stacklevel=stacklevel + 1)
+    message = weak_parameters_message(epsilon, delta, what=what)
+    if message is None:
+        return
+    level = _caller_stacklevel(stacklevel + 1)
+    if level is not None:
+        warnings.warn(message, WeakPrivacyWarning, stacklevel=level)
+    else:  # no line of the user's to name: one line that names dpsql, not a line of its source
+        warnings.warn_explicit(message, WeakPrivacyWarning, "<dpsql>", 0, module="dpsql")
 
 
 # max_items bounds the per-user cap; thresholds loop over t = 1..max_items, so

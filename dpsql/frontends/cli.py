@@ -3,7 +3,8 @@
 
 Exit codes: 0 success; 1 a failure while running (an engine or I/O error);
 2 a bad argument, parameter or input description (the message names it).
-Every error is one ``Error: ...`` line on stderr, never a traceback. Only
+Every error is one ``Error: ...`` line on stderr, never a traceback; a warning (weak privacy
+parameters) is one ``dpsql: warning: ...`` line. Only
 released items and public calibration numbers are ever printed, except by
 ``evaluate``, which prints NON-PRIVATE statistics of the raw input and says so.
 
@@ -47,7 +48,7 @@ from dpsql.core.mechanism import Param
 from dpsql.core.release import sorted_release
 from dpsql.frontends import shell as shell_mod
 from dpsql.frontends.shell import error_line
-from dpsql.core.validation import check_identifier, sql_string
+from dpsql.core.validation import WeakPrivacyWarning, check_identifier, sql_string
 
 __all__ = ["main", "UsageError"]
 
@@ -57,8 +58,10 @@ SEED_WARNING = ("WARNING: --seed makes noise and sampling reproducible: this res
 _VIEW = "dpsql_input"      # the TEMP table a release reads (a copy of the needed input columns)
 _RAW = "dpsql_raw_input"   # the TEMP view over the input file or table
 _SOURCE_DB = "dpsql_source"
-# --output suffix -> format; any other name is refused before the release.
-OUTPUT_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".parq": "parquet"}
+# --output suffix -> format; any other name is refused before the release. JSON holds the rows as
+# objects named by their columns, as CSV and Parquet hold them (and as --json's "rows" does).
+OUTPUT_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".parq": "parquet", ".json": "json",
+                  ".jsonl": "ndjson", ".ndjson": "ndjson"}
 
 
 class UsageError(Exception):
@@ -99,6 +102,81 @@ def _input_kind(path: Path) -> str:
     if path.name.lower().endswith(JSON_SUFFIXES):
         return "json"
     return "csv"
+
+
+# What makes a path a glob for DuckDB's readers.
+_GLOB_CHARS = ("*", "?", "[")
+# A folder is read as DuckDB's readers read it: FOLDER/**/*.parquet (hive partitions included), or
+# FOLDER/**/*.csv, FOLDER/**/*.json for a folder without Parquet files.
+_FOLDER_SUFFIXES = (".parquet", ".csv", ".json")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """An input as DuckDB's readers take it: a file, a glob or a folder (``location``), the files it
+    names (in DuckDB's order: a multi-file CSV is sniffed on the first) and their kind."""
+
+    location: str
+    files: tuple[Path, ...]
+    kind: str
+
+    @property
+    def first(self) -> Path:
+        return self.files[0]
+
+    @property
+    def home(self) -> Path:
+        """The file, or the folder of a folder or a glob (the part before its first wildcard)."""
+        if len(self.files) == 1 and self.files[0] == Path(self.location):
+            return self.files[0]
+        fixed = []
+        for part in Path(self.location).parts:
+            if any(c in part for c in _GLOB_CHARS):
+                break
+            fixed.append(part)
+        return Path(os.path.abspath(Path(*fixed) if fixed else Path(".")))
+
+
+def _glob(pattern: str) -> tuple[Path, ...]:
+    """The files DuckDB's readers read for ``pattern`` (DuckDB's own glob, so ``**`` means what it means there)."""
+    con = duckdb.connect()
+    try:
+        return tuple(Path(f) for (f,) in con.execute("SELECT file FROM glob(?) ORDER BY file", [pattern]).fetchall())
+    except duckdb.Error as exc:
+        raise UsageError(f"cannot list the files of {pattern!r} ({error_line(exc)[len('Error: '):]})") from None
+    finally:
+        con.close()
+
+
+def _source(flag: str, text: str) -> _Source:
+    """The input ``text`` given to ``flag``: a file, a glob (``'dir/*.parquet'``, ``'dir/**/*.parquet'``) or a
+    folder (of Parquet files, hive-partitioned or not), checked before anything is read.
+
+    The readers are given ``text`` itself, as ``read_parquet(text)`` would be in SQL, so the ledger
+    scope is the one SQL's file tracing gives the same read (:func:`dpsql.core.ledger.file_scope`: a glob or
+    a folder is its own scope)."""
+    path = Path(text)
+    if path.is_file():
+        return _Source(text, (path,), _input_kind(path))
+    if path.is_dir():
+        for suffix in _FOLDER_SUFFIXES:
+            files = _glob(str(path / "**" / f"*{suffix}"))
+            if files:
+                return _Source(text, files, _input_kind(files[0]))
+        raise UsageError(f"{flag} {text!r} is a folder without *.parquet, *.csv or *.json files (in it or its "
+                         f"subfolders); name the files with a glob, e.g. '{path / '*.parquet'}'")
+    if any(c in text for c in _GLOB_CHARS):
+        files = _glob(text)
+        if not files:
+            raise UsageError(f"{flag} {text!r} matches no file")
+        kind = _input_kind(files[0])
+        if kind == "duckdb":
+            raise UsageError(f"{flag} {text!r} matches DuckDB databases; a glob or a folder must name Parquet, CSV "
+                             f"or JSON files: give one database with --table")
+        return _Source(text, files, kind)
+    if flag == "INPUT":
+        raise UsageError(f"input file {text!r} does not exist")
+    raise UsageError(f"{flag} file {text!r} does not exist")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,7 +273,7 @@ def _pick_table(tables: list[tuple[str, str]], wanted: Optional[str], input_name
     return matches[0]
 
 
-def _open_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str,
+def _open_input(con: duckdb.DuckDBPyConnection, source: _Source, table: Optional[str], input_name: str,
                 view: str = _VIEW, whole_csv: bool = False, reader: _Reader = _Reader()) -> None:
     """Create the TEMP view ``view`` over the input (a DuckDB file is attached read-only).
 
@@ -203,28 +281,31 @@ def _open_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Op
     use of the view), so that a column whose values change type after the sample gets a type
     that fits them all.
     """
-    location = sql_string(str(path))
+    location, kind = sql_string(source.location), source.kind
     if kind == "duckdb":
         con.execute(f"ATTACH {location} AS {_SOURCE_DB} (READ_ONLY)")
         schema, name = _pick_table(_source_tables(con), table, input_name)
-        source = f"{_SOURCE_DB}.{_quote_ident(schema)}.{_quote_ident(name)}"
+        read = f"{_SOURCE_DB}.{_quote_ident(schema)}.{_quote_ident(name)}"
     elif kind == "parquet":
-        source = f"read_parquet({location})"
+        read = f"read_parquet({location})"
     elif kind == "json":
-        source = f"read_json({location})"
+        read = f"read_json({location})"
     else:
-        source = f"read_csv({location}{reader.csv_options(whole_csv)})"
-    con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {source}")
+        read = f"read_csv({location}{reader.csv_options(whole_csv)})"
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {read}")
 
 
-def _check_not_empty(path: Path, input_name: str, kind: str) -> None:
-    """A text input with nothing but white space has no header (DuckDB would invent a column ``column0``)."""
-    with open(path, "rb") as f:
+def _check_not_empty(source: _Source, input_name: str) -> None:
+    """A text input with nothing but white space has no header (DuckDB would invent a column ``column0``).
+
+    Of several files, the first is checked: DuckDB takes the columns from it."""
+    with open(source.first, "rb") as f:
         while chunk := f.read(1 << 16):
             if chunk.strip():
                 return
-    what = "a header line naming the columns (e.g. user_id,item)" if kind == "csv" else "JSON records"
-    raise UsageError(f"dpsql: {input_name} is empty; it needs {what}; nothing was released or charged")
+    what = "a header line naming the columns (e.g. user_id,item)" if source.kind == "csv" else "JSON records"
+    which = input_name if len(source.files) == 1 else f"the first file of {input_name} ({str(source.first)!r})"
+    raise UsageError(f"dpsql: {which} is empty; it needs {what}; nothing was released or charged")
 
 
 def _first_ragged_line(path: Path, delimiter: str) -> Optional[str]:
@@ -380,22 +461,22 @@ def _input_error(con: duckdb.DuckDBPyConnection, exc: duckdb.Error, input_name: 
     return UsageError(f"dpsql: {input_name}: {said}; {fix}. {_NOT_SHOWN}; nothing was released or charged")
 
 
-def _copy_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str,
+def _copy_input(con: duckdb.DuckDBPyConnection, source: _Source, table: Optional[str], input_name: str,
                 columns: Sequence[tuple[str, str]], reader: _Reader = _Reader()) -> list[str]:
     """Copy ``columns`` (flag, name) of the input into the TEMP table ``dpsql_input``; their quoted names.
 
     The whole input is read once here, so an unreadable row or a value that does not fit its
     column's type fails now, with a message that names the line and the column, never the data.
     """
-    wanted = [col for _, col in columns]
+    wanted, kind = [col for _, col in columns], source.kind
     if kind in ("csv", "json"):
-        _check_not_empty(path, input_name, kind)
+        _check_not_empty(source, input_name)
     try:
         # The CSV sniffer reads a sample here.
-        _open_input(con, path, kind, table, input_name, view=_RAW, reader=reader)
+        _open_input(con, source, table, input_name, view=_RAW, reader=reader)
     except duckdb.Error as exc:
         raise _input_error(con, exc, input_name, kind, wanted, reader) from None
-    _check_input_columns(con, columns, input_name, view=_RAW, csv_path=path if kind == "csv" else None,
+    _check_input_columns(con, columns, input_name, view=_RAW, csv_path=source.first if kind == "csv" else None,
                          reader=reader)
     names = [_quote_ident(col) for col in wanted]
     copy = f"CREATE OR REPLACE TEMP TABLE {_VIEW} AS SELECT {', '.join(names)} FROM {_RAW}"
@@ -408,7 +489,7 @@ def _copy_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Op
         # Most often a type the sniffer guessed from its sample that later rows do not fit:
         # sniff the whole file and read it again.
         try:
-            _open_input(con, path, kind, table, input_name, view=_RAW, whole_csv=True, reader=reader)
+            _open_input(con, source, table, input_name, view=_RAW, whole_csv=True, reader=reader)
         except duckdb.Error:  # the whole file defeats the sniffer: the first failure names the line
             raise _input_error(con, exc, input_name, kind, wanted, reader) from None
         try:
@@ -419,18 +500,20 @@ def _copy_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Op
     return names
 
 
-def _load_input(con: duckdb.DuckDBPyConnection, path: Path, kind: str, table: Optional[str], input_name: str,
-                columns: Sequence[tuple[str, str]], reader: _Reader = _Reader()) -> None:
+def _load_input(con: duckdb.DuckDBPyConnection, source: _Source, table: Optional[str], input_name: str,
+                columns: Sequence[tuple[str, str]], reader: _Reader = _Reader(),
+                nullable: Sequence[str] = ()) -> None:
     """Copy ``columns`` (flag, name) of the input into the TEMP table ``dpsql_input``, checked.
 
     Runs before the release: the whole input is read once here (:func:`_copy_input`), so an
     unreadable row or a value that does not fit its column's type fails now, and so does a NULL
-    in any of the columns. Nothing has been charged when this raises.
+    in any of the columns but those of the flags ``nullable`` (a NULL the macro skips, as
+    dp_group_by skips a NULL value). Nothing has been charged when this raises.
     """
-    names = _copy_input(con, path, kind, table, input_name, columns, reader)
+    names = _copy_input(con, source, table, input_name, columns, reader)
     nulls = con.execute("SELECT " + ", ".join(f"bool_or({n} IS NULL)" for n in names) + f" FROM {_VIEW}").fetchall()
     for (flag, col), has_null in zip(columns, nulls[0]):
-        if has_null:
+        if has_null and flag not in nullable:
             raise UsageError(f"{flag} {col!r} contains NULL in {input_name}; filter those rows out first "
                              f"(e.g. a view WHERE {col} IS NOT NULL); nothing was released or charged")
 
@@ -440,38 +523,42 @@ class _Output:
     """A checked ``--output`` file and its format."""
 
     path: Path
-    format: str  # 'csv' or 'parquet'
+    format: str  # 'csv', 'parquet', 'json' (an array of row objects) or 'ndjson' (one row object a line)
 
 
-def _output_path(output: Optional[str], input_path: Path) -> Optional[_Output]:
+def _output_path(output: Optional[str], source: _Source) -> Optional[_Output]:
     """The --output file, checked before anything is read: known format, writable, not the input."""
     if output is None:
         return None
     path = Path(output)
     fmt = OUTPUT_FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise UsageError(f"--output {output!r}: unknown format; name the file *.parquet or *.csv")
+        raise UsageError(f"--output {output!r}: unknown format; name the file *.parquet, *.csv or *.json")
     if not path.parent.is_dir():
         raise UsageError(f"--output {output!r}: folder {str(path.parent)!r} does not exist")
     if path.is_dir():
         raise UsageError(f"--output {output!r} is a folder; name a file")
-    if path.exists() and path.resolve() == input_path.resolve():
-        raise UsageError("--output must not be the input file")
+    if path.exists() and path.resolve() in {f.resolve() for f in source.files}:
+        raise UsageError("--output must not be the input file" if len(source.files) == 1 else
+                         "--output must not be one of the input files")
     if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"--output {output!r} exists and is not writable")
     return _Output(path, fmt)
 
 
 def _write(rows: pa.Table, output: _Output, metadata: Optional[dict[str, str]] = None) -> None:
-    """Write ``rows`` in their order: Parquet (zstd, with ``metadata`` as key-value metadata) or CSV.
+    """Write ``rows`` in their order: Parquet (zstd, with ``metadata`` as key-value metadata), CSV or JSON.
 
-    DuckDB writes every column type (lists, structs, blobs included; CSV shows them as text).
+    DuckDB writes every column type (lists, structs, blobs included; CSV shows them as text, JSON
+    as arrays and objects).
     """
     con = duckdb.connect()
     try:
         con.register("dpsql_released", rows)
         if output.format == "csv":
             options = "FORMAT csv, HEADER true"
+        elif output.format in ("json", "ndjson"):
+            options = "FORMAT json" + (", ARRAY true" if output.format == "json" else "")
         else:
             kv = ", ".join(f"{_quote_ident(k)}: {sql_string(v)}" for k, v in (metadata or {}).items())
             options = "FORMAT parquet, COMPRESSION zstd" + (f", KV_METADATA {{{kv}}}" if kv else "")
@@ -576,33 +663,30 @@ def _interrupts(err: TextIO) -> runner.Interrupts:
     return runner.Interrupts(notice=functools.partial(_say, err))
 
 
-def _input_ledger(args: argparse.Namespace, input_path: Path, kind: str) -> Ledger:
-    """The ledger a release from INPUT is charged to: --ledger, else the sidecar of the input file.
+def _input_ledger(args: argparse.Namespace, source: _Source) -> Ledger:
+    """The ledger a release from INPUT is charged to: --ledger, else the sidecar of the input file (of
+    the folder, for a folder or a glob: ``dpsql budget show FOLDER`` shows it).
 
     The release reads the input through the TEMP table ``dpsql_input``; the ledger records the
-    DuckDB table (--table, as a table of that database) or the input file (its absolute path)
-    instead, so that 'dpsql budget set INPUT --scope' can name it.
+    DuckDB table (--table, as a table of that database) or the scope SQL gives a read of the input
+    file, glob or folder (``read_parquet('INPUT')``: its absolute path, :func:`dpsql.core.ledger.file_scope`)
+    instead, so that 'dpsql budget set INPUT --scope' can name it and SQL meets the same budget.
     """
-    path = Path(args.ledger) if args.ledger else ledger_mod.sidecar_path(input_path)
+    path = Path(args.ledger) if args.ledger else ledger_mod.sidecar_path(source.home)
     if args.ledger and not path.parent.is_dir():
         raise UsageError(f"--ledger {args.ledger!r}: folder {str(path.parent)!r} does not exist")
-    if kind == "duckdb" and args.table:
+    if source.kind == "duckdb" and args.table:
         # A table scope is a catalog identity: the table of the input database, whatever the ledger's name.
-        return Ledger(path, aliases={_VIEW: args.table}, database=ledger_mod.database_alias(input_path))
-    return Ledger(path, aliases={_VIEW: str(input_path.resolve())})
+        return Ledger(path, aliases={_VIEW: args.table}, database=ledger_mod.database_alias(source.first))
+    return Ledger(path, aliases={_VIEW: ledger_mod.file_scope(source.location)})
 
 
-def _input_file(args: argparse.Namespace) -> tuple[Path, str, Optional[_Output], _Reader]:
-    """INPUT, its kind, the --output file and the CSV reader options, all checked before anything is read."""
-    input_path = Path(args.input)
-    if not input_path.exists():
-        raise UsageError(f"input file {args.input!r} does not exist")
-    if not input_path.is_file():
-        raise UsageError(f"input {args.input!r} is not a file")
-    kind = _input_kind(input_path)
-    if args.table is not None and kind != "duckdb":
-        raise UsageError(f"--table applies to a DuckDB database input; {args.input!r} is a {kind} file")
-    return input_path, kind, _output_path(args.output, input_path), _reader(args, kind)
+def _input_file(args: argparse.Namespace) -> tuple[_Source, Optional[_Output], _Reader]:
+    """INPUT, the --output file and the CSV reader options, all checked before anything is read."""
+    source = _source("INPUT", args.input)
+    if args.table is not None and source.kind != "duckdb":
+        raise UsageError(f"--table applies to a DuckDB database input; {args.input!r} is a {source.kind} file")
+    return source, _output_path(args.output, source), _reader(args, source.kind)
 
 
 def _file_metadata(args: argparse.Namespace, mechanism: str) -> dict[str, str]:
@@ -639,6 +723,15 @@ def escape_text(text: str) -> str:
     return _NEEDS_ESCAPE.sub(one, text)
 
 
+_UNESCAPES = {v: k for k, v in _ESCAPES.items()}
+_ESCAPED = re.compile(r"\\(?:[\\nrt]|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4})")
+
+
+def unescape_text(text: str) -> str:
+    """The text :func:`escape_text` made ``text`` from."""
+    return _ESCAPED.sub(lambda m: _UNESCAPES.get(m.group()) or chr(int(m.group()[2:], 16)), text)
+
+
 def _text_columns(rows: pa.Table) -> list[list[str]]:
     """Each column of ``rows`` as text, as DuckDB casts it to VARCHAR, which is what its CSV writer writes.
 
@@ -668,8 +761,11 @@ def _text_columns(rows: pa.Table) -> list[list[str]]:
 
 
 def _print_rows(rows: pa.Table, out: TextIO) -> None:
-    """One line per row, columns separated by tabs (see :func:`_text_columns`)."""
+    """One line per row, columns separated by tabs (see :func:`_text_columns`), under a header line of
+    the column names when there are several (one column, an item or a key a line, needs none)."""
     columns = _text_columns(rows)
+    if rows.num_columns > 1:
+        out.write("\t".join(escape_text(name) for name in rows.column_names) + "\n")
     for i in range(rows.num_rows):
         out.write("\t".join(col[i] for col in columns) + "\n")
 
@@ -722,21 +818,23 @@ def _fill_defaults(args: argparse.Namespace, macro: str, names: Sequence[tuple[s
 
 def _release(args: argparse.Namespace, err: TextIO, interrupts: runner.Interrupts,
              columns: Sequence[tuple[str, str]], probe_sql: str,
-             run: Callable[[duckdb.DuckDBPyConnection], pa.Table]) -> tuple[pa.Table, Optional[_Output], float]:
+             run: Callable[[duckdb.DuckDBPyConnection], pa.Table],
+             nullable: Sequence[str] = ()) -> tuple[pa.Table, Optional[_Output], float]:
     """Check, load INPUT, probe --output, then ``run`` the release (charged), interruptible with Ctrl-C.
 
-    ``probe_sql`` selects zero rows of the released columns' types from ``dpsql_input``.
+    ``probe_sql`` selects zero rows of the released columns' types from ``dpsql_input``; ``nullable``:
+    the flags of ``columns`` whose NULLs the release skips (:func:`_load_input`).
     Returns the released rows in value order, the output and the seconds the release took.
     """
-    input_path, kind, output, reader = _input_file(args)
+    source, output, reader = _input_file(args)
     if args.seed is not None:
         print(SEED_WARNING, file=err, flush=True)
-    con = _connect(args.seed, _input_ledger(args, input_path, kind))
+    con = _connect(args.seed, _input_ledger(args, source))
 
     def work() -> tuple[pa.Table, float]:
         if getattr(args, "progress", False):
             _say(err, f"dpsql: reading {args.input!r}")
-        _load_input(con, input_path, kind, args.table, f"{args.input!r} (read as {kind})", columns, reader)
+        _load_input(con, source, args.table, f"{args.input!r} (read as {source.kind})", columns, reader, nullable)
         interrupts.check()
         if output is not None:
             _probe_output(con, probe_sql, output)
@@ -745,11 +843,27 @@ def _release(args: argparse.Namespace, err: TextIO, interrupts: runner.Interrupt
         released = run(con)
         return released, time.perf_counter() - started
 
-    try:
-        released, elapsed = runner.run(con, work, interrupts=interrupts)
-    finally:
-        con.close()
+    # A warning (weak privacy parameters) is one line on stderr, as errors are, not Python's report with
+    # a source line; "always": each run says it, even when an earlier one in this process did.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", WeakPrivacyWarning)
+        try:
+            released, elapsed = runner.run(con, work, interrupts=interrupts)
+        finally:
+            con.close()
+            _say_warnings(err, caught)
     return _ordered(released), output, elapsed
+
+
+def _say_warnings(err: TextIO, caught: Sequence[warnings.WarningMessage]) -> None:
+    """Each distinct warning as one ``dpsql: warning: ...`` line on ``err``."""
+    said = set()
+    for w in caught:
+        text = " ".join(str(w.message).split())
+        text = text[len("dpsql: "):] if text.startswith("dpsql: ") else f"{w.category.__name__}: {text}"
+        if text not in said:
+            said.add(text)
+            _say(err, f"dpsql: warning: {text}")
 
 
 def _finish(args: argparse.Namespace, released: pa.Table, output: Optional[_Output], mechanism: str,
@@ -770,6 +884,12 @@ def _finish(args: argparse.Namespace, released: pa.Table, output: Optional[_Outp
         out.write(json.dumps(doc, indent=2, default=str) + "\n")
     elif output is None or not written:
         _print_rows(released if plain is None else released.select(list(plain)), out)
+    else:  # the rows are in the file: say so, as the JSON document would ("output", "n_released")
+        named = f"method={doc['method']}" if "method" in doc else f"mechanism={mechanism}"
+        k = f", k={doc['k']}" if "k" in doc else ""
+        seeded = "; seeded: NOT private" if args.seed is not None else ""
+        _say(err, f"dpsql: released {released.num_rows} {rows_key} to {output.path} (epsilon={float(args.epsilon):g}, "
+                  f"delta={float(args.delta):g}, {named}{k}){seeded}")
     out.flush()
     if interrupts.requested:
         _say(err, "dpsql: interrupted; the release was charged before Ctrl-C, so it was finished and delivered")
@@ -955,8 +1075,11 @@ def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         probe += [f"0.0::DOUBLE AS {_quote_ident(agg)}"] + ([f"0.0::DOUBLE AS {agg}_scale"] if agg != "mean" else [])
         probe.append(f"0.0::DOUBLE AS {agg}_ci")
     with _interrupts(err) as interrupts:
+        # A NULL value is skipped by the sum and the mean, as in SQL and Python (dp_group_by); a NULL user
+        # or item is refused there too.
         released, output, _ = _release(args, err, interrupts, columns,
-                                       f"SELECT {', '.join(probe)} FROM {_VIEW} LIMIT 0", run)
+                                       f"SELECT {', '.join(probe)} FROM {_VIEW} LIMIT 0", run,
+                                       nullable=["--value-col"])
         if public_delta:
             args.delta = 0.0  # what dp_group_by_public charges (the file metadata records it)
         doc = {"mechanism": macro, "aggregates": list(aggregates), "epsilon": float(args.epsilon),
@@ -971,8 +1094,9 @@ def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _add_input_options(p: argparse.ArgumentParser) -> None:
     """INPUT, --table and DuckDB's CSV reader options (for an input read as CSV)."""
     p.add_argument("input", metavar="INPUT",
-                   help="Parquet file, CSV file, JSON file (*.json, *.jsonl, *.ndjson), or DuckDB database "
-                        "(with --table)")
+                   help="Parquet file, CSV file, JSON file (*.json, *.jsonl, *.ndjson), DuckDB database "
+                        "(with --table), or several files as SQL's readers take them: a glob ('data/*.parquet', "
+                        "'data/**/*.parquet', quoted) or a folder of Parquet files (hive partitions included)")
     p.add_argument("--table", help="table or view to read when INPUT is a DuckDB database")
     csv = p.add_argument_group("CSV input (DuckDB's read_csv options)")
     csv.add_argument("--delimiter", metavar="CHAR", help="field separator, e.g. ';' or '\\t' (default: sniffed)")
@@ -986,10 +1110,12 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
 
 def _add_release_options(p: argparse.ArgumentParser, *, rows: str) -> None:
     """--output, --json, --ledger and --seed of a release command."""
-    p.add_argument("--output", metavar="FILE", help=f"write the {rows} to FILE: *.csv (CSV) or *.parquet (Parquet)")
+    p.add_argument("--output", metavar="FILE", help=f"write the {rows} to FILE: *.csv (CSV), *.parquet (Parquet) "
+                                                    f"or *.json (a JSON array of row objects; *.jsonl: one a line)")
     p.add_argument("--json", action="store_true", help=f"print one JSON object with the parameters, "
                                                        f"calibration and {rows}")
-    p.add_argument("--ledger", metavar="FILE", help="privacy ledger to charge (default: INPUT.dpsql-ledger)")
+    p.add_argument("--ledger", metavar="FILE", help="privacy ledger to charge (default: INPUT.dpsql-ledger; for a "
+                                                    "glob or a folder, FOLDER.dpsql-ledger beside its folder)")
     p.add_argument("--seed", type=int, help="reproducible noise for tests: the result is NOT private")
 
 
@@ -999,9 +1125,10 @@ def _default_help(macro: str, name: str) -> str:
         f"default: {str(param.sql_default()).strip(chr(39))}, as in SQL"
 
 
-PLAIN_OUTPUT = ("Plain output is one value per line (columns separated by tabs); numbers are written as in "
-                "CSV output, and a backslash, line break, tab or other control character in a value as "
-                "\\\\, \\n, \\t, \\xHH.")
+PLAIN_OUTPUT = ("Plain output is one value per line (columns separated by tabs, under a header line of column "
+                "names when there are several); numbers are written as in CSV output, and a backslash, line "
+                "break, tab or other control character in a value as \\\\, \\n, \\t, \\xHH. --output "
+                "says on stderr what it wrote.")
 
 
 def _add_ranked_parser(sub, name: str, macro: str, func: Callable, summary: str, description: str) -> None:
@@ -1030,11 +1157,76 @@ EVALUATE_NOTE = ("NON-PRIVATE evaluation: computed from the raw input, not diffe
                  "do not publish these numbers.")
 
 
-def _open_released(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """TEMP view ``dpsql_released`` over a Parquet or CSV file of released items (column ``item``)."""
-    location = sql_string(str(path))
-    reader = {"parquet": "read_parquet", "json": "read_json"}.get(_input_kind(path), "read_csv")
-    con.execute(f"CREATE TEMP VIEW dpsql_released AS SELECT * FROM {reader}({location})")
+def _header_names(path: Path, column: str) -> Optional[list[str]]:
+    """The columns of a text file of released rows if its first line is a header naming ``column``, as
+    DuckDB's CSV sniffer reads it; None for a file without one (or that is no CSV file DuckDB can sniff)."""
+    con = duckdb.connect()
+    try:
+        names = [r[0] for r in con.execute(f"SELECT column_name FROM (DESCRIBE SELECT * FROM "
+                                           f"read_csv({sql_string(str(path))}))").fetchall()]
+    except duckdb.Error:
+        return None
+    finally:
+        con.close()
+    return names if column.lower() in (n.lower() for n in names) else None
+
+
+def _open_released(con: duckdb.DuckDBPyConnection, source: _Source, column: str, item_type: Optional[str]) -> None:
+    """TEMP view ``dpsql_released`` over the released rows: Parquet, JSON or CSV files as DuckDB reads them,
+    or the plain output of a release command.
+
+    A text file is plain output unless its first line is a header naming ``column`` without tabs (a CSV
+    file, e.g. one --output wrote): one escaped value a line (:func:`escape_text`), or tab-separated under
+    a header line of column names. A plain value is read as the input's item type ``item_type``, from the
+    text DuckDB gave it (a text item is unescaped first). A one-column output whose first value is
+    ``column``'s own name reads as a CSV file with that header.
+    """
+    location = sql_string(source.location)
+    if source.kind == "duckdb":
+        raise UsageError(f"--released {source.location!r} is a DuckDB database; give the Parquet, CSV or JSON "
+                         f"file a release wrote (--output), or its plain output")
+    first = ""
+    if source.kind == "csv" and len(source.files) == 1:
+        with source.first.open(encoding="utf-8", errors="replace", newline="") as f:
+            first = f.readline().rstrip("\r\n")
+    tabbed = "\t" in first and column.lower() in (unescape_text(f).lower() for f in first.split("\t"))
+    if source.kind != "csv" or len(source.files) > 1 or (not tabbed and _header_names(source.first, column)):
+        reader = {"parquet": "read_parquet", "json": "read_json"}.get(source.kind, "read_csv")
+        con.execute(f"CREATE TEMP VIEW dpsql_released AS SELECT * FROM {reader}({location})")
+        return
+    lines = source.first.read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if tabbed:
+        names = [unescape_text(f).lower() for f in lines[0].split("\t")]
+        at = names.index(column.lower())
+        texts = [line.rstrip("\r").split("\t")[at] for line in lines[1:]]
+    else:
+        texts = [line.rstrip("\r") for line in lines]
+    text_item = item_type is None or item_type.upper() == "VARCHAR"
+    values = [unescape_text(t) if text_item else t for t in texts]
+    con.register("dpsql_released_text", pa.table({column: pa.array(values, pa.string())}))
+    name = _quote_ident(column)
+    cast = "" if text_item else f"::{item_type}"
+    con.execute(f"CREATE TEMP VIEW dpsql_released AS SELECT {name}{cast} AS {name} FROM dpsql_released_text")
+
+
+def _top_k_released(con: duckdb.DuckDBPyConnection, args: argparse.Namespace, names: Sequence[str]) -> str:
+    """The released rows the top-k missing mass compares (at most --k items): all of them, or the first k
+    by rank of a ranked release (top-k and hitting-set --output write a column ``rank``)."""
+    released_col = sql_string(args.released_col)
+    [(count,)] = con.execute(f"SELECT count(*) FROM dp__eval_released_items('dpsql_released', "
+                             f"released_col := {released_col})").fetchall()
+    if count <= args.k:
+        return "dpsql_released"
+    if "rank" in names and args.released_col.lower() != "rank":
+        con.execute(f"CREATE TEMP VIEW dpsql_released_top AS FROM dpsql_released ORDER BY rank LIMIT {int(args.k)}")
+        return "dpsql_released_top"
+    raise UsageError(f"dpsql: --k {args.k}: --released {args.released!r} holds {count} items and no rank column; "
+                     f"the top-k missing mass compares at most k released items with the k most frequent, and an "
+                     f"unranked release (set-union) does not say which k to take. Leave --k out, give --k {count} "
+                     f"or more, or evaluate a ranked release (dpsql top-k --output FILE writes rank, item: its "
+                     f"first k are taken)")
 
 
 def cmd_evaluate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -1043,29 +1235,32 @@ def cmd_evaluate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     user_col = check_identifier("--user-col", args.user_col)
     item_col = check_identifier("--item-col", args.item_col)
+    released_col = check_identifier("--released-col", args.released_col)
     if args.k is not None and args.k < 1:
         raise UsageError(f"--k must be >= 1 (got {args.k})")
-    paths = {}
-    for flag, value in (("INPUT", args.input), ("--released", args.released)):
-        path = Path(value)
-        if not path.is_file():
-            raise UsageError(f"{flag} file {value!r} does not exist")
-        paths[flag] = path
+    source, released = _source("INPUT", args.input), _source("--released", args.released)
     con = _connect(None)
     try:
-        kind = _input_kind(paths["INPUT"])
+        kind = source.kind
         reader = _reader(args, kind)
         input_name = f"{args.input!r} (read as {kind})"
         # A TEMP table of the two columns: read once (the metrics scan it many times), and a row
         # DuckDB cannot read is reported by line and column, never quoted.
-        _copy_input(con, paths["INPUT"], kind, args.table, input_name,
-                    [("--user-col", user_col), ("--item-col", item_col)], reader)
-        _open_released(con, paths["--released"])
+        _copy_input(con, source, args.table, input_name, [("--user-col", user_col), ("--item-col", item_col)],
+                    reader)
+        _open_released(con, released, released_col, _column_type(con, _VIEW, item_col))
         names = [r[0].lower() for r in con.execute("SELECT name FROM pragma_table_info('dpsql_released')").fetchall()]
-        if args.released_col.lower() not in names:
-            raise UsageError(f"--released-col {args.released_col!r} is not a column of {args.released!r}")
-        doc = metrics.evaluate(con, _VIEW, "dpsql_released", k=args.k, user_col=user_col, item_col=item_col,
-                               released_col=args.released_col)
+        if released_col.lower() not in names:
+            raise UsageError(f"--released-col {released_col!r} is not a column of {args.released!r}")
+        doc = metrics.evaluate(con, _VIEW, "dpsql_released", user_col=user_col, item_col=item_col,
+                               released_col=released_col)
+        if args.k is not None:
+            top = _top_k_released(con, args, names)
+            [(_, _, value)] = con.execute(
+                f"FROM dp_eval_top_k_missing_mass({sql_string(_VIEW)}, {sql_string(top)}, {float(args.k)!r}, "
+                f"user_col := {sql_string(user_col)}, item_col := {sql_string(item_col)}, "
+                f"released_col := {sql_string(released_col)})").fetchall()
+            doc["top_k_missing_mass"], doc["k"] = value, int(args.k)
     finally:
         con.close()
     doc = {"input": args.input, "released": args.released, "private": False, "note": EVALUATE_NOTE, **doc}
@@ -1482,9 +1677,12 @@ def build_parser() -> argparse.ArgumentParser:
                                     "frequency bucket. Reads the raw data: the numbers are NOT private.")
     _add_input_options(ev)
     ev.add_argument("--released", required=True, metavar="FILE",
-                    help="Parquet, CSV or JSON file of released items")
+                    help="Parquet, CSV or JSON file of released items (as --output writes them), or a release's "
+                         "plain output")
     ev.add_argument("--released-col", default="item", help="item column of --released (default: item)")
-    ev.add_argument("--k", type=int, help="also report the top-k missing mass (at most k released items)")
+    ev.add_argument("--k", type=int, help="also report the top-k missing mass: of the first k items by rank of a "
+                                          "ranked release (top-k, hitting-set --output), or of an unranked one "
+                                          "holding at most k items")
     ev.add_argument("--user-col", default="user_id", help="user column (default: user_id)")
     ev.add_argument("--item-col", default="item", help="item column (default: item)")
     ev.add_argument("--json", action="store_true", help="print one JSON object")

@@ -668,6 +668,7 @@ def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,
     column ``item`` (the input's type). ``seed`` is for tests only: the release is then NOT private.
     """
     method, values, cal = _set_union_plan(method, epsilon, delta, max_items, user_col, item_col, options)
+    warn_weak_parameters(values["epsilon"], values["delta"], what=set_union_methods()[method].macro, stacklevel=2)
     return spark_ledger.charged(df, ledger=ledger, scope=scope, mechanism=set_union_methods()[method].macro,
                                 epsilon=values["epsilon"], delta=values["delta"],
                                 parameters=_recorded(values, method=method), calibration=cal,

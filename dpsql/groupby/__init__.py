@@ -55,8 +55,7 @@ from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.inputs import accepts_tables
 from dpsql.core.validation import (EPSILON_MIN, DPParameterError, check_column_pair, check_delta, check_epsilon,
-                              check_identifier, check_max_items, check_table_name, derived_budget, sql_string,
-                              warn_weak_parameters)
+                              check_identifier, check_max_items, check_table_name, derived_budget, sql_string)
 
 __all__ = ["AGGREGATES", "DEFAULT_SPLIT", "DEFAULT_CONFIDENCE", "PRE_THRESHOLD_METHODS", "GroupByCalibration",
            "group_by_calibration", "check_aggregates", "check_selection_share", "check_confidence", "check_pre_threshold",
@@ -320,14 +319,12 @@ def udfs(source: object) -> list[Udf]:
         check_column_pair(user_col, item_col)
         cal = group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection,
                                    split, confidence, pre_threshold)
-        warn_weak_parameters(epsilon, delta, what="dp_group_by", stacklevel=1)
         return _cal_row(cal)
 
     def public_cal_udf(epsilon, max_items, aggregates, value_col, lower, upper, confidence, user_col, item_col):
         check_column_pair(user_col, item_col)
         cal = group_by_calibration(epsilon, None, max_items, aggregates, value_col, lower, upper, None,
                                    None, confidence)
-        warn_weak_parameters(epsilon, what="dp_group_by_public", stacklevel=1)
         return _cal_row(cal)
 
     def selection_sql(tbl, epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,

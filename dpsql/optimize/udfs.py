@@ -21,7 +21,7 @@ from dpsql.optimize.max_coverage import _coverage_greedy
 from dpsql.optimize.set_cover import _greedy_scaling
 from dpsql.optimize.subsampling import EPS0, subsampling_probability
 from dpsql.core.udf import Udf, scalar
-from dpsql.core.validation import DPParameterError, check_epsilon, check_identifier, warn_weak_parameters
+from dpsql.core.validation import DPParameterError, check_epsilon, check_identifier
 
 
 def udfs(source: NoiseSource) -> list[Udf]:
@@ -29,15 +29,11 @@ def udfs(source: NoiseSource) -> list[Udf]:
 
     def coverage_check(k, epsilon, set_col, element_col):
         check_k(k), check_identifier("set_col", set_col), check_identifier("element_col", element_col)
-        p = subsampling_probability(epsilon)
-        warn_weak_parameters(epsilon, what="dp_max_coverage", stacklevel=1)
-        return p
+        return subsampling_probability(epsilon)
 
     def set_cover_check(epsilon, tau_constant, set_col, element_col):
         check_epsilon(epsilon), check_identifier("set_col", set_col), check_identifier("element_col", element_col)
-        tau = _check_positive_param("tau_constant", tau_constant, "the printed value is 1000")
-        warn_weak_parameters(epsilon, what="dp_set_cover", stacklevel=1)
-        return tau
+        return _check_positive_param("tau_constant", tau_constant, "the printed value is 1000")
 
     def hh_cal(epsilon, k, failure_probability, horizon, user_col, time_col, bucket_col):
         if horizon is None:
@@ -45,7 +41,6 @@ def udfs(source: NoiseSource) -> list[Udf]:
         for name, col in (("user_col", user_col), ("time_col", time_col), ("bucket_col", bucket_col)):
             check_identifier(name, col)
         cal = heavy_hitters_calibration(epsilon, k, horizon, 1, failure_probability)
-        warn_weak_parameters(epsilon, what="dp_shifting_heavy_hitters", stacklevel=1)
         return {"p": cal["p"], "k_max": check_k(k), "t_steps": check_k(horizon, "horizon")}
 
     def hh_tau(epsilon, k, failure_probability, horizon, n_buckets):
@@ -57,7 +52,6 @@ def udfs(source: NoiseSource) -> list[Udf]:
             check_identifier(name, col)
         check_epsilon(epsilon), check_failure_probability(failure_probability)
         eta = check_eta(eta)
-        warn_weak_parameters(epsilon, what="dp_matroid_coverage", stacklevel=1)
         # resolved here so that the kernel gets the same s as _matroid_coverage_arrays' default
         return 8 * int(math.ceil(4.0 / eta)) if samples is None else check_k(samples, "samples")
 
@@ -70,7 +64,6 @@ def udfs(source: NoiseSource) -> list[Udf]:
         check_epsilon(epsilon)
         if q not in (1, 2):
             raise DPParameterError(f"q must be 1 (k-median) or 2 (k-means) (got {q!r})")
-        warn_weak_parameters(epsilon, what="dp_k_median", stacklevel=1)
         return {"k_max": check_k(k), "q_exp": int(q), "n_max": _check_n_bound(n_bound)}
 
     def coverage_select(sets, elems, n_sets, n_elems, k):

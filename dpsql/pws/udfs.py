@@ -15,7 +15,7 @@ from dpsql.pws.sanitizer import _draw_tokens, _grown, _report_keys, _spec_params
 from dpsql.pws.sbh import sbh_granularity, sbh_noisy_values, sbh_threshold
 from dpsql.pws.tokens import frequency_table
 from dpsql.core.udf import Udf, scalar
-from dpsql.core.validation import DPParameterError, warn_weak_parameters
+from dpsql.core.validation import DPParameterError
 
 
 def _const(arr: pa.Array, name: str):
@@ -79,14 +79,10 @@ def udfs(source) -> list[Udf]:
                         type=pa.float64())
 
     def spec_udf(epsilon, delta, tau, scheme, power, with_frequencies):
-        spec = sanitizer_spec(epsilon, delta, tau, scheme, power, with_frequencies)
-        warn_weak_parameters(epsilon, delta, what="dp_weighted_sample", stacklevel=1)
-        return spec
+        return sanitizer_spec(epsilon, delta, tau, scheme, power, with_frequencies)
 
     def sbh_granularity_udf(epsilon, delta, tau, scheme, power, noise, granularity):
-        g = sbh_granularity(epsilon, delta, tau, scheme, power, noise, granularity)
-        warn_weak_parameters(epsilon, delta, what="dp_sbh_histogram", stacklevel=1)
-        return g
+        return sbh_granularity(epsilon, delta, tau, scheme, power, noise, granularity)
 
     def sanitize_udf(freq, spec):
         """One uniform per key. Keys only: 1 = reported, 0 = not; with frequencies: the token (0 = not reported).

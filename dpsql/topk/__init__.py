@@ -75,7 +75,6 @@ from dpsql.core.validation import (
     check_max_items,
     derived_budget,
     user_budget,
-    warn_weak_parameters,
 )
 
 __all__ = ["K_LIMIT", "check_k", "peeling_epsilon", "TopKCalibration", "top_k_calibration", "GAUSSIAN_DOMAIN_METHODS",
@@ -359,14 +358,12 @@ def udfs(source) -> list[Udf]:
     def top_k_cal(k, epsilon, delta, max_items, domain_method, user_col, item_col):
         check_column_pair(user_col, item_col)
         cal = top_k_calibration(k, epsilon, delta, max_items, domain_method)
-        warn_weak_parameters(epsilon, delta, what="dp_top_k / dp_hitting_set", stacklevel=1)
         return {"k": cal.k, "gumbel_scale": cal.gumbel_scale, "accountant": cal.accounting.accountant,
                 "total_epsilon": cal.accounting.epsilon, "total_delta": cal.accounting.delta}
 
     def limited_cal(k, k_bar, epsilon, delta, max_items, user_col, item_col):
         check_column_pair(user_col, item_col)
         cal = limited_domain_calibration(k, k_bar, epsilon, delta, max_items)
-        warn_weak_parameters(epsilon, delta, what="dp_top_k_limited_domain", stacklevel=1)
         return {"k": cal.k, "k_bar": cal.k_bar, "max_items": cal.max_items,
                 "gumbel_scale": cal.gumbel_scale, "offset": cal.offset}
 

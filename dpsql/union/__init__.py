@@ -50,7 +50,6 @@ from dpsql.core.validation import (
     check_max_items,
     check_table_name,
     derived_budget,
-    warn_weak_parameters,
 )
 
 __all__ = ["METHODS", "DEFAULT_METHOD", "COMMON_PARAMS", "options_of", "check_options", "calibrate", "set_union", "udfs",
@@ -125,7 +124,6 @@ def udfs(source) -> list[Udf]:
     def set_union_calibration(method, epsilon, delta, max_items, user_col, item_col):
         check_column_pair(user_col, item_col)
         cal = calibrate(method, epsilon, delta, max_items)
-        warn_weak_parameters(epsilon, delta, what=METHODS[method].macro, stacklevel=1)
         return {"scale": cal.scale, "threshold": cal.threshold}
 
     def set_union_scale(method, epsilon, delta, max_items):
@@ -139,7 +137,9 @@ def udfs(source) -> list[Udf]:
         # parameters it has (a method without a cap has no max_items: the dispatcher does not pass it one)
         mech = METHODS[check_method(method)]
         bound = {k: v for k, v in json.loads(bound_json).items() if k in mech.param_names}
-        return release.check_release(mech, bound)
+        checked = release.check_release(mech, bound)
+        release.warn_weak(checked)
+        return checked
 
     def body_sql(method, tbl, epsilon, delta, max_items, user_col, item_col):
         return body_call_sql(method, {"tbl": tbl, "epsilon": epsilon, "delta": delta, "max_items": max_items,

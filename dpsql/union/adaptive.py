@@ -68,7 +68,7 @@ from dpsql.core.calibration import Accounting, RoundCalibration, SetUnionCalibra
 from dpsql.core.mechanism import AuditCase, Mechanism, Param, SparkForm, user_item_example, user_item_params
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import (DPParameterError, check_column_pair, check_delta, check_epsilon, check_max_items, derived_budget,
-                              user_budget, warn_weak_parameters)
+                              user_budget)
 
 __all__ = [
     "MECHANISMS",
@@ -557,7 +557,6 @@ def udfs(source) -> list[Udf]:
         check_epsilon(epsilon), check_delta(delta)  # the user's values, before mad_round's shares
         with derived_budget():
             row = dict(_mad_row(epsilon, delta, max_items, max_adaptive_degree, beta))
-        warn_weak_parameters(epsilon, delta, what="dp_set_union_mad", stacklevel=1)
         return row
 
     def mad2r_cal(epsilon, delta, max_items, split, max_adaptive_degree, beta, b_min, b_max, c_lb, c_ub,
@@ -565,13 +564,11 @@ def udfs(source) -> list[Udf]:
         check_column_pair(user_col, item_col)
         row = dict(_mad2r_row(epsilon, delta, max_items, _key(split), max_adaptive_degree, beta, b_min, b_max,
                               c_lb, c_ub))
-        warn_weak_parameters(epsilon, delta, what="dp_set_union_mad2r", stacklevel=1)
         return row
 
     def sips_cal(epsilon, delta, max_items, split, user_col, item_col):
         check_column_pair(user_col, item_col)
         row = _sips_row(epsilon, delta, max_items, _key(split))
-        warn_weak_parameters(epsilon, delta, what="dp_set_union_sips", stacklevel=1)
         return {**row, "sigma": list(row["sigma"]), "rho": list(row["rho"])}
 
     d, v = DOUBLE, VARCHAR

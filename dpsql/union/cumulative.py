@@ -61,7 +61,7 @@ from dpsql.core.calibration import Accounting, RoundCalibration, SetUnionCalibra
 from dpsql.core.mechanism import AuditCase, Mechanism, Param, SparkForm, user_item_example, user_item_params
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import DPParameterError, check_column_pair, check_delta, check_epsilon, check_max_items, \
-    derived_budget, warn_weak_parameters
+    derived_budget
 
 __all__ = ["MECHANISMS", "DEFAULT_SPLIT", "MAX_ROUNDS", "DEFAULT_DROP_MARGIN", "DEFAULT_MAX_BOOST", "DEFAULT_TILT",
            "NOVEL_SHARE", "LAST_NOVEL_SHARE", "CumulativeRound", "CumulativeParameters", "check_drop_margin",
@@ -295,7 +295,6 @@ def udfs(source) -> list[Udf]:
     def cal(epsilon, delta, max_items, split, drop_margin, max_boost, tilt, user_col, item_col):
         check_column_pair(user_col, item_col)
         row = sips_cumulative_parameters(epsilon, delta, max_items, split, drop_margin, max_boost, tilt).sql_row()
-        warn_weak_parameters(epsilon, delta, what="dp_set_union_sips_cumulative", stacklevel=1)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in row.items()}
 
     dl = duckdb.list_type(DOUBLE)

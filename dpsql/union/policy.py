@@ -100,7 +100,7 @@ from dpsql.core.mechanism import (EXAMPLE_PUBLIC_ORDER, EXAMPLE_USER_ITEMS, Audi
                                   user_item_example, user_item_params)
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import (DPParameterError, check_column_pair, check_delta, check_epsilon, check_identifier,
-                              check_max_items, check_table_name, user_budget, warn_weak_parameters)
+                              check_max_items, check_table_name, user_budget)
 
 __all__ = [
     "MECHANISMS",
@@ -630,7 +630,6 @@ def _policy_row(method, epsilon, delta, max_items, alpha, passes) -> tuple:
 def _calibration_row(method, epsilon, delta, max_items, alpha, passes, user_col, item_col):
     check_column_pair(user_col, item_col)
     row = dict(_policy_row(method, epsilon, delta, max_items, alpha, passes))
-    warn_weak_parameters(epsilon, delta, what=f"dp_set_union_{method}", stacklevel=1)
     return row
 
 

@@ -7,6 +7,7 @@ them side by side keeps the module fast); the other cases call
 """
 from __future__ import annotations
 
+import decimal
 import io
 import json
 import os
@@ -87,6 +88,7 @@ def runs(data) -> dict[str, subprocess.CompletedProcess]:
         "bad_epsilon": ["set-union", "data.parquet", "--epsilon", "-1", "--delta", "1e-5", "--max-items", "10"],
         "missing_file": ["set-union", "no_such_file.parquet", *PARAMS],
         "progress": ["set-union", "data.parquet", *PARAMS, "--progress", "--seed", "3"],
+        "weak": ["set-union", "data.parquet", "--epsilon", "20", "--delta", "1e-5", "--ledger", "weak.dpsql-ledger"],
         "no_command": [],
     }
     with ThreadPoolExecutor(max_workers=len(commands)) as pool:
@@ -135,6 +137,16 @@ def test_progress_and_seed_warning_on_stderr(runs, data):
     last = r.stderr.strip().splitlines()[-1]
     assert "released" in last and last.endswith(" s")
     assert set(r.stdout.splitlines()) <= data.items  # stdout holds only the items
+
+
+def test_weak_parameters_warn_in_one_line_without_source(runs, data):
+    r = runs["weak"]
+    assert_clean(r)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == ["dpsql: warning: weak privacy parameters of dp_set_union_sips_cumulative: epsilon "
+                                     "= 20 > 10 (the odds of any outcome may change by a factor up to e^epsilon). The "
+                                     "release runs; choose smaller values for a meaningful guarantee"]
+    assert data.common <= set(r.stdout.splitlines())
 
 
 def test_no_command_shows_help(runs):
@@ -352,7 +364,7 @@ def test_weighted_sample_null_key_fails_before_the_charge(tmp_path):
 
 
 @pytest.mark.parametrize("output, words", [
-    ("out.txt", ["--output", "*.parquet or *.csv"]),
+    ("out.txt", ["--output", "*.parquet, *.csv or *.json"]),
     ("folder.parquet", ["--output", "is a folder"]),
     ("missing/out.parquet", ["--output", "does not exist"]),
 ])
@@ -1116,3 +1128,299 @@ def test_headerless_text_csv_does_not_show_its_first_line(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert "--user-col 'user_id' is not a column" in r.stderr and "add a header line" in r.stderr
     assert SECRET not in r.stderr and "patient0" not in r.stderr
+
+
+# ---------------------------------------------------------------- globs, folders, hive partitions
+# INPUT may be what SQL's readers take: a glob, a folder of Parquet files, a hive-partitioned folder.
+
+RELEASES = {"set-union": [], "top-k": ["--k", "3"], "hitting-set": ["--k", "3"], "group-by": [],
+            "weighted-sample": ["--key-col", "item"]}
+
+
+@pytest.fixture(scope="module")
+def parts(data) -> SimpleNamespace:
+    """data.parquet's rows as two files of a folder, and as a hive-partitioned folder whose item is only in
+    the folder names (item=common0/...)."""
+    table = pq.read_table(data.dir / "data.parquet")
+    flat = data.dir / "flat"
+    flat.mkdir()
+    half = table.num_rows // 2
+    pq.write_table(table.slice(0, half), flat / "a.parquet")
+    pq.write_table(table.slice(half), flat / "b.parquet")
+    con = duckdb.connect()
+    try:
+        con.execute(f"COPY (FROM read_parquet('{data.dir / 'data.parquet'}')) TO '{data.dir / 'hive'}' "
+                    f"(FORMAT parquet, PARTITION_BY (item))")
+    finally:
+        con.close()
+    assert pq.read_schema(next((data.dir / "hive").glob("item=*/*.parquet"))).names == ["user_id", "extra"]
+    return SimpleNamespace(flat=flat, hive=data.dir / "hive")
+
+
+@pytest.mark.parametrize("command, sources", [
+    ("set-union", ["flat/*.parquet", "flat", "hive", "hive/**/*.parquet"]),
+    *((command, ["hive"]) for command in list(RELEASES)[1:]),  # every release reads INPUT alike
+])
+def test_glob_folder_and_hive_inputs_release_what_one_file_releases(data, parts, tmp_path, command, sources):
+    base = [*BUDGET, "--seed", "7", "--ledger", str(tmp_path / "l.dpsql-ledger"), *RELEASES[command]]
+    expected = cli(command, str(data.dir / "data.parquet"), *base)
+    assert expected.returncode == 0, expected.stderr
+    assert data.common & set(expected.stdout.replace("\t", "\n").splitlines())
+    for source in (data.dir / name for name in sources):
+        r = cli(command, str(source), *base)
+        assert r.returncode == 0, (source, r.stderr)
+        assert r.stdout == expected.stdout, source  # the same rows, read from several files: the same release
+
+
+def test_evaluate_reads_a_glob(data, parts, tmp_path):
+    released = write_lines(tmp_path / "released.csv", ["item", "common0", "mid01"])
+    one, many = (cli("evaluate", str(source), "--released", str(released), "--json")
+                 for source in (data.dir / "data.parquet", parts.flat / "*.parquet"))
+    assert one.returncode == 0 and many.returncode == 0, one.stderr + many.stderr
+    docs = [json.loads(r.stdout, parse_float=lambda text: round(float(text), 12)) | {"input": None}
+            for r in (one, many)]  # (DuckDB's parallel sums may differ in the last bits from run to run)
+    assert docs[0] == docs[1]
+
+
+def test_glob_and_folder_inputs_are_charged_to_the_scopes_sql_gives_them(data, parts, tmp_path):
+    import shutil
+    import warnings
+
+    import dpsql
+    from dpsql.core.ledger import Ledger
+
+    folder = tmp_path / "events"
+    shutil.copytree(parts.flat, folder)
+    sidecar = tmp_path / "events.dpsql-ledger"  # a folder's, and its globs': `dpsql budget show FOLDER` shows it
+    for source in (folder / "*.parquet", folder, folder / "**" / "*.parquet"):
+        sql_ledger = tmp_path / "sql.dpsql-ledger"
+        sql_ledger.unlink(missing_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            con = dpsql.connect(ledger=str(sql_ledger))
+        try:
+            con.execute(f"CREATE VIEW v AS FROM read_parquet('{source}')")
+            dpsql.set_union(con, "v", "weighted_gaussian", epsilon=1.0, delta=1e-5)
+        finally:
+            con.close()
+        (by_sql,) = Ledger(sql_ledger).releases()
+        r = cli("set-union", str(source), "--method", "weighted_gaussian", *BUDGET)
+        assert r.returncode == 0, r.stderr
+        assert Ledger(sidecar).releases()[-1].table == by_sql.table == os.path.realpath(source)
+    # a budget on the glob's scope bounds the CLI's releases from that glob, not those from the folder
+    glob = str(folder / "*.parquet")
+    assert cli("budget", "set", str(folder), "--scope", glob, "--epsilon", "1.5", "--delta", "1e-3").returncode == 0
+    refused = cli("set-union", glob, *BUDGET)
+    assert refused.returncode == 1 and f"scope '{os.path.realpath(glob)}' exceeded" in refused.stderr
+    assert cli("set-union", str(folder), *BUDGET).returncode == 0
+
+
+@pytest.mark.parametrize("source, words", [
+    ("nothing/*.parquet", ["INPUT", "matches no file"]),
+    ("empty", ["INPUT", "folder without *.parquet"]),
+])
+def test_glob_or_folder_without_files_is_one_clear_line(tmp_path, source, words):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "nothing").mkdir()
+    r = cli("set-union", str(tmp_path / source), *BUDGET, "--ledger", str(tmp_path / "l.dpsql-ledger"))
+    assert r.returncode == 2 and r.stdout == ""
+    line = r.stderr.strip()
+    assert line.startswith("Error: ") and "\n" not in line
+    for word in words:
+        assert word in line
+
+
+def test_output_must_not_overwrite_a_file_of_a_glob(parts, tmp_path):
+    r = cli("set-union", str(parts.flat / "*.parquet"), *BUDGET, "--ledger", str(tmp_path / "l.dpsql-ledger"),
+            "--output", str(parts.flat / "a.parquet"))
+    assert r.returncode == 2 and "--output must not be one of the input files" in r.stderr
+    assert pq.read_table(parts.flat / "a.parquet").column_names == ["user_id", "item", "extra"]
+
+
+# ---------------------------------------------------------------- JSON output, headers, the round trip
+
+@pytest.mark.parametrize("name", ["out.json", "out.jsonl"])
+def test_output_json_holds_the_rows_as_objects(data, tmp_path, name):
+    out = tmp_path / name
+    base = ["top-k", str(data.dir / "data.parquet"), "--k", "3", *BUDGET, "--seed", "4",
+            "--ledger", str(tmp_path / "l.dpsql-ledger")]
+    r = cli(*base, "--output", str(out))
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    text = out.read_text(encoding="utf-8")
+    rows = json.loads(text) if name.endswith(".json") else [json.loads(line) for line in text.splitlines()]
+    items = json.loads(cli(*base, "--json").stdout)["items"]  # the same seed: the same items
+    assert rows == [{"rank": rank, "item": item} for rank, item in enumerate(items, 1)]
+
+
+def test_plain_output_of_several_columns_has_a_header_line(data, tmp_path):
+    base = [str(data.dir / "data.parquet"), *BUDGET, "--seed", "3", "--ledger", str(tmp_path / "l.dpsql-ledger")]
+    group_by = [*base, "--aggregates", "count,sum", "--value-col", "extra", "--lower", "0", "--upper", "10"]
+    plain = cli("group-by", *group_by)
+    assert plain.returncode == 0, plain.stderr
+    assert cli("group-by", *group_by, "--output", str(tmp_path / "g.parquet")).returncode == 0
+    written = pq.read_table(tmp_path / "g.parquet")
+    lines = plain.stdout.splitlines()
+    assert lines[0].split("\t") == written.column_names and len(written.column_names) > 1
+    assert [line.split("\t")[0] for line in lines[1:]] == written.column("item").to_pylist()
+    sample = cli("weighted-sample", *base, "--key-col", "item", "--with-frequencies").stdout.splitlines()
+    assert sample[0] == "key\ttoken" and set(line.split("\t")[0] for line in sample[1:]) <= data.items
+    # one column: a value a line, no header
+    keys = cli("weighted-sample", *base, "--key-col", "item").stdout.splitlines()
+    assert keys and set(keys) <= data.items
+
+
+@pytest.mark.parametrize("command, written", [("set-union", ["released.csv", "released.json"]),
+                                              ("top-k", []), ("group-by", [])])
+def test_evaluate_reads_back_what_a_release_printed_or_wrote(data, tmp_path, command, written):
+    base = [command, str(data.dir / "data.parquet"), *BUDGET, "--seed", "5",
+            "--ledger", str(tmp_path / "l.dpsql-ledger"), *RELEASES[command]]
+    plain = cli(*base)
+    assert plain.returncode == 0, plain.stderr
+    (tmp_path / "released.txt").write_text(plain.stdout, encoding="utf-8")
+    files = [tmp_path / "released.txt"]
+    for name in ("released.parquet", *written):
+        assert cli(*base, "--output", str(tmp_path / name)).returncode == 0
+        files.append(tmp_path / name)
+    docs = []
+    for path in files:
+        r = cli("evaluate", str(data.dir / "data.parquet"), "--released", str(path), "--json")
+        assert r.returncode == 0, (path.name, r.stderr)
+        # (DuckDB's parallel sums may differ in the last bits from run to run)
+        docs.append(json.loads(r.stdout, parse_float=lambda text: round(float(text), 12)) | {"released": None})
+    assert docs[0]["released_items"] == pq.read_table(files[1]).num_rows > 0
+    assert all(doc == docs[0] for doc in docs[1:])
+
+
+@pytest.mark.parametrize("values", [ODD_ITEMS, [10, 200, 3000], [b"\x00a,\"\n", b"plain"],
+                                    [decimal.Decimal(x) for x in ("1.50", "20", "300.25")]],
+                         ids=["text", "int", "blob", "decimal"])
+def test_plain_output_of_any_item_type_reads_back(tmp_path, values):
+    items = pa.array(values)
+    users = pa.array([u for u in range(300) for _ in range(len(items))])
+    table = pa.table({"user_id": users, "item": pa.concat_arrays([items] * 300)})
+    pq.write_table(table, tmp_path / "typed.parquet")
+    base = ["set-union", str(tmp_path / "typed.parquet"), "--method", "weighted_gaussian", *BUDGET,
+            "--ledger", str(tmp_path / "l.dpsql-ledger")]
+    plain = cli(*base)
+    assert plain.returncode == 0, plain.stderr
+    (tmp_path / "released.txt").write_text(plain.stdout, encoding="utf-8")
+    r = cli("evaluate", str(tmp_path / "typed.parquet"), "--released", str(tmp_path / "released.txt"), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    # every item is held by all 300 users: all released, each found again in the data
+    assert doc["released_items"] == len(items) and doc["missing_mass_p"]["0"] == 0 and doc["hits"] == 300
+
+
+# ---------------------------------------------------------------- evaluate --k
+
+def test_evaluate_k_on_a_set_union_release_says_what_k_needs(data, tmp_path):
+    out = tmp_path / "items.parquet"
+    assert cli("set-union", str(data.dir / "data.parquet"), *PARAMS, "--seed", "2", "--output", str(out),
+               "--ledger", str(tmp_path / "l.dpsql-ledger")).returncode == 0
+    n = pq.read_table(out).num_rows
+    assert n > 3
+    r = cli("evaluate", str(data.dir / "data.parquet"), "--released", str(out), "--k", "3")
+    assert r.returncode == 2 and r.stdout == ""
+    line = r.stderr.strip()
+    assert line.startswith("Error: dpsql: --k 3: ") and "\n" not in line
+    assert f"holds {n} items and no rank column" in line and f"--k {n} or more" in line and "top-k" in line
+    ok = cli("evaluate", str(data.dir / "data.parquet"), "--released", str(out), "--k", str(n), "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["k"] == n
+
+
+def test_evaluate_k_takes_the_first_k_of_a_ranked_release(data, tmp_path):
+    ranked = tmp_path / "ranked.parquet"
+    assert cli("top-k", str(data.dir / "data.parquet"), "--k", "5", *BUDGET, "--seed", "2", "--output", str(ranked),
+               "--ledger", str(tmp_path / "l.dpsql-ledger")).returncode == 0
+    table = pq.read_table(ranked).sort_by("rank")
+    assert table.num_rows == 5
+    first = tmp_path / "first.parquet"
+    pq.write_table(table.slice(0, 3), first)
+    whole, cut = (json.loads(cli("evaluate", str(data.dir / "data.parquet"), "--released", str(path), "--k", "3",
+                                 "--json").stdout) for path in (ranked, first))
+    assert whole["k"] == 3 and whole["top_k_missing_mass"] == cut["top_k_missing_mass"]
+    assert whole["released_items"] == 5 and cut["released_items"] == 3  # the other measures: the whole release
+
+
+# ---------------------------------------------------------------- NULL values, as SQL and Python
+
+def test_group_by_skips_null_values_as_sql_and_python_do(tmp_path):
+    import warnings
+
+    import dpsql
+
+    values = [None if u % 7 == 0 else float(u % 5) for u in range(300)]
+    path = tmp_path / "spend.parquet"
+    pq.write_table(pa.table({"user_id": [f"u{u}" for u in range(300)], "item": ["common"] * 300, "spend": values}),
+                   path)
+    r = cli("group-by", str(path), *BUDGET, "--aggregates", "count,sum,mean", "--value-col", "spend", "--lower", "0",
+            "--upper", "5", "--seed", "9", "--json", "--ledger", str(tmp_path / "l.dpsql-ledger"))
+    assert r.returncode == 0, r.stderr
+    released = []
+    for run in ("python", "sql"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            con = dpsql.connect(seed=9)
+        try:
+            con.execute(f"CREATE VIEW t AS FROM read_parquet('{path}')")
+            if run == "python":
+                rows = dpsql.group_by(con, "t", epsilon=1.0, delta=1e-5, aggregates=["count", "sum", "mean"],
+                                      value_col="spend", lower=0, upper=5).to_pylist()
+            else:
+                rows = con.sql("FROM dp_group_by('t', epsilon := 1.0, delta := 1e-5, aggregates := ['count', 'sum', "
+                               "'mean'], value_col := 'spend', lower := 0, upper := 5)").to_arrow_table().to_pylist()
+        finally:
+            con.close()
+        released.append(rows)
+    assert json.loads(r.stdout)["rows"] == released[0] == released[1]
+    assert [row["item"] for row in released[0]] == ["common"]
+
+
+# ---------------------------------------------------------------- one line per message
+
+@pytest.mark.parametrize("command", ["top-k", "group-by", "weighted-sample"])
+def test_budget_exceeded_is_one_dpsql_line_for_every_release(data, tmp_path, command):
+    from dpsql.core.ledger import Ledger
+
+    ledger = tmp_path / "l.dpsql-ledger"
+    Ledger(ledger).set_budget(0.5, 1e-3)
+    r = cli(command, str(data.dir / "data.parquet"), *BUDGET, *RELEASES[command], "--ledger", str(ledger))
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith("Error: dpsql: privacy budget of scope 'database' exceeded"), r.stderr
+    assert r.stderr.count("dpsql:") == 1 and "Error" not in r.stderr[len("Error"):]
+    assert charges(ledger) == 0
+
+
+@pytest.mark.parametrize("command, flags, macro", [
+    ("set-union", ["--epsilon", "20", "--delta", "1e-5"], "dp_set_union_sips_cumulative"),
+    ("set-union", ["--method", "mad2r", "--epsilon", "20", "--delta", "1e-5"], "dp_set_union_mad2r"),
+    ("top-k", ["--k", "3", "--epsilon", "1", "--delta", "0.01"], "dp_top_k"),
+    ("group-by", ["--epsilon", "20", "--delta", "1e-5"], "dp_group_by"),
+])
+def test_weak_parameters_are_one_warning_line(data, tmp_path, command, flags, macro):
+    r = cli(command, str(data.dir / "data.parquet"), *flags, "--ledger", str(tmp_path / "l.dpsql-ledger"))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [r.stderr.strip()]
+    assert r.stderr.startswith(f"dpsql: warning: weak privacy parameters of {macro}: ")
+    assert "WeakPrivacyWarning" not in r.stderr and ".py" not in r.stderr
+
+
+# ---------------------------------------------------------------- --output says what it wrote
+
+@pytest.mark.parametrize("command, noun", [("set-union", "items"), ("top-k", "items"), ("hitting-set", "items"),
+                                           ("group-by", "rows"), ("weighted-sample", "keys")])
+def test_output_says_what_was_written(data, tmp_path, command, noun):
+    out = tmp_path / "out.csv"
+    base = [command, str(data.dir / "data.parquet"), *BUDGET, *RELEASES[command],
+            "--ledger", str(tmp_path / "l.dpsql-ledger"), "--output", str(out)]
+    r = cli(*base)
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    n = len(pcsv.read_csv(out))
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"dpsql: released {n} {noun} to {out} (epsilon=1, delta=1e-05, ")
+    what = {"set-union": "method=sips_cumulative)", "top-k": "mechanism=dp_top_k, k=3)",
+            "hitting-set": "mechanism=dp_hitting_set, k=3)", "group-by": "mechanism=dp_group_by)",
+            "weighted-sample": "mechanism=dp_weighted_sample)"}[command]
+    assert line.endswith(what), line
+    assert cli(*base, "--json").stderr == ""  # the JSON document says it ("output", "n_released")

@@ -174,10 +174,43 @@ def test_weak_parameters_warn_and_still_release(con):
         con.sql("FROM dp_set_union_mad2r('t', epsilon := 50, delta := 1e-5)").fetchall()
     with pytest.warns(WeakPrivacyWarning) as record:
         dpsql.top_k(con, "t", 1, epsilon=1.0, delta=0.01)
-    # the user's delta, and the domain step's half of it, each named with its release
-    messages = {str(w.message).split(":")[1] for w in record}
-    assert " weak privacy parameters of dp_top_k / dp_hitting_set" in messages
-    assert any("of dp_set_union_weighted_gaussian: delta = 0.005" in str(w.message) for w in record)
+    # the release's own delta, named with its macro; not its domain step's half of it
+    assert [str(w.message) for w in record] == [
+        "dpsql: weak privacy parameters of dp_top_k: delta = 0.01 > 0.001 (delta should be well below 1/number of "
+        "users). The release runs; choose smaller values for a meaningful guarantee"]
+
+
+WEAK_RELEASES = {
+    "set_union": (lambda con: dpsql.set_union(con, "t", epsilon=20.0, delta=1e-5), "dp_set_union_sips_cumulative"),
+    "set_union_mad2r": (lambda con: dpsql.set_union(con, "t", "mad2r", epsilon=20.0, delta=1e-5),
+                        "dp_set_union_mad2r"),
+    "set_union_progress": (lambda con: dpsql.set_union(con, "t", epsilon=20.0, delta=1e-5, progress=lambda pct: None),
+                           "dp_set_union_sips_cumulative"),
+    "top_k": (lambda con: dpsql.top_k(con, "t", 2, epsilon=20.0, delta=1e-5), "dp_top_k"),
+    "hitting_set": (lambda con: dpsql.hitting_set(con, "t", 2, epsilon=1.0, delta=0.01), "dp_hitting_set"),
+    "group_by": (lambda con: dpsql.group_by(con, "t", epsilon=20.0, delta=1e-5), "dp_group_by"),
+    "weighted_sample": (lambda con: dpsql.weighted_sample(con, "t", 20.0, 1e-5, key_col="item"),
+                        "dp_weighted_sample"),
+    "sql": (lambda con: con.sql("FROM dp_set_union('t', epsilon := 20, delta := 1e-5)").fetchall(),
+            "dp_set_union_sips_cumulative"),
+    "sql_method": (lambda con: con.execute("FROM dp_set_union_mad('t', epsilon := 20, delta := 1e-5)").fetchall(),
+                   "dp_set_union_mad"),
+}
+
+
+@pytest.mark.parametrize("name", list(WEAK_RELEASES))
+def test_weak_parameters_warn_once_per_release(con, name):
+    """DuckDB calls a calibration several times while it plans a statement (a default set-union warned 11
+    times, a group-by 23): a release warns once, for its own parameters, and names no line of dpsql's source."""
+    release, macro = WEAK_RELEASES[name]
+    for _ in range(2):  # each release warns, also when an identical one did before
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            release(con)
+        weak = [w for w in caught if issubclass(w.category, WeakPrivacyWarning)]
+        assert [str(w.message).split(":")[1] for w in weak] == [f" weak privacy parameters of {macro}"]
+        assert "\n" not in str(weak[0].message)
+        assert weak[0].filename in (__file__, "<dpsql>")  # this test's line, or none when DuckDB's thread ran it
 
 
 def test_ordinary_parameters_do_not_warn(con):
