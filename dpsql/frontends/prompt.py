@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import Iterable, Optional, Protocol
 
 import duckdb
 from prompt_toolkit import PromptSession
@@ -22,10 +22,22 @@ from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from prompt_toolkit.output import create_output
 
-if TYPE_CHECKING:
-    from dpsql.frontends.shell import Shell
+__all__ = ["SqlCompleter", "Host", "session", "read_entries"]
 
-__all__ = ["SqlCompleter", "session", "read_entries"]
+
+class Host(Protocol):
+    """What the prompt needs of the shell it serves (:class:`dpsql.frontends.shell.Shell`; a protocol, so that
+    the prompt, which the shell imports, does not import it back)."""
+
+    con: duckdb.DuckDBPyConnection
+    done: bool
+    completer: Optional["SqlCompleter"]
+
+    def leaves_pending(self, text: str) -> bool: ...
+
+    def dot_command_names(self) -> Iterable[str]: ...
+
+    def feed_entry(self, text: str) -> None: ...
 
 # Names of the catalog, read once per refresh. Functions: every non-internal one and every dp_ one
 # (dpsql registers its UDFs as internal), without dpsql's own helpers (dp__...).
@@ -130,7 +142,7 @@ def _history(name: str) -> History:
         return InMemoryHistory()
 
 
-def session(shell: "Shell", history_file: str, prompt: str, continuation: str) -> "PromptSession[str]":
+def session(shell: Host, history_file: str, prompt: str, continuation: str) -> "PromptSession[str]":
     """A prompt on ``shell``'s connection: Enter runs complete input, else continues it on a new line."""
     bindings = KeyBindings()
 
@@ -158,7 +170,7 @@ def session(shell: "Shell", history_file: str, prompt: str, continuation: str) -
     )
 
 
-def read_entries(shell: "Shell", history_file: str, prompt: str, continuation: str) -> None:
+def read_entries(shell: Host, history_file: str, prompt: str, continuation: str) -> None:
     """Prompt until ``.quit`` or Ctrl-D, handing each entry to the shell."""
     prompt_session = session(shell, history_file, prompt, continuation)
     while not shell.done:
