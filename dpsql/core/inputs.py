@@ -35,11 +35,8 @@ import pyarrow as pa
 
 from dpsql.core.errors import DPParameterError
 
-__all__ = ["accepts_tables", "as_table", "scope_name", "KINDS"]
+__all__ = ["accepts_tables", "as_table", "scope_name"]
 
-# What the error for an unsupported object lists.
-KINDS = ("a table or view name", "a file path", "a pandas or Polars DataFrame", "an Arrow table",
-         "a DuckDB relation of this connection")
 # The private table's parameter, whatever a function calls it.
 _PRIVATE = frozenset({"table", "tbl"})
 _ARROW = (pa.Table, pa.RecordBatch, pa.RecordBatchReader)
@@ -81,7 +78,7 @@ def _registered(con: duckdb.DuckDBPyConnection, obj: object, name: str) -> Itera
 @contextlib.contextmanager
 def as_table(con: duckdb.DuckDBPyConnection, obj: object, param: str) -> Iterator[Any]:
     """``obj`` as a table argument of the SQL macros, for the duration of the ``with`` block (see the module
-    docstring); anything that is not one of :data:`KINDS` is passed on for the function's own check."""
+    docstring); anything else is passed on for the function's own check."""
     if obj is None or isinstance(obj, str):
         yield obj
         return
@@ -113,13 +110,12 @@ def as_table(con: duckdb.DuckDBPyConnection, obj: object, param: str) -> Iterato
         with _registered(con, obj, name) as registered:
             yield registered
         return
-    raise DPParameterError(f"dpsql: {param} must be {', '.join(KINDS[:-1])} or {KINDS[-1]} "
-                           f"(got a {type(obj).__module__}.{type(obj).__qualname__})")
+    yield obj  # anything else: the function's own check refuses it (by its type, never its contents)
 
 
 def accepts_tables(*params: str) -> Callable[[F], F]:
-    """Let a release function (its first parameter the connection, ``con``) take any of :data:`KINDS`
-    as each of ``params``: in-memory objects are registered for the call and removed after it."""
+    """Let a release function (its first parameter the connection, ``con``) take the data itself (see the module
+    docstring) as each of ``params``: in-memory objects are registered for the call and removed after it."""
     def wrap(fn: F) -> F:
         signature = inspect.signature(fn)
         missing = [p for p in params if p not in signature.parameters]

@@ -191,7 +191,7 @@ def json_text(text: Optional[str]) -> Optional[str]:
         except ValueError:
             value = _StructText(text).parse()
         return json.dumps(_finite(value))
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError, _Unreadable):
         return json.dumps(text)
 
 
@@ -213,13 +213,17 @@ def _finite(value: Any) -> Any:
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
+class _Unreadable(Exception):
+    """Text that is not DuckDB's text of a value (:class:`_StructText`); never leaves this module."""
+
+
 class _StructText:
     """Reads DuckDB's text of a STRUCT, LIST or scalar (``{'a': 1, 'b': [x, y], 'c': NULL}``) into Python values.
 
     DuckDB writes a string bare unless it holds one of ``,:{}[]'"`` or spaces at its ends, then between
     single quotes with ``\\`` escapes; the type of a bare value is lost, so ``10`` reads as a number,
     ``NULL`` as null, ``true``/``false`` as booleans, ``inf``/``nan`` as floats, anything else as a string.
-    Raises ValueError on text that is not in that form.
+    Raises :class:`_Unreadable` on text that is not in that form.
     """
 
     def __init__(self, text: str):
@@ -229,7 +233,7 @@ class _StructText:
         value = self.value()
         self.space()
         if self.i != len(self.text):
-            raise ValueError("text after the value")
+            raise _Unreadable("text after the value")
         return value
 
     def space(self) -> None:
@@ -239,7 +243,7 @@ class _StructText:
     def value(self) -> Any:
         self.space()
         if self.i >= len(self.text):
-            raise ValueError("missing value")
+            raise _Unreadable("missing value")
         ch = self.text[self.i]
         if ch == "{":
             return self.items("}", keyed=True)
@@ -262,7 +266,7 @@ class _StructText:
                 key = self.quoted() if self.text.startswith("'", self.i) else self.bare(stop=":")
                 self.space()
                 if not self.text.startswith(":", self.i):
-                    raise ValueError("missing ':'")
+                    raise _Unreadable("missing ':'")
                 self.i += 1
                 out[str(key)] = self.value()
             else:
@@ -274,7 +278,7 @@ class _StructText:
             if self.text.startswith(close, self.i):
                 self.i += 1
                 return out
-            raise ValueError(f"missing {close!r}")
+            raise _Unreadable(f"missing {close!r}")
 
     def quoted(self) -> str:
         self.i += 1
@@ -290,13 +294,13 @@ class _StructText:
                 return "".join(buf)
             buf.append(ch)
             self.i += 1
-        raise ValueError("unterminated quote")
+        raise _Unreadable("unterminated quote")
 
     def bare(self, stop: str = ",}]") -> Any:
         start = self.i
         while self.i < len(self.text) and self.text[self.i] not in stop:
             if self.text[self.i] in "{['":
-                raise ValueError("unexpected bracket or quote")
+                raise _Unreadable("unexpected bracket or quote")
             self.i += 1
         word = self.text[start:self.i].strip()
         if stop == ":":

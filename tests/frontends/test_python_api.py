@@ -189,7 +189,7 @@ WEAK_RELEASES = {
     "top_k": (lambda con: dpsql.top_k(con, "t", 2, epsilon=20.0, delta=1e-5), "dp_top_k"),
     "hitting_set": (lambda con: dpsql.hitting_set(con, "t", 2, epsilon=1.0, delta=0.01), "dp_hitting_set"),
     "group_by": (lambda con: dpsql.group_by(con, "t", epsilon=20.0, delta=1e-5), "dp_group_by"),
-    "weighted_sample": (lambda con: dpsql.weighted_sample(con, "t", 20.0, 1e-5, key_col="item"),
+    "weighted_sample": (lambda con: dpsql.weighted_sample(con, "t", epsilon=20.0, delta=1e-5, key_col="item"),
                         "dp_weighted_sample"),
     "sql": (lambda con: con.sql("FROM dp_set_union('t', epsilon := 20, delta := 1e-5)").fetchall(),
             "dp_set_union_sips_cumulative"),
