@@ -718,16 +718,6 @@ class Shell:
         if self._output(arg, ".once"):
             self._once = self._depth
 
-    def _headers(self, arg: str) -> None:
-        value = self._switch(".headers", arg)
-        if value is not None:
-            self.headers = value
-
-    def _echo(self, arg: str) -> None:
-        value = self._switch(".echo", arg)
-        if value is not None:
-            self.echo = value
-
     def _nullvalue(self, arg: str) -> None:
         # .nullvalue alone: back to each mode's own (an empty field in csv, list and tabs, NULL elsewhere)
         self.null = _unescape(_unquote(arg)) if arg else None
@@ -889,15 +879,11 @@ class Shell:
             self._error(f"Error: dpsql: {name} needs on or off (got {arg!r})")
         return value
 
-    def _timer(self, arg: str) -> None:
-        value = self._switch(".timer", arg)
+    def _set_switch(self, attr: str, arg: str) -> None:
+        """``.<attr> on|off`` (.headers, .echo, .timer, .bail): set the shell's ``attr``."""
+        value = self._switch("." + attr, arg)
         if value is not None:
-            self.timer = value
-
-    def _bail(self, arg: str) -> None:
-        value = self._switch(".bail", arg)
-        if value is not None:
-            self.bail = value
+            setattr(self, attr, value)
 
     def _read(self, arg: str) -> None:
         if not arg:
@@ -970,13 +956,18 @@ class Shell:
         self._emit(text, charged=False)
 
 
+def _switch_command(attr: str) -> Callable[[Shell, str], None]:
+    return lambda shell, arg: shell._set_switch(attr, arg)
+
+
 _DOT_COMMANDS: dict[str, Callable[[Shell, str], Any]] = {
     ".quit": Shell._quit, ".exit": Shell._quit, ".q": Shell._quit,
     ".help": Shell._help, ".tables": Shell._tables, ".schema": Shell._schema, ".mode": Shell._mode,
-    ".output": Shell._output, ".once": Shell._once_to, ".maxrows": Shell._maxrows, ".timer": Shell._timer,
-    ".bail": Shell._bail, ".read": Shell._read, ".budget": Shell._budget, ".headers": Shell._headers,
-    ".header": Shell._headers, ".nullvalue": Shell._nullvalue, ".separator": Shell._separator,
-    ".print": Shell._print, ".echo": Shell._echo, ".databases": Shell._databases, ".open": Shell._open,
+    ".output": Shell._output, ".once": Shell._once_to, ".maxrows": Shell._maxrows,
+    ".timer": _switch_command("timer"), ".bail": _switch_command("bail"), ".read": Shell._read,
+    ".budget": Shell._budget, ".headers": _switch_command("headers"), ".header": _switch_command("headers"),
+    ".nullvalue": Shell._nullvalue, ".separator": Shell._separator, ".print": Shell._print,
+    ".echo": _switch_command("echo"), ".databases": Shell._databases, ".open": Shell._open,
     ".import": Shell._import, ".dump": Shell._dump,
 }
 
