@@ -46,7 +46,7 @@ from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import warn_weak_parameters
 
 __all__ = ["body_macro", "signature", "release_sql", "wrapper_sql", "wrappers_sql", "check_release", "check_type",
-           "sql_value", "call_sql", "sorted_release", "warn_weak", "udfs"]
+           "sql_value", "call_sql", "sorted_release", "warn_weak", "calibration_text", "udfs"]
 
 
 def body_macro(mech: Mechanism) -> str:
@@ -108,7 +108,7 @@ def wrappers_sql(mechs: Mapping[str, Mechanism]) -> str:
     return "\n".join(wrapper_sql(m) for m in mechs.values())
 
 
-def _text(value: Any) -> str:
+def calibration_text(value: Any) -> str:
     """A calibration as JSON text (a dataclass by its fields; anything JSON cannot hold by its repr)."""
     return json.dumps(dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type)
                       else value, default=repr)
@@ -127,7 +127,7 @@ def check_release(mech: Mechanism, bound: Mapping[str, Any]) -> dict[str, Any]:
         wanted = inspect.signature(mech.calibrate).parameters
         takes_all = any(p.kind is p.VAR_KEYWORD for p in wanted.values())
         cal = mech.calibrate(**{k: v for k, v in values.items() if takes_all or k in wanted})
-        calibration = _text(cal)
+        calibration = calibration_text(cal)
     others = {k: v for k, v in values.items() if k not in ("tbl", "epsilon", "delta")}
     return {"epsilon": float(values["epsilon"]), "delta": float(values.get("delta") or 0.0),
             "parameters": json.dumps(others, default=repr), "calibration": calibration,

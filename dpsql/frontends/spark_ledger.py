@@ -18,7 +18,6 @@ A release on Spark is charged as one on DuckDB (:class:`dpsql.core.ledger.Ledger
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import weakref
@@ -27,6 +26,7 @@ from urllib.parse import unquote, urlparse
 
 from dpsql.core.errors import DPParameterError
 from dpsql.core.ledger import Ledger, ScopeSet, file_scope
+from dpsql.core.release import calibration_text
 
 __all__ = ["session_ledger", "ledger_for", "scopes_of", "charged"]
 
@@ -77,11 +77,6 @@ def scopes_of(df: Any, scope: Optional[str], ledger: Ledger) -> ScopeSet:
     return ScopeSet(sorted({(_file_key(f), None) for f in files}))
 
 
-def _text(value: Any) -> str:
-    return json.dumps(dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type)
-                      else value, default=repr)
-
-
 def charged(df: Any, *, ledger: Union[None, str, os.PathLike, Ledger], scope: Optional[str], mechanism: str,
             epsilon: float, delta: float, parameters: Mapping[str, Any], calibration: Any, seeded: bool,
             release: Callable[[], Any]) -> Any:
@@ -96,7 +91,7 @@ def charged(df: Any, *, ledger: Union[None, str, os.PathLike, Ledger], scope: Op
     result = release()
     try:
         target.charge(mechanism, "user", str(scopes), epsilon, delta, json.dumps(dict(parameters), default=repr),
-                      _text(calibration), seeded=seeded, scope=scopes)
+                      calibration_text(calibration), seeded=seeded, scope=scopes)
     except BaseException:
         unpersist = getattr(result, "unpersist", None)
         if callable(unpersist):
