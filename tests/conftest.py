@@ -48,6 +48,46 @@ def pytest_runtest_makereport(item, call):
             return
 
 
+# CI runs the suite in two installs (.ci/run): the core one, then the one with every extra. A test that
+# passed in the core install, with the same version of every package it runs on (.ci/run checks that),
+# proves nothing new in the other. DPSQL_RECORD_SKIPPED=FILE: the core run writes there the tests it
+# skipped (those that need an extra); DPSQL_ONLY_SKIPPED=FILE: the full run keeps only those and the
+# `slow` tests (which the core run leaves out), and deselects the rest.
+_SKIPPED: set[str] = set()
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and os.environ.get("DPSQL_RECORD_SKIPPED"):
+        _SKIPPED.add(report.nodeid)
+
+
+def pytest_collectreport(report):
+    # a module that skips as a whole (pytest.importorskip at its top): its node id is the file's
+    if report.skipped and os.environ.get("DPSQL_RECORD_SKIPPED"):
+        _SKIPPED.add(report.nodeid)
+
+
+def pytest_sessionfinish(session):
+    path = os.environ.get("DPSQL_RECORD_SKIPPED")
+    if path and not hasattr(session.config, "workerinput"):  # the controller has every worker's reports
+        Path(path).write_text("".join(f"{nodeid}\n" for nodeid in sorted(_SKIPPED)))
+
+
+def pytest_collection_modifyitems(config, items):
+    path = os.environ.get("DPSQL_ONLY_SKIPPED")
+    if not path:
+        return
+    wanted = set(Path(path).read_text().splitlines())
+    def kept(item) -> bool:
+        return (item.nodeid in wanted or item.nodeid.split("::")[0] in wanted
+                or item.get_closest_marker("slow") is not None)
+    keep = [item for item in items if kept(item)]
+    dropped = [item for item in items if not kept(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
+
+
 def shared_data_dir() -> Path | None:
     """The real datasets (../shared/data next to the checkout), or DPSQL_SHARED_DATA; None if absent."""
     env = os.environ.get("DPSQL_SHARED_DATA")
