@@ -19,10 +19,13 @@ ledger is not part of DuckDB's transactions: a ROLLBACK does not undo a budget s
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
+import sys
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, Mapping, Optional
 
 import duckdb
@@ -33,8 +36,8 @@ from dpsql.core import sqltext
 from dpsql.core.errors import ParameterError
 from dpsql.core.ledger import (DATABASE_SCOPE, Budget, Ledger, ScopeSet, ScopeStatus, scope_key, sidecar_path,
                                split_name)
-from dpsql.core.scopes import Catalog, locate, trace
-from dpsql.core.udf import Udf
+from dpsql.core.scopes import Catalog, MacrosUnread, locate, needs_macros, trace
+from dpsql.core.udf import Udf, scalar
 
 __all__ = ["udfs", "BudgetChange", "budget_home", "set_scope_budget", "remove_scope_budget"]
 
@@ -143,16 +146,6 @@ def remove_scope_budget(ledger: Ledger, name: object, catalog: Optional[Catalog]
     return BudgetChange(home, _status(home, key), note)
 
 
-def _identifiers(sql: str) -> set[str]:
-    """The identifiers of a statement (not its strings or comments), unquoted and in lower case."""
-    out = set()
-    for tok in sqltext.tokens(sql):
-        if tok.kind == "identifier":
-            text = tok.text
-            out.add((text[1:-1].replace('""', '"') if text.startswith('"') and len(text) > 1 else text).lower())
-    return out
-
-
 def _releasing(row: Mapping[str, Any]) -> set[str]:
     """Names of the macros and views on the connection whose text makes a release: calls the charge, or a
     macro or view that does. Read as words of their text, so a mention in a comment counts too (it can only
@@ -175,7 +168,7 @@ def _releasing(row: Mapping[str, Any]) -> set[str]:
 def _check_budget_statement(function: str, row: Optional[Mapping[str, Any]]) -> None:
     """Refuse a budget change that is not in the running statement's text, or shares it with a release."""
     query = str((row or {}).get("query") or "")
-    named = _identifiers(query)
+    named = sqltext.words(query)
     if not named & _SETTERS:
         raise ParameterError(
             f"dpsql: {function} must be called in the statement itself (SELECT {function}(...)), not inside a "
@@ -192,12 +185,42 @@ def _check_budget_statement(function: str, row: Optional[Mapping[str, Any]]) -> 
 def _check_release_statement(catalog: Catalog) -> None:
     """Refuse a release in a statement that changes a budget (see the module docstring)."""
     query = catalog.query
-    if "budget" in query.lower() and _identifiers(query) & _SETTERS:
+    if "budget" in query.lower() and sqltext.words(query) & _SETTERS:
         raise ParameterError(
             "dpsql: this statement changes a privacy budget (dp_set_budget or dp_remove_budget) and makes a "
             "release: the release could be checked against the budget before or after the change. Change the "
             "budget in its own statement, then release; nothing was released or charged (a budget change that "
             "ran before this refusal stays: dp_budget() shows the budgets)")
+
+
+# What dp__release_catalog's query() runs: the macros listed, or not (a NULL list: DuckDB then never plans the scan).
+_MACROS_READ = "FROM dp__macros()"
+_MACROS_UNREAD = "SELECT NULL::STRUCT(name VARCHAR, type VARCHAR, definition VARCHAR)[] AS macros"
+
+
+def _literal(text: Optional[str]) -> str:
+    return "NULL" if text is None else "'" + text.replace("'", "''") + "'"
+
+
+def _binding_only() -> bool:
+    """Whether DuckDB's Python client is binding a relation (``con.sql``) to learn its columns, not running it.
+
+    The guess of which macros a release lists needs the statement's text, ``current_query()``, while DuckDB
+    binds; DuckDB 2.0 fails with an internal error on that function where the client binds a relation
+    without running it (it has no running query then). That bind is what runs this UDF from the client's
+    own ``bind`` (found on the Python stack); it gets the full listing, which it binds but never runs.
+    The suite runs releases through ``con.sql`` throughout, so a client that binds otherwise fails there.
+    """
+    frame: Optional[FrameType] = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if "bind" in code.co_name and os.path.dirname(code.co_filename) == _DUCKDB_DIR:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_DUCKDB_DIR = os.path.dirname(os.path.abspath(duckdb.__file__))
 
 
 def _catalog_type() -> DuckDBPyType:
@@ -261,6 +284,22 @@ def udfs(ledger: Ledger, seeded: bool = False) -> list[Udf]:
     change, and a folded reader would show a stale ledger.
     """
 
+    # The catalog the last charge read (its macros and statement left out) and the table arguments whose
+    # tracing needed the macros it had not listed, for dp__catalog_macros_sql's guess while DuckDB binds the
+    # next release: whether tracing that one may need the macros (scopes.needs_macros).
+    seen: list[Optional[Catalog]] = [None]
+    needed: set[str] = set()
+
+    def macros_sql(table: Optional[str]) -> str:
+        if _binding_only():
+            return _MACROS_READ
+        return f"FROM query(dp__catalog_macros_for({_literal(table)}, current_query()))"
+
+    def macros_for(table: Optional[str], query: Optional[str]) -> str:
+        last = seen[0]
+        catalog = None if last is None else dataclasses.replace(last, query=query or "")
+        return _MACROS_READ if needs_macros(table, catalog, frozenset(needed)) else _MACROS_UNREAD
+
     def charge(mechanism: pa.Array, unit: pa.Array, table: pa.Array, epsilon: pa.Array, delta: pa.Array,
                parameters: pa.Array, calibration: pa.Array, catalog: pa.Array) -> pa.Array:
         # ``calibration`` is the macro's one-row calibration CTE cast to text: passing it makes
@@ -273,8 +312,17 @@ def udfs(ledger: Ledger, seeded: bool = False) -> list[Udf]:
                                           epsilon.to_pylist(), delta.to_pylist(), parameters.to_pylist(),
                                           calibration.to_pylist(), catalog.to_pylist()):
             found = Catalog.from_row(k)
+            seen[0] = dataclasses.replace(found, macros={}, definitions=(), query="")
             _check_release_statement(found)
-            scopes = ScopeSet(trace(t, found))
+            try:
+                scopes = ScopeSet(trace(t, found))
+            except MacrosUnread:
+                needed.add(str(t).lower())
+                raise ParameterError(
+                    f"dpsql: tbl {t!r} reads a view, or a CTE of the statement, where this connection's last release "
+                    f"saw a table, so this run did not list the macros that tracing it needs (a catalog scan "
+                    f"skipped for tables); nothing was released or charged. Run the statement again: it lists "
+                    f"them from now on") from None
             ledger.charge(m, u, t, e, d, p or "", c or "", seeded=seeded, scope=scopes)
             out.append(True)
         return pa.array(out, pa.bool_())
@@ -311,6 +359,9 @@ def udfs(ledger: Ledger, seeded: bool = False) -> list[Udf]:
                         type=_CHANGE_ARROW)
 
     return [
+        # Pure: query() runs the text it renders while DuckDB binds the release (sql/00_core/05_ledger.sql).
+        Udf("dp__catalog_macros_sql", scalar(macros_sql), (VARCHAR,), VARCHAR),
+        Udf("dp__catalog_macros_for", scalar(macros_for), (VARCHAR, VARCHAR), VARCHAR),
         Udf("dp__charge_scoped", charge,
             (VARCHAR, VARCHAR, VARCHAR, DOUBLE, DOUBLE, VARCHAR, VARCHAR, _catalog_type()), BOOLEAN,
             side_effects=True),

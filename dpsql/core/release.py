@@ -76,7 +76,8 @@ def release_sql(macro: str, params: Sequence[Param], body: str, check: str, chec
     # getvariable() accepts only a constant name: DuckDB's binder refuses any other (sql/00_core/00_release.sql).
     binds = "\n      AND ".join(f"(getvariable('dp__bind:' || {n}::VARCHAR) IS NULL OR true)" for n in names)
     args = ", ".join(p.name if p.required else f"{p.name} := {p.name}" for p in params)
-    # the check and the charge read the bound row (the body gets the same constant expressions)
+    # the check and the charge read the bound row (the body gets the same constant expressions; the charge
+    # passes `tbl` itself, a constant, which its catalog needs while DuckDB binds: sql/00_core/05_ledger.sql)
     sent = "to_json({" + ", ".join(f"'{n}': dp__bound.{n}" for n in checked) + "})::VARCHAR"
     return f"""\
 CREATE OR REPLACE TEMP MACRO {macro}({signature(params)}) AS TABLE
@@ -89,7 +90,7 @@ dp__released AS MATERIALIZED (
     FROM {body}({args})
     WHERE (SELECT count(*) FROM dp__checked) = 1),
 dp__paid AS MATERIALIZED (
-    SELECT dp__charge(dp__checked.macro, dp__checked.unit, dp__bound.tbl, dp__checked.epsilon, dp__checked.delta,
+    SELECT dp__charge(dp__checked.macro, dp__checked.unit, tbl, dp__checked.epsilon, dp__checked.delta,
                       dp__checked.parameters, dp__checked.calibration) AS paid
     FROM dp__bound, dp__checked WHERE (SELECT count(*) FROM dp__released) >= 0)
 SELECT dp__released.* FROM dp__released, dp__paid WHERE paid

@@ -48,7 +48,7 @@ from dpsql.core.errors import ParameterError
 from dpsql.core.ledger import NameContext, file_scope, looks_like_file, split_name
 from dpsql.core.sqltext import Token
 
-__all__ = ["Source", "Catalog", "trace", "locate"]
+__all__ = ["Source", "Catalog", "MacrosUnread", "needs_macros", "trace", "locate"]
 
 # Table functions that read the files named by their first argument (a path, a glob or a list of them).
 _FILE_READERS = frozenset({
@@ -83,6 +83,8 @@ class Catalog:
     ``views`` maps a view's lower-case (database, schema, name) to its ``CREATE VIEW`` text (None for
     DuckDB's own views); ``macros`` maps a macro's lower-case name to its definition (None for a
     table macro); ``definitions`` holds the text of every macro; ``query`` is the running statement.
+    ``macros_read``: False when the macros were not listed (a release whose tracing needs none of them,
+    :func:`needs_macros`); tracing that reaches a view or a CTE then raises :class:`MacrosUnread`.
     """
 
     names: NameContext = field(default_factory=NameContext)
@@ -90,6 +92,7 @@ class Catalog:
     macros: Mapping[str, Optional[str]] = field(default_factory=dict)
     definitions: tuple[str, ...] = ()
     query: str = ""
+    macros_read: bool = True
 
     @classmethod
     def from_row(cls, row: Optional[Mapping[str, Any]]) -> "Catalog":
@@ -103,7 +106,8 @@ class Catalog:
             name, table = m["name"].lower(), m.get("type") != "macro"
             macros[name] = None if table or (name in macros and macros[name] is None) else m.get("definition")
         definitions = tuple(m["definition"] for m in row.get("macros") or () if m.get("definition"))
-        return cls(NameContext.from_row(row), views, macros, definitions, row.get("query") or "")
+        return cls(NameContext.from_row(row), views, macros, definitions, row.get("query") or "",
+                   row.get("macros") is not None)
 
     def holds_literal(self, text: str) -> bool:
         """Whether ``text`` occurs as a string literal in a view's or a macro's definition."""
@@ -268,6 +272,11 @@ class _Tracer:
     def add(self, scope: str, database: Optional[str] = None) -> None:
         self.found.setdefault(scope, Source(scope, database))
 
+    def macros_needed(self) -> None:
+        """A view's or a CTE's text may call a macro that reads tables: tracing it needs the macros."""
+        if not self.catalog.macros_read:
+            raise MacrosUnread(self.tbl)
+
     def database_file(self, alias: str) -> Optional[str]:
         """The DuckDB file holding database ``alias``, None for an in-memory, TEMP or non-DuckDB one."""
         for name, path, kind in self.catalog.names.databases:
@@ -307,12 +316,14 @@ class _Tracer:
                        f"pass that name as tbl")
 
     def cte(self, cte: _Cte, ctx: NameContext, via: str) -> None:
+        self.macros_needed()
         if id(cte) in self.done:
             return
         self.done.add(id(cte))
         self.node(cte.node, ctx, cte.scope, _then(via, f"CTE {cte.name}"))
 
     def view(self, found: tuple[str, str, str], ctx: NameContext, via: str) -> None:
+        self.macros_needed()
         if found in self.done:
             return
         self.done.add(found)
@@ -431,6 +442,8 @@ def trace(tbl: str, catalog: Catalog) -> tuple[Source, ...]:
         return tuple(tracer.found.values())
     name = parts[0].lower()
     nodes, outside = _statement(catalog.query) if catalog.query else ([], frozenset())
+    if not catalog.macros_read and (name in outside or name in _cte_names(nodes or [])):
+        raise MacrosUnread(tbl)  # a CTE of the statement may bear the name, and its text call a macro
     if name in outside:
         raise _refusal(tbl, f"the running statement cannot be parsed whole, so whether {parts[0]!r} names one of "
                        f"its CTEs (WITH {parts[0]} AS ...) is unknown", "",
@@ -447,6 +460,53 @@ def trace(tbl: str, catalog: Catalog) -> tuple[Source, ...]:
         else:
             tracer.cte(cte, ctx, "")
     return tuple(tracer.found.values())
+
+
+def _cte_names(obj: Any) -> set[str]:
+    """The names of every CTE anywhere in a statement's query nodes (lower case)."""
+    if isinstance(obj, list):
+        return set().union(*(_cte_names(item) for item in obj)) if obj else set()
+    if not isinstance(obj, dict):
+        return set()
+    found = {str(e["key"]).lower() for e in (obj.get("cte_map") or {}).get("map") or ()} if "cte_map" in obj else set()
+    return found.union(*(_cte_names(value) for value in obj.values()))
+
+
+class MacrosUnread(Exception):
+    """Tracing ``tbl`` reached a view or a CTE, but the catalog holds no macros (``macros_read`` False): the
+    connection's catalog is no longer what :func:`needs_macros` saw. The charge refuses the release."""
+
+
+def needs_macros(tbl: object, catalog: Optional[Catalog], known: frozenset[str] = frozenset()) -> bool:
+    """Whether tracing ``tbl`` may need the connection's macro definitions, judged while DuckDB binds the
+    release, from the running statement (``catalog.query``) and the catalog the connection's last charge
+    saw (None: none yet); ``known``: the names whose tracing needed them before (lower case).
+
+    Listing the macros means scanning ``duckdb_functions()``, most of a small release's time, and
+    tracing reads them only through a view or a CTE of the statement (whose text may call a macro that
+    reads tables). So they are listed unless ``tbl`` resolved, in that catalog, to a base table or to a
+    file by path, and the statement does not write ``tbl``'s name outside its strings (as a CTE of that
+    name would be). The guess is checked when the release is charged, on the catalog read then: tracing
+    that reaches a view or a CTE without the macros raises :class:`MacrosUnread` and the charge refuses
+    the release, nothing released or charged (a table replaced by a view since the last charge); a second
+    run lists the macros.
+    """
+    if catalog is None or not isinstance(tbl, str) or tbl.lower() in known:
+        return True
+    try:
+        parts = split_name(tbl)
+    except ValueError:
+        return not looks_like_file(tbl)
+    if len(parts) == 1 and parts[0].lower() in sqltext.words(catalog.query):
+        return True
+    if len(parts) <= 3:
+        ctx = catalog.names
+        for found in ctx.candidates(parts)[1]:
+            if found in catalog.views:
+                return True
+            if found in (ctx.relations or frozenset()):
+                return False
+    return not looks_like_file(".".join(parts))
 
 
 def locate(name: str, catalog: Catalog) -> tuple[Optional[str], bool]:

@@ -37,7 +37,7 @@ import duckdb
 
 from dpsql.core.errors import DpsqlError
 
-__all__ = ["Token", "tokens", "split_statements", "is_complete", "Parameter", "parameters",
+__all__ = ["Token", "tokens", "words", "split_statements", "is_complete", "Parameter", "parameters",
            "BODY_MARKER", "PORTABLE_MARKER", "SqlTextError", "Macro", "Mark", "SqlFile",
            "sql_dir", "sql_files", "parse", "files", "macros", "macro", "marks", "script"]
 
@@ -76,6 +76,17 @@ def tokens(sql: str) -> list[Token]:
             starts.append(chars)
     ends = starts[1:] + [len(sql)]
     return [Token(start, sql[start:end].rstrip(), kind.name) for start, end, (_, kind) in zip(starts, ends, found)]
+
+
+def words(sql: str) -> frozenset[str]:
+    """The names written in ``sql`` (identifiers, and keywords, which DuckDB also accepts as names: a CTE may
+    be called ``data``), unquoted and in lower case; not its strings, numbers, operators or comments."""
+    out = set()
+    for tok in tokens(sql):
+        if tok.kind in ("identifier", "keyword"):
+            text = tok.text
+            out.add((text[1:-1].replace('""', '"') if text.startswith('"') and len(text) > 1 else text).lower())
+    return frozenset(out)
 
 
 def _closed(comment: str) -> bool:

@@ -7,8 +7,9 @@
 -- What tracing `tbl` to the tables and files it reads needs from the connection (dpsql/core/scopes.py): a UDF
 -- cannot query the connection while the query that calls it runs, so the macro reads it: the names of
 -- every table and view, the text of every view (NULL for DuckDB's own) and macro, and the running
--- statement (for its CTEs). One scan of duckdb_functions(): it lists every function, and is the slow part.
-CREATE OR REPLACE TEMP MACRO dp__catalog(tbl) AS {
+-- statement (for its CTEs). The macros come from a scan of duckdb_functions(), which lists every one of
+-- DuckDB's functions and is most of a small release's time: dp__catalog_with takes them as an argument.
+CREATE OR REPLACE TEMP MACRO dp__catalog_with(macros) AS {
     'database': current_database(), 'schema': current_schema(), 'search_path': current_setting('search_path'),
     'databases': (SELECT list({'name': database_name, 'path': path, 'type': type}) FROM duckdb_databases()),
     'relations': (SELECT list({'database': database_name, 'schema': schema_name, 'name': table_name})
@@ -16,15 +17,29 @@ CREATE OR REPLACE TEMP MACRO dp__catalog(tbl) AS {
                         UNION ALL SELECT database_name, schema_name, view_name FROM duckdb_views())),
     'views': (SELECT list({'database': database_name, 'schema': schema_name, 'name': view_name,
                            'sql': CASE WHEN NOT internal THEN sql END}) FROM duckdb_views()),
-    'macros': (SELECT list({'name': function_name, 'type': function_type, 'definition': macro_definition})
-               FROM duckdb_functions() WHERE NOT internal AND function_type IN ('macro', 'table_macro')),
+    'macros': macros,
     'query': current_query()};
+
+CREATE OR REPLACE TEMP MACRO dp__macros() AS TABLE
+SELECT list({'name': function_name, 'type': function_type, 'definition': macro_definition}) AS macros
+FROM duckdb_functions() WHERE NOT internal AND function_type IN ('macro', 'table_macro');
+
+-- The whole catalog (budgets, the CLI): any scope expression.
+CREATE OR REPLACE TEMP MACRO dp__catalog(tbl) AS dp__catalog_with((SELECT macros FROM dp__macros()));
+
+-- A release's catalog: `tbl` is the releasing macro's own parameter, a constant, so query() runs the text
+-- dp__catalog_macros_sql renders while DuckDB binds, from `tbl` and the catalog the connection's last
+-- charge saw: the scan of dp__macros(), or (`tbl` resolved there to a base table or a file) a NULL list,
+-- and then DuckDB never plans the scan. The charge checks that guess on the catalog and statement read
+-- here (dpsql.core.scopes.needs_macros).
+CREATE OR REPLACE TEMP MACRO dp__release_catalog(tbl) AS
+    dp__catalog_with((SELECT macros FROM query(dp__catalog_macros_sql(tbl))));
 
 -- The charge every releasing macro makes (call shape unchanged: seven arguments). The scopes are the
 -- base tables and files `tbl` reads (through views and the statement's CTEs), each charged in the ledger
 -- of the database holding it; the release is marked seeded on a seeded connection.
 CREATE OR REPLACE TEMP MACRO dp__charge(mechanism, unit, tbl, epsilon, delta, parameters, calibration) AS
-    dp__charge_scoped(mechanism, unit, tbl, epsilon, delta, parameters, calibration, dp__catalog(tbl));
+    dp__charge_scoped(mechanism, unit, tbl, epsilon, delta, parameters, calibration, dp__release_catalog(tbl));
 
 -- Spent and remaining (epsilon, delta) per scope ('database' first, then each table with a budget or a release).
 -- Remaining is NULL for a scope without a budget. Composition is basic: sums. seeded_releases counts the

@@ -332,3 +332,62 @@ def test_shell_refuses_output_to_a_ledger(tmp_path):
     assert sidecar.read_bytes() == before and not (tmp_path / "other.dpsql-ledger").exists()
     assert Ledger(sidecar).budgets()[0].epsilon == 1.0
     assert sqlite3.connect(custom).execute("SELECT count(*) FROM budgets").fetchall() == [(1,)]
+
+
+# -- the macro listing a release skips ---------------------------------------------------------------------
+
+def test_a_table_replaced_by_a_view_since_the_last_charge_is_refused_once_then_traced():
+    # A release on a name the last charge saw as a table does not list the macros (the catalog scan);
+    # when the name has become a view over other data meanwhile, the charge refuses (nothing charged)
+    # rather than tracing the view without them, and the next run lists them and charges the view's data.
+    con = dpsql.connect()
+    _load(con, "events")
+    _load(con, "secret", salt="s")
+    _release(con, "events", epsilon=0.25)
+    assert _charged(con) == ("memory.main.events",)
+    con.execute("CREATE MACRO pick() AS TABLE SELECT * FROM secret")
+    con.execute("DROP TABLE events")
+    con.execute("CREATE VIEW events AS SELECT * FROM pick()")
+    _refused(con, "events", "tbl 'events' reads a view.*nothing was released or charged. Run the statement again")
+    _refused(con, "events", "it reads the table macro pick")  # listed now: the view's macro is found
+    con.execute("CREATE OR REPLACE VIEW events AS SELECT * FROM secret")
+    _release(con, "events", epsilon=0.25)
+    assert _charged(con) == ("memory.main.secret",)
+
+
+@pytest.mark.parametrize("how", ["execute", "sql", "prepared"])
+def test_a_cte_named_like_a_charged_table_is_traced_on_the_first_run(how):
+    # The statement's text decides too: a CTE of the table's name lists the macros, whichever way the
+    # statement reaches DuckDB (a relation binds it once without running it first).
+    con = dpsql.connect()
+    _load(con, "events")
+    _load(con, "secret", salt="s")
+    _release(con, "events", epsilon=0.25)
+    shadow = "WITH events AS (SELECT * FROM secret)"
+    if how == "prepared":
+        con.execute(f"{shadow} SELECT * FROM {MACRO}(?, epsilon := 0.25, delta := 1e-5)", ["events"]).fetchall()
+    else:
+        getattr(con, how)(f"{shadow} SELECT * FROM {MACRO}('events', epsilon := 0.25, delta := 1e-5)").fetchall()
+    assert _charged(con) == ("memory.main.secret",)
+
+
+def test_needs_macros_lists_them_unless_the_name_was_a_table_or_a_file():
+    row = {"database": "memory", "schema": "main", "search_path": "",
+           "databases": [{"name": "memory", "path": None, "type": "duckdb"}],
+           "relations": [{"database": "memory", "schema": "main", "name": n} for n in ("events", "recent")],
+           "views": [{"database": "memory", "schema": "main", "name": "recent", "sql": "CREATE VIEW recent AS ..."}],
+           "macros": None, "query": ""}
+    seen = scopes.Catalog.from_row(row)
+    assert not seen.macros_read
+    statement = "SELECT * FROM dp_set_union('events', epsilon := 1)"
+    at = lambda q: scopes.Catalog.from_row({**row, "query": q})  # noqa: E731
+    assert scopes.needs_macros("events", None)  # no charge yet: nothing known
+    assert not scopes.needs_macros("events", at(statement))
+    assert not scopes.needs_macros("main.events", at(statement))
+    assert not scopes.needs_macros("data/x.parquet", at(statement))
+    assert scopes.needs_macros("recent", at(statement))  # a view
+    assert scopes.needs_macros("unknown", at(statement))  # nothing the catalog knew
+    assert scopes.needs_macros("events", at("WITH events AS (FROM recent) " + statement))  # a CTE may bear it
+    assert scopes.needs_macros("events", at('WITH "Events" AS (FROM recent) ' + statement))
+    assert not scopes.needs_macros("events", at("SELECT 'events' AS x, * FROM dp_set_union('events')"))
+    assert scopes.needs_macros("events", at(statement), frozenset({"events"}))  # it needed them before
