@@ -450,7 +450,7 @@ def test_every_public_release_function_is_listed():
 
 @pytest.mark.parametrize("qualname", sorted(RELEASE_CALLS))
 def test_public_release_function_follows_the_one_naming_rule(qualname):
-    """One vocabulary (README, "Parameter vocabulary"): the private table is ``table``, right after the
+    """One vocabulary (docs/parameters.md): the private table is ``table``, right after the
     connection; a public table is ``<role>_tbl`` as in SQL; ``epsilon`` and ``delta`` are keywords; and
     every table parameter takes the data itself (dpsql.core.inputs)."""
     fn = _public_functions()[qualname]
@@ -498,14 +498,15 @@ def test_progress_is_checked_before_the_charge_and_its_failure_loses_nothing(met
 
 
 def test_internal_macros_that_read_private_rows_are_documented(macro_con):
-    # README ("Who is protected from whom") lists every internal macro that returns exact intermediates
-    # of a private table without a charge, so that nobody mistakes one for a release.
+    # docs/guarantees.md ("Who is protected from whom") lists every internal macro that returns exact
+    # intermediates of a private table without a charge, so that nobody mistakes one for a release.
     from pathlib import Path
 
-    readme = Path(__file__).resolve().parents[2] / "README.md"
-    if not readme.is_file():
+    root = Path(__file__).resolve().parents[2]
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    if not pages[0].is_file():
         pytest.skip("README.md is not next to the tests")
-    text = readme.read_text(encoding="utf-8")
+    text = "\n".join(page.read_text(encoding="utf-8") for page in pages)
     private = {"tbl", "sets_tbl", "rows_tbl"}
     internal = {name for name, (params, _, body) in _macros(macro_con).items()
                 if name.startswith("dp__") and private & set(params) and "dp__charge(" not in body}

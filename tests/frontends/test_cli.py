@@ -628,13 +628,14 @@ README_CLI = ("dpsql set-union events.duckdb --table user_items --user-col uid -
 
 
 def events_db(folder: Path) -> Path:
-    """events.duckdb with user_items(uid, query), as in README's examples."""
+    """events.duckdb with user_items(user_id, item) as in README's examples, and the same pairs as (uid, query)
+    for the tests that name their columns."""
     db = folder / "events.duckdb"
     pairs = rows()
     con = duckdb.connect(str(db))
     try:
         con.register("staged", pa.table({"uid": [p[0] for p in pairs], "query": [p[1] for p in pairs]}))
-        con.execute("CREATE TABLE user_items AS SELECT * FROM staged")
+        con.execute("CREATE TABLE user_items AS SELECT uid, query, uid AS user_id, query AS item FROM staged")
     finally:
         con.close()
     return db
