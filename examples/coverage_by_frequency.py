@@ -5,7 +5,7 @@
 DATA is a Parquet file with columns user_id, item (default: the embedded r/AskReddit sample).
 Each method runs once at epsilon = 1, delta = 1e-5, max_items = 100 (where the method takes it). The released sets are
 private; the per-frequency counts are computed from the raw data with dp_eval_coverage_by_frequency
-and are a NON-PRIVATE evaluation. Needs matplotlib (pip install "dpsql[plot]").
+and are a NON-PRIVATE evaluation. Needs matplotlib (pip install ".[plot]" in the checkout).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("This example needs matplotlib: pip install \"dpsql[plot]\"", file=sys.stderr)
+        print("This example needs matplotlib: pip install \".[plot]\" in dpsql's checkout", file=sys.stderr)
         return 1
 
     with warnings.catch_warnings():

@@ -33,7 +33,7 @@ data simulation, not noise). Rank-frequency is the reading consistent with the p
 (largest for alpha = 0.5): a small alpha puts almost all keys at low-to-medium frequencies, where PWS gains
 most, a large alpha gives a heavy frequency tail of always-reported keys. Results are qualitative only.
 
-Needs matplotlib (pip install "dpsql[plot]").
+Needs matplotlib (pip install ".[plot]" in the checkout).
 """
 from __future__ import annotations
 
@@ -343,7 +343,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("This example needs matplotlib: pip install \"dpsql[plot]\"", file=sys.stderr)
+        print("This example needs matplotlib: pip install \".[plot]\" in dpsql's checkout", file=sys.stderr)
         return 1
     outdir = Path(args.outdir)
     outdir.mkdir(parents=True, exist_ok=True)

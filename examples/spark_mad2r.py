@@ -1,6 +1,6 @@
 """MAD2R on Spark: release the items of a (user_id, item) Parquet file under (epsilon, delta)-DP.
 
-    pip install "dpsql[spark]"          # pyspark, sqlglot; needs Java 17+
+    pip install ".[spark]"              # in the checkout: pyspark, sqlglot; needs Java 17+
     python examples/spark_mad2r.py --epsilon 1 --delta 1e-5      # the embedded AskReddit sample, local[2]
     python examples/spark_mad2r.py events.parquet --epsilon 1 --delta 1e-5 --user-col uid --item-col query \
         --output released.parquet
