@@ -430,9 +430,11 @@ def _call(text: _Text, toks: Sequence[Token], end: int) -> _Call:
     if _word(first[0]) in ("DISTINCT", "ALL"):
         raise _refuse(f"{call_text}: {first[0].text.upper()} is not supported in a differentially private "
                       f"aggregate")
-    if any(_word(t) in ("CLAMPED", "IGNORE", "RESPECT", "ORDER") for t in first):
+    if any(_word(t) == "CLAMPED" for t in first):
         raise _refuse(f"{call_text}: write the bounds as contribution_bounds_per_group => (lower, upper) "
                       f"(CLAMPED BETWEEN belongs to the older syntax)")
+    if any(_word(t) in ("IGNORE", "RESPECT", "ORDER") for t in first):
+        raise _refuse(f"{call_text}: an aggregate's argument is one value (no ORDER BY, IGNORE or RESPECT NULLS)")
     star = len(first) == 1 and _is(first[0], "*")
     if not star:
         _row_wise(first, f"the argument of {function}")

@@ -155,6 +155,8 @@ REFUSED = {
                         "count, sum and mean only"),
     "anon function": (q("word, ANON_SUM(q CLAMPED BETWEEN 0 AND 1)"), "ANON_SUM belongs to the older"),
     "clamped between": (q("word, SUM(q CLAMPED BETWEEN 0 AND 1)"), "CLAMPED BETWEEN belongs to the older syntax"),
+    "order by in an aggregate": (q("word, SUM(q ORDER BY q, contribution_bounds_per_group => (0, 1))"),
+                                 "no ORDER BY, IGNORE or RESPECT NULLS"),
     "anonymization clause": ("SELECT WITH ANONYMIZATION OPTIONS (epsilon = 1, delta = 1e-5, kappa = 1) word, "
                              "ANON_COUNT(*) FROM t GROUP BY word", "older WITH ANONYMIZATION syntax"),
     "sum and avg": (q(f"word, {SUM}, AVG(q, contribution_bounds_per_group => (0, 10))"),
