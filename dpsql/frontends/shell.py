@@ -51,6 +51,7 @@ from dpsql.core.errors import LedgerIOError, ParameterError, from_engine
 # Statements are split by DuckDB's own tokenizer: quotes, E'...' escapes, $tag$ strings and nested
 # comments split where DuckDB's parser would.
 from dpsql.core.sqltext import is_complete, split_statements
+from dpsql.frontends import dp_syntax
 
 if TYPE_CHECKING:
     from dpsql.frontends.prompt import SqlCompleter
@@ -78,6 +79,7 @@ columns and functions (dp_...); Ctrl-C clears the input.
 dpsql's macros are registered on this connection, for example:
   SELECT * FROM dp_set_union('my_table', epsilon := 1.0, delta := 1e-5, max_items := 100);
 Methods (method := '...'; default {default}): {methods}.
+BigQuery's SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (...) ... GROUP BY ... runs as one dp_group_by release.
 Table names are strings ('my_table'). Every release is charged to the privacy ledger:
   SELECT * FROM dp_budget();     -- spent and remaining (epsilon, delta) per scope
   SELECT * FROM dp_releases();   -- one row per release
@@ -502,21 +504,24 @@ class Shell:
         """Run one statement and draw its rows (nothing for DDL and DML)."""
         if self.echo:
             self._emit(sql + ";\n", charged=False)
-        parsed = duckdb.extract_statements(sql)
-        if not parsed:  # only comments
+        # BigQuery's SELECT WITH DIFFERENTIAL_PRIVACY is no DuckDB statement: translated, it runs as one release
+        dp = dp_syntax.is_dp_query(sql)
+        parsed = [] if dp else duckdb.extract_statements(sql)
+        if not dp and not parsed:  # only comments
             return
         started, cpu = time.perf_counter(), os.times()
         try:
             # Ctrl-C while the statement runs and its rows are drawn is recorded, not raised: before the
             # charge it stops the statement (nothing charged), after it the release is finished and shown.
             with runner.Interrupts(notice=self._say) as ctrl_c:
-                held = runner.run(self.con, lambda: self._compute(sql, parsed[-1]), interrupts=ctrl_c)
+                held = runner.run(self.con, (lambda: self._compute_dp(sql)) if dp else
+                                  (lambda: self._compute(sql, parsed[-1])), interrupts=ctrl_c)
                 if held is not None:
                     self._show(held, charged=ctrl_c.charged)
             if ctrl_c.requested and not self.interactive:  # Ctrl-C came as the statement ended: the script stops
                 self.interrupted = self.done = True
         finally:
-            if self.completer is not None and parsed[-1].type not in _KEEPS_CATALOG:
+            if self.completer is not None and parsed and parsed[-1].type not in _KEEPS_CATALOG:
                 self.completer.invalidate()
             if self.timer:
                 self._print_timer(started, cpu)
@@ -556,6 +561,11 @@ class Shell:
         names = list(relation.columns)
         # Read once and hold: every drawing reads the held rows, never the query again.
         return "rows", names, relation.materialize()
+
+    def _compute_dp(self, sql: str) -> Optional[tuple[Any, ...]]:
+        """Run a differential-privacy statement (:mod:`dpsql.frontends.dp_syntax`) and hold its released rows."""
+        table = dp_syntax.sql(self.con, sql)
+        return "rows", list(table.column_names), self.con.from_arrow(table)
 
     def _draw(self, rows: duckdb.DuckDBPyRelation, names: list[str], charged: bool) -> str:
         if self.mode != "duckbox" or not charged:
