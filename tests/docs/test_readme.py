@@ -43,10 +43,19 @@ LANGUAGES = {"sql": "test_sql_block_runs", "python": "test_python_block_runs / t
              "yaml": "test_yaml_block_names_existing_modules"}
 
 
+# Pages whose blocks need data of their own, run by the tests of what they document (which read the page).
+RUN_ELSEWHERE = {"docs/bigquery_syntax.md": ROOT / "tests" / "frontends" / "test_dp_syntax.py"}
+
+
 def blocks(language: str) -> list[tuple[str, str]]:
-    """("file:line", text) of every block of ``language`` in the documents."""
+    """("file:line", text) of every block of ``language`` in the documents (but RUN_ELSEWHERE's)."""
     return [(f"{_label(p)}:{line}", text) for p in documents() for kind, line, text in blocks_of(p)
-            if kind == language]
+            if kind == language and _label(p) not in RUN_ELSEWHERE]
+
+
+def test_pages_run_elsewhere_are_read_by_their_tests():
+    for page, runner in RUN_ELSEWHERE.items():
+        assert (ROOT / page).is_file() and page.split("/")[-1] in runner.read_text(encoding="utf-8"), (page, runner)
 
 
 def _ids(value):
