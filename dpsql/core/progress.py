@@ -6,14 +6,16 @@ relations (its bound parameters, its calibration) cannot. So the long releases r
 progress, from inside their SQL, to whoever listens on the connection's noise source
 (:class:`reporting`, entered by :func:`dpsql.core.runner.run` around work with a progress callback):
 
-* the multi-round set-union bodies call ``dp__progress(step, steps)`` as their rounds finish: a
-  filter that is always true, on a round's output, with ``step`` the round's number and ``steps``
-  the number of rounds (``len(split)``): both constants of the call, so the fraction
-  ``step / steps`` is a function of public parameters only. It says nothing about the data beyond
-  the time a round takes, which any query on the data shows (the release's own duration);
-* the policy kernels report the share of the users processed (:mod:`dpsql.union.policy`): the
-  share of a count the release's calibration does not hide either, since only its timing reaches
-  the caller, as above.
+* the multi-round set-union bodies (``sips_cumulative``, ``sips``, ``mad2r``) call
+  ``dp__progress(r, R)`` once round ``r`` of ``R`` is stored: on one row (a count of the round's
+  rows, never passed on), so every round is reported exactly once, in order, whatever the data;
+  ``r`` and ``R`` (``len(split)``) are constants of the call, so the fraction ``r / R`` is a
+  function of public parameters only. It says nothing about the data beyond the time a round
+  takes, which the release's own duration shows as well;
+* the policy kernels report how much of their work is done (:mod:`dpsql.union.policy`, between
+  chunks of entries) through :func:`shares`, which passes on only whole twentieths: values from a
+  fixed public set (the exact share would be a ratio of counts of the data), reached at times
+  that show what the release's duration shows.
 
 A reported fraction reaches the callback as given; :func:`dpsql.core.runner.run` turns it into
 the one increasing percentage its callback sees.
@@ -30,9 +32,10 @@ from duckdb.sqltypes import BOOLEAN, INTEGER
 from dpsql.core.noise import NoiseSource
 from dpsql.core.udf import Udf
 
-__all__ = ["reporting", "listener", "report", "udfs"]
+__all__ = ["reporting", "listener", "report", "shares", "udfs", "SHARE_STEPS"]
 
 Fraction = Callable[[float], None]
+SHARE_STEPS = 20  # :func:`shares` passes on multiples of 1/20 (5 %)
 
 _LISTENERS: "weakref.WeakKeyDictionary[NoiseSource, Fraction]" = weakref.WeakKeyDictionary()
 
@@ -72,6 +75,23 @@ def report(source: NoiseSource, fraction: float) -> None:
         callback(min(max(float(fraction), 0.0), 1.0))
     except Exception:  # progress is best effort: it never fails the release that reports it
         pass
+
+
+def shares(source: NoiseSource) -> Optional[Fraction]:
+    """A callback for work that knows the share of it done (0..1), reporting to the listener on ``source``
+    only the whole :data:`SHARE_STEPS`-ths reached, ``floor(20 share) / 20``, each once; None if
+    nobody listens."""
+    if listener(source) is None:
+        return None
+    reached = [0]
+
+    def passed_on(share: float) -> None:
+        step = int(min(max(float(share), 0.0), 1.0) * SHARE_STEPS)
+        if step > reached[0]:
+            reached[0] = step
+            report(source, step / SHARE_STEPS)
+
+    return passed_on
 
 
 def udfs(source: NoiseSource) -> list[Udf]:

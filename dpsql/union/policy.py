@@ -590,8 +590,9 @@ def release(H: np.ndarray, cal: SetUnionCalibration, source: NoiseSource, *, win
 
 
 # --------------------------------------------------------------------------
-# Progress: the kernel runs inside the engine and reports the share of users processed to the listener
-# on the connection's noise source (dpsql.core.progress; dpsql.core.runner.run listens while it runs).
+# Progress: the kernel runs inside the engine and reports the share of its work done, in whole
+# twentieths, to the listener on the connection's noise source (dpsql.core.progress.shares;
+# dpsql.core.runner.run listens while it runs).
 # --------------------------------------------------------------------------
 
 reporting = progress_steps.reporting
@@ -657,7 +658,7 @@ def udfs(source: NoiseSource) -> list[Udf]:
         cal = SetUnionCalibration(noise[0].as_py(), float(scale[0].as_py()), float(threshold[0].as_py()))
         n_items = int(indices.max()) + 1 if len(indices) else 0
         H = run_policy(POLICIES[method], indptr, indices, n_items, float(gamma[0].as_py()), int(passes[0].as_py()),
-                       kernel=KERNEL, progress=progress_steps.listener(source))
+                       kernel=KERNEL, progress=progress_steps.shares(source))
         released = release(H, cal, source, window=method == "greedy_update")
         del H  # the exact histogram never leaves this function
         return pa.array([released], type=pa.list_(pa.int64()))

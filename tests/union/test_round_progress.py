@@ -114,3 +114,18 @@ def test_the_udf_reports_only_its_constant_arguments(con):
                            ).fetchall()
     assert rows == [(10,)] and none == [(10,)]
     assert seen and {Fraction(x).limit_denominator(10) for x in seen} == {Fraction(2, 3)}
+
+
+def test_shares_pass_on_only_whole_twentieths(con):
+    # The policy kernels know the share of their entries processed, a ratio of counts of the data: only
+    # the whole twentieths it reaches are passed on, each once.
+    source = source_of(con)
+    assert progress.shares(source) is None  # nobody listens: the kernel reports nothing
+    seen: list[float] = []
+    with progress.reporting(source, seen.append):
+        share = progress.shares(source)
+        for value in (0.013, 0.06, 0.061, 0.0999, 0.5, 0.5, 0.97, 1.0):
+            share(value)
+        release = _reports(con, "dp_set_union_policy_laplace('t', 1.0, 1e-5)")
+    assert seen == [0.05, 0.5, 0.95, 1.0]
+    assert release and all(Fraction(v).limit_denominator(1000) * progress.SHARE_STEPS % 1 == 0 for v in release)
