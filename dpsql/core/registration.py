@@ -32,7 +32,7 @@ import duckdb.func
 from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql.core import calibration, ledger as ledger_mod, registry as mechanisms, noise
-from dpsql.core import keys, ledger_sql, release, sqltext, state
+from dpsql.core import keys, ledger_sql, progress, release, sqltext, state
 from dpsql.core.sqltext import sql_dir, sql_files
 from dpsql.core.state import source_of
 from dpsql.core.udf import Udf, scalar
@@ -106,6 +106,7 @@ def udf_providers() -> tuple[Callable[[noise.NoiseSource], list[Udf]], ...]:
         keys.udfs,
         _calibration_udfs,
         noise.udfs,
+        progress.udfs,
     )
     return shared + mechanisms.udf_providers()
 

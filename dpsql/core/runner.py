@@ -21,10 +21,14 @@ The guarantee: **nothing is charged after Ctrl-C, and a charged release reaches 
 * :func:`run` returns only once the worker has stopped: the connection is never left busy (closing
   a busy connection aborts the process).
 
-Progress is the engine's ``con.query_progress()`` percentage, polled, or, once a finer source
-(``finer``: e.g. a kernel that reports the share of its work done) has reported, that fraction
-mapped onto what remains below 100 %; the values passed on increase strictly and end at 100 when
-the work succeeds. The callback runs in the waiting thread, never in one of DuckDB's.
+Progress is the engine's ``con.query_progress()`` percentage, polled, or, once a finer source has
+reported, its fraction mapped onto what remains below 100 %; the values passed on increase strictly
+and end at 100 when the work succeeds. The callback runs in the waiting thread, never in one of
+DuckDB's. The finer sources: the steps a release reports from inside the engine on the connection's
+noise source (:mod:`dpsql.core.progress`: the rounds of the multi-round set-union methods, the share
+of users a policy kernel has processed), listened to for every run with a callback, and ``finer``
+(any other, e.g. a test's). DuckDB's own percentage stays at 0 during a release (its one-row
+relations report none), so for a release the finer source is what moves.
 
 Ctrl-C is handled only where a signal handler can be set (the main thread). Elsewhere, e.g. inside
 the worker of an outer :func:`run` (the CLI's command runs ``dpsql.set_union`` in its worker), the
@@ -42,10 +46,12 @@ from typing import Any, Callable, ContextManager, Iterator, Optional, TypeVar, U
 
 import duckdb
 
+from dpsql.core import progress as steps
 from dpsql.core.errors import DpsqlError
-from dpsql.core.state import current_ledger
+from dpsql.core.noise import NoiseSource
+from dpsql.core.state import current_ledger, source_of
 
-__all__ = ["Interrupted", "Interrupts", "run", "LATE", "REFUSED"]
+__all__ = ["Interrupted", "Interrupts", "Reporter", "run", "LATE", "REFUSED"]
 
 T = TypeVar("T")
 Progress = Callable[[float], None]
@@ -153,27 +159,41 @@ class Interrupts:
             pass
 
 
-class _Progress:
-    """The engine's percentage and a finer source's fraction, passed on as one increasing percentage."""
+class Reporter:
+    """The engine's percentage and a finer source's fraction, passed on as one strictly increasing percentage.
+
+    ``fraction(f)`` (0..1, from any thread) records the finer source's share of the work done;
+    ``poll(engine)`` passes on, in the calling thread, that share mapped onto what remained below
+    100 % when the finer source began, else ``engine()``'s percentage (DuckDB's ``query_progress``);
+    ``done()`` passes on 100. A value not above the last one passed on is dropped. A callback that
+    raises is reported once (a ``RuntimeWarning``) and no longer called. Also the Spark backend's
+    (:mod:`dpsql.frontends.spark_progress`), so both report by the same convention.
+    """
 
     def __init__(self, callback: Progress):
         self._callback: Optional[Progress] = callback
         self._last = -1.0
+        self._lock = threading.Lock()
         self._fraction: Optional[float] = None  # set by the finer source, from any thread
         self._base: Optional[float] = None  # the percentage reached when the finer source began
 
     def fraction(self, value: float) -> None:
-        self._fraction = value
+        with self._lock:  # reports may come from several engine threads: keep the largest
+            value = min(max(float(value), 0.0), 1.0)
+            if self._fraction is None or value > self._fraction:
+                self._fraction = value
 
-    def poll(self, con: duckdb.DuckDBPyConnection) -> None:
+    def poll(self, engine: Optional[Callable[[], float]] = None) -> None:
         fraction = self._fraction
         if fraction is not None:
             if self._base is None:
                 self._base = max(self._last, 0.0)
-            self._emit(self._base + (99.0 - self._base) * min(max(float(fraction), 0.0), 1.0))
+            self._emit(self._base + (99.0 - self._base) * fraction)
+            return
+        if engine is None:
             return
         try:
-            pct = float(con.query_progress())
+            pct = float(engine())
         except Exception:  # progress is best effort; the work's own error wins
             return
         self._emit(min(pct, 100.0))
@@ -193,6 +213,14 @@ class _Progress:
             self._callback = None
 
 
+def _source(con: duckdb.DuckDBPyConnection) -> Optional[NoiseSource]:
+    """The noise source of ``con``'s UDFs, whose releases report their steps; None if ``con`` is not registered."""
+    try:
+        return source_of(con)
+    except DpsqlError:
+        return None
+
+
 def run(con: duckdb.DuckDBPyConnection, work: Callable[[], T], *, interrupts: Optional[Interrupts] = None,
         progress: Optional[Progress] = None, finer: Optional[Finer] = None, interval: float = 0.5) -> T:
     """``work()`` (which runs SQL on ``con``) in a worker thread, with the guarantee of the module.
@@ -200,7 +228,8 @@ def run(con: duckdb.DuckDBPyConnection, work: Callable[[], T], *, interrupts: Op
     ``interrupts``: the Ctrl-C scope (default: the one the main thread has open, else, in the main
     thread, one for this run whose late notice is a ``RuntimeWarning``). ``progress``: called with a
     percentage every ``interval`` seconds while it rises, and with 100 at the end of a successful run.
-    ``finer``: a finer progress source (see :data:`Finer`), entered around the work.
+    ``finer``: a finer progress source (see :data:`Finer`), entered around the work, besides the steps
+    the connection's releases report (:mod:`dpsql.core.progress`), listened to whenever ``progress`` is given.
     """
     if interrupts is None and _main_thread():
         if Interrupts._active is None:
@@ -208,7 +237,7 @@ def run(con: duckdb.DuckDBPyConnection, work: Callable[[], T], *, interrupts: Op
                 return run(con, work, interrupts=own, progress=progress, finer=finer, interval=interval)
         interrupts = Interrupts._active
     ledger = current_ledger(con)
-    reporter = _Progress(progress) if progress is not None else None
+    reporter = Reporter(progress) if progress is not None else None
     result: dict[str, Any] = {}
 
     def target() -> None:
@@ -223,8 +252,12 @@ def run(con: duckdb.DuckDBPyConnection, work: Callable[[], T], *, interrupts: Op
         if interrupts is not None:
             interrupts._take(None)  # Ctrl-C before the run: it does not start
             interrupts.check()
-        if reporter is not None and finer is not None:
-            stack.enter_context(finer(reporter.fraction))
+        if reporter is not None:
+            source = _source(con)
+            if source is not None:
+                stack.enter_context(steps.reporting(source, reporter.fraction))
+            if finer is not None:
+                stack.enter_context(finer(reporter.fraction))
         worker = threading.Thread(target=target, name="dpsql-release")
         worker.start()
         try:
@@ -234,7 +267,7 @@ def run(con: duckdb.DuckDBPyConnection, work: Callable[[], T], *, interrupts: Op
                 if interrupts is not None:
                     interrupts._take(con)
                 if reporter is not None and worker.is_alive() and time.monotonic() >= due:
-                    reporter.poll(con)
+                    reporter.poll(con.query_progress)
                     due = time.monotonic() + interval
         finally:
             worker.join()  # whatever happened here, the connection is not left busy

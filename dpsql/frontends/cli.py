@@ -633,6 +633,8 @@ def _say(stream: TextIO, line: str) -> None:
 
 
 def _progress_printer(err: TextIO) -> Callable[[float], None]:
+    """--progress: each percentage :func:`dpsql.core.runner.run` passes on, as a line on ``err`` (one line
+    redrawn on a terminal)."""
     tty = err.isatty()
 
     def report(pct: float) -> None:
@@ -825,14 +827,19 @@ def _release(args: argparse.Namespace, err: TextIO, interrupts: runner.Interrupt
     ``probe_sql`` selects zero rows of the released columns' types from ``dpsql_input``; ``nullable``:
     the flags of ``columns`` whose NULLs the release skips (:func:`_load_input`).
     Returns the released rows in value order, the output and the seconds the release took.
+
+    With --progress (every release command has it: :func:`_add_release_options`), the release's progress
+    is printed on ``err`` while it runs (:func:`_progress_printer`): the rounds done of a multi-round
+    method, the users a policy has processed, else DuckDB's percentage (:func:`dpsql.core.runner.run`).
     """
     source, output, reader = _input_file(args)
     if args.seed is not None:
         print(SEED_WARNING, file=err, flush=True)
     con = _connect(args.seed, _input_ledger(args, source))
+    printer = _progress_printer(err) if args.progress else None
 
     def work() -> tuple[pa.Table, float]:
-        if getattr(args, "progress", False):
+        if printer is not None:
             _say(err, f"dpsql: reading {args.input!r}")
         _load_input(con, source, args.table, f"{args.input!r} (read as {source.kind})", columns, reader, nullable)
         interrupts.check()
@@ -840,7 +847,11 @@ def _release(args: argparse.Namespace, err: TextIO, interrupts: runner.Interrupt
             _probe_output(con, probe_sql, output)
         interrupts.check()
         started = time.perf_counter()
-        released = run(con)
+        if printer is None:
+            released = run(con)
+        else:  # in this worker: the outer run's Ctrl-C scope covers the connection
+            con.execute("SET enable_progress_bar = true")  # DuckDB reports progress only with it (never drawn)
+            released = runner.run(con, lambda: run(con), progress=printer)
         return released, time.perf_counter() - started
 
     # A warning (weak privacy parameters) is one line on stderr, as errors are, not Python's report with
@@ -868,9 +879,10 @@ def _say_warnings(err: TextIO, caught: Sequence[warnings.WarningMessage]) -> Non
 
 def _finish(args: argparse.Namespace, released: pa.Table, output: Optional[_Output], mechanism: str,
             doc: dict, rows_key: str, rows_json: Callable[[pa.Table], list], out: TextIO, err: TextIO,
-            interrupts: runner.Interrupts, plain: Optional[Sequence[str]] = None) -> int:
+            interrupts: runner.Interrupts, plain: Optional[Sequence[str]] = None, elapsed: float = 0.0) -> int:
     """Deliver charged rows: --output, then the JSON document or plain lines (the columns ``plain``,
-    default all); the exit code."""
+    default all); the exit code. One summary line on stderr when the rows went to --output, or with
+    --progress (then with the seconds the release took, ``elapsed``)."""
     # Charged: from here on nothing may stop the rows from reaching the user.
     written = _deliver(released, output, _file_metadata(args, mechanism), err)
     if args.json:
@@ -884,12 +896,16 @@ def _finish(args: argparse.Namespace, released: pa.Table, output: Optional[_Outp
         out.write(json.dumps(doc, indent=2, default=str) + "\n")
     elif output is None or not written:
         _print_rows(released if plain is None else released.select(list(plain)), out)
-    else:  # the rows are in the file: say so, as the JSON document would ("output", "n_released")
-        named = f"method={doc['method']}" if "method" in doc else f"mechanism={mechanism}"
-        k = f", k={doc['k']}" if "k" in doc else ""
+    named = f"method={doc['method']}" if "method" in doc else f"mechanism={mechanism}"
+    k = f", k={doc['k']}" if "k" in doc else ""
+    what = f"(epsilon={float(args.epsilon):g}, delta={float(args.delta):g}, {named}{k})"
+    took = f" in {elapsed:.2f} s" if args.progress else ""
+    if output is not None and written and not args.json:
+        # the rows are in the file: say so, as the JSON document would ("output", "n_released")
         seeded = "; seeded: NOT private" if args.seed is not None else ""
-        _say(err, f"dpsql: released {released.num_rows} {rows_key} to {output.path} (epsilon={float(args.epsilon):g}, "
-                  f"delta={float(args.delta):g}, {named}{k}){seeded}")
+        _say(err, f"dpsql: released {released.num_rows} {rows_key} to {output.path} {what}{took}{seeded}")
+    elif args.progress:
+        _say(err, f"dpsql: released {released.num_rows} {rows_key} {what}{took}")
     out.flush()
     if interrupts.requested:
         _say(err, "dpsql: interrupted; the release was charged before Ctrl-C, so it was finished and delivered")
@@ -965,7 +981,7 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     def run(con: duckdb.DuckDBPyConnection) -> pa.Table:
         return dpsql.set_union(con, _VIEW, args.method, epsilon=args.epsilon, delta=args.delta,
                                max_items=max_items_given, user_col=user_col, item_col=item_col,
-                               progress=_progress_printer(err) if args.progress else None, **options)
+                               progress=None, **options)  # --progress: _release reports it, as for every command
 
     with _interrupts(err) as interrupts:
         released, output, elapsed = _release(
@@ -988,11 +1004,8 @@ def cmd_set_union(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             **({"accounting": dataclasses.asdict(cal.accounting)} if cal.accounting else {}),
             **options,
         }
-        code = _finish(args, released, output, macro, doc, "items",
-                       lambda rows: rows.column("item").to_pylist(), out, err, interrupts)
-        if args.progress:
-            _say(err, f"dpsql: {args.method} released {released.num_rows} items in {elapsed:.2f} s")
-    return code
+        return _finish(args, released, output, macro, doc, "items",
+                       lambda rows: rows.column("item").to_pylist(), out, err, interrupts, elapsed=elapsed)
 
 
 def _cmd_ranked(macro: str, function: Callable[..., pa.Table], args: argparse.Namespace, out: TextIO,
@@ -1011,7 +1024,7 @@ def _cmd_ranked(macro: str, function: Callable[..., pa.Table], args: argparse.Na
                         domain_method=args.domain_method, user_col=user_col, item_col=item_col)
 
     with _interrupts(err) as interrupts:
-        released, output, _ = _release(
+        released, output, elapsed = _release(
             args, err, interrupts, [("--user-col", user_col), ("--item-col", item_col)],
             f"SELECT 0::BIGINT AS rank, {_quote_ident(item_col)} AS item FROM {_VIEW} LIMIT 0", run)
         doc = {"mechanism": macro, "k": cal.k, "epsilon": float(args.epsilon), "delta": float(args.delta),
@@ -1020,7 +1033,8 @@ def _cmd_ranked(macro: str, function: Callable[..., pa.Table], args: argparse.Na
                "calibration": dataclasses.asdict(cal)}
         # Plain output: the items in rank order (the rank is the line number).
         return _finish(args, released, output, macro, doc, "items",
-                       lambda rows: rows.column("item").to_pylist(), out, err, interrupts, plain=["item"])
+                       lambda rows: rows.column("item").to_pylist(), out, err, interrupts, plain=["item"],
+                       elapsed=elapsed)
 
 
 def cmd_top_k(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -1077,9 +1091,9 @@ def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     with _interrupts(err) as interrupts:
         # A NULL value is skipped by the sum and the mean, as in SQL and Python (dp_group_by); a NULL user
         # or item is refused there too.
-        released, output, _ = _release(args, err, interrupts, columns,
-                                       f"SELECT {', '.join(probe)} FROM {_VIEW} LIMIT 0", run,
-                                       nullable=["--value-col"])
+        released, output, elapsed = _release(args, err, interrupts, columns,
+                                             f"SELECT {', '.join(probe)} FROM {_VIEW} LIMIT 0", run,
+                                             nullable=["--value-col"])
         if public_delta:
             args.delta = 0.0  # what dp_group_by_public charges (the file metadata records it)
         doc = {"mechanism": macro, "aggregates": list(aggregates), "epsilon": float(args.epsilon),
@@ -1088,7 +1102,7 @@ def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                "user_col": user_col, "item_col": item_col, "value_col": args.value_col,
                "lower": args.lower, "upper": args.upper, "calibration": dataclasses.asdict(cal)}
         return _finish(args, released, output, macro, doc, "rows", lambda rows: rows.to_pylist(), out, err,
-                       interrupts)
+                       interrupts, elapsed=elapsed)
 
 
 def _add_input_options(p: argparse.ArgumentParser) -> None:
@@ -1117,6 +1131,9 @@ def _add_release_options(p: argparse.ArgumentParser, *, rows: str) -> None:
     p.add_argument("--ledger", metavar="FILE", help="privacy ledger to charge (default: INPUT.dpsql-ledger; for a "
                                                     "glob or a folder, FOLDER.dpsql-ledger beside its folder)")
     p.add_argument("--seed", type=int, help="reproducible noise for tests: the result is NOT private")
+    p.add_argument("--progress", action="store_true",
+                   help="report progress on stderr while the release runs (the rounds done of a multi-round "
+                        "method), then one line with what was released and how long it took")
 
 
 def _default_help(macro: str, name: str) -> str:
@@ -1306,14 +1323,15 @@ def cmd_weighted_sample(args: argparse.Namespace, out: TextIO, err: TextIO) -> i
         return released if args.with_frequencies else released.select(["key"])
 
     with _interrupts(err) as interrupts:
-        released, output, _ = _release(args, err, interrupts, columns,
-                                       f"SELECT {_quote_ident(key_col)} AS key{token} FROM {_VIEW} LIMIT 0", run)
+        released, output, elapsed = _release(args, err, interrupts, columns,
+                                             f"SELECT {_quote_ident(key_col)} AS key{token} FROM {_VIEW} LIMIT 0",
+                                             run)
         doc = {"mechanism": "pws", "privacy_unit": "element (one input row), NOT user", "epsilon": eps,
                "delta": delta, "tau": tau, "scheme": scheme, "power": power,
                "with_frequencies": bool(args.with_frequencies), "input": args.input, "key_col": key_col,
                "freq_col": freq_col, "L": pws.L_value(eps, delta)}
         return _finish(args, released, output, "dp_weighted_sample", doc, "keys", lambda rows: rows.to_pylist(),
-                       out, err, interrupts)
+                       out, err, interrupts, elapsed=elapsed)
 
 
 def _add_weighted_sample_parser(sub) -> None:
@@ -1604,7 +1622,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"user column ({_default_help('dp_set_union', 'user_col')})")
     su.add_argument("--item-col", default=_default("dp_set_union", "item_col", str),
                     help=f"item column ({_default_help('dp_set_union', 'item_col')})")
-    su.add_argument("--progress", action="store_true", help="report progress and timing on stderr")
     _add_method_options(su)
     _add_release_options(su, rows="items")
     su.set_defaults(func=cmd_set_union)

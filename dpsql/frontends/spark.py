@@ -87,7 +87,7 @@ from dpsql.core.mechanism import preferred
 from dpsql.core.registry import set_union_methods
 from dpsql.core.noise import NOT_PRIVATE_WARNING, NoiseSource, secure_source
 from dpsql.core.ledger import Ledger
-from dpsql.frontends import spark_ledger
+from dpsql.frontends import spark_ledger, spark_progress
 from dpsql.frontends.spark_ledger import session_ledger
 from dpsql.frontends.portable import stage_sql
 from dpsql.core.validation import (DPParameterError, check_column_pair, check_identifier, check_max_items,
@@ -542,6 +542,7 @@ def _release_two_rounds(capped, c: adaptive.Mad2rCalibration, seed, method: str)
     # Round one's noisy weights: drawn once, read twice (the release and round two's biases).
     noisy1 = _materialise(_noisy(_mad_stage(rows, c.round1.sql_row()),
                                  _Noise("gaussian", c.round1.sigma, 0.0, strict=False), seed, keep_all=True))
+    spark_progress.step(1, 2)
     released1 = noisy1.where(noisy1["noisy"] >= c.round1.rho).select("item")
     items2 = _run_stage("dp__body_set_union_mad2r", {"dp__m2_noisy1": noisy1, "dp__m2_cal": cal}, output="dp__m2_items2")
     biased = _run_stage("dp__body_set_union_mad2r", {"dp__m2_rows": rows, "dp__m2_items2": items2},
@@ -556,12 +557,13 @@ def _release_peeling_rounds(capped, rounds: Sequence[calibration.RoundCalibratio
     rows = _run_stage("dp__body_set_union_sips", {"dp__capped_user_items_window": capped}, output="dp__s_rows")
     removed = rows.select("item").limit(0)
     released = []
-    for r in rounds:
+    for done, r in enumerate(rounds, 1):
         weights = sips_round_weights(rows, removed)
         # Each round's set is drawn once: it is both output and removed from the later rounds.
         out = _materialise(_noisy(weights, _Noise("gaussian", r.scale, r.threshold, strict=False), seed))
         released.append(out)
         removed = removed.unionByName(out)
+        spark_progress.step(done, len(rounds))
     result = released[0]
     for out in released[1:]:
         result = result.unionByName(out)
@@ -588,6 +590,7 @@ def _release_cumulative_rounds(capped, c: cumulative.CumulativeParameters, seed,
         released.append(state.where("passed").select("item"))
         if r < c.rounds:  # the rows of a round are stored, as the macro's (they shrink as items leave)
             rows = _materialise(sips_cumulative_next_rows(rows, state, c, r))
+        spark_progress.step(r, c.rounds)
     result = released[0]
     for out in released[1:]:
         result = result.unionByName(out)
@@ -626,10 +629,24 @@ def _set_union_plan(method: str, epsilon: float, delta: float, max_items: int, u
     return method, values, cal
 
 
+def _rounds(cal: Any) -> int:
+    """The rounds of a release with calibration ``cal`` (its progress steps, :func:`spark_progress.step`, each
+    reported by the release when done): a cumulative DP-SIPS calibration's, MAD2R's two, the length of
+    DP-SIPS's list of rounds, else one."""
+    if isinstance(cal, cumulative.CumulativeParameters):
+        return cal.rounds
+    if isinstance(cal, adaptive.Mad2rCalibration):
+        return 2
+    if isinstance(cal, (list, tuple)):
+        return len(cal)
+    return 1
+
+
 def _set_union_run(df, method: str, values: Mapping[str, Any], cal: Any, seed: Optional[int]):
     """The Spark jobs of a set-union release planned by :func:`_set_union_plan` (charged by the caller)."""
     form = set_union_methods()[method].spark
     assert form is not None
+    spark_progress.step(0, _rounds(cal))  # the input's check and the cap count in the first round
     release = RELEASES[form.release]
     max_items = values["max_items"]
     pairs = _user_items(df, values["user_col"], values["item_col"])
@@ -655,7 +672,7 @@ def _recorded(values: Mapping[str, Any], **more: Any) -> dict[str, Any]:
 def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,
               max_items: int = 100, user_col: str = "user_id", item_col: str = "item",
               seed: Optional[int] = None, ledger: Union[None, str, os.PathLike, Ledger] = None,
-              scope: Optional[str] = None, **options):
+              scope: Optional[str] = None, progress: Optional[Callable[[float], None]] = None, **options):
     """Release items of the Spark DataFrame ``df`` under user-level (epsilon, delta)-DP.
 
     The Spark counterpart of :func:`dpsql.set_union` for the parallel methods
@@ -666,19 +683,26 @@ def set_union(df, method: str = DEFAULT_METHOD, *, epsilon: float, delta: float,
     DuckDB's; default the session's in-memory ledger) for the files ``df`` reads, or for
     ``scope`` (:mod:`dpsql.frontends.spark_ledger`). Returns a materialised DataFrame with one
     column ``item`` (the input's type). ``seed`` is for tests only: the release is then NOT private.
+    ``progress``, if given, is called with the release's progress in percent, as by :func:`dpsql.set_union`
+    (the rounds done of a multi-round method, the tasks done of its Spark jobs:
+    :mod:`dpsql.frontends.spark_progress`). A Spark failure (e.g. a task failing on an executor) raises
+    dpsql's ``InputError`` without Spark's message (it may quote the data); nothing is charged.
     """
+    progress = spark_progress.check_progress(progress)
     method, values, cal = _set_union_plan(method, epsilon, delta, max_items, user_col, item_col, options)
     warn_weak_parameters(values["epsilon"], values["delta"], what=set_union_methods()[method].macro, stacklevel=2)
     return spark_ledger.charged(df, ledger=ledger, scope=scope, mechanism=set_union_methods()[method].macro,
                                 epsilon=values["epsilon"], delta=values["delta"],
                                 parameters=_recorded(values, method=method), calibration=cal,
-                                seeded=seed is not None, release=lambda: _set_union_run(df, method, values, cal, seed))
+                                seeded=seed is not None, release=lambda: _set_union_run(df, method, values, cal, seed),
+                                progress=progress)
 
 
 def top_k_domain(df, k: int, *, epsilon: float, delta: float, max_items: int = 100,
                  domain_method: str = topk.DEFAULT_DOMAIN_METHOD, user_col: str = "user_id",
                  item_col: str = "item", seed: Optional[int] = None,
-                 ledger: Union[None, str, os.PathLike, Ledger] = None, scope: Optional[str] = None):
+                 ledger: Union[None, str, os.PathLike, Ledger] = None, scope: Optional[str] = None,
+                 progress: Optional[Callable[[float], None]] = None):
     """The domain step of ``dp_top_k`` / ``dp_hitting_set``: ``domain_method`` at (epsilon/2, delta/2).
 
     The same budget split and validation as :func:`dpsql.topk.top_k_calibration` ([MM] Alg. 2); the
@@ -688,7 +712,7 @@ def top_k_domain(df, k: int, *, epsilon: float, delta: float, max_items: int = 1
     # charged as the set-union release it is, at the domain step's (epsilon/2, delta/2)
     return set_union(df, cal.domain_method, epsilon=cal.domain_epsilon, delta=cal.domain_delta,
                      max_items=max_items, user_col=user_col, item_col=item_col, seed=seed, ledger=ledger,
-                     scope=scope)
+                     scope=scope, progress=progress)
 
 
 # --------------------------------------------------------------------------
@@ -841,7 +865,8 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
              max_items: int = 100, selection: str = DEFAULT_SELECTION, split: float = groupby.DEFAULT_SPLIT,
              pre_threshold: int = 1, confidence: float = groupby.DEFAULT_CONFIDENCE, items=None,
              user_col: str = "user_id", item_col: str = "item", seed: Optional[int] = None,
-             ledger: Union[None, str, os.PathLike, Ledger] = None, scope: Optional[str] = None):
+             ledger: Union[None, str, os.PathLike, Ledger] = None, scope: Optional[str] = None,
+             progress: Optional[Callable[[float], None]] = None):
     """Private GROUP BY item of the Spark DataFrame ``df``: the Spark counterpart of :func:`dpsql.group_by`.
 
     The same parameters, checks, calibration, contribution bounding, granular Laplace noise and
@@ -856,8 +881,10 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
     charged once to ``ledger`` for the files ``df`` reads, or for ``scope``, as :func:`set_union`
     (``(epsilon, delta)``, or ``(epsilon, 0)`` with ``items``); the budgets are checked before any
     Spark job runs. The aggregates' cap has its own salt (as the macro's ``dp__salt``).
-    ``seed`` is for tests only: the release is then NOT private.
+    ``seed`` is for tests only: the release is then NOT private. ``progress`` and a Spark failure: as
+    :func:`set_union`.
     """
+    progress = spark_progress.check_progress(progress)
     public = items is not None
     mech = {m.name: m for m in groupby.MECHANISMS}["group_by_public" if public else "group_by"]
     declared = dataclasses.replace(mech, params=tuple(p for p in mech.params if p.name not in ("tbl", "items_tbl")))
@@ -887,7 +914,7 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
         df, ledger=ledger, scope=scope, mechanism=mech.macro, epsilon=values["epsilon"],
         delta=0.0 if public else values["delta"], parameters=_recorded(values), calibration=cal,
         seeded=seed is not None,
-        release=lambda: _group_by_run(df, items, values, cal, None if public else plan, seed))
+        release=lambda: _group_by_run(df, items, values, cal, None if public else plan, seed), progress=progress)
 
 
 def _group_by_run(df, items, values: Mapping[str, Any], cal: groupby.GroupByCalibration,

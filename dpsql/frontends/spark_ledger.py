@@ -15,6 +15,9 @@ A release on Spark is charged as one on DuckDB (:class:`dpsql.core.ledger.Ledger
   charged once, after its rows are computed and before they are returned (:meth:`Ledger.charge`, which
   checks again, atomically): a multi-step release (a selection, then aggregates) is one charge of its
   total. Refused then (another release spent the budget meanwhile), nothing is returned.
+* **Failures and progress.** The release runs inside :func:`dpsql.frontends.spark_progress.tracking`: a
+  Spark failure (e.g. a task failing on an executor) is raised as dpsql's ``InputError`` quoting no
+  value of the data, and nothing is charged; ``progress`` gets the release's progress as DuckDB's does.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from urllib.parse import unquote, urlparse
 from dpsql.core.errors import DPParameterError
 from dpsql.core.ledger import Ledger, ScopeSet, file_scope
 from dpsql.core.release import calibration_text
+from dpsql.frontends import spark_progress
 
 __all__ = ["session_ledger", "ledger_for", "scopes_of", "charged"]
 
@@ -79,16 +83,19 @@ def scopes_of(df: Any, scope: Optional[str], ledger: Ledger) -> ScopeSet:
 
 def charged(df: Any, *, ledger: Union[None, str, os.PathLike, Ledger], scope: Optional[str], mechanism: str,
             epsilon: float, delta: float, parameters: Mapping[str, Any], calibration: Any, seeded: bool,
-            release: Callable[[], Any]) -> Any:
+            release: Callable[[], Any], progress: Optional[Callable[[float], None]] = None) -> Any:
     """Check the budgets, run ``release()`` (it returns the materialised result), charge once, return the result.
 
     Everything that can refuse the release (the ledger, the scope, the budgets) does so before
     ``release()`` starts a Spark job; a charge refused after it (the budget spent meanwhile) returns nothing.
+    ``release()`` runs inside :func:`dpsql.frontends.spark_progress.tracking` (``progress``, and a Spark
+    failure raised as dpsql's error, before any charge).
     """
     target = ledger_for(df.sparkSession, ledger)
     scopes = scopes_of(df, scope, target)
     target.check_charge(mechanism, str(scopes), epsilon, delta, scope=scopes)
-    result = release()
+    with spark_progress.tracking(df.sparkSession, progress):
+        result = release()
     try:
         target.charge(mechanism, "user", str(scopes), epsilon, delta, json.dumps(dict(parameters), default=repr),
                       calibration_text(calibration), seeded=seeded, scope=scopes)

@@ -24,7 +24,6 @@ Only the set of items is released; the noisy weights never leave the query.
 """
 from __future__ import annotations
 
-import functools
 import json
 import time
 from functools import lru_cache
@@ -34,11 +33,11 @@ import duckdb
 import pyarrow as pa
 from duckdb.sqltypes import DOUBLE, VARCHAR
 
-from dpsql.union import policy
+from dpsql.union import policy  # noqa: F401 (dpsql.union.policy loaded with the package)
 from dpsql.core import calibration, registry, release, runner
 from dpsql.core.errors import engine_errors
 from dpsql.core.mechanism import Mechanism, Param, preferred, sql_literal
-from dpsql.core.state import current_ledger, source_of
+from dpsql.core.state import current_ledger
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.inputs import accepts_tables
 from dpsql.core.validation import (
@@ -244,18 +243,17 @@ def set_union(con: duckdb.DuckDBPyConnection, table: str, method: str = DEFAULT_
     sql = f"SELECT item FROM {release.call_sql(mech, {k: v for k, v in values.items() if k in given})}"
     if progress is None:
         return release.run(con, sql)
-    # A policy's kernel reports the share of users processed: finer than the engine's percentage.
-    finer = functools.partial(policy.reporting, source_of(con)) if method in policy.POLICIES else None
-    return _run_with_progress(con, sql, progress, finer)
+    return _run_with_progress(con, sql, progress)
 
 
-def _run_with_progress(con: duckdb.DuckDBPyConnection, sql: str, progress: Callable[[float], None],
-                       finer: Optional[runner.Finer] = None) -> pa.Table:
-    """Run ``sql`` with :func:`dpsql.core.runner.run`: progress reported meanwhile, Ctrl-C ordered with the charge."""
+def _run_with_progress(con: duckdb.DuckDBPyConnection, sql: str, progress: Callable[[float], None]) -> pa.Table:
+    """Run ``sql`` with :func:`dpsql.core.runner.run`: progress reported meanwhile (the rounds of a
+    multi-round method, the users a policy's kernel has processed: :mod:`dpsql.core.progress`), Ctrl-C
+    ordered with the charge."""
     def fetch() -> pa.Table:
         return release.run(con, sql)  # dpsql's own exceptions; the statement bound once
 
-    return runner.run(con, fetch, progress=progress, finer=finer)
+    return runner.run(con, fetch, progress=progress)
 
 
 # -- the dp_set_union dispatcher, generated from the declarations ---------------------------------------

@@ -82,7 +82,6 @@ from __future__ import annotations
 import math
 import threading
 import warnings
-import weakref
 from array import array
 from functools import lru_cache
 from typing import Callable, Optional
@@ -92,6 +91,7 @@ import numpy as np
 import pyarrow as pa
 from duckdb.sqltypes import BIGINT, DOUBLE, VARCHAR
 
+from dpsql.core import progress as progress_steps
 from dpsql.core.errors import InputError, ParameterError
 from dpsql.union import basic
 from dpsql.core.calibration import SetUnionCalibration
@@ -590,26 +590,12 @@ def release(H: np.ndarray, cal: SetUnionCalibration, source: NoiseSource, *, win
 
 
 # --------------------------------------------------------------------------
-# Progress: the UDF runs inside the engine; a caller can attach a callback to a connection's source.
+# Progress: the kernel runs inside the engine and reports the share of its work done, in whole
+# twentieths, to the listener on the connection's noise source (dpsql.core.progress.shares;
+# dpsql.core.runner.run listens while it runs).
 # --------------------------------------------------------------------------
 
-_PROGRESS: "weakref.WeakKeyDictionary[NoiseSource, Callable[[float], None]]" = weakref.WeakKeyDictionary()
-
-
-class reporting:
-    """``with policy.reporting(source, callback):`` -- the policy kernels of connections drawing from
-    ``source`` call ``callback(fraction)`` (0..1) while they run."""
-
-    def __init__(self, source: NoiseSource, callback: Callable[[float], None]):
-        self.source, self.callback = source, callback
-
-    def __enter__(self):
-        _PROGRESS[self.source] = self.callback
-        return self
-
-    def __exit__(self, *exc):
-        _PROGRESS.pop(self.source, None)
-        return False
+reporting = progress_steps.reporting
 
 
 # --------------------------------------------------------------------------
@@ -672,7 +658,7 @@ def udfs(source: NoiseSource) -> list[Udf]:
         cal = SetUnionCalibration(noise[0].as_py(), float(scale[0].as_py()), float(threshold[0].as_py()))
         n_items = int(indices.max()) + 1 if len(indices) else 0
         H = run_policy(POLICIES[method], indptr, indices, n_items, float(gamma[0].as_py()), int(passes[0].as_py()),
-                       kernel=KERNEL, progress=_PROGRESS.get(source))
+                       kernel=KERNEL, progress=progress_steps.shares(source))
         released = release(H, cal, source, window=method == "greedy_update")
         del H  # the exact histogram never leaves this function
         return pa.array([released], type=pa.list_(pa.int64()))

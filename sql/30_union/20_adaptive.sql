@@ -123,8 +123,11 @@ dp__m2_items2 AS (
     WHERE noisy < rho1 AND noisy + upper_offset >= rho2),
 -- dpsql:portable dp__m2_biased
 dp__m2_biased AS NOT MATERIALIZED (SELECT user_id, item, b FROM dp__m2_rows JOIN dp__m2_items2 USING (item)),
-dp__m2_rows2 AS MATERIALIZED (FROM dp__user_weight_rows('dp__m2_biased', b_min, b_max))
-SELECT item FROM dp__m2_noisy1 CROSS JOIN dp__m2_cal WHERE noisy >= rho1
+dp__m2_rows2 AS MATERIALIZED (FROM dp__user_weight_rows('dp__m2_biased', b_min, b_max)),
+-- Progress (dpsql.core.progress): once round one's noisy weights are stored, round 1 of 2 is done. One
+-- row (a count, never passed on) whatever the data; the first branch's filter reads it, so it runs.
+dp__m2_progress AS MATERIALIZED (SELECT dp__progress(1, 2) AS ok FROM (SELECT count(*) FROM dp__m2_noisy1))
+SELECT item FROM dp__m2_noisy1 CROSS JOIN dp__m2_cal WHERE noisy >= rho1 AND (SELECT ok FROM dp__m2_progress)
 UNION ALL
 SELECT item FROM dp__mad_stage('dp__m2_rows2', 'dp__m2_p2') CROSS JOIN dp__m2_cal
 WHERE w + dp_gaussian_noise(sigma2) >= rho2;
@@ -165,8 +168,18 @@ dp__s_r3 AS MATERIALIZED (FROM dp__sips_round('dp__s_rows', 'dp__s_u2', 'dp__s_c
 dp__s_u3 AS (FROM dp__s_u2 UNION ALL FROM dp__s_r3),
 dp__s_r4 AS MATERIALIZED (FROM dp__sips_round('dp__s_rows', 'dp__s_u3', 'dp__s_cal', 4) WHERE len(split) >= 4),
 dp__s_u4 AS (FROM dp__s_u3 UNION ALL FROM dp__s_r4),
-dp__s_r5 AS MATERIALIZED (FROM dp__sips_round('dp__s_rows', 'dp__s_u4', 'dp__s_cal', 5) WHERE len(split) >= 5)
-SELECT item FROM (FROM dp__s_u4 UNION ALL FROM dp__s_r5) CROSS JOIN dp__s_cal;
+dp__s_r5 AS MATERIALIZED (FROM dp__sips_round('dp__s_rows', 'dp__s_u4', 'dp__s_cal', 5) WHERE len(split) >= 5),
+-- Progress (dpsql.core.progress): once round r's released items are stored, r of len(split) rounds are
+-- done. Each branch reads one row (a count, never passed on) whatever the data, so whether and when a
+-- round is reported depends on the rounds run alone; the final filter reads the result, so the CTE runs.
+dp__s_progress AS MATERIALIZED (
+    SELECT dp__progress(1, len(split)::INTEGER) AS ok FROM (SELECT count(*) FROM dp__s_r1)
+    UNION ALL SELECT dp__progress(2, len(split)::INTEGER) AS ok FROM (SELECT count(*) FROM dp__s_r2) WHERE len(split) >= 2
+    UNION ALL SELECT dp__progress(3, len(split)::INTEGER) AS ok FROM (SELECT count(*) FROM dp__s_r3) WHERE len(split) >= 3
+    UNION ALL SELECT dp__progress(4, len(split)::INTEGER) AS ok FROM (SELECT count(*) FROM dp__s_r4) WHERE len(split) >= 4
+    UNION ALL SELECT dp__progress(5, len(split)::INTEGER) AS ok FROM (SELECT count(*) FROM dp__s_r5) WHERE len(split) >= 5)
+SELECT item FROM (FROM dp__s_u4 UNION ALL FROM dp__s_r5) CROSS JOIN dp__s_cal
+WHERE (SELECT bool_and(ok) FROM dp__s_progress);
 
 -- ---------------------------------------------------------------------------------------------
 -- Testing / audit only: PRE-NOISE weights, exact aggregates of the raw data. NOT releases.

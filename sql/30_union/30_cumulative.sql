@@ -137,11 +137,25 @@ dp__sc_z6 AS MATERIALIZED (FROM dp__sips_cumulative_round('dp__sc_k5', 'dp__sc_z
 dp__sc_k6 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k5', 'dp__sc_z6', 'dp__sc_cal', 6, drop_margin IS NULL) WHERE len(split) >= 7),
 dp__sc_z7 AS MATERIALIZED (FROM dp__sips_cumulative_round('dp__sc_k6', 'dp__sc_z6', 'dp__sc_cal', 7) WHERE len(split) >= 7),
 dp__sc_k7 AS MATERIALIZED (FROM dp__sips_cumulative_next('dp__sc_k6', 'dp__sc_z7', 'dp__sc_cal', 7, drop_margin IS NULL) WHERE len(split) >= 8),
-dp__sc_z8 AS MATERIALIZED (FROM dp__sips_cumulative_round('dp__sc_k7', 'dp__sc_z7', 'dp__sc_cal', 8) WHERE len(split) >= 8)
+dp__sc_z8 AS MATERIALIZED (FROM dp__sips_cumulative_round('dp__sc_k7', 'dp__sc_z7', 'dp__sc_cal', 8) WHERE len(split) >= 8),
+-- Progress (dpsql.core.progress): once round r's state is stored, dp__progress(r, len(split)) reports r
+-- of len(split) rounds done to the caller's progress callback. Each branch reads one row (the count of
+-- the round's items, never passed on) whatever the data, so whether and when a round is reported
+-- depends on the rounds run alone; the final filter reads the always-true result, so the CTE runs.
+dp__sc_progress AS MATERIALIZED (
+    SELECT dp__progress(1, len(split)::INTEGER) AS ok FROM (SELECT count(*) FROM dp__sc_z1)
+    UNION ALL SELECT dp__progress(2, len(split)::INTEGER) AS ok FROM (SELECT count(*) FROM dp__sc_z2) WHERE len(split) >= 2
+    UNION ALL SELECT dp__progress(3, len(split)::INTEGER) AS ok FROM (SELECT count(*) FROM dp__sc_z3) WHERE len(split) >= 3
+    UNION ALL SELECT dp__progress(4, len(split)::INTEGER) AS ok FROM (SELECT count(*) FROM dp__sc_z4) WHERE len(split) >= 4
+    UNION ALL SELECT dp__progress(5, len(split)::INTEGER) AS ok FROM (SELECT count(*) FROM dp__sc_z5) WHERE len(split) >= 5
+    UNION ALL SELECT dp__progress(6, len(split)::INTEGER) AS ok FROM (SELECT count(*) FROM dp__sc_z6) WHERE len(split) >= 6
+    UNION ALL SELECT dp__progress(7, len(split)::INTEGER) AS ok FROM (SELECT count(*) FROM dp__sc_z7) WHERE len(split) >= 7
+    UNION ALL SELECT dp__progress(8, len(split)::INTEGER) AS ok FROM (SELECT count(*) FROM dp__sc_z8) WHERE len(split) >= 8)
 SELECT item
 FROM (SELECT item FROM dp__sc_z1
       WHERE passed OR id IN (SELECT item FROM (FROM dp__sc_z2 UNION ALL FROM dp__sc_z3 UNION ALL FROM dp__sc_z4
                                                UNION ALL FROM dp__sc_z5 UNION ALL FROM dp__sc_z6 UNION ALL FROM dp__sc_z7
                                                UNION ALL FROM dp__sc_z8)
                              WHERE passed))
-     CROSS JOIN dp__sc_cal;
+     CROSS JOIN dp__sc_cal
+WHERE (SELECT bool_and(ok) FROM dp__sc_progress);

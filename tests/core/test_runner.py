@@ -238,3 +238,23 @@ def test_a_failing_work_raises_its_error_without_reaching_100():
                    progress=seen.append)
     assert 100.0 not in seen and _charges(con) == 0
     con.close()
+
+
+@pytest.mark.parametrize("method, rounds", [("sips_cumulative", 7), ("mad2r", 2)])
+def test_a_multi_round_release_reports_its_rounds_between_0_and_100(method, rounds):
+    # DuckDB's percentage stays at 0 for a release; before the rounds reported themselves, the callback
+    # of the default method (and of MAD2R) saw nothing until 100. Now every value before the end is a
+    # round done, r of R mapped onto 0..99 (MAD2R reports its first round: the end is the release's).
+    con = seeded(SEED)
+    con.execute("CREATE TABLE big AS SELECT i // 7 AS user_id, 'i' || (hash(i) % 20000) AS item "
+                "FROM range(300000) r(i)")
+    seen: list[float] = []
+    out = runner.run(con, lambda: con.sql(f"SELECT count(*) FROM dp_set_union_{method}('big', 1.0, 1e-5)").fetchall(),
+                     progress=seen.append, interval=0.01)
+    assert out[0][0] >= 0 and _charges(con) == 1
+    assert seen[-1] == 100.0 and all(a < b for a, b in zip(seen, seen[1:])), seen
+    marks = [99.0 * r / rounds for r in range(1, rounds + (1 if method == "sips_cumulative" else 0))]
+    between = [v for v in seen[:-1] if v > 0]  # DuckDB's own 0 % may come first
+    assert between, seen
+    assert all(any(v == pytest.approx(m) for m in marks) for v in between), (seen, marks)
+    con.close()

@@ -1425,3 +1425,49 @@ def test_output_says_what_was_written(data, tmp_path, command, noun):
             "weighted-sample": "mechanism=dp_weighted_sample)"}[command]
     assert line.endswith(what), line
     assert cli(*base, "--json").stderr == ""  # the JSON document says it ("output", "n_released")
+
+
+# ---------------------------------------------------------------- --progress on every release command
+
+def _release_commands() -> dict[str, set[str]]:
+    """Each subcommand that writes released rows (it takes --output) and its options."""
+    from dpsql.frontends.cli import build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if a.choices and "set-union" in a.choices]
+    found = {}
+    for name, sub in commands.choices.items():
+        options = {o for a in sub._actions for o in a.option_strings}
+        if "--output" in options:
+            found[name] = options
+    return found
+
+
+def test_every_release_command_takes_progress():
+    # --progress once missed top-k, hitting-set, group-by and weighted-sample: it is a release option now
+    commands = _release_commands()
+    assert set(RELEASES) <= set(commands)
+    assert all("--progress" in options for options in commands.values()), commands
+
+
+@pytest.mark.parametrize("command, noun", [("set-union", "items"), ("top-k", "items"), ("hitting-set", "items"),
+                                           ("group-by", "rows"), ("weighted-sample", "keys")])
+def test_progress_prints_progress_and_one_summary_line(data, tmp_path, command, noun):
+    base = [command, str(data.dir / "data.parquet"), *BUDGET, *RELEASES[command],
+            "--ledger", str(tmp_path / "l.dpsql-ledger"), "--seed", "3", "--progress"]
+    r = cli(*base)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[1] == f"dpsql: reading {str(data.dir / 'data.parquet')!r}", lines  # after the seed warning
+    assert lines[-2] == "progress: 100%", lines
+    rows = r.stdout.splitlines()[1 if command == "group-by" else 0:]  # group-by's plain output has a header
+    assert lines[-1].startswith(f"dpsql: released {len(rows)} {noun} (epsilon=1, delta=1e-05, "), lines
+    assert lines[-1].endswith(" s") and " in " in lines[-1]
+    assert all(line.startswith(("progress: ", "dpsql: ")) for line in lines[2:]), lines
+    # with --output the one summary line says where the rows went, and how long the release took
+    out = tmp_path / "out.csv"
+    r = cli(*base, "--output", str(out))
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    last = r.stderr.splitlines()[-1]
+    assert last.startswith(f"dpsql: released {len(pcsv.read_csv(out))} {noun} to {out} (epsilon=1, ")
+    assert " s; seeded: NOT private" in last
