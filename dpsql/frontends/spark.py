@@ -896,10 +896,10 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
     if others:
         raise DPParameterError(f"aggregates {', '.join(others)} have no Spark form; the Spark backend computes "
                                f"count, sum and mean (run them with DuckDB's dp_group_by)")
-        if cal.pre_threshold == 1 and cal.selection not in PARALLEL_METHODS:
-            raise DPParameterError(f"selection {cal.selection!r} has no Spark form; the Spark "
-                                   f"backend selects with {', '.join(PARALLEL_METHODS)} (run selection := "
-                                   f"'{cal.selection}' with DuckDB's dp_group_by)")
+    if not public and cal.pre_threshold == 1 and cal.selection not in PARALLEL_METHODS:
+        raise DPParameterError(f"selection {cal.selection!r} has no Spark form; the Spark "
+                               f"backend selects with {', '.join(PARALLEL_METHODS)} (run selection := "
+                               f"'{cal.selection}' with DuckDB's dp_group_by)")
     warn_weak_parameters(epsilon, None if public else delta, what=mech.macro, stacklevel=2)
     if not public:
         assert cal.selection is not None
@@ -938,6 +938,12 @@ def _group_by_run(df, items, values: Mapping[str, Any], cal: groupby.GroupByCali
                                                        seed))
             else:  # a step of this release: charged with it, not apart
                 selected = _set_union_run(df, *plan, seed)
+    # the noise for L0 = min(max_groups, the groups released), as dp_group_by's dp__cal (the same budget)
+    selected = _materialise(selected)
+    cal = groupby.check_call(values["epsilon"], values.get("delta"), max_items, values["aggregates"],
+                             values["value_col"], values["lower"], values["upper"], cal.selection, values.get("split"),
+                             cal.pre_threshold, values["confidence"], public=public, noise=cal.noise,
+                             max_groups=values["max_groups"], groups=selected.count())
     stats = group_by_stats(rows, selected, max_items, salt, cal)
     joined = selected.select("item").join(stats, "item", "left")
     return _materialise(_group_by_noisy(joined, cal, seed).orderBy("item"))

@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence
 
 import duckdb
 import pyarrow as pa
-from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
+from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql import union
 from dpsql.core import release
@@ -159,14 +159,14 @@ def _key_sql(group_cols: Sequence[str]) -> tuple[str, str]:
 
 
 def labels_sql(tbl: str, group_cols: Optional[Sequence[str]]) -> str:
-    """The group columns of each released key (``dp__labels``: dp__key, then the columns, named and typed as in
-    ``tbl``), as SQL text; without ``group_cols`` no row and no column but ``dp__key``.
+    """The group's columns of each released key (``dp__labels``: dp__key, then the columns, named and typed as in
+    ``tbl``), as SQL text; without ``group_cols`` the one column ``item`` (the key itself).
 
     From the private table (dp_group_by) this reads the rows of the released keys only (``dp__selected``), and
     every row of one key holds the same tuple (docs/proofs/group_by.md §10): the columns are a function of the
     released key."""
     if group_cols is None:
-        return "SELECT NULL AS dp__key WHERE false"
+        return "SELECT item AS dp__key, item FROM dp__selected"
     key, pick = _key_sql(group_cols)
     t = release.sql_value("tbl", tbl, "VARCHAR")
     return (f"SELECT dp__key, any_value({pick}) FROM (SELECT {key} AS dp__key, {pick} FROM query_table({t})) "
@@ -211,25 +211,26 @@ def udfs(source: object) -> list[Udf]:
     """Calibration and SQL-text UDFs of dp_group_by (pure: folded while planning, so their checks run first)."""
 
     def calibrate(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise, max_groups, max_rows,
-                  selection, split, pre_threshold, confidence, group_cols, items_tbl, user_col, item_col):
+                  selection, split, pre_threshold, confidence, group_cols, items_tbl, user_col, item_col, groups=None):
         _check_columns_call(user_col, item_col, group_cols)
         if items_tbl is not None:
             check_table_name(items_tbl)
         return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper,
                                     None if items_tbl is not None else selection, split, confidence, pre_threshold,
-                                    noise, max_groups, max_rows)
+                                    noise, max_groups, max_rows, groups)
 
+    # `groups`: the number of groups released (NULL: not known yet, the calibration before the selection)
     def cal_udf(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise, max_groups, max_rows,
-                selection, split, pre_threshold, confidence, group_cols, items_tbl, user_col, item_col):
+                selection, split, pre_threshold, confidence, group_cols, items_tbl, user_col, item_col, groups):
         return _cal_row(calibrate(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise, max_groups,
                                   max_rows, selection, split, pre_threshold, confidence, group_cols, items_tbl,
-                                  user_col, item_col))
+                                  user_col, item_col, groups))
 
     def public_cal_udf(epsilon, max_items, aggregates, value_col, lower, upper, max_groups, max_rows, confidence,
-                       group_cols, user_col, item_col):
+                       group_cols, user_col, item_col, groups):
         _check_columns_call(user_col, item_col, group_cols)
         return _cal_row(group_by_calibration(epsilon, None, max_items, aggregates, value_col, lower, upper, None,
-                                             None, confidence, 1, "laplace", max_groups, max_rows))
+                                             None, confidence, 1, "laplace", max_groups, max_rows, groups))
 
     def selection_sql(tbl, epsilon, delta, max_items, aggregates, value_col, lower, upper, noise, max_groups,
                       max_rows, selection, split, pre_threshold, confidence, group_cols, items_tbl, user_col,
@@ -269,9 +270,9 @@ def udfs(source: object) -> list[Udf]:
     # pre_threshold, confidence, group_cols, items_tbl, user_col, item_col: the declaration's order
     args = (d, d, d, vl, v, d, d, v, d, d, v, d, d, d, vl, v, v, v)
     return [
-        Udf("dp__group_by_calibration", scalar(cal_udf), args, cal_type),
-        Udf("dp__group_by_public_calibration", scalar(public_cal_udf), (d, d, vl, v, d, d, d, d, d, vl, v, v),
-            cal_type),
+        Udf("dp__group_by_calibration", scalar(cal_udf), (*args, BIGINT), cal_type),
+        Udf("dp__group_by_public_calibration", scalar(public_cal_udf),
+            (d, d, vl, v, d, d, d, d, d, vl, v, v, BIGINT), cal_type),
         # pure: query() evaluates them once while binding dp__body_group_by
         Udf("dp__group_by_selection_sql", scalar(selection_sql), (v, *args), VARCHAR),
         Udf("dp__group_by_rows_sql", scalar(rows_udf), (v, v, v, v, vl), VARCHAR),
@@ -290,18 +291,19 @@ def udfs(source: object) -> list[Udf]:
 def check_call(epsilon: object, delta: object, max_items: object, aggregates: Sequence[str], value_col: object,
                lower: object, upper: object, selection: object, split: object, pre_threshold: object,
                confidence: object, *, public: bool, noise: object = None, max_groups: object = None,
-               max_rows: object = 1) -> GroupByCalibration:
+               max_rows: object = 1, groups: Optional[int] = None) -> GroupByCalibration:
     """The checks and calibration of a :func:`group_by` call (``public``: a list of groups, no selection).
 
     With ``public``, ``selection`` / ``split`` are not used, and without a ``delta`` the noise is Laplace at
     ``(epsilon, 0)`` (the macro ``dp_group_by_public``); with one, the aggregates get ``(epsilon, delta)``
-    (``dp_group_by`` with ``items_tbl``). Shared by the Spark backend.
+    (``dp_group_by`` with ``items_tbl``). ``groups``: the number of groups released, once known (the noise's
+    ``L0 = min(max_groups, groups)``). Shared by the Spark backend.
     """
     if not public:
         return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
-                                    confidence, pre_threshold, noise, max_groups, max_rows)
+                                    confidence, pre_threshold, noise, max_groups, max_rows, groups)
     return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, None, None, confidence,
-                                pre_threshold, noise, max_groups, max_rows)
+                                pre_threshold, noise, max_groups, max_rows, groups)
 
 
 _NUMERIC_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
@@ -480,5 +482,7 @@ def generated_sql() -> str:
     (the registry creates it after the releasing macros)."""
     mech = next(m for m in MECHANISMS if m.name == "group_by")
     params = [p for p in mech.params if p.name not in ("tbl", "user_col", "item_col")]
+    # the calibration before the selection: L0 = max_groups (the release's own may be smaller, L0 = min(max_groups,
+    # the number of groups released))
     return (f"CREATE OR REPLACE TEMP MACRO dp_group_by_calibration({release.signature(params)}) AS\n"
-            f"    dp__group_by_calibration({', '.join(p.name for p in params)}, 'user_id', 'item');\n")
+            f"    dp__group_by_calibration({', '.join(p.name for p in params)}, 'user_id', 'item', NULL);\n")

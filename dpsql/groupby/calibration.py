@@ -18,9 +18,10 @@ sumsq       sum of (clamp(total) - c)^2                     variance, stddev    
 median      exponential mechanism over K + 1 grid points    median                utility 1
 ==========  ==============================================  ====================  =====================
 
-A user keeps at most ``L0`` groups, so each vector moves in at most ``L0`` coordinates, each by at most
-its bound ``B`` (in grid steps: :func:`dpsql.core.calibration.grid_sensitivity`): l1 ``L0 B``, l2
-``sqrt(L0) B``.
+A user keeps at most ``max_groups`` groups, and holds at most all ``|S|`` released ones, so each vector
+moves in at most ``L0 = min(max_groups, |S|)`` coordinates (``|S|`` once the selection has released it:
+public, so the aggregates' noise may depend on it; before, ``L0 = max_groups``), each by at most its bound
+``B`` (in grid steps: :func:`dpsql.core.calibration.grid_sensitivity`): l1 ``L0 B``, l2 ``sqrt(L0) B``.
 
 **Gaussian noise** (``noise = 'gaussian'``, the default with a delta). Every measurement is a
 multivariate discrete Gaussian ``g N_Z(0, s^2 I)`` on its grid ``g`` (1 for the integer counts), which
@@ -198,8 +199,8 @@ def check_group_cols(group_cols: object) -> Optional[tuple[str, ...]]:
     return names
 
 
-# The names of dp_group_by's own output columns (and the internal join key): no group column may take one.
-_RESERVED_NAMES = frozenset({"item", "dp__key"} | {a + suffix for a in AGGREGATES for suffix in ("", "_scale", "_ci")})
+# The names of dp_group_by's aggregate columns (and the internal join key): no group column may take one.
+_RESERVED_NAMES = frozenset({"dp__key"} | {a + suffix for a in AGGREGATES for suffix in ("", "_scale", "_ci")})
 
 
 def _check_fraction(name: str, value: object, hint: str) -> float:
@@ -357,8 +358,9 @@ class GroupByCalibration:
     lower: Optional[float]
     upper: Optional[float]
     noise: str = "laplace"
-    max_groups: int = 100
+    max_groups: int = 100  # L0 of the noise: min(the cap, released_groups)
     max_rows: int = 1
+    released_groups: Optional[int] = None  # the number of groups released (public after the selection), if known
     aggregate_delta: float = 0.0
     aggregate_rho: Optional[float] = None
     accounting: Optional[Accounting] = None
@@ -453,8 +455,9 @@ def _levels(name: str, aggregates: tuple[str, ...], confidence: float) -> dict[s
 def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[float], max_items: int,
                  lower: Optional[float], upper: Optional[float], selection: Optional[str], split: float,
                  confidence: float, pre_threshold: int, noise: str, max_groups: int,
-                 max_rows: int) -> GroupByCalibration:
-    l0 = max_groups
+                 max_rows: int, groups: Optional[int] = None) -> GroupByCalibration:
+    # a user contributes to at most min(cap, |S|) of the |S| released groups
+    l0 = max_groups if groups is None else max(1, min(max_groups, groups))
     needed = measurements(aggregates)
     k = len(needed)
     acc: Optional[Accounting] = None
@@ -515,7 +518,8 @@ def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[fl
         out.update(sum_epsilon=m.epsilon, sum_bound=m.bound, sum_granularity=m.granularity, sum_scale=m.scale,
                    sum_ci=m.ci, mean_sum_ci=m.ci_mean)
     return GroupByCalibration(aggregates, selection, sel_eps, sel_delta, agg_eps, confidence, lower, upper,
-                              noise=noise, max_groups=l0, max_rows=max_rows, aggregate_delta=agg_delta,
+                              noise=noise, max_groups=l0, max_rows=max_rows, released_groups=groups,
+                              aggregate_delta=agg_delta,
                               aggregate_rho=rho_a, accounting=acc, measures=tuple(measures),
                               pre_threshold=pre_threshold, **out)
 
@@ -525,12 +529,15 @@ def group_by_calibration(epsilon: object, delta: object, max_items: object = 100
                          upper: object = None, selection: object = union.DEFAULT_METHOD,
                          split: object = DEFAULT_SPLIT, confidence: object = DEFAULT_CONFIDENCE,
                          pre_threshold: object = 1, noise: object = None, max_groups: object = None,
-                         max_rows: object = 1) -> GroupByCalibration:
+                         max_rows: object = 1, groups: Optional[int] = None) -> GroupByCalibration:
     """Validate the parameters of dp_group_by and split the budget (``selection=None``: a public list of groups).
 
     ``noise`` None: ``'gaussian'`` when a ``delta`` is given (always for a selection), else ``'laplace'``;
-    Gaussian noise needs a delta. ``max_groups`` None: ``max_items``. See the module docstring for the
-    math; ``pre_threshold > 1`` needs a selection of :data:`PRE_THRESHOLD_METHODS` (not a public list).
+    Gaussian noise needs a delta. ``max_groups`` None: ``max_items``. ``groups``: the number of groups the
+    selection released (or the public list holds), once known: no user contributes to more than that many,
+    so the noise is calibrated to ``L0 = min(max_groups, groups)`` (the budget is the same; None: the cap,
+    the bound before the selection). See the module docstring for the math; ``pre_threshold > 1`` needs a
+    selection of :data:`PRE_THRESHOLD_METHODS` (not a public list).
     """
     aggs = check_aggregates(aggregates)
     epsilon = check_epsilon(epsilon)
@@ -546,7 +553,7 @@ def group_by_calibration(epsilon: object, delta: object, max_items: object = 100
     if noise_value == "gaussian" and delta_value is None:
         raise DPParameterError("noise := 'gaussian' needs delta := <a small number, e.g. 1e-5>; or pass "
                                "noise := 'laplace' for (epsilon, 0)-DP")
-    groups = check_max_groups(max_groups)
+    cap = check_max_groups(max_groups)
     rows = check_max_rows(max_rows)
     if rows != 1 and "rows" not in aggs:
         raise DPParameterError("max_rows is used only by the 'rows' aggregate; add 'rows' to aggregates or leave "
@@ -563,6 +570,8 @@ def group_by_calibration(epsilon: object, delta: object, max_items: object = 100
             if share < EPSILON_MIN:
                 raise DPParameterError(f"epsilon * split is too small for the {part} (got {share!r}); pass a larger "
                                        f"epsilon or a split nearer 0.5")
+    if groups is not None and (isinstance(groups, bool) or int(groups) != groups or groups < 0):
+        raise DPParameterError(f"groups must be a whole number >= 0 (got {groups!r})")
     return _calibration(aggs, epsilon, delta_value, max_items, lo, hi, selection,
                         split_value if selection is not None else 0.0, conf, pre, noise_value,
-                        max_items if groups is None else groups, rows)
+                        max_items if cap is None else cap, rows, None if groups is None else int(groups))

@@ -118,7 +118,7 @@ CREATE OR REPLACE TEMP MACRO dp__group_by_noise(gaussian, scale, granularity) AS
     CASE WHEN gaussian THEN dp_granular_gaussian_noise(scale, granularity)
          ELSE dp_granular_laplace_noise(scale, granularity) END;
 
--- The released rows of one GROUP BY, from the noisy measurements (dp__noisy: item, n_noisy, r_noisy,
+-- The released rows of one GROUP BY, from the noisy measurements (dp__measured: item, n_noisy, r_noisy,
 -- s_noisy, q_noisy, median_j) and the calibration row c: post-processing of released numbers and public
 -- parameters only (docs/proofs/group_by.md §7). The half-widths are those of the noise, before the
 -- rounding and clamping here (a clamp towards a set that holds the true value only moves the estimate
@@ -151,11 +151,7 @@ SELECT item,
 FROM query_table(noisy) CROSS JOIN query_table(cal);
 
 -- dpsql:body dp__body_group_by
-WITH dp__cal AS MATERIALIZED (
-    SELECT unnest(dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise,
-                                           max_groups, max_rows, selection, split, pre_threshold, confidence,
-                                           group_cols, items_tbl, user_col, item_col))),
--- Selection: the set-union method's body (or, with pre_threshold > 1, dp__group_by_pre_selection) at the
+WITH -- Selection: the set-union method's body (or, with pre_threshold > 1, dp__group_by_pre_selection) at the
 -- calibration's (selection_epsilon, selection_delta), inside this release (its wrapper charges the total
 -- once). query() binds and runs only that step: its text is rendered while binding by
 -- dp__group_by_selection_sql (dpsql.groupby.selection_call_sql, every value a literal), which checks every
@@ -175,6 +171,13 @@ dp__selected AS MATERIALIZED (
                                                     upper, noise, max_groups, max_rows, selection, split,
                                                     pre_threshold, confidence, group_cols, items_tbl, user_col,
                                                     item_col) END)),
+-- The calibration (dpsql.groupby.calibration), its noise for L0 = min(max_groups, the groups released): no
+-- user holds more of them. The release's parameters were checked before anything was read (the wrapper).
+dp__cal AS MATERIALIZED (
+    SELECT unnest(dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise,
+                                           max_groups, max_rows, selection, split, pre_threshold, confidence,
+                                           group_cols, items_tbl, user_col, item_col, k.n))
+    FROM (SELECT count(*) AS n FROM dp__selected) AS k),
 -- The rows (user_id, item, v): dp__user_item_value_rows, or dp__group_key_value_rows with group_cols.
 dp__user_item_value_rows AS (
     FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'value_col': value_col, 'user_col': user_col,
@@ -219,9 +222,15 @@ dp__median AS MATERIALIZED (
     GROUP BY item),
 -- Noise on every group of the selection (also those no kept user holds). Sums are clamped to +-2^50
 -- steps (1-Lipschitz, so the sensitivity holds) so that sum + noise stays an exact multiple of g in a
--- double (no error after the charge).
+-- double (no error after the charge). The median joins afterwards (dp__measured).
+-- The exact measurements of every group (also those no kept user holds), sorted by group: the noise then
+-- meets the groups in that order, whatever the join's plan (a seeded release is reproducible).
+dp__joined AS MATERIALIZED (
+    SELECT d.item, t.n, t.n_rows, t.s_steps, t.q_steps
+    FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item
+    ORDER BY d.item),
 dp__noisy AS MATERIALIZED (
-    SELECT d.item,
+    SELECT t.item,
            CASE WHEN c.count_scale IS NOT NULL
                 THEN coalesce(t.n, 0) + dp__group_by_noise(c.gaussian, c.count_scale, c.count_granularity) END AS n_noisy,
            CASE WHEN c.rows_scale IS NOT NULL
@@ -231,28 +240,22 @@ dp__noisy AS MATERIALIZED (
                      + dp__group_by_noise(c.gaussian, c.sum_scale, c.sum_granularity) END AS s_noisy,
            CASE WHEN c.sumsq_scale IS NOT NULL
                 THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.q_steps, 0)))::DOUBLE * c.sumsq_granularity
-                     + dp__group_by_noise(c.gaussian, c.sumsq_scale, c.sumsq_granularity) END AS q_noisy,
-           m.median_j
-    FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item
-    LEFT JOIN dp__median AS m ON d.item = m.item CROSS JOIN dp__cal AS c),
--- The group columns of a released key (group_cols), or none (item is the group), read from the public list
--- if there is one. They come first in the output (the release's ORDER BY ALL sorts by the group).
+                     + dp__group_by_noise(c.gaussian, c.sumsq_scale, c.sumsq_granularity) END AS q_noisy
+    FROM dp__joined AS t CROSS JOIN dp__cal AS c),
+dp__measured AS (SELECT n.*, m.median_j FROM dp__noisy AS n LEFT JOIN dp__median AS m ON n.item = m.item),
+-- The group's columns of each released key (dp__key): `item`, or the group_cols columns, read from the public
+-- list if there is one. They come first in the output (the release's ORDER BY ALL sorts by the group).
 dp__labels AS MATERIALIZED (
     FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'items_tbl': items_tbl,
                                                      'group_cols': group_cols}::VARCHAR) IS NULL OR true
                     THEN dp__group_by_labels_sql(coalesce(items_tbl, tbl), group_cols) END))
-SELECT COLUMNS(lambda c: (c = 'item' AND group_cols IS NULL) OR (c <> 'item' AND c <> 'dp__key'
-                         AND (list_contains(aggregates, split_part(c, '_', 1)) OR list_contains(list_transform(
-                              coalesce(group_cols, []), lambda g: lower(g)), lower(c)))))
-FROM dp__labels AS l
-RIGHT JOIN dp__group_by_output('dp__noisy', 'dp__cal') AS o ON o.item = l.dp__key;
+SELECT * EXCLUDE (dp__key)
+FROM dp__labels
+JOIN (SELECT item AS dp__key, COLUMNS(lambda c: list_contains(aggregates, split_part(c, '_', 1)))
+      FROM dp__group_by_output('dp__measured', 'dp__cal')) USING (dp__key);
 
 -- dpsql:body dp__body_group_by_public
-WITH dp__cal AS MATERIALIZED (
-    SELECT unnest(dp__group_by_public_calibration(epsilon, max_items, aggregates, value_col, lower, upper,
-                                                  max_groups, max_rows, confidence, group_cols, user_col,
-                                                  item_col))),
--- The public domain: the distinct groups of items_tbl (public: its errors may name values), as item_col's
+WITH -- The public domain: the distinct groups of items_tbl (public: its errors may name values), as item_col's
 -- canonical values, or as the keys of group_cols (dp__group_by_public_items_sql). The public and the
 -- private columns must have one type each (dp__check_same_type): DuckDB's join would otherwise cast the
 -- private items and quote one it cannot convert, and a key of another type would not meet its group.
@@ -260,6 +263,11 @@ dp__selected AS MATERIALIZED (
     FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'items_tbl': items_tbl, 'item_col': item_col,
                          'group_cols': group_cols}::VARCHAR) IS NULL OR true
                     THEN dp__group_by_public_items_sql(tbl, items_tbl, item_col, group_cols) END)),
+dp__cal AS MATERIALIZED (
+    SELECT unnest(dp__group_by_public_calibration(epsilon, max_items, aggregates, value_col, lower, upper,
+                                                  max_groups, max_rows, confidence, group_cols, user_col,
+                                                  item_col, k.n))
+    FROM (SELECT count(*) AS n FROM dp__selected) AS k),
 dp__user_item_value_rows AS (
     FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'value_col': value_col, 'user_col': user_col,
                          'item_col': item_col, 'group_cols': group_cols}::VARCHAR) IS NULL OR true
@@ -288,8 +296,14 @@ dp__median AS MATERIALIZED (
     SELECT item, arg_max(j, u + dp_gumbel_noise(c.median_scale)) AS median_j
     FROM dp__median_utility('dp__kept', 'dp__selected', 'dp__cal') CROSS JOIN dp__cal AS c
     GROUP BY item),
+-- The exact measurements of every group (also those no kept user holds), sorted by group: the noise then
+-- meets the groups in that order, whatever the join's plan (a seeded release is reproducible).
+dp__joined AS MATERIALIZED (
+    SELECT d.item, t.n, t.n_rows, t.s_steps, t.q_steps
+    FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item
+    ORDER BY d.item),
 dp__noisy AS MATERIALIZED (
-    SELECT d.item,
+    SELECT t.item,
            CASE WHEN c.count_scale IS NOT NULL
                 THEN coalesce(t.n, 0) + dp__group_by_noise(c.gaussian, c.count_scale, c.count_granularity) END AS n_noisy,
            CASE WHEN c.rows_scale IS NOT NULL
@@ -299,16 +313,14 @@ dp__noisy AS MATERIALIZED (
                      + dp__group_by_noise(c.gaussian, c.sum_scale, c.sum_granularity) END AS s_noisy,
            CASE WHEN c.sumsq_scale IS NOT NULL
                 THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.q_steps, 0)))::DOUBLE * c.sumsq_granularity
-                     + dp__group_by_noise(c.gaussian, c.sumsq_scale, c.sumsq_granularity) END AS q_noisy,
-           m.median_j
-    FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item
-    LEFT JOIN dp__median AS m ON d.item = m.item CROSS JOIN dp__cal AS c),
--- The group columns of a key, read from the public table (group_cols), or none.
+                     + dp__group_by_noise(c.gaussian, c.sumsq_scale, c.sumsq_granularity) END AS q_noisy
+    FROM dp__joined AS t CROSS JOIN dp__cal AS c),
+dp__measured AS (SELECT n.*, m.median_j FROM dp__noisy AS n LEFT JOIN dp__median AS m ON n.item = m.item),
+-- The group's columns of each key (dp__key): `item`, or the group_cols columns read from the public table.
 dp__labels AS MATERIALIZED (
     FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': items_tbl, 'group_cols': group_cols}::VARCHAR) IS NULL OR true
                     THEN dp__group_by_labels_sql(items_tbl, group_cols) END))
-SELECT COLUMNS(lambda c: (c = 'item' AND group_cols IS NULL) OR (c <> 'item' AND c <> 'dp__key'
-                         AND (list_contains(aggregates, split_part(c, '_', 1)) OR list_contains(list_transform(
-                              coalesce(group_cols, []), lambda g: lower(g)), lower(c)))))
-FROM dp__labels AS l
-RIGHT JOIN dp__group_by_output('dp__noisy', 'dp__cal') AS o ON o.item = l.dp__key;
+SELECT * EXCLUDE (dp__key)
+FROM dp__labels
+JOIN (SELECT item AS dp__key, COLUMNS(lambda c: list_contains(aggregates, split_part(c, '_', 1)))
+      FROM dp__group_by_output('dp__measured', 'dp__cal')) USING (dp__key);

@@ -167,6 +167,11 @@ def test_max_groups_is_the_aggregates_cap_and_defaults_to_max_items():
     assert b.count_scale == pytest.approx(2 * a.count_scale, rel=1e-12)  # sigma grows with sqrt(L0)
     # the selection is calibrated with max_items alone
     assert a.selection_epsilon == b.selection_epsilon and a.aggregate_rho == b.aggregate_rho
+    # once the selection has released |S| groups, no user contributes to more: L0 = min(max_groups, |S|), same rho
+    for groups, l0 in ((3, 3), (16, 16), (500, 16), (0, 1)):
+        c = gb.group_by_calibration(1.0, 1e-5, 100, max_groups=16, groups=groups)
+        assert (c.max_groups, c.released_groups, c.aggregate_rho) == (l0, groups, b.aggregate_rho)
+        assert c.count_scale == pytest.approx(math.sqrt(l0 / 16) * b.count_scale, rel=1e-12)
 
 
 # -- half-widths ---------------------------------------------------------------------------------
@@ -224,7 +229,7 @@ def test_invalid_bounds_are_refused(kwargs, match):
     ("a", "group_cols must be a non-empty list"),
     (["a", "A"], "must not repeat a column"),
     (["a", "count"], "may not be named 'count'"),
-    (["Item"], "may not be named 'Item'"),
+    (["dp__KEY"], "may not be named 'dp__KEY'"),
     (["a", "sum_ci"], "may not be named 'sum_ci'"),
 ])
 def test_invalid_group_cols_are_refused(cols, match):

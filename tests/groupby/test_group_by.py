@@ -231,7 +231,9 @@ def test_public_domain_gives_every_listed_item_a_row():
     # with a delta: dp_group_by(..., items_tbl := ...), Gaussian noise at (epsilon, delta), no selection
     gauss = dpsql.group_by(con, "t", epsilon=1.0, delta=1e-5, items_tbl="pub", max_items=10)
     assert gauss.column("item").to_pylist() == ["absent_a", "absent_b", "i0", "i3"]
-    assert gauss.column("count_scale")[0].as_py() == gb.group_by_calibration(1.0, 1e-5, 10, selection=None).count_scale
+    # 4 listed groups: no user contributes to more than 4 (the noise's L0 = min(max_groups, 4))
+    want = gb.group_by_calibration(1.0, 1e-5, 10, selection=None, groups=4)
+    assert want.max_groups == 4 and gauss.column("count_scale")[0].as_py() == want.count_scale
     assert con.execute("SELECT mechanism, epsilon, delta FROM dp_releases() ORDER BY release_id").fetchall() == [
         ("dp_group_by_public", 1.0, 0.0), ("dp_group_by", 1.0, 1e-5)]
     with pytest.raises(DPParameterError, match="noise := 'gaussian' needs delta"):
