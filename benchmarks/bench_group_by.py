@@ -18,15 +18,16 @@ Three modes:
   sum, mean of a value column) on the Zipfian table of ``zipf_data.py``, interleaved, after one
   warm-up each; median seconds.
 * ``accuracy`` (dpsql): the count per group of ``dp_group_by`` with every default but the noise and the
-  aggregates' cap, on each real dataset: the old default (Laplace, ``max_groups`` = ``max_items`` = 100)
-  against Gaussian noise with ``max_groups`` in ``--max-groups`` (``0`` stands for the default, NULL =
-  ``max_items``); per configuration the items released, the median relative error ``|noisy - true| / true``
-  of the released counts (true = distinct users per item, uncapped), the same among the 20 items most users
-  hold, and the 95 % half-width the release reports. Each configuration's ``reps`` releases run on one
-  connection, interleaved with the others'.
+  aggregates' cap, on each real dataset: Laplace noise, and Gaussian noise with ``max_groups`` in
+  ``--max-groups`` (``0`` stands for the default, NULL = ``max_items``); per configuration the items
+  released, the median relative error ``|noisy - true| / true`` of the released counts (true = distinct
+  users per item, uncapped), the same among the 20 items most users hold, and the 95 % half-width the
+  release reports. Each configuration's ``reps`` releases run on one connection, interleaved with the
+  others'. ``--baseline``: only the defaults, with the script's parameters a dpsql before Gaussian
+  aggregates takes (run with that checkout first on ``PYTHONPATH``): the old default.
 
     python benchmarks/bench_group_by.py real --data DIR [--max-items 10 100] [--reps 3]
-    python benchmarks/bench_group_by.py accuracy --data DIR [--max-groups 0 10 1] [--reps 5]
+    python benchmarks/bench_group_by.py accuracy --data DIR [--max-groups 0 10 1] [--reps 3] [--baseline]
     PYDP_PYTHON benchmarks/bench_group_by.py pipeline-dp --data DIR [--max-items 10 100] [--reps 3]
     python benchmarks/bench_group_by.py cost [--rows 10000000] [--reps 3]
 """
@@ -134,9 +135,12 @@ def run_accuracy(args) -> list[dict]:
     sys.path.insert(0, str(HERE.parent))
     import dpsql
 
-    configs = [("old default: laplace, max_groups 100", "laplace", None)]
-    configs += [(f"gaussian, max_groups {'default (= max_items)' if g == 0 else g}", "gaussian", g or None)
-                for g in args.max_groups]
+    if args.baseline:  # a dpsql before Gaussian aggregates (no noise, no max_groups): its defaults only
+        configs = [("baseline: the defaults of this dpsql", None, None)]
+    else:
+        configs = [("laplace, max_groups default (= max_items)", "laplace", None)]
+        configs += [(f"gaussian, max_groups {'default (= max_items)' if g == 0 else g}", "gaussian", g or None)
+                    for g in args.max_groups]
     out = []
     for name in args.datasets:
         path = Path(args.data) / f"{name}.parquet"
@@ -150,7 +154,7 @@ def run_accuracy(args) -> list[dict]:
             for label, noise, groups in configs:
                 rows = con.execute(
                     f"SELECT item, \"count\", count_ci FROM dp_group_by('t', epsilon := {args.epsilon}, "
-                    f"delta := {args.delta}, noise := '{noise}'"
+                    f"delta := {args.delta}" + (f", noise := '{noise}'" if noise else "")
                     + (f", max_groups := {groups}" if groups else "") + ")").fetchall()
                 noisy = {r[0]: r[1] for r in rows}
                 runs[label]["released"].append(len(rows))
@@ -216,6 +220,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--max-groups", type=int, nargs="+", default=[0, 10, 1],
                     help="accuracy: the Gaussian configurations' max_groups (0: the default)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="accuracy: only dp_group_by's defaults, for a dpsql before Gaussian aggregates "
+                         "(run it with that checkout first on the path)")
     args = ap.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     result = {"real": run_real, "pipeline-dp": run_pipeline_dp, "cost": run_cost,

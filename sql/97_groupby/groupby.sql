@@ -151,7 +151,7 @@ SELECT item,
 FROM query_table(noisy) CROSS JOIN query_table(cal);
 
 -- dpsql:body dp__body_group_by
-WITH -- Selection: the set-union method's body (or, with pre_threshold > 1, dp__group_by_pre_selection) at the
+-- Selection: the set-union method's body (or, with pre_threshold > 1, dp__group_by_pre_selection) at the
 -- calibration's (selection_epsilon, selection_delta), inside this release (its wrapper charges the total
 -- once). query() binds and runs only that step: its text is rendered while binding by
 -- dp__group_by_selection_sql (dpsql.groupby.selection_call_sql, every value a literal), which checks every
@@ -160,7 +160,7 @@ WITH -- Selection: the set-union method's body (or, with pre_threshold > 1, dp__
 -- sql/30_union/90_dispatch.sql). With group_cols the method reads the keys (dp__group_key_value_rows) of a
 -- CTE of that text. With a public items_tbl there is no selection: the groups are its rows
 -- (dpsql.groupby.public_items_sql, as dp_group_by_public's).
-dp__selected AS MATERIALIZED (
+WITH dp__selected AS MATERIALIZED (
     FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'epsilon': epsilon, 'delta': delta,
                          'max_items': max_items, 'aggregates': aggregates, 'value_col': value_col, 'lower': lower,
                          'upper': upper, 'noise': noise, 'max_groups': max_groups, 'max_rows': max_rows,
@@ -255,11 +255,11 @@ JOIN (SELECT item AS dp__key, COLUMNS(lambda c: list_contains(aggregates, split_
       FROM dp__group_by_output('dp__measured', 'dp__cal')) USING (dp__key);
 
 -- dpsql:body dp__body_group_by_public
-WITH -- The public domain: the distinct groups of items_tbl (public: its errors may name values), as item_col's
+-- The public domain: the distinct groups of items_tbl (public: its errors may name values), as item_col's
 -- canonical values, or as the keys of group_cols (dp__group_by_public_items_sql). The public and the
 -- private columns must have one type each (dp__check_same_type): DuckDB's join would otherwise cast the
 -- private items and quote one it cannot convert, and a key of another type would not meet its group.
-dp__selected AS MATERIALIZED (
+WITH dp__selected AS MATERIALIZED (
     FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'items_tbl': items_tbl, 'item_col': item_col,
                          'group_cols': group_cols}::VARCHAR) IS NULL OR true
                     THEN dp__group_by_public_items_sql(tbl, items_tbl, item_col, group_cols) END)),
