@@ -17,8 +17,17 @@ Three modes:
 * ``cost`` (dpsql): ``dp_set_union`` (default method) against ``dp_group_by`` (count; and count,
   sum, mean of a value column) on the Zipfian table of ``zipf_data.py``, interleaved, after one
   warm-up each; median seconds.
+* ``accuracy`` (dpsql): the count per group of ``dp_group_by`` with every default but the noise and the
+  aggregates' cap, on each real dataset: Laplace noise, and Gaussian noise with ``max_groups`` in
+  ``--max-groups`` (``0`` stands for the default, NULL = ``max_items``); per configuration the items
+  released, the median relative error ``|noisy - true| / true`` of the released counts (true = distinct
+  users per item, uncapped), the same among the 20 items most users hold, and the 95 % half-width the
+  release reports. Each configuration's ``reps`` releases run on one connection, interleaved with the
+  others'. ``--baseline``: only the defaults, with the script's parameters a dpsql before Gaussian
+  aggregates takes (run with that checkout first on ``PYTHONPATH``): the old default.
 
     python benchmarks/bench_group_by.py real --data DIR [--max-items 10 100] [--reps 3]
+    python benchmarks/bench_group_by.py accuracy --data DIR [--max-groups 0 10 1] [--reps 3] [--baseline]
     PYDP_PYTHON benchmarks/bench_group_by.py pipeline-dp --data DIR [--max-items 10 100] [--reps 3]
     python benchmarks/bench_group_by.py cost [--rows 10000000] [--reps 3]
 """
@@ -122,6 +131,46 @@ def run_pipeline_dp(args) -> list[dict]:
     return out
 
 
+def run_accuracy(args) -> list[dict]:
+    sys.path.insert(0, str(HERE.parent))
+    import dpsql
+
+    if args.baseline:  # a dpsql before Gaussian aggregates (no noise, no max_groups): its defaults only
+        configs = [("baseline: the defaults of this dpsql", None, None)]
+    else:
+        configs = [("laplace, max_groups default (= max_items)", "laplace", None)]
+        configs += [(f"gaussian, max_groups {'default (= max_items)' if g == 0 else g}", "gaussian", g or None)
+                    for g in args.max_groups]
+    out = []
+    for name in args.datasets:
+        path = Path(args.data) / f"{name}.parquet"
+        con = dpsql.connect()
+        con.execute("SET enable_progress_bar = false")
+        con.execute(f"CREATE TABLE t AS SELECT user_id, item FROM read_parquet('{path}')")
+        truth = dict(con.execute("SELECT item, count(DISTINCT user_id) FROM t GROUP BY item").fetchall())
+        top = _top(truth)
+        runs: dict = {label: {"released": [], "err": [], "top": [], "ci": []} for label, _, _ in configs}
+        for _ in range(args.reps):
+            for label, noise, groups in configs:
+                rows = con.execute(
+                    f"SELECT item, \"count\", count_ci FROM dp_group_by('t', epsilon := {args.epsilon}, "
+                    f"delta := {args.delta}" + (f", noise := '{noise}'" if noise else "")
+                    + (f", max_groups := {groups}" if groups else "") + ")").fetchall()
+                noisy = {r[0]: r[1] for r in rows}
+                runs[label]["released"].append(len(rows))
+                runs[label]["err"].append(_median_rel_error(noisy, truth))
+                runs[label]["top"].append(_median_rel_error(noisy, truth, top))
+                runs[label]["ci"].append(rows[0][2] if rows else float("nan"))
+        for label, _, _ in configs:
+            r = runs[label]
+            out.append({"dataset": name, "config": label, "released": statistics.mean(r["released"]),
+                        "median_rel_error": statistics.mean(r["err"]), "median_rel_error_top20": statistics.mean(r["top"]),
+                        "count_ci": statistics.mean(r["ci"])})
+            print(json.dumps(out[-1]), flush=True)
+        con.close()
+    return out
+
+
 COST_QUERIES = {
     "set_union": "SELECT count(*) FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5, max_items := 100)",
     "group_by_count": "SELECT count(*) FROM dp_group_by('t', epsilon := 1.0, delta := 1e-5, max_items := 100)",
@@ -160,7 +209,7 @@ def run_cost(args) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["real", "pipeline-dp", "cost"])
+    ap.add_argument("mode", choices=["real", "pipeline-dp", "cost", "accuracy"])
     ap.add_argument("--data", help="folder of the real datasets (<dataset>/<file>.parquet)")
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS))
     ap.add_argument("--max-items", type=int, nargs="+", default=[10, 100])
@@ -169,9 +218,15 @@ def main(argv=None) -> int:
     ap.add_argument("--selection", default="mad2r")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--max-groups", type=int, nargs="+", default=[0, 10, 1],
+                    help="accuracy: the Gaussian configurations' max_groups (0: the default)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="accuracy: only dp_group_by's defaults, for a dpsql before Gaussian aggregates "
+                         "(run it with that checkout first on the path)")
     args = ap.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    result = {"real": run_real, "pipeline-dp": run_pipeline_dp, "cost": run_cost}[args.mode](args)
+    result = {"real": run_real, "pipeline-dp": run_pipeline_dp, "cost": run_cost,
+              "accuracy": run_accuracy}[args.mode](args)
     print(json.dumps({"mode": args.mode, "started": started, "machine": platform.machine(),
                       "cpus": os.cpu_count(), "load": os.getloadavg(), "results": result}))
     return 0

@@ -1055,17 +1055,18 @@ def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Private GROUP BY item of INPUT (``dp_group_by``, or ``dp_group_by_public`` with --items)."""
     from dpsql import groupby
 
-    macro = "dp_group_by" if args.items is None else "dp_group_by_public"
-    if args.items is not None and args.delta is not None:
-        raise UsageError("--delta does not apply with --items (a public list of items spends no delta); leave it out")
+    # a public list without --delta: dp_group_by_public, Laplace at (epsilon, 0); with it, dp_group_by's aggregates
+    macro = "dp_group_by_public" if args.items is not None and args.delta is None else "dp_group_by"
     names: list[tuple[str, Callable]] = [("epsilon", float), ("max_items", _whole), ("confidence", float)]
     if args.items is None:
         names += [("delta", float), ("selection", str), ("split", float), ("pre_threshold", _whole)]
     _fill_defaults(args, macro, names)
     aggregates = groupby.check_aggregates(args.aggregates or ["count"])
+    # with --items, --delta is optional: Gaussian noise at (epsilon, delta), else Laplace at (epsilon, 0)
     cal = groupby.group_by_calibration(args.epsilon, args.delta, args.max_items, aggregates, args.value_col,
                                        args.lower, args.upper, args.selection if args.items is None else None,
-                                       args.split, args.confidence, args.pre_threshold or 1)
+                                       args.split, args.confidence, args.pre_threshold or 1, args.noise,
+                                       args.max_groups, args.max_rows if args.max_rows is not None else 1)
     user_col = check_identifier("--user-col", args.user_col)
     item_col = check_identifier("--item-col", args.item_col)
     columns = [("--user-col", user_col), ("--item-col", item_col)]
@@ -1073,12 +1074,13 @@ def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         columns.append(("--value-col", check_identifier("--value-col", args.value_col)))
     if args.items is not None and not Path(args.items).is_file():
         raise UsageError(f"--items file {args.items!r} does not exist")
-    public_delta = args.items is not None
 
     def run(con: duckdb.DuckDBPyConnection) -> pa.Table:
-        return dpsql.group_by(con, _VIEW, epsilon=args.epsilon, delta=None if public_delta else args.delta, aggregates=list(aggregates),
+        return dpsql.group_by(con, _VIEW, epsilon=args.epsilon, delta=args.delta, aggregates=list(aggregates),
                               value_col=args.value_col, lower=args.lower, upper=args.upper,
-                              max_items=args.max_items, selection=args.selection or dpsql.DEFAULT_METHOD,
+                              max_items=args.max_items, noise=args.noise, max_groups=args.max_groups,
+                              max_rows=args.max_rows if args.max_rows is not None else 1,
+                              selection=args.selection or dpsql.DEFAULT_METHOD,
                               split=args.split if args.split is not None else groupby.DEFAULT_SPLIT,
                               pre_threshold=args.pre_threshold or 1,
                               confidence=args.confidence, items_tbl=args.items, user_col=user_col,
@@ -1086,7 +1088,9 @@ def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     probe = [f"{_quote_ident(item_col)} AS item"]
     for agg in aggregates:
-        probe += [f"0.0::DOUBLE AS {_quote_ident(agg)}"] + ([f"0.0::DOUBLE AS {agg}_scale"] if agg != "mean" else [])
+        kind = "BIGINT" if agg in ("count", "rows") else "DOUBLE"
+        probe += [f"0::{kind} AS {_quote_ident(agg)}"]
+        probe += [f"0.0::DOUBLE AS {agg}_scale"] if agg not in ("mean", "variance", "stddev") else []
         probe.append(f"0.0::DOUBLE AS {agg}_ci")
     with _interrupts(err) as interrupts:
         # A NULL value is skipped by the sum and the mean, as in SQL and Python (dp_group_by); a NULL user
@@ -1094,10 +1098,10 @@ def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         released, output, elapsed = _release(args, err, interrupts, columns,
                                              f"SELECT {', '.join(probe)} FROM {_VIEW} LIMIT 0", run,
                                              nullable=["--value-col"])
-        if public_delta:
-            args.delta = 0.0  # what dp_group_by_public charges (the file metadata records it)
+        if args.delta is None:
+            args.delta = 0.0  # what dp_group_by_public charges without a delta (the file metadata records it)
         doc = {"mechanism": macro, "aggregates": list(aggregates), "epsilon": float(args.epsilon),
-               **({"delta": float(args.delta)} if args.items is None else {"items": args.items}),
+               "delta": float(args.delta), **({} if args.items is None else {"items": args.items}),
                "max_items": int(args.max_items), "input": args.input, "table": args.table,
                "user_col": user_col, "item_col": item_col, "value_col": args.value_col,
                "lower": args.lower, "upper": args.upper, "calibration": dataclasses.asdict(cal)}
@@ -1635,19 +1639,25 @@ def build_parser() -> argparse.ArgumentParser:
     gb = sub.add_parser("group-by", help="private GROUP BY item: count, sum, mean per item, user-level DP",
                         description="Release, per item of INPUT, the noisy number of users holding it and the sum "
                                     "and mean of a value, under user-level (epsilon, delta)-DP (dp_group_by: a "
-                                    "set-union selection at (epsilon split, delta), then granular Laplace aggregates "
-                                    "at epsilon (1 - split)); with --items, every item of that public list at "
-                                    "(epsilon, 0) (dp_group_by_public). Each value comes with its noise scale and "
+                                    "set-union selection, then granular Gaussian (or --noise laplace) aggregates, "
+                                    "composed to (epsilon, delta)); with --items, every item of that public list, at "
+                                    "(epsilon, delta) or, without --delta, (epsilon, 0) with Laplace noise "
+                                    "(dp_group_by_public). Each value comes with its noise scale and "
                                     "the half-width of a --confidence interval. A flag left out takes the SQL "
                                     "macro's default. " + PLAIN_OUTPUT)
     _add_input_options(gb)
     gb.add_argument("--epsilon", type=float, help=f"privacy parameter epsilon > 0 ({_default_help('dp_group_by', 'epsilon')})")
-    gb.add_argument("--delta", type=float, help="privacy parameter 0 < delta < 1, spent by the selection "
-                                                "(required without --items)")
-    gb.add_argument("--aggregates", type=_aggregate_list, help="comma-separated count,sum,mean (default: count)")
+    gb.add_argument("--delta", type=float, help="privacy parameter 0 < delta < 1 (required without --items; with "
+                                                "--items, optional: Gaussian noise, else Laplace at (epsilon, 0))")
+    gb.add_argument("--aggregates", type=_aggregate_list,
+                    help="comma-separated count,rows,sum,mean,variance,stddev,median (default: count)")
+    gb.add_argument("--noise", choices=["gaussian", "laplace"],
+                    help="noise of the aggregates (default: gaussian with a delta, else laplace)")
+    gb.add_argument("--max-groups", type=int, help="groups a user contributes to the aggregates (default: --max-items)")
+    gb.add_argument("--max-rows", type=int, help="rows per user per group counted by 'rows' (default: 1)")
     gb.add_argument("--value-col", help="column of numbers for sum and mean")
-    gb.add_argument("--lower", type=float, help="lower clamp of each user's total per item (sum, mean)")
-    gb.add_argument("--upper", type=float, help="upper clamp of each user's total per item (sum, mean)")
+    gb.add_argument("--lower", type=float, help="lower clamp of each user's total per item (value aggregates)")
+    gb.add_argument("--upper", type=float, help="upper clamp of each user's total per item (value aggregates)")
     gb.add_argument("--max-items", type=int, help=f"items counted per user ({_default_help('dp_group_by', 'max_items')})")
     gb.add_argument("--selection", choices=list(dpsql.METHODS),
                     help=f"set-union method that selects the items ({_default_help('dp_group_by', 'selection')})")

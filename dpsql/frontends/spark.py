@@ -720,10 +720,12 @@ def top_k_domain(df, k: int, *, epsilon: float, delta: float, max_items: int = 1
 # --------------------------------------------------------------------------
 
 def _group_by_cal_relation(session, cal: groupby.GroupByCalibration):
-    """The one-row ``dp__cal`` the ``dp__stats`` stage reads: lower, upper, sum_granularity (NULL if unused)."""
+    """The one-row ``dp__cal`` the ``dp__stats`` stage reads: bounds, centre, max_rows and the sums' grids (NULL if
+    unused), as ``dpsql.groupby._cal_row`` gives them."""
     from pyspark.sql import functions as F
 
-    row = {"lower": cal.lower, "upper": cal.upper, "sum_granularity": cal.sum_granularity}
+    full = groupby._cal_row(cal)
+    row = {k: full[k] for k in ("lower", "upper", "centre", "max_rows", "sum_granularity", "sumsq_granularity")}
     return F.broadcast(session.range(1).select(*(F.lit(None if v is None else float(v)).cast("double").alias(k)
                                                  for k, v in row.items())))
 
@@ -732,10 +734,11 @@ def group_by_stats(rows, selected, max_items: int, salt: int, cal: groupby.Group
     """(item, n, s_steps) of the selected items: the stage ``dp__stats`` of ``dp_group_by``. NOT a release.
 
     ``rows`` (user_id, item, v), ``selected`` (item). Each user's total per selected item; each user
-    keeps at most ``max_items`` of its selected items (ranked by ``hash(xor(hash(user_id, item), s))``
+    keeps at most ``cal.max_groups`` of its selected items (ranked by ``hash(xor(hash(user_id, item), s))``
     with ``s = salt``, as the cap of :func:`capped_user_items`); ``n`` users per item and ``s_steps``,
     the sum of the totals clamped to ``[lower, upper]`` and rounded to the sum's grid, in grid steps
-    (NULL when no sum is measured). Items no kept user holds have no row. Testing/audit.
+    (NULL when no sum is measured); ``n_rows`` and ``q_steps`` as the macro's. Items no kept user holds
+    have no row. Testing/audit.
     """
     max_items = check_max_items(max_items)
     if "v" not in rows.columns:
@@ -747,7 +750,7 @@ def group_by_stats(rows, selected, max_items: int, salt: int, cal: groupby.Group
                                       "dp__selected": selected.select("item"),
                                       "dp__salt": _salt_relation(session, salt),
                                       "dp__cal": _group_by_cal_relation(session, cal)},
-                      {"max_items": max_items}, output="dp__stats")
+                      {"max_items": max_items, "max_groups": cal.max_groups}, output="dp__stats")
 
 
 def _group_by_columns(aggregates: Sequence[str]) -> list[str]:
@@ -760,7 +763,9 @@ def _group_by_task(cal: groupby.GroupByCalibration, seed: Optional[int],
                    stage: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The mapInArrow function of :func:`_group_by_noisy` on (item, n, s_steps): the macro's ``dp__noisy`` and output.
 
-    Noise is ``dp_granular_laplace_noise`` (the same Arrow function, on the task's source).
+    Noise is ``dp_granular_gaussian_noise`` or ``dp_granular_laplace_noise`` (the same Arrow functions, on the
+    task's source), as ``cal.noise``; the post-processing is ``dp__group_by_output``'s (integer counts, the sum's
+    sign, the clamped mean).
     """
     from dpsql.core.noise import _granular_noise
 
@@ -777,9 +782,11 @@ def _group_by_task(cal: groupby.GroupByCalibration, seed: Optional[int],
     constants = {"count_scale": cal.count_scale, "count_ci": cal.count_ci, "sum_scale": cal.sum_scale,
                  "sum_ci": cal.sum_ci}
     limit = float(2 ** 50)  # groupby._cal_row's sum_limit, in grid steps
+    sampler = ("discrete_gaussian", "sigma") if cal.noise == "gaussian" else ("discrete_laplace", "scale")
+    sign = 0 if cal.lower is None or cal.upper is None else (1 if cal.lower >= 0 else -1 if cal.upper <= 0 else 0)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        granular = _granular_noise(_task_source(seed, stage), "discrete_laplace", "scale")
+        granular = _granular_noise(_task_source(seed, stage), *sampler)
         for batch in batches:
             size = batch.num_rows
             if size == 0:
@@ -796,11 +803,11 @@ def _group_by_task(cal: groupby.GroupByCalibration, seed: Optional[int],
             n_noisy = s_noisy = np.zeros(size)
             if count is not None:
                 n_noisy = steps("n").astype(np.float64) + noise(*count)
-                out["count"] = n_noisy
+                out["count"] = pa.array(np.maximum(0, np.round(n_noisy)).astype(np.int64), pa.int64())
             if total is not None:
                 s = np.clip(steps("s_steps"), -limit, limit).astype(np.float64) * total[1]
                 s_noisy = s + noise(*total)
-                out["sum"] = s_noisy
+                out["sum"] = np.maximum(0.0, s_noisy) if sign > 0 else np.minimum(0.0, s_noisy) if sign < 0 else s_noisy
             if mean is not None:
                 # post-processing of the released count and sum (the macro's CASE WHEN n_noisy > 0)
                 lower, upper, ci = mean
@@ -819,11 +826,12 @@ def _group_by_task(cal: groupby.GroupByCalibration, seed: Optional[int],
 
 def _group_by_noisy(stats, cal: groupby.GroupByCalibration, seed: Optional[int]):
     """The released rows of (item, n, s_steps): one row per item, the requested columns (internal)."""
-    from pyspark.sql.types import DoubleType, StructField, StructType
+    from pyspark.sql.types import DoubleType, LongType, StructField, StructType
 
     item_field = stats.schema["item"]
     fields = [StructField("item", item_field.dataType, item_field.nullable)]
-    fields += [StructField(c, DoubleType(), c.startswith("mean")) for c in _group_by_columns(cal.aggregates)]
+    fields += [StructField(c, LongType() if c == "count" else DoubleType(), c.startswith("mean"))
+               for c in _group_by_columns(cal.aggregates)]
     run = _group_by_task(cal, seed, next(_noise_stage))
     with _shipping(stats.sparkSession):
         return stats.select("item", "n", "s_steps").mapInArrow(run, StructType(fields))
@@ -862,19 +870,22 @@ def _pre_selection(pairs, method: str, epsilon: float, delta: float, max_items: 
 
 def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: Sequence[str] = ("count",),
              value_col: Optional[str] = None, lower: Optional[float] = None, upper: Optional[float] = None,
-             max_items: int = 100, selection: str = DEFAULT_SELECTION, split: float = groupby.DEFAULT_SPLIT,
+             max_items: int = 100, noise: Optional[str] = None, max_groups: Optional[int] = None,
+             selection: str = DEFAULT_SELECTION, split: float = groupby.DEFAULT_SPLIT,
              pre_threshold: int = 1, confidence: float = groupby.DEFAULT_CONFIDENCE, items=None,
              user_col: str = "user_id", item_col: str = "item", seed: Optional[int] = None,
              ledger: Union[None, str, os.PathLike, Ledger] = None, scope: Optional[str] = None,
              progress: Optional[Callable[[float], None]] = None):
     """Private GROUP BY item of the Spark DataFrame ``df``: the Spark counterpart of :func:`dpsql.group_by`.
 
-    The same parameters, checks, calibration, contribution bounding, granular Laplace noise and
-    columns (``item``, then per aggregate its value, scale and interval half-width), rows sorted by
-    item. Without ``items`` the items are selected by ``selection`` (one of :data:`PARALLEL_METHODS`,
-    or with ``pre_threshold > 1`` the pre-thresholded one-shot weighting) at ``(epsilon split,
-    delta)``; ``items`` is a DataFrame of public items (column ``item_col``): every listed item gets
-    a row at ``(epsilon, 0)`` and ``delta`` must be left out. Every parameter is validated before
+    The same parameters, checks, calibration, contribution bounding, granular Gaussian or Laplace noise
+    and columns (``item``, then per aggregate its value, scale and interval half-width), rows sorted by
+    item, for the aggregates count, sum and mean of one item column (``rows``, ``variance``, ``stddev``,
+    ``median``, ``max_rows`` and ``group_cols`` run on DuckDB). Without ``items`` the items are selected
+    by ``selection`` (one of :data:`PARALLEL_METHODS`, or with ``pre_threshold > 1`` the pre-thresholded
+    one-shot weighting) at the calibration's share; ``items`` is a DataFrame of public items (column
+    ``item_col``): every listed item gets a row at ``(epsilon, 0)`` (``dp_group_by_public``: Laplace noise)
+    and ``delta`` must be left out. Every parameter is validated before
     any row is read; then one scan refuses a NULL user or item, or a NULL or non-numeric
     ``value_col`` value in any row (DuckDB checks the values of the selected or listed items only),
     with DuckDB's text before anything is drawn. The selection and the aggregates are one release,
@@ -889,20 +900,33 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
     mech = {m.name: m for m in groupby.MECHANISMS}["group_by_public" if public else "group_by"]
     declared = dataclasses.replace(mech, params=tuple(p for p in mech.params if p.name not in ("tbl", "items_tbl")))
     common = {"epsilon": epsilon, "max_items": max_items, "aggregates": aggregates, "value_col": value_col,
-              "lower": lower, "upper": upper, "confidence": confidence, "user_col": user_col, "item_col": item_col}
+              "lower": lower, "upper": upper, "max_groups": max_groups, "confidence": confidence,
+              "user_col": user_col, "item_col": item_col}
     if public:
+        if delta is not None:
+            raise DPParameterError("delta does not apply with items_tbl on Spark (a public list spends no delta: Laplace "
+                                   "noise at (epsilon, 0)); leave it out, or run dp_group_by(..., items_tbl := ...) "
+                                   "with DuckDB for Gaussian noise at (epsilon, delta)")
+        if noise not in (None, "laplace"):
+            raise DPParameterError("noise := 'gaussian' needs delta := <a small number, e.g. 1e-5>; or pass "
+                                   "noise := 'laplace' for (epsilon, 0)-DP")
         values = declared.validate(**common)
-        cal = groupby.check_call(epsilon, delta, max_items, values["aggregates"], value_col, lower, upper, None, None,
-                                 pre_threshold, confidence, public=True)
+        cal = groupby.check_call(epsilon, None, max_items, values["aggregates"], value_col, lower, upper, None, None,
+                                 pre_threshold, confidence, public=True, noise="laplace", max_groups=max_groups)
     else:
         values = declared.validate(**common, delta=delta, selection=selection, split=split,
-                                   pre_threshold=pre_threshold)
+                                   pre_threshold=pre_threshold, **({} if noise is None else {"noise": noise}))
         cal = groupby.check_call(epsilon, delta, max_items, values["aggregates"], value_col, lower, upper, selection,
-                                 split, pre_threshold, confidence, public=False)
-        if cal.pre_threshold == 1 and cal.selection not in PARALLEL_METHODS:
-            raise DPParameterError(f"selection {cal.selection!r} has no Spark form; the Spark "
-                                   f"backend selects with {', '.join(PARALLEL_METHODS)} (run selection := "
-                                   f"'{cal.selection}' with DuckDB's dp_group_by)")
+                                 split, pre_threshold, confidence, public=False, noise=values["noise"],
+                                 max_groups=max_groups)
+    others = [a for a in cal.aggregates if a not in ("count", "sum", "mean")]
+    if others:
+        raise DPParameterError(f"aggregates {', '.join(others)} have no Spark form; the Spark backend computes "
+                               f"count, sum and mean (run them with DuckDB's dp_group_by)")
+    if not public and cal.pre_threshold == 1 and cal.selection not in PARALLEL_METHODS:
+        raise DPParameterError(f"selection {cal.selection!r} has no Spark form; the Spark "
+                               f"backend selects with {', '.join(PARALLEL_METHODS)} (run selection := "
+                               f"'{cal.selection}' with DuckDB's dp_group_by)")
     warn_weak_parameters(epsilon, None if public else delta, what=mech.macro, stacklevel=2)
     if not public:
         assert cal.selection is not None
@@ -941,6 +965,12 @@ def _group_by_run(df, items, values: Mapping[str, Any], cal: groupby.GroupByCali
                                                        seed))
             else:  # a step of this release: charged with it, not apart
                 selected = _set_union_run(df, *plan, seed)
+    # the noise for L0 = min(max_groups, the groups released), as dp_group_by's dp__cal (the same budget)
+    selected = _materialise(selected)
+    cal = groupby.check_call(values["epsilon"], values.get("delta"), max_items, values["aggregates"],
+                             values["value_col"], values["lower"], values["upper"], cal.selection, values.get("split"),
+                             cal.pre_threshold, values["confidence"], public=public, noise=cal.noise,
+                             max_groups=values["max_groups"], groups=selected.count())
     stats = group_by_stats(rows, selected, max_items, salt, cal)
     joined = selected.select("item").join(stats, "item", "left")
     return _materialise(_group_by_noisy(joined, cal, seed).orderBy("item"))

@@ -1,341 +1,259 @@
-"""Private GROUP BY: the items a set-union method selects, with noisy count, sum and mean per item.
+"""Private GROUP BY: the groups a set-union method selects (or a public list), with noisy aggregates per group.
 
-Privacy unit: user-level add/remove (one user with all its rows). Proof note:
-``docs/proofs/group_by.md``.
+Privacy unit: user-level add/remove (one user with all its rows). Proof note: ``docs/proofs/group_by.md``;
+the calibration (contribution bounds, budget split, accountant, noise, interval half-widths) and its math:
+:mod:`dpsql.groupby.calibration`.
 
-``dp_group_by`` (unknown domain). Privacy argument (adaptive sequential composition):
+``dp_group_by`` (unknown domain), in two steps charged as one release:
 
-1. selection: the set-union method ``selection`` (any of :data:`dpsql.union.METHODS`) releases the
-   item set ``S`` at ``(epsilon * split, delta)`` -- through ``dp_set_union``, which charges that
-   share itself;
-2. aggregates, given ``S`` (public from here on): each user's distinct items are restricted to
-   ``S`` and capped to ``max_items`` by a salted hash of the user's own rows; each kept
-   (user, item) cell has value ``clamp(sum of the user's values of that item, lower, upper)``.
-   A user thus changes at most ``max_items`` counts by 1 (l1 ``max_items``) and at most
-   ``max_items`` sums by at most ``M = max(|lower|, |upper|)`` (l1 ``max_items * M``). Each
-   measurement (count, sum: the ones the requested aggregates need) gets an equal share of
-   ``epsilon * (1 - split)`` and granular Laplace noise ``g * DLap(b/g)`` with ``b`` the rounded l1
-   sensitivity over its epsilon (:func:`dpsql.core.calibration.discrete_laplace_scale`): pure DP, so the
-   aggregates spend no delta. The mean is ``clamp(noisy sum / noisy count, lower, upper)``
-   (post-processing);
-3. composition: ``(epsilon * split + epsilon * (1 - split), delta + 0) = (epsilon, delta)``. The
-   aggregate step is DP for every fixed ``S``, so it may read the data again with its own cap
-   (adaptive composition needs no shared capping).
+1. selection: the set-union method ``selection`` (any of :data:`dpsql.union.METHODS`) releases the group
+   set ``S`` at the calibration's ``(selection_epsilon, selection_delta)``; with ``pre_threshold`` T > 1,
+   ``dp__group_by_pre_selection`` instead (the one-shot weighting methods only, :data:`PRE_THRESHOLD_METHODS`);
+2. aggregates, given ``S`` (public from here on): each user's groups are restricted to ``S`` and capped to
+   ``max_groups`` (default ``max_items``) by a salted hash of the user's own rows; each kept (user, group)
+   cell has the user's number of rows (counted up to ``max_rows``) and value ``clamp(total, lower,
+   upper)``; the measurements (count, rows, sum, sum of squares, the median's exponential mechanism) get
+   granular Gaussian (default) or Laplace noise, composed with the selection by zCDP or basic composition
+   (:mod:`dpsql.groupby.calibration`). mean, variance, stddev: post-processing.
 
-``pre_threshold`` T > 1: step 1 is ``dp__group_by_pre_selection`` instead, for the one-shot weighting
-methods only (:data:`PRE_THRESHOLD_METHODS`): items with at least T capped users, weight shifted by
-``T - 1`` before the method's own noise and threshold. Every user's weight is at most 1, so an item
-the added user makes eligible has shifted weight at most that user's own weight: the novel-item
-case the threshold's delta covers (proof note, section 8).
+A public list of groups (``items_tbl``) needs no selection: every listed group gets a row, and the
+aggregates get the whole budget: ``dp_group_by(..., items_tbl := ...)`` with Gaussian (or Laplace) noise at
+``(epsilon, delta)``, or ``dp_group_by_public`` with Laplace noise at ``(epsilon, 0)`` (pure DP: no delta).
 
-``dp_group_by_public`` (public domain ``items_tbl``): no selection; step 2 at the whole
-``epsilon`` over the listed items, every listed item gets a row: ``(epsilon, 0)``-DP.
+Groups: one column ``item_col`` (output column ``item``), or several ``group_cols`` (output: one column per
+grouping column, named as in the table): the key is the JSON text of the columns' values (``dp__group_key_value_rows``).
 
-Accuracy: beside each noisy value, its Laplace scale and the half-width of a ``confidence``
-interval, from public parameters only (:func:`laplace_ci`); the mean's from those of the sum and
-the count at ``(1 - confidence)/2`` each and the released count (post-processing).
+Accuracy: beside each value, its noise scale and the half-width of a ``confidence`` interval, from public
+parameters only (the derived ones with the released count, post-processing).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Optional, Sequence
 
 import duckdb
 import pyarrow as pa
-from duckdb.sqltypes import DOUBLE, VARCHAR
+from duckdb.sqltypes import BIGINT, BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql import union
 from dpsql.core import release
-from dpsql.core.calibration import choose_granularity, default_granularity, discrete_laplace_scale
-from dpsql.core.errors import engine_errors
-from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_param, delta_param, epsilon_param,
-                             max_items_param, tbl_param, user_item_example, with_role)
-from dpsql.core.udf import Udf, scalar
 from dpsql.core.inputs import accepts_tables
-from dpsql.core.validation import (EPSILON_MIN, DPParameterError, check_column_pair, check_delta, check_epsilon,
-                              check_identifier, check_max_items, check_table_name, derived_budget, sql_string)
+from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_param, delta_param, epsilon_param,
+                                  max_items_param, tbl_param, user_item_example, with_role)
+from dpsql.core.udf import Udf, scalar
+from dpsql.core.validation import (DPParameterError, check_column_pair, check_delta, check_identifier,
+                                   check_table_name)
+from dpsql.groupby.calibration import (AGGREGATES, DEFAULT_CONFIDENCE, DEFAULT_SPLIT, MEASUREMENTS, MEDIAN_BINS,
+                                       NOISES, PRE_THRESHOLD_METHODS, GroupByCalibration, Measurement,
+                                       check_aggregates, check_confidence, check_group_cols, check_max_groups,
+                                       check_max_rows, check_noise, check_pre_threshold, check_selection_share,
+                                       gaussian_ci, group_by_calibration, laplace_ci, measurements, median_ci,
+                                       selection_zcdp)
 
-__all__ = ["AGGREGATES", "DEFAULT_SPLIT", "DEFAULT_CONFIDENCE", "PRE_THRESHOLD_METHODS", "GroupByCalibration",
-           "group_by_calibration", "check_aggregates", "check_selection_share", "check_confidence", "check_pre_threshold",
-           "laplace_ci", "check_call", "group_by", "udfs", "generated_sql", "MECHANISMS"]
+__all__ = ["AGGREGATES", "NOISES", "MEASUREMENTS", "MEDIAN_BINS", "DEFAULT_SPLIT", "DEFAULT_CONFIDENCE",
+           "PRE_THRESHOLD_METHODS", "GroupByCalibration", "Measurement", "group_by_calibration", "check_aggregates",
+           "check_noise", "check_max_groups", "check_max_rows", "check_group_cols", "check_selection_share",
+           "check_confidence", "check_pre_threshold", "measurements", "laplace_ci", "gaussian_ci", "median_ci",
+           "selection_zcdp", "check_call", "group_by", "udfs", "generated_sql", "MECHANISMS"]
 
-AGGREGATES = ("count", "sum", "mean")
-# Half of epsilon selects, half measures: the count noise then has twice the continuous scale of a
-# count-only release at the full epsilon, and selection twice its noise (docs/proofs/group_by.md).
-DEFAULT_SPLIT = 0.5
-DEFAULT_CONFIDENCE = 0.95
-
-
-# --------------------------------------------------------------------------
-# Calibration (pure)
-# --------------------------------------------------------------------------
-
-def laplace_ci(scale: float, granularity: float, confidence: float) -> float:
-    """Half-width ``g m`` of the narrowest symmetric interval holding ``g DLap(scale/g)`` w.p. ``>= confidence``.
-
-    ``DLap(t)``, ``alpha = exp(-1/t)``: ``P[|Z| > m] = 2 alpha^(m+1) / (1 + alpha)``; ``m`` is the
-    smallest integer ``>= 0`` with that ``<= 1 - confidence``. As ``g -> 0``: ``scale ln(1/(1-confidence))``.
-    """
-    t = scale / granularity
-    log_alpha = -1.0 / t
-    log_c = math.log1p(math.exp(log_alpha)) - math.log(2.0)
-    target = math.log1p(-confidence)
-
-    def log_tail(m: int) -> float:  # ln P[|Z| > m]
-        return math.log(2.0) + (m + 1) * log_alpha - math.log1p(math.exp(log_alpha))
-
-    m = max(0, math.ceil((target + log_c) / log_alpha) - 1)
-    while log_tail(m) > target:
-        m += 1
-    while m > 0 and log_tail(m - 1) <= target:
-        m -= 1
-    return granularity * m
-
-
-@dataclass(frozen=True)
-class GroupByCalibration:
-    """Budget split and noise of dp_group_by / dp_group_by_public (``None``: a measurement not made).
-
-    ``selection`` is None for a public domain. ``count_*``: the count measurement (made for
-    'count' and 'mean'); ``sum_*``: the sum measurement (made for 'sum' and 'mean'); ``*_ci``
-    half-widths at ``confidence``; ``mean_*_ci`` at ``(1 + confidence)/2`` each (union bound).
-    """
-
-    aggregates: tuple[str, ...]
-    selection: Optional[str]
-    selection_epsilon: float
-    selection_delta: float
-    aggregate_epsilon: float
-    confidence: float
-    lower: Optional[float]
-    upper: Optional[float]
-    count_epsilon: Optional[float] = None
-    count_granularity: Optional[float] = None
-    count_scale: Optional[float] = None
-    count_ci: Optional[float] = None
-    sum_epsilon: Optional[float] = None
-    sum_bound: Optional[float] = None
-    sum_granularity: Optional[float] = None
-    sum_scale: Optional[float] = None
-    sum_ci: Optional[float] = None
-    mean_count_ci: Optional[float] = None
-    mean_sum_ci: Optional[float] = None
-    pre_threshold: int = 1
-
-
-def check_aggregates(aggregates: object) -> tuple[str, ...]:
-    """A non-empty list of distinct names among count, sum, mean (returned in that order)."""
-    if isinstance(aggregates, str) or not isinstance(aggregates, (list, tuple)) or not aggregates:
-        raise DPParameterError(f"aggregates must be a non-empty list of {', '.join(AGGREGATES)}, e.g. "
-                               f"aggregates := ['count', 'sum', 'mean'] (got {aggregates!r})")
-    for a in aggregates:
-        if a not in AGGREGATES:
-            raise DPParameterError(f"aggregates: {a!r} is not one of {', '.join(AGGREGATES)}")
-    if len(set(aggregates)) != len(aggregates):
-        raise DPParameterError(f"aggregates must not repeat a name (got {list(aggregates)!r})")
-    return tuple(a for a in AGGREGATES if a in aggregates)
-
-
-def _check_fraction(name: str, value: object, hint: str) -> float:
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not (0.0 < float(value) < 1.0):
-        raise DPParameterError(f"{name} must be a number strictly between 0 and 1 (got {value!r}); {hint}")
-    return float(value)
-
-
-def check_selection_share(split: object) -> float:
-    return _check_fraction("split", split, f"it is the share of epsilon spent on selection, e.g. {DEFAULT_SPLIT}")
-
-
-# The selections whose pre-threshold has a proof (docs/proofs/group_by.md): one-shot weighting, each
-# user's weight per item <= 1 -- the methods that declare a weighting (Mechanism.weighting), which
-# dp__group_by_pre_selection applies.
-PRE_THRESHOLD_METHODS = tuple(n for n, m in union.METHODS.items() if m.weighting is not None)
 # The selection of the conformance example: the family's reference one-shot method (it offers a pre-threshold).
 _ONE_SHOT = with_role(union.METHODS.values(), "reference_one_shot")
-
-
-def check_pre_threshold(pre_threshold: object) -> int:
-    """A whole number >= 1 (1: no pre-threshold)."""
-    if pre_threshold is None or isinstance(pre_threshold, bool) or not isinstance(pre_threshold, (int, float)) \
-            or not math.isfinite(float(pre_threshold)) or float(pre_threshold) != int(pre_threshold) \
-            or pre_threshold < 1:
-        raise DPParameterError(f"pre_threshold must be a whole number >= 1 (got {pre_threshold!r}); it is the "
-                               f"least number of users an item needs to be selected (1: no pre-threshold)")
-    return int(pre_threshold)
-
-
-def check_confidence(confidence: object) -> float:
-    return _check_fraction("confidence", confidence, "it is the coverage of the reported intervals, e.g. 0.95")
-
-
-def _check_bounds(needs_values: bool, value_col: object, lower: object, upper: object
-                  ) -> tuple[Optional[float], Optional[float]]:
-    if not needs_values:
-        for name, v in (("value_col", value_col), ("lower", lower), ("upper", upper)):
-            if v is not None:
-                raise DPParameterError(f"{name} is used only by the sum and mean aggregates; add 'sum' or 'mean' "
-                                       f"to aggregates or leave {name} out")
-        return None, None
-    if value_col is None:
-        raise DPParameterError("sum and mean need value_col := '<column of numbers>'")
-    check_identifier("value_col", value_col)
-    bounds = []
-    for name, v in (("lower", lower), ("upper", upper)):
-        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
-            raise DPParameterError(f"{name} must be a finite number (got {v!r}): sum and mean clamp each user's "
-                                   f"total per item to [lower, upper]; choose them from public knowledge, "
-                                   f"never from the data")
-        bounds.append(float(v))
-    lo, hi = bounds
-    if lo > hi:
-        raise DPParameterError(f"lower must be <= upper (got lower = {lo!r}, upper = {hi!r})")
-    if max(abs(lo), abs(hi)) == 0.0:
-        raise DPParameterError("lower and upper must not both be 0 (every clamped value would be 0)")
-    return lo, hi
-
-
-@lru_cache(maxsize=256)
-def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[float], max_items: int,
-                 lower: Optional[float], upper: Optional[float], selection: Optional[str], split: float,
-                 confidence: float, pre_threshold: int = 1) -> GroupByCalibration:
-    if selection is None:
-        sel_eps, sel_delta, agg_eps = 0.0, 0.0, epsilon
-    else:
-        sel_eps, sel_delta, agg_eps = epsilon * split, float(delta or 0.0), epsilon * (1.0 - split)
-        with derived_budget():
-            union.calibrate(selection, sel_eps, sel_delta, max_items)  # the selection's own checks
-    needs_count = "count" in aggregates or "mean" in aggregates
-    needs_sum = "sum" in aggregates or "mean" in aggregates
-    share = agg_eps / (int(needs_count) + int(needs_sum))
-    half = (1.0 + confidence) / 2.0
-    out: dict[str, Any] = {}
-    with derived_budget():
-        if needs_count:
-            # counts are integers: a grid g <= 1 keeps them on it (no rounding, l1 = max_items exactly)
-            g = choose_granularity(max_items / share, None, 1.0)
-            b = discrete_laplace_scale(share, float(max_items), g, coordinates=max_items, on_grid=True)
-            out.update(count_epsilon=share, count_granularity=g, count_scale=b, count_ci=laplace_ci(b, g, confidence),
-                       mean_count_ci=laplace_ci(b, g, half) if "mean" in aggregates else None)
-        if needs_sum:
-            assert lower is not None and upper is not None
-            bound = max(abs(lower), abs(upper))
-            g = default_granularity(max_items * bound / share)
-            b = discrete_laplace_scale(share, max_items * bound, g, coordinates=max_items, on_grid=False)
-            out.update(sum_epsilon=share, sum_bound=bound, sum_granularity=g, sum_scale=b,
-                       sum_ci=laplace_ci(b, g, confidence),
-                       mean_sum_ci=laplace_ci(b, g, half) if "mean" in aggregates else None)
-    return GroupByCalibration(aggregates, selection, sel_eps, sel_delta, agg_eps, confidence, lower, upper, **out,
-                              pre_threshold=pre_threshold)
-
-
-def group_by_calibration(epsilon: object, delta: object, max_items: object = 100,
-                         aggregates: Sequence[str] = ("count",), value_col: object = None, lower: object = None,
-                         upper: object = None, selection: object = union.DEFAULT_METHOD,
-                         split: object = DEFAULT_SPLIT, confidence: object = DEFAULT_CONFIDENCE,
-                         pre_threshold: object = 1) -> GroupByCalibration:
-    """Validate the parameters of dp_group_by and split the budget (``selection=None``: public domain).
-
-    Selection ``(epsilon split, delta)``; the aggregates ``(epsilon (1 - split), 0)``, shared
-    equally by the count and sum measurements the aggregates need. Count: ``b = max_items / eps_c``
-    on a grid ``g <= 1`` (exact for a power-of-two ``g``); sum: ``b = g (floor(max_items M / g)
-    + max_items) / eps_s`` with ``M = max(|lower|, |upper|)`` (rounded sensitivity).
-    ``pre_threshold > 1`` needs a selection of :data:`PRE_THRESHOLD_METHODS` (not a public domain).
-    """
-    aggs = check_aggregates(aggregates)
-    epsilon = check_epsilon(epsilon)
-    if selection is None:
-        delta_value: Optional[float] = None
-        split_value = 1.0
-    else:
-        selection = union.check_method(selection)
-        delta_value = check_delta(delta)
-        split_value = check_selection_share(split)
-    max_items = check_max_items(max_items)
-    conf = check_confidence(confidence)
-    lo, hi = _check_bounds("sum" in aggs or "mean" in aggs, value_col, lower, upper)
-    pre = check_pre_threshold(pre_threshold)
-    if pre > 1 and selection not in PRE_THRESHOLD_METHODS:
-        where = "a public list of items needs no selection" if selection is None else f"selection is {selection!r}"
-        raise DPParameterError(f"pre_threshold > 1 needs selection := one of {', '.join(PRE_THRESHOLD_METHODS)} "
-                               f"({where}); the adaptive and sequential methods have no proof for it")
-    if selection is not None:
-        for part, share in (("selection", epsilon * split_value), ("aggregates", epsilon * (1.0 - split_value))):
-            if share < EPSILON_MIN:
-                raise DPParameterError(f"epsilon * split is too small for the {part} (got {share!r}); pass a larger "
-                                       f"epsilon or a split nearer 0.5")
-    return _calibration(aggs, epsilon, delta_value, max_items, lo, hi, selection,
-                        split_value if selection is not None else 0.0, conf, pre)
 
 
 # --------------------------------------------------------------------------
 # UDFs
 # --------------------------------------------------------------------------
 
-_CAL_FIELDS = {"count_granularity": DOUBLE, "count_scale": DOUBLE, "count_ci": DOUBLE,
-               "sum_granularity": DOUBLE, "sum_scale": DOUBLE, "sum_ci": DOUBLE, "sum_limit": DOUBLE,
-               "mean_count_ci": DOUBLE, "mean_sum_ci": DOUBLE, "lower": DOUBLE, "upper": DOUBLE,
-               "aggregate_epsilon": DOUBLE}
+_CAL_FIELDS = {"gaussian": BOOLEAN, "max_rows": DOUBLE, "lower": DOUBLE, "upper": DOUBLE, "centre": DOUBLE,
+               "half": DOUBLE, "sum_limit": DOUBLE, "aggregate_epsilon": DOUBLE,
+               **{f"{m}_{f}": DOUBLE for m in ("count", "rows", "sum", "sumsq") for f in ("granularity", "scale", "ci")},
+               "mean_count_ci": DOUBLE, "mean_sum_ci": DOUBLE, "var_count_ci": DOUBLE, "var_sum_ci": DOUBLE,
+               "var_sumsq_ci": DOUBLE, "median_bins": DOUBLE, "median_step": DOUBLE, "median_scale": DOUBLE,
+               "median_ci": DOUBLE}
 
 
-def _cal_row(cal: GroupByCalibration) -> dict[str, Optional[float]]:
-    # sum_limit (in grid steps): item sums are clamped to +-2^50 steps (1-Lipschitz, so the sensitivity
-    # holds) so that sum + noise stays an exact multiple of g in a double (no error after the charge).
-    limit = float(2 ** 50) if cal.sum_granularity is not None else None
-    return {"count_granularity": cal.count_granularity, "count_scale": cal.count_scale, "count_ci": cal.count_ci,
-            "sum_granularity": cal.sum_granularity, "sum_scale": cal.sum_scale, "sum_ci": cal.sum_ci,
-            "sum_limit": limit, "mean_count_ci": cal.mean_count_ci, "mean_sum_ci": cal.mean_sum_ci,
-            "lower": cal.lower, "upper": cal.upper, "aggregate_epsilon": cal.aggregate_epsilon}
+def _cal_row(cal: GroupByCalibration) -> dict[str, Any]:
+    """The one-row ``dp__cal`` of the SQL bodies (NULL: a measurement not made)."""
+    row: dict[str, Any] = {k: None for k in _CAL_FIELDS}
+    row.update(gaussian=cal.noise == "gaussian", max_rows=float(cal.max_rows), lower=cal.lower, upper=cal.upper,
+               aggregate_epsilon=cal.aggregate_epsilon)
+    if cal.lower is not None and cal.upper is not None:
+        row.update(centre=(cal.lower + cal.upper) / 2.0, half=(cal.upper - cal.lower) / 2.0)
+    for m in cal.measures:
+        if m.name == "median":
+            assert cal.lower is not None and cal.upper is not None
+            row.update(median_bins=float(MEDIAN_BINS), median_step=(cal.upper - cal.lower) / MEDIAN_BINS,
+                       median_scale=m.scale, median_ci=m.ci)
+            continue
+        row.update({f"{m.name}_granularity": m.granularity, f"{m.name}_scale": m.scale, f"{m.name}_ci": m.ci})
+        if m.name in ("count", "sum"):
+            row[f"mean_{m.name}_ci"] = m.ci_mean
+        row[f"var_{m.name}_ci"] = m.ci_variance
+    # sum_limit (in grid steps): sums are clamped to +-2^50 steps (1-Lipschitz, so the sensitivity holds)
+    # so that sum + noise stays an exact multiple of g in a double (no error after the charge).
+    if cal.measure("sum") is not None or cal.measure("sumsq") is not None:
+        row["sum_limit"] = float(2 ** 50)
+    return row
+
+
+def _literal_list(name: str, values: Optional[Sequence[str]]) -> str:
+    return release.sql_value(name, None if values is None else list(values), "VARCHAR[]")
+
+
+# The CTE through which a set-union method reads the keys of group_cols (its `tbl`).
+_KEYS_CTE = "dp__group_keys"
 
 
 def selection_call_sql(cal: GroupByCalibration, values: dict[str, Any]) -> str:
     """The selection step of ``dp_group_by`` calibrated by ``cal``, as the SQL text ``dp__body_group_by`` runs.
 
     ``pre_threshold`` 1: the body of the set-union method ``cal.selection`` (:func:`dpsql.union.body_call_sql`,
-    the dispatcher's rendering) at ``(epsilon * split, delta)``; above 1: ``dp__group_by_pre_selection``.
-    ``values`` holds ``tbl``, ``delta``, ``max_items``, ``user_col`` and ``item_col`` as bound; every value is
-    a SQL literal (:func:`dpsql.core.release.sql_value`).
+    the dispatcher's rendering) at ``(selection_epsilon, selection_delta)``; above 1: ``dp__group_by_pre_selection``.
+    ``values`` holds ``tbl``, ``max_items``, ``user_col``, ``item_col``, ``group_cols`` and ``items_tbl`` as bound;
+    every value is a SQL literal (:func:`dpsql.core.release.sql_value`). With ``group_cols`` the method reads the
+    CTE ``dp__group_keys`` (user_id, item = the groups' key) of the same text. With ``items_tbl`` (``cal`` has no
+    selection): the public groups, :func:`public_items_sql`.
     """
+    group_cols = values.get("group_cols")
+    if cal.selection is None:  # a public list of groups: no selection
+        return public_items_sql(values["tbl"], values["items_tbl"], values["item_col"], group_cols)
+    prefix = ""
+    target = dict(values)
+    if group_cols is not None:
+        prefix = (f"WITH {_KEYS_CTE} AS (SELECT user_id, item FROM dp__group_key_value_rows("
+                  f"{release.sql_value('tbl', values['tbl'], 'VARCHAR')}, NULL, "
+                  f"{release.sql_value('user_col', values['user_col'], 'VARCHAR')}, "
+                  f"{_literal_list('group_cols', group_cols)})) ")
+        target.update(tbl=_KEYS_CTE, user_col="user_id", item_col="item")
     if cal.pre_threshold == 1:
-        return union.body_call_sql(cal.selection, {**values, "epsilon": cal.selection_epsilon})
-    args = [release.sql_value("tbl", values["tbl"], "VARCHAR"),
+        return prefix + union.body_call_sql(cal.selection, {**target, "epsilon": cal.selection_epsilon,
+                                                            "delta": cal.selection_delta})
+    args = [release.sql_value("tbl", target["tbl"], "VARCHAR"),
             release.sql_value("epsilon", cal.selection_epsilon, "DOUBLE"),
-            release.sql_value("delta", values["delta"], "DOUBLE"),
-            release.sql_value("max_items", values["max_items"], "DOUBLE"),
+            release.sql_value("delta", cal.selection_delta, "DOUBLE"),
+            release.sql_value("max_items", target["max_items"], "DOUBLE"),
             release.sql_value("selection", cal.selection, "VARCHAR"),
             release.sql_value("pre_threshold", cal.pre_threshold, "DOUBLE"),
-            release.sql_value("user_col", values["user_col"], "VARCHAR"),
-            release.sql_value("item_col", values["item_col"], "VARCHAR")]
-    return f"SELECT item FROM dp__group_by_pre_selection({', '.join(args)})"
+            release.sql_value("user_col", target["user_col"], "VARCHAR"),
+            release.sql_value("item_col", target["item_col"], "VARCHAR")]
+    return prefix + f"SELECT item FROM dp__group_by_pre_selection({', '.join(args)})"
+
+
+def rows_sql(tbl: str, value_col: Optional[str], user_col: str, item_col: str,
+             group_cols: Optional[Sequence[str]]) -> str:
+    """The rows (user_id, item, v) the aggregates read, as SQL text: ``dp__user_item_value_rows`` or, with
+    ``group_cols``, ``dp__group_key_value_rows`` (item = the groups' key)."""
+    t, v = release.sql_value("tbl", tbl, "VARCHAR"), release.sql_value("value_col", value_col, "VARCHAR")
+    u = release.sql_value("user_col", user_col, "VARCHAR")
+    if group_cols is None:
+        i = release.sql_value("item_col", item_col, "VARCHAR")
+        return f"SELECT user_id, item, v FROM dp__user_item_value_rows({t}, {v}, user_col := {u}, item_col := {i})"
+    return (f"SELECT user_id, item, v FROM dp__group_key_value_rows({t}, {v}, {u}, "
+            f"{_literal_list('group_cols', group_cols)})")
+
+
+def _key_sql(group_cols: Sequence[str]) -> tuple[str, str]:
+    """(the key expression of ``group_cols``, their COLUMNS selector) as SQL text (dp__group_key_value_rows's key)."""
+    names = _literal_list("group_cols", [g.lower() for g in group_cols])
+    pick = f"COLUMNS(lambda c: list_contains({names}, lower(c)))"
+    return f"dp__canonical(json_array(*{pick})::VARCHAR)", pick
+
+
+def labels_sql(tbl: str, group_cols: Optional[Sequence[str]]) -> str:
+    """The group's columns of each released key (``dp__labels``: dp__key, then the columns, named and typed as in
+    ``tbl``), as SQL text; without ``group_cols`` the one column ``item`` (the key itself).
+
+    From the private table (dp_group_by) this reads the rows of the released keys only (``dp__selected``), and
+    every row of one key holds the same tuple (docs/proofs/group_by.md §10): the columns are a function of the
+    released key."""
+    if group_cols is None:
+        return "SELECT item AS dp__key, item FROM dp__selected"
+    key, pick = _key_sql(group_cols)
+    t = release.sql_value("tbl", tbl, "VARCHAR")
+    return (f"SELECT dp__key, any_value({pick}) FROM (SELECT {key} AS dp__key, {pick} FROM query_table({t})) "
+            f"WHERE dp__key IN (SELECT item FROM dp__selected) GROUP BY dp__key")
+
+
+def public_items_sql(tbl: str, items_tbl: str, item_col: str, group_cols: Optional[Sequence[str]]) -> str:
+    """The public groups (``dp__selected`` of dp_group_by_public: one column ``item``) as SQL text: the distinct
+    canonical values of ``items_tbl``'s ``item_col``, or the distinct keys of its ``group_cols``; each public
+    column must have the private column's type (``dp__check_same_type``), checked before anything is read."""
+    it, t = release.sql_value("items_tbl", items_tbl, "VARCHAR"), release.sql_value("tbl", tbl, "VARCHAR")
+    if group_cols is None:
+        i = release.sql_value("item_col", item_col, "VARCHAR")
+        return (f"SELECT DISTINCT dp__canonical(coalesce(coalesce(*COLUMNS(lambda c: lower(c) = lower({i}) "
+                f"OR c = 'dp__absent')), error('dpsql: column ' || {i} || ' (item_col) of items_tbl contains NULL; '"
+                f" || 'filter it out first'))) AS item "
+                f"FROM (SELECT *, NULL AS dp__absent FROM query_table({it}) "
+                f"WHERE dp__check_column_list({it}, ['item_col'], [{i}]) "
+                f"AND dp__check_same_type({it}, {i}, 'items_tbl', {t}, {i}, 'item_col'))")
+    key, pick = _key_sql(group_cols)
+    cols = _literal_list("group_cols", group_cols)
+    same = " AND ".join(f"dp__check_same_type({it}, {release.sql_value('group_cols', g, 'VARCHAR')}, 'items_tbl', "
+                        f"{t}, {release.sql_value('group_cols', g, 'VARCHAR')}, 'group_cols')" for g in group_cols)
+    return (f"SELECT DISTINCT item FROM (SELECT {key} AS item, "
+            f"list_contains(list_transform(json_extract({key}, '$[*]'), lambda x: json_type(x)), 'NULL') AS dp__null "
+            f"FROM query_table({it}) WHERE dp__check_column_list({it}, list_transform({cols}, lambda g: 'group_cols'), "
+            f"{cols}) AND {same}) "
+            f"WHERE CASE WHEN dp__null THEN error('dpsql: a column of group_cols of items_tbl contains NULL; filter "
+            f"it out first') ELSE true END")
+
+
+def _check_columns_call(user_col: object, item_col: object, group_cols: object) -> None:
+    if group_cols is None:
+        check_column_pair(user_col, item_col)
+        return
+    for g in check_group_cols(group_cols) or ():
+        if str(user_col).lower() == g.lower():
+            raise DPParameterError("user_col must not be one of group_cols")
 
 
 def udfs(source: object) -> list[Udf]:
-    """Calibration UDFs of dp_group_by (pure: folded while planning, so their checks run first)."""
+    """Calibration and SQL-text UDFs of dp_group_by (pure: folded while planning, so their checks run first)."""
 
-    def cal_udf(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split, pre_threshold,
-                confidence, user_col, item_col):
-        check_column_pair(user_col, item_col)
-        cal = group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection,
-                                   split, confidence, pre_threshold)
-        return _cal_row(cal)
+    def calibrate(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise, max_groups, max_rows,
+                  selection, split, pre_threshold, confidence, group_cols, items_tbl, user_col, item_col, groups=None):
+        _check_columns_call(user_col, item_col, group_cols)
+        if items_tbl is not None:
+            check_table_name(items_tbl)
+        return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper,
+                                    None if items_tbl is not None else selection, split, confidence, pre_threshold,
+                                    noise, max_groups, max_rows, groups)
 
-    def public_cal_udf(epsilon, max_items, aggregates, value_col, lower, upper, confidence, user_col, item_col):
-        check_column_pair(user_col, item_col)
-        cal = group_by_calibration(epsilon, None, max_items, aggregates, value_col, lower, upper, None,
-                                   None, confidence)
-        return _cal_row(cal)
+    # `groups`: the number of groups released (NULL: not known yet, the calibration before the selection)
+    def cal_udf(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise, max_groups, max_rows,
+                selection, split, pre_threshold, confidence, group_cols, items_tbl, user_col, item_col, groups):
+        return _cal_row(calibrate(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise, max_groups,
+                                  max_rows, selection, split, pre_threshold, confidence, group_cols, items_tbl,
+                                  user_col, item_col, groups))
 
-    def selection_sql(tbl, epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
-                      pre_threshold, confidence, user_col, item_col):
+    def public_cal_udf(epsilon, max_items, aggregates, value_col, lower, upper, max_groups, max_rows, confidence,
+                       group_cols, user_col, item_col, groups):
+        _check_columns_call(user_col, item_col, group_cols)
+        return _cal_row(group_by_calibration(epsilon, None, max_items, aggregates, value_col, lower, upper, None,
+                                             None, confidence, 1, "laplace", max_groups, max_rows, groups))
+
+    def selection_sql(tbl, epsilon, delta, max_items, aggregates, value_col, lower, upper, noise, max_groups,
+                      max_rows, selection, split, pre_threshold, confidence, group_cols, items_tbl, user_col,
+                      item_col):
         # The selection step of dp_group_by as SQL text, which query() binds (sql/97_groupby/groupby.sql): every
         # parameter is checked here, so a bad one fails while binding, before anything is read (the
         # release's wrapper charges the total once).
-        cal = group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection,
-                                   split, confidence, pre_threshold)
-        return selection_call_sql(cal, {"tbl": tbl, "delta": delta, "max_items": max_items, "user_col": user_col,
-                                        "item_col": item_col})
+        cal = calibrate(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise, max_groups, max_rows,
+                        selection, split, pre_threshold, confidence, group_cols, items_tbl, user_col, item_col)
+        return selection_call_sql(cal, {"tbl": tbl, "max_items": max_items, "user_col": user_col,
+                                        "item_col": item_col, "group_cols": check_group_cols(group_cols),
+                                        "items_tbl": items_tbl})
+
+    def rows_udf(tbl, value_col, user_col, item_col, group_cols):
+        return rows_sql(check_table_name(tbl), value_col, check_identifier("user_col", user_col),
+                        check_identifier("item_col", item_col), check_group_cols(group_cols))
+
+    def labels_udf(tbl, group_cols):
+        return labels_sql(check_table_name(tbl), check_group_cols(group_cols))
+
+    def public_items_udf(tbl, items_tbl, item_col, group_cols):
+        return public_items_sql(check_table_name(tbl), check_table_name(items_tbl),
+                                check_identifier("item_col", item_col), check_group_cols(group_cols))
 
     def pre_cal(method, epsilon, delta, max_items, pre_threshold):
         # the pre-thresholded selection (dp__group_by_pre_selection): the method's own noise and threshold
@@ -348,13 +266,20 @@ def udfs(source: object) -> list[Udf]:
 
     d, v, vl = DOUBLE, VARCHAR, duckdb.list_type(VARCHAR)
     cal_type = duckdb.struct_type(_CAL_FIELDS)
+    # epsilon, delta, max_items, aggregates, value_col, lower, upper, noise, max_groups, max_rows, selection, split,
+    # pre_threshold, confidence, group_cols, items_tbl, user_col, item_col: the declaration's order
+    args = (d, d, d, vl, v, d, d, v, d, d, v, d, d, d, vl, v, v, v)
     return [
-        Udf("dp__group_by_calibration", scalar(cal_udf), (d, d, d, vl, v, d, d, v, d, d, d, v, v), cal_type),
-        Udf("dp__group_by_public_calibration", scalar(public_cal_udf), (d, d, vl, v, d, d, d, v, v), cal_type),
-        # pure: query() evaluates it once while binding dp__body_group_by
-        Udf("dp__group_by_selection_sql", scalar(selection_sql), (v, d, d, d, vl, v, d, d, v, d, d, d, v, v), VARCHAR),
+        Udf("dp__group_by_calibration", scalar(cal_udf), (*args, BIGINT), cal_type),
+        Udf("dp__group_by_public_calibration", scalar(public_cal_udf),
+            (d, d, vl, v, d, d, d, d, d, vl, v, v, BIGINT), cal_type),
+        # pure: query() evaluates them once while binding dp__body_group_by
+        Udf("dp__group_by_selection_sql", scalar(selection_sql), (v, *args), VARCHAR),
+        Udf("dp__group_by_rows_sql", scalar(rows_udf), (v, v, v, v, vl), VARCHAR),
+        Udf("dp__group_by_labels_sql", scalar(labels_udf), (v, vl), VARCHAR),
+        Udf("dp__group_by_public_items_sql", scalar(public_items_udf), (v, v, v, vl), VARCHAR),
         Udf("dp__group_by_pre_calibration", scalar(pre_cal), (v, d, d, d, d),
-            duckdb.struct_type({"weighting": VARCHAR, "gaussian": duckdb.sqltypes.BOOLEAN, "scale": DOUBLE,
+            duckdb.struct_type({"weighting": VARCHAR, "gaussian": BOOLEAN, "scale": DOUBLE,
                                 "threshold": DOUBLE, "shift": DOUBLE})),
     ]
 
@@ -365,19 +290,20 @@ def udfs(source: object) -> list[Udf]:
 
 def check_call(epsilon: object, delta: object, max_items: object, aggregates: Sequence[str], value_col: object,
                lower: object, upper: object, selection: object, split: object, pre_threshold: object,
-               confidence: object, *, public: bool) -> GroupByCalibration:
-    """The checks and calibration of a :func:`group_by` call (``public``: a list of items, no selection).
+               confidence: object, *, public: bool, noise: object = None, max_groups: object = None,
+               max_rows: object = 1, groups: Optional[int] = None) -> GroupByCalibration:
+    """The checks and calibration of a :func:`group_by` call (``public``: a list of groups, no selection).
 
-    With ``public`` a ``delta`` is refused and ``selection`` / ``split`` are not used (as the macro
-    ``dp_group_by_public``, which has neither). Shared by the Spark backend.
+    With ``public``, ``selection`` / ``split`` are not used, and without a ``delta`` the noise is Laplace at
+    ``(epsilon, 0)`` (the macro ``dp_group_by_public``); with one, the aggregates get ``(epsilon, delta)``
+    (``dp_group_by`` with ``items_tbl``). ``groups``: the number of groups released, once known (the noise's
+    ``L0 = min(max_groups, groups)``). Shared by the Spark backend.
     """
     if not public:
         return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
-                                    confidence, pre_threshold)
-    if delta is not None:
-        raise DPParameterError("delta does not apply with items_tbl (a public domain spends no delta); leave it out")
-    return group_by_calibration(epsilon, None, max_items, aggregates, value_col, lower, upper, None, None, confidence,
-                                pre_threshold)
+                                    confidence, pre_threshold, noise, max_groups, max_rows, groups)
+    return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, None, None, confidence,
+                                pre_threshold, noise, max_groups, max_rows, groups)
 
 
 _NUMERIC_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
@@ -396,97 +322,156 @@ def _check_value_column(table: str, value_col: str, schema: list[tuple[str, str]
                                f"first, e.g. CREATE VIEW v AS SELECT *, TRY_CAST({value_col} AS DOUBLE) AS value ...")
 
 
+def _check_group_columns(table: str, user_col: str, group_cols: Sequence[str], schema: list[tuple[str, str]]) -> None:
+    names = {name.lower() for name, _ in schema}
+    for param, col in [("user_col", user_col)] + [("group_cols", g) for g in group_cols]:
+        if col.lower() not in names:
+            raise DPParameterError(f"{param} := {col!r} is not a column of {table!r}; its columns are "
+                                   f"{', '.join(name for name, _ in schema)}. Pass {param} := '<column name>'")
+
+
 @accepts_tables("table", "items_tbl")
 def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delta: Optional[float] = None,
              aggregates: Sequence[str] = ("count",), value_col: Optional[str] = None,
              lower: Optional[float] = None, upper: Optional[float] = None, max_items: int = 100,
+             noise: Optional[str] = None, max_groups: Optional[int] = None, max_rows: int = 1,
              selection: str = union.DEFAULT_METHOD, split: float = DEFAULT_SPLIT, pre_threshold: int = 1,
              confidence: float = DEFAULT_CONFIDENCE, items_tbl: Optional[str] = None,
-             user_col: str = "user_id", item_col: str = "item") -> pa.Table:
-    """Private GROUP BY item: an Arrow table ``item`` plus, per aggregate, its value, noise scale and interval.
+             group_cols: Optional[Sequence[str]] = None, user_col: str = "user_id",
+             item_col: str = "item") -> pa.Table:
+    """Private GROUP BY: an Arrow table of the groups plus, per aggregate, its value, noise scale and interval.
 
-    Without ``items_tbl`` runs ``dp_group_by`` (selection by ``selection`` at ``(epsilon split,
-    delta)``); with it runs ``dp_group_by_public`` (every listed item, ``(epsilon, 0)``; ``delta``
-    must then be left out). Rows sorted by item. ``table`` and ``items_tbl``: a name or a file path, as
-    for the SQL macros, or the data itself (a DataFrame, an Arrow table, a relation of ``con``: the scope
-    each is charged to is in :mod:`dpsql.core.inputs`).
+    Without ``items_tbl`` runs ``dp_group_by`` (selection by ``selection``, then the aggregates; ``delta``
+    required). With it every listed group gets a row, no selection: with a ``delta``, ``dp_group_by(...,
+    items_tbl := ...)`` (Gaussian noise by default, at ``(epsilon, delta)``); without, ``dp_group_by_public``
+    (Laplace noise at ``(epsilon, 0)``). ``noise`` None: the macro's default. ``group_cols``: group by several
+    columns (one output column each, named as in the table) instead of ``item_col`` (output column ``item``).
+    Rows sorted by the group. ``table``
+    and ``items_tbl``: a name or a file path, as for the SQL macros, or the data itself (a DataFrame, an
+    Arrow table, a relation of ``con``: the scope each is charged to is in :mod:`dpsql.core.inputs`).
     """
-    mech = MECHANISMS[0] if items_tbl is None else MECHANISMS[1]
+    pure = items_tbl is not None and delta is None
+    mech = MECHANISMS[1] if pure else MECHANISMS[0]
     union._check_registered(con, mech.macro)
     given: dict[str, object] = {
         "tbl": table, "epsilon": epsilon, "max_items": max_items,
         "aggregates": list(aggregates) if isinstance(aggregates, tuple) else aggregates, "value_col": value_col,
-        "lower": lower, "upper": upper, "confidence": confidence, "user_col": user_col, "item_col": item_col}
-    if items_tbl is None:
-        given.update(delta=delta, selection=selection, split=split, pre_threshold=pre_threshold)
+        "lower": lower, "upper": upper, "max_groups": max_groups, "max_rows": max_rows, "confidence": confidence,
+        "group_cols": list(group_cols) if isinstance(group_cols, tuple) else group_cols, "user_col": user_col,
+        "item_col": item_col, "items_tbl": items_tbl}
+    if pure:
+        if noise not in (None, "laplace"):
+            raise DPParameterError("noise := 'gaussian' needs delta := <a small number, e.g. 1e-5>; or pass "
+                                   "noise := 'laplace' for (epsilon, 0)-DP")
     else:
-        if delta is not None:
-            raise DPParameterError("delta does not apply with items_tbl (a public domain spends no delta); "
-                                   "leave it out")
-        given["items_tbl"] = items_tbl
+        given.update(delta=delta, selection=selection, split=split, pre_threshold=pre_threshold,
+                     **({} if noise is None else {"noise": noise}))
     # Every parameter checked once, by the declaration; the macro calibrates (its check raises the
     # calibration's dpsql error, e.g. a sum without bounds, before anything is read).
     values = mech.validate(**given)
-    schema = union._table_schema(con, values["tbl"])  # one DESCRIBE for both column checks
-    union._check_columns(con, values["tbl"], values["user_col"], values["item_col"], schema)
+    schema = union._table_schema(con, values["tbl"])  # one DESCRIBE for every column check
+    if values["group_cols"] is None:
+        union._check_columns(con, values["tbl"], values["user_col"], values["item_col"], schema)
+    else:
+        _check_group_columns(values["tbl"], values["user_col"], values["group_cols"], schema)
     if values["value_col"] is not None:
         _check_value_column(values["tbl"], values["value_col"], schema)
-    return release.run(con, f"SELECT * FROM {release.call_sql(mech, values)} ORDER BY item")
+    return release.run(con, f"SELECT * FROM {release.call_sql(mech, values)}")
 
 
 # -- declarations (dpsql.core.mechanism) ------------------------------------------------------------------
 
-def _aggregate_params() -> tuple[Param, ...]:
-    return (Param("aggregates", "VARCHAR[]", ["count"], check_aggregates, "aggregates: count, sum, mean"),
+def _aggregate_params(noise: bool) -> tuple[Param, ...]:
+    """aggregates, value_col, lower, upper[, noise], max_groups, max_rows (this order: the calibration UDFs')."""
+    return (Param("aggregates", "VARCHAR[]", ["count"], check_aggregates,
+                  "aggregates: " + ", ".join(AGGREGATES)),
             Param("value_col", "VARCHAR", None, lambda v: check_identifier("value_col", v),
-                  "column of the values summed (sum, mean)"),
-            Param("lower", "DOUBLE", None, None, "lower clamp of a user's total per item"),
-            Param("upper", "DOUBLE", None, None, "upper clamp of a user's total per item"))
+                  "column of the values (sum, mean, variance, stddev, median)"),
+            Param("lower", "DOUBLE", None, None, "lower clamp of a user's total per group"),
+            Param("upper", "DOUBLE", None, None, "upper clamp of a user's total per group"),
+            *((Param("noise", "VARCHAR", "gaussian", check_noise, "noise of the aggregates: gaussian or laplace"),)
+              if noise else ()),
+            Param("max_groups", "DOUBLE", None, check_max_groups,
+                  "groups a user contributes to the aggregates (NULL: max_items)"),
+            Param("max_rows", "DOUBLE", 1, check_max_rows, "rows per user per group counted by 'rows'"))
 
 
 def _confidence_param() -> Param:
     return Param("confidence", "DOUBLE", DEFAULT_CONFIDENCE, check_confidence, "coverage of the reported intervals")
 
 
+def _group_cols_param() -> Param:
+    return Param("group_cols", "VARCHAR[]", None, check_group_cols,
+                 "columns to group by (NULL: item_col); one output column each")
+
+
+def _calibrate_group_by(epsilon, delta, max_items=100, aggregates=("count",), value_col=None, lower=None, upper=None,
+                        noise="gaussian", max_groups=None, max_rows=1, selection=union.DEFAULT_METHOD,
+                        split=DEFAULT_SPLIT, pre_threshold=1, confidence=DEFAULT_CONFIDENCE, items_tbl=None, **_):
+    """dp_group_by's calibration (what the ledger records): no selection with a public ``items_tbl``."""
+    return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper,
+                                None if items_tbl is not None else selection, split, confidence, pre_threshold,
+                                noise, max_groups, max_rows)
+
+
+def _calibrate_public(epsilon, max_items=100, aggregates=("count",), value_col=None, lower=None, upper=None,
+                      max_groups=None, max_rows=1, confidence=DEFAULT_CONFIDENCE, **_):
+    """dp_group_by_public's calibration: Laplace noise at (epsilon, 0) on every listed group."""
+    return group_by_calibration(epsilon, None, max_items, aggregates, value_col, lower, upper, None, None, confidence,
+                                1, "laplace", max_groups, max_rows)
+
+
 MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         name="group_by", family="group_by", macro="dp_group_by", unit="user",
-        params=(tbl_param(), epsilon_param(), delta_param(), max_items_param(), *_aggregate_params(),
+        params=(tbl_param(), epsilon_param(), delta_param(), max_items_param(), *_aggregate_params(noise=True),
                 Param("selection", "VARCHAR", union.DEFAULT_METHOD, union.check_method,
-                      "set-union method that selects the items"),
+                      "set-union method that selects the groups"),
                 Param("split", "DOUBLE", DEFAULT_SPLIT, check_selection_share, "share of epsilon spent on selection"),
                 Param("pre_threshold", "DOUBLE", 1, check_pre_threshold,
-                      "least number of users an item needs to be selected"),
-                _confidence_param(), column_param("user_col", "user_id"), column_param("item_col", "item")),
-        description="private GROUP BY: a set-union selection at (epsilon split, delta), then granular Laplace "
-                    "count / sum / mean of the selected items at epsilon (1 - split)",
+                      "least number of users a group needs to be selected"),
+                _confidence_param(), _group_cols_param(),
+                Param("items_tbl", "VARCHAR", None, check_table_name,
+                      "a public table of the groups (NULL: select them): no selection, every listed group a row"),
+                column_param("user_col", "user_id"), column_param("item_col", "item")),
+        description="private GROUP BY: a set-union selection at (epsilon split, delta) (or a public list), then "
+                    "granular Gaussian (or Laplace) count / rows / sum / mean / variance / stddev / median of the "
+                    "groups, composed with the selection by zCDP",
         proof="group_by", sql="97_groupby/groupby.sql",
-        example=user_item_example(aggregates="['count', 'sum', 'mean']", value_col="'user_id'", lower="0", upper="10",
-                                  selection=f"'{_ONE_SHOT}'", split="0.5", pre_threshold="1", confidence="0.9"),
-        calibrate=lambda epsilon, delta, max_items=100, aggregates=("count",), value_col=None, lower=None,
-        upper=None, selection=union.DEFAULT_METHOD, split=DEFAULT_SPLIT, confidence=DEFAULT_CONFIDENCE,
-        pre_threshold=1, **_:
-        group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
-                             confidence, pre_threshold),
+        example=user_item_example(aggregates="['count', 'rows', 'sum', 'mean', 'variance', 'stddev', 'median']",
+                                  value_col="'user_id'", lower="0", upper="10", noise="'gaussian'",
+                                  max_groups="5", max_rows="2", selection=f"'{_ONE_SHOT}'", split="0.5",
+                                  pre_threshold="1", confidence="0.9", group_cols="NULL", items_tbl="NULL"),
+        # the aggregate step over a public list, Gaussian (the selection is a set-union release, audited as such)
+        audit=(AuditCase("group_by_count", name="group_by_count_gaussian",
+                         note="public domain (items_tbl), max_groups 2, Gaussian at (epsilon, delta); event: noisy "
+                              "count >= n + 1"),),
+        calibrate=_calibrate_group_by,
         rounds=2),
     Mechanism(
         name="group_by_public", family="group_by", macro="dp_group_by_public", unit="user",
-        params=(tbl_param(), Param("items_tbl", "VARCHAR", REQUIRED, check_table_name, "the public table of items"),
-                epsilon_param(), max_items_param(), *_aggregate_params(), _confidence_param(),
-                column_param("user_col", "user_id"), column_param("item_col", "item")),
-        description="private GROUP BY over a public list of items (no selection): granular Laplace count / sum / "
-                    "mean of every listed item at (epsilon, 0)",
+        params=(tbl_param(), Param("items_tbl", "VARCHAR", REQUIRED, check_table_name, "the public table of groups"),
+                epsilon_param(), max_items_param(), *_aggregate_params(noise=False), _confidence_param(),
+                _group_cols_param(), column_param("user_col", "user_id"), column_param("item_col", "item")),
+        description="private GROUP BY over a public list of groups (no selection): granular Laplace count / rows / "
+                    "sum / mean / variance / stddev / median of every listed group at (epsilon, 0)",
         proof="group_by", sql="97_groupby/groupby.sql",
         # items_tbl: the table itself stands in for a public list
-        example=user_item_example(items_tbl="'t'", delta=None, aggregates="['count', 'mean']", value_col="'user_id'",
-                                  lower="0", upper="10", confidence="0.9"),
-        # the aggregate step (the selection is a set-union release, audited as such): 3 users hold 2 public
-        # items, the added user both; an item counts as released when its noisy count is >= 4 = n + 1, so
-        # "2 of 2 released" has probability ratio e^(2 epsilon / max_items) = e^epsilon at max_items 2
-        audit=(AuditCase("group_by_count", name="group_by_count", note="public domain, max_items 2; event: noisy count >= n + 1"),),
-        calibrate=lambda epsilon, max_items=100, aggregates=("count",), value_col=None, lower=None, upper=None,
-        confidence=DEFAULT_CONFIDENCE, **_:
-        group_by_calibration(epsilon, None, max_items, aggregates, value_col, lower, upper, None, None, confidence),
+        example=user_item_example(items_tbl="'t'", delta=None, aggregates="['count', 'mean', 'median']",
+                                  value_col="'user_id'", lower="0", upper="10", max_groups="NULL", max_rows="1",
+                                  confidence="0.9", group_cols="NULL"),
+        # the aggregate step: 3 users hold 2 public groups, the added user both; a group counts as released when
+        # its noisy count is >= 4 = n + 1, so "2 of 2 released" has probability ratio e^(2 epsilon / max_groups)
+        # = e^epsilon at max_groups 2
+        audit=(AuditCase("group_by_count", name="group_by_count",
+                         note="public domain, max_groups 2, Laplace; event: noisy count >= n + 1"),
+               AuditCase("group_by_count", name="group_by_rows", options=(("aggregate", "rows"),),
+                         note="public domain, max_groups 2, max_rows 3, Laplace; the added user has 3 rows per "
+                              "group; event: noisy rows >= 3n + 3"),
+               AuditCase("group_by_median", name="group_by_median",
+                         note="public domain, max_groups 2, Laplace; median over [0, 10]: 20 users at 0, the added "
+                              "user at 10; event: median = 0")),
+        calibrate=_calibrate_public,
         rounds=1),
 )
 
@@ -497,5 +482,7 @@ def generated_sql() -> str:
     (the registry creates it after the releasing macros)."""
     mech = next(m for m in MECHANISMS if m.name == "group_by")
     params = [p for p in mech.params if p.name not in ("tbl", "user_col", "item_col")]
+    # the calibration before the selection: L0 = max_groups (the release's own may be smaller, L0 = min(max_groups,
+    # the number of groups released))
     return (f"CREATE OR REPLACE TEMP MACRO dp_group_by_calibration({release.signature(params)}) AS\n"
-            f"    dp__group_by_calibration({', '.join(p.name for p in params)}, 'user_id', 'item');\n")
+            f"    dp__group_by_calibration({', '.join(p.name for p in params)}, 'user_id', 'item', NULL);\n")

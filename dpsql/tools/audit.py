@@ -30,8 +30,9 @@ mechanism: :data:`CASE_KINDS`):
   weights are deterministic and the copies exactly independent.
 * ``dp_top_k``: with k = every item of the table, the released set is the (epsilon/2, delta/2)
   domain (the Gumbel step only ranks it), audited against (epsilon/2, delta/2).
-* ``dp_group_by`` (``group_by_count``): its aggregate step over a public domain; an item counts as
-  released when its noisy count reaches n + 1 (post-processing of the release).
+* ``dp_group_by`` (``group_by_count``, ``group_by_median``): its aggregate step over a public domain; an
+  item counts as released when its noisy count (row count) reaches n + 1 (n + max_rows), or its median
+  is the lowest grid point (post-processing of the release): Laplace, Gaussian, rows and the median.
 * ``dp_weighted_sample`` and ``dp_sbh_histogram`` are ELEMENT level: one draw per key, so each
   key is a copy; D has a key of frequency i, D' of frequency i + 1.
 
@@ -642,13 +643,47 @@ def _top_k_domain_case(mech: DeclaredMechanism, name: str, note: str) -> Replica
                        lambda e, d: (e / 2, d / 2), _top_k_pairs(domain), note=note)
 
 
-def _group_by_count_case(mech: DeclaredMechanism, name: str, note: str) -> ReplicaCase:
-    """Replicas of a public-domain GROUP BY's count at max_items 2: 3 users hold 2 public items, the added
-    user both; an item counts as released when its noisy count is >= n + 1 = 4."""
-    return ReplicaCase(name or f"{mech.name}_count",
-                       lambda e, d: (f"SELECT item FROM {mech.macro}('{{tbl}}', '{{tbl}}', epsilon := {e!r}, "
-                                     f"max_items := 2) WHERE \"count\" >= 4"),
-                       lambda e, d: (e, 0.0), lambda e, d: _single_item_pairs([3], 2), note=note)
+def _group_by_count_case(mech: DeclaredMechanism, name: str, note: str, aggregate: str = "count") -> ReplicaCase:
+    """Replicas of a public-domain GROUP BY's count (or row count) at max_groups 2: 3 users hold 2 public groups,
+    the added user both; a group counts as released when its noisy count is >= n + 1 = 4. ``mech``:
+    ``dp_group_by_public`` (Laplace, (epsilon, 0)) or ``dp_group_by`` with ``items_tbl`` (its default noise,
+    Gaussian, at (epsilon, delta)). ``aggregate`` 'rows': the added user has 3 rows per group (the view
+    ``dp__audit_rows``), max_rows 3, and a group counts when its noisy row count is >= 3 + 3."""
+    table, extra, cut = "{tbl}", "", 4
+    setup: Optional[Callable[[object], None]] = None
+    if aggregate == "rows":
+        table, extra, cut = "dp__audit_rows", ", aggregates := ['rows'], max_rows := 3", 6
+
+        def setup(con) -> None:  # the added user (local id 3 of 4) has three rows of each of its groups
+            con.execute("CREATE TABLE IF NOT EXISTS dp__audit_data (user_id BIGINT, item BIGINT)")
+            con.execute("CREATE OR REPLACE VIEW dp__audit_rows AS SELECT user_id, item FROM dp__audit_data "
+                        "UNION ALL SELECT user_id, item FROM dp__audit_data, range(2) WHERE user_id % 4 = 3")
+    public = "delta" not in mech.param_names
+    column = "rows" if aggregate == "rows" else "count"
+
+    def sql(e: float, d: float) -> str:
+        call = (f"{mech.macro}('{table}', '{{tbl}}', epsilon := {e!r}" if public
+                else f"{mech.macro}('{table}', epsilon := {e!r}, delta := {d!r}, items_tbl := '{{tbl}}'")
+        return f"SELECT item FROM {call}, max_items := 2{extra}) WHERE \"{column}\" >= {cut}"
+
+    return ReplicaCase(name or f"{mech.name}_{aggregate}", sql, _pure if public else _same,
+                       lambda e, d: _single_item_pairs([3], 2), setup=setup, note=note)
+
+
+def _group_by_median_case(mech: DeclaredMechanism, name: str, note: str, users: int = 20) -> ReplicaCase:
+    """Replicas of a public-domain GROUP BY's median at max_groups 2, Laplace: ``users`` users hold 2 public groups
+    with value 0, the added user both with value 10 (the view ``dp__audit_median``); a group counts as released
+    when its median over [0, 10] is 0. With 20 users the grid point 0 has utility 0 (others -20) without the
+    added user and -1 (others -19, -20) with it: the likeliest point, whose probability moves most."""
+    def setup(con) -> None:  # local user `users` of users + 1 is the added one
+        con.execute("CREATE TABLE IF NOT EXISTS dp__audit_data (user_id BIGINT, item BIGINT)")
+        con.execute(f"CREATE OR REPLACE VIEW dp__audit_median AS SELECT user_id, item, "
+                    f"CASE WHEN user_id % {users + 1} = {users} THEN 10.0 ELSE 0.0 END AS v FROM dp__audit_data")
+    return ReplicaCase(name or f"{mech.name}_median",
+                       lambda e, d: (f"SELECT item FROM {mech.macro}('dp__audit_median', '{{tbl}}', epsilon := {e!r}, "
+                                     f"max_items := 2, aggregates := ['median'], value_col := 'v', lower := 0, "
+                                     f"upper := 10) WHERE median = 0"),
+                       _pure, lambda e, d: _single_item_pairs([users], 2), setup=setup, note=note)
 
 
 def _element_sql(macro: str) -> Callable[[float, float], str]:
@@ -702,6 +737,7 @@ def _coverage_case(mech: DeclaredMechanism, name: str, note: str, k: Optional[in
 CASE_KINDS: dict[str, Callable[..., Union[ReplicaCase, OutputCase]]] = {
     "threshold": _threshold_case, "mad_min": _mad_min_case, "boost": _boost_case, "policy": _policy_case,
     "greedy": _greedy_case, "top_k_domain": _top_k_domain_case, "group_by_count": _group_by_count_case,
+    "group_by_median": _group_by_median_case,
     "element_sample": _element_sample_case, "element_histogram": _element_histogram_case,
     "order": _order_case, "order_ranked": _order_ranked_case, "rows": _rows_case, "spelling": _spelling_case,
     "coverage": _coverage_case,

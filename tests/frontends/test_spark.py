@@ -754,12 +754,15 @@ def test_group_by_stats_are_dp_group_by_pre_noise(spark):
     try:
         _zero_granular_noise(con)
         con.execute("CREATE TABLE t AS FROM gb_table")
-        duck = dpsql.group_by(con, "t", epsilon=8.0, delta=1e-5, selection="weighted_gaussian", **GB_ARGS)
+        duck = dpsql.group_by(con, "t", epsilon=8.0, delta=1e-5, selection="weighted_gaussian", noise="laplace",
+                              **GB_ARGS)
     finally:
         con.close()
     selected = duck.column("item").to_pylist()
     assert len(selected) >= 3  # the test compares something (selection ran at epsilon 4)
-    cal = gb.group_by_calibration(8.0, 1e-5, GB_MAX, ["count", "sum"], "v", -1.0, 5.0, "weighted_gaussian")
+    # the release's calibration: its noise (and the sum's grid) for L0 = min(max_groups, the groups released)
+    cal = gb.group_by_calibration(8.0, 1e-5, GB_MAX, ["count", "sum"], "v", -1.0, 5.0, "weighted_gaussian",
+                                  noise="laplace", groups=len(selected))
     g = cal.sum_granularity
     stats = dspark.group_by_stats(spark.createDataFrame(gb_table), spark.createDataFrame(duck.select(["item"])),
                                   GB_MAX, 12345, cal).collect()
@@ -793,30 +796,35 @@ def test_group_by_columns_order_and_calibration_are_dpsql_group_by_s(spark, aggr
     duck = _gb_duck(gb_arrow(rows), items, **kwargs)
     out = dspark.group_by(spark.createDataFrame(gb_arrow(rows)), items=spark.createDataFrame(items), seed=5, **kwargs, scope="t")
     assert out.columns == duck.column_names
-    assert [f.dataType.simpleString() for f in out.schema.fields[1:]] == ["double"] * (len(out.columns) - 1)
+    # integer counts (post-processing, as DuckDB's BIGINT), the rest doubles
+    assert [f.dataType.simpleString() for f in out.schema.fields[1:]] == [
+        "bigint" if c == "count" else "double" for c in out.columns[1:]]
     got = out.collect()
     assert [r["item"] for r in got] == sorted(listed) == duck.column("item").to_pylist()  # every listed item, sorted
+    # 5 listed items: the noise's L0 is min(max_groups, 5) (no user holds more of them), on both engines
     cal = gb.group_by_calibration(1.0, None, GB_MAX, aggregates, values.get("value_col"), values.get("lower"),
-                                  values.get("upper"), None, confidence=0.9)
+                                  values.get("upper"), None, confidence=0.9, groups=len(listed))
     for name in ("count_scale", "count_ci", "sum_scale", "sum_ci"):
         if name in out.columns:
             assert {r[name] for r in got} == set(duck.column(name).to_pylist()) == {getattr(cal, name)}
     if "count" in aggregates:
-        assert cal.count_scale == GB_MAX / (1.0 / (1 + ("sum" in aggregates or "mean" in aggregates)))
+        assert cal.count_scale == len(listed) / (1.0 / (1 + ("sum" in aggregates or "mean" in aggregates)))
         truth = gb_truth(rows, listed, -1.0, 5.0, 1.0)
         # granular noise: released - true count is on the count's grid
         assert all(((r["count"] - truth[r["item"]][0]) / cal.count_granularity).is_integer() for r in got)
     if "mean" in aggregates:
         assert all(r["mean"] is None or -1.0 <= r["mean"] <= 5.0 for r in got)
     if {"count", "sum", "mean"} <= set(aggregates):
-        # the macro's post-processing of the released count and sum
+        # the macro's post-processing of the noisy count n and sum: count = max(0, round(n)), mean =
+        # clamp(sum / n), mean_ci = min(6, ci / n), NULL when n <= 0 (so n is within 1/2 of the released count)
         ci = cal.mean_sum_ci + 5.0 * cal.mean_count_ci
         for r in got:
-            if r["count"] > 0:
-                assert r["mean"] == min(5.0, max(-1.0, r["sum"] / r["count"]))
-                assert r["mean_ci"] == min(6.0, ci / r["count"])
+            if r["mean"] is not None:
+                n = ci / r["mean_ci"] if r["mean_ci"] < 6.0 else None
+                assert n is None or abs(n - r["count"]) <= 0.5 + 1e-9
+                assert -1.0 <= r["mean"] <= 5.0
             else:
-                assert r["mean"] is None and r["mean_ci"] is None
+                assert r["mean_ci"] is None and r["count"] == 0
 
 
 def test_group_by_count_noise_has_the_calibrated_scale(spark):
@@ -825,16 +833,18 @@ def test_group_by_count_noise_has_the_calibrated_scale(spark):
     from dpsql.frontends import spark as dspark
 
     n_items, conf = 400, 0.8
-    rows = [(k * 100 + u, f"x{k:03d}", 1.0) for k in range(n_items) for u in range(k % 7)]
+    # 20 .. 26 users per item: the released counts (integers >= 0, post-processing) are never clamped at 0
+    rows = [(k * 100 + u, f"x{k:03d}", 1.0) for k in range(n_items) for u in range(20 + k % 7)]
     items = spark.createDataFrame([(f"x{k:03d}",) for k in range(n_items)], "item string")
     out = dspark.group_by(spark.createDataFrame(gb_arrow(rows)), epsilon=1.0, items=items, max_items=2,
                           confidence=conf, seed=20261124, scope="t").collect()
-    z = np.array([r["count"] - (int(r["item"][1:]) % 7) for r in out])
+    z = np.array([r["count"] - (20 + int(r["item"][1:]) % 7) for r in out])
     cal = gb.group_by_calibration(1.0, None, 2, ["count"], selection=None, confidence=conf)
     b, g = out[0]["count_scale"], cal.count_granularity
     assert b == cal.count_scale == 2.0 and len(z) == n_items  # max_items / epsilon
     assert all((zi / g).is_integer() for zi in z)  # granular: on the count's grid
-    # E|Z| = b for the Laplace (the discrete one on this grid differs by < 1e-8): s.e. b / sqrt(400) = 5 %
+    # E|Z| = b for the Laplace (the discrete one on this grid differs by < 1e-8), e^-1/4 / (1 - e^-1/2) = 0.99 b
+    # once rounded to an integer: s.e. b / sqrt(400) = 5 %
     print(f"E|Z|/b = {np.abs(z).mean() / b:.4f}, coverage = {np.mean(np.abs(z) <= out[0]['count_ci']):.4f}")
     assert abs(np.abs(z).mean() / b - 1) < 0.2
     # coverage of the interval: binomial s.e. sqrt(0.16 / 400) = 2 %
@@ -845,7 +855,8 @@ def test_group_by_count_only_calibration_numbers(spark):
     from dpsql.frontends import spark as dspark
 
     frame = spark.createDataFrame(gb_arrow(gb_rows(4)))
-    out = dspark.group_by(frame, epsilon=1.0, delta=1e-5, max_items=10, selection="count_laplace", seed=4, scope="t")
+    out = dspark.group_by(frame, epsilon=1.0, delta=1e-5, max_items=10, selection="count_laplace", noise="laplace",
+                          seed=4, scope="t")
     assert out.columns == ["item", "count", "count_scale", "count_ci"]
     got = out.collect()
     # the numbers of tests/groupby/test_group_by.py::test_count_only_split_and_scale

@@ -40,7 +40,9 @@ def n_releases(con) -> int:
 
 
 def test_count_only_split_and_scale():
-    cal = gb.group_by_calibration(1.0, 1e-5, 10)
+    # Laplace (noise := 'laplace'): pure DP, the selection keeps the whole delta (tests/groupby/test_calibration.py
+    # has the Gaussian default's numbers)
+    cal = gb.group_by_calibration(1.0, 1e-5, 10, noise="laplace")
     assert (cal.selection, cal.selection_epsilon, cal.selection_delta) == ("sips_cumulative", 0.5, 1e-5)
     assert cal.aggregate_epsilon == 0.5 and cal.count_epsilon == 0.5
     # continuous scale 10/0.5 = 20; grid 2^floor(log2 20) / 2^16 = 2^-12 (<= 1: counts stay on it)
@@ -52,7 +54,8 @@ def test_count_only_split_and_scale():
 
 
 def test_count_sum_mean_share_the_aggregate_budget():
-    cal = gb.group_by_calibration(1.0, 1e-5, 10, ["mean", "count", "sum"], "v", 0, 6, "weighted_gaussian", 0.5, 0.95)
+    cal = gb.group_by_calibration(1.0, 1e-5, 10, ["mean", "count", "sum"], "v", 0, 6, "weighted_gaussian", 0.5, 0.95,
+                                  noise="laplace")
     assert cal.aggregates == ("count", "sum", "mean")
     assert cal.count_epsilon == cal.sum_epsilon == 0.25
     assert cal.count_scale == 40.0
@@ -66,7 +69,7 @@ def test_count_sum_mean_share_the_aggregate_budget():
 
 
 def test_sum_alone_uses_the_whole_aggregate_share_and_the_larger_bound():
-    cal = gb.group_by_calibration(2.0, 1e-6, 4, ["sum"], "v", -3, 1, split=0.25)
+    cal = gb.group_by_calibration(2.0, 1e-6, 4, ["sum"], "v", -3, 1, split=0.25, noise="laplace")
     assert cal.selection_epsilon == 0.5 and cal.aggregate_epsilon == 1.5 and cal.sum_epsilon == 1.5
     assert cal.count_scale is None and cal.sum_bound == 3.0
     g = default_granularity(12.0 / 1.5)
@@ -74,9 +77,10 @@ def test_sum_alone_uses_the_whole_aggregate_share_and_the_larger_bound():
 
 
 def test_public_domain_spends_no_selection_and_no_delta():
+    # without a delta the public list is measured with Laplace noise at (epsilon, 0)
     cal = gb.group_by_calibration(1.0, None, 10, ["count"], selection=None)
     assert (cal.selection, cal.selection_epsilon, cal.selection_delta, cal.aggregate_epsilon) == (None, 0.0, 0.0, 1.0)
-    assert cal.count_scale == 10.0
+    assert cal.noise == "laplace" and cal.count_scale == 10.0 and cal.aggregate_delta == 0.0
 
 
 @pytest.mark.parametrize("scale,g,conf", [(20.0, 2.0 ** -12, 0.95), (3.0, 0.5, 0.9), (1.0, 1.0, 0.5),
@@ -99,13 +103,14 @@ def test_laplace_ci_is_the_smallest_grid_half_width_with_the_coverage(scale, g, 
 @pytest.mark.parametrize("kwargs,match", [
     ({"aggregates": []}, "aggregates must be a non-empty list"),
     ({"aggregates": "count"}, "aggregates must be a non-empty list"),
-    ({"aggregates": ["count", "median"]}, "'median' is not one of"),
+    ({"aggregates": ["count", "mode"]}, "'mode' is not one of"),
     ({"aggregates": ["count", "count"]}, "must not repeat"),
-    ({"aggregates": ["sum"]}, "sum and mean need value_col"),
+    ({"aggregates": ["sum"]}, "need value_col"),
+    ({"aggregates": ["median"]}, "need value_col"),
     ({"aggregates": ["sum"], "value_col": "v", "upper": 1}, "lower must be a finite number"),
     ({"aggregates": ["mean"], "value_col": "v", "lower": 2, "upper": 1}, "lower must be <= upper"),
     ({"aggregates": ["sum"], "value_col": "v", "lower": 0, "upper": 0}, "must not both be 0"),
-    ({"value_col": "v"}, "value_col is used only by the sum and mean"),
+    ({"value_col": "v"}, "value_col is used only by the sum, mean, variance, stddev and median"),
     ({"split": 1.0}, "split must be a number strictly between 0 and 1"),
     ({"confidence": 0}, "confidence must be a number strictly between 0 and 1"),
     ({"selection": "nope"}, "method must be one of"),
@@ -208,8 +213,9 @@ def test_null_values_are_skipped_by_the_sum_and_never_raise_after_the_selection(
                       "aggregates := ['count', 'sum'], value_col := 'v', lower := 0, upper := 10, max_items := 1) LIMIT 1"
                       ).fetchall()
     count_scale, sum_scale = cal[0]
-    # max_items / (epsilon/4) and (upper + half a grid step) max_items / (epsilon/4)
-    assert count_scale == 4.0 and sum_scale == pytest.approx(40.0, rel=1e-4)
+    # Gaussian: count and sum share the aggregates' zCDP budget; the sum's scale is 10 times the count's (the
+    # bound 10 against 1, on the sum's grid)
+    assert sum_scale == pytest.approx(10 * count_scale, rel=1e-4)
     # 10,000 users per item, half with value 1.0 and half with NULL (a NULL read as upper would give 55,000)
     for _, count, total in out:
         assert abs(count - 10_000) < 12 * count_scale and abs(total - 5_000) < 12 * sum_scale
@@ -222,11 +228,17 @@ def test_public_domain_gives_every_listed_item_a_row():
     items_table(con, ["i0", "i3", "absent_a", "absent_b", "i3"])
     out = dpsql.group_by(con, "t", epsilon=1.0, items_tbl="pub", max_items=10)
     assert out.column("item").to_pylist() == ["absent_a", "absent_b", "i0", "i3"]
-    assert con.execute("SELECT mechanism, epsilon, delta FROM dp_releases()").fetchall() == [
-        ("dp_group_by_public", 1.0, 0.0)]
-    with pytest.raises(DPParameterError, match="delta does not apply with items_tbl"):
-        dpsql.group_by(con, "t", epsilon=1.0, delta=1e-5, items_tbl="pub")
-    assert n_releases(con) == 1
+    # with a delta: dp_group_by(..., items_tbl := ...), Gaussian noise at (epsilon, delta), no selection
+    gauss = dpsql.group_by(con, "t", epsilon=1.0, delta=1e-5, items_tbl="pub", max_items=10)
+    assert gauss.column("item").to_pylist() == ["absent_a", "absent_b", "i0", "i3"]
+    # 4 listed groups: no user contributes to more than 4 (the noise's L0 = min(max_groups, 4))
+    want = gb.group_by_calibration(1.0, 1e-5, 10, selection=None, groups=4)
+    assert want.max_groups == 4 and gauss.column("count_scale")[0].as_py() == want.count_scale
+    assert con.execute("SELECT mechanism, epsilon, delta FROM dp_releases() ORDER BY release_id").fetchall() == [
+        ("dp_group_by_public", 1.0, 0.0), ("dp_group_by", 1.0, 1e-5)]
+    with pytest.raises(DPParameterError, match="noise := 'gaussian' needs delta"):
+        dpsql.group_by(con, "t", epsilon=1.0, items_tbl="pub", noise="gaussian")
+    assert n_releases(con) == 2
     con.close()
 
 
@@ -237,7 +249,7 @@ def test_python_runs_the_macro_once():
                          upper=6, max_items=10, selection="weighted_laplace")
     assert isinstance(out, pa.Table) and out.column_names[:2] == ["item", "count"]
     assert con.execute("SELECT sum(epsilon), sum(delta) FROM dp_releases()").fetchall() == [(1.0, 1e-5)]
-    with pytest.raises(DPParameterError, match="sum and mean need value_col"):
+    with pytest.raises(DPParameterError, match="sum, mean, variance, stddev and median need value_col"):
         dpsql.group_by(con, "t", epsilon=1.0, delta=1e-5, aggregates=["sum"])
     con.close()
 
@@ -265,14 +277,20 @@ def test_python_validates_by_the_declaration_and_calibrates_only_in_the_macro(mo
 # -- sensitivity on random neighbouring datasets ------------------------------------------------
 
 
-def _release(rows, items, seed, aggregates, max_items, lower, upper):
-    """dp_group_by_public with its granular noise replaced by zeros: the exact bounded aggregates."""
+def zero_noise(con):
+    """Replace the connection's granular samplers by zeros: a release then shows its exact bounded aggregates."""
     from duckdb.sqltypes import DOUBLE
 
+    for name in ("dp_granular_laplace_noise", "dp_granular_gaussian_noise"):
+        con.remove_function(name)
+        con.create_function(name, lambda s, g: pa.array(np.zeros(len(s))), [DOUBLE, DOUBLE], DOUBLE, type="arrow",
+                            side_effects=True)
+
+
+def _release(rows, items, seed, aggregates, max_items, lower, upper):
+    """dp_group_by_public with its granular noise replaced by zeros: the exact bounded aggregates."""
     con = seeded(seed)
-    con.remove_function("dp_granular_laplace_noise")
-    con.create_function("dp_granular_laplace_noise", lambda s, g: pa.array(np.zeros(len(s))), [DOUBLE, DOUBLE],
-                        DOUBLE, type="arrow", side_effects=True)
+    zero_noise(con)
     load(con, rows)
     items_table(con, items)
     out = con.sql(f"SELECT * FROM dp_group_by_public('t', 'pub', epsilon := 1.0, max_items := {max_items}, "
@@ -348,33 +366,37 @@ def test_count_noise_has_the_calibrated_scale_and_the_intervals_cover():
     zs = np.array([s - truth[i][1] for i, s in zip(out["item"], out["sum"])])
     b_c, b_s = out["count_scale"][0], out["sum_scale"][0]
     assert b_c == 1.0  # max_items 1; two measurements (count, sum) at epsilon 1 each
-    # E|Z| = b (Laplace; the discrete one differs by < 1e-9 relative at 2^16 steps): s.e. b / sqrt(3000) ~ 1.8 %
-    assert abs(np.abs(zc).mean() / b_c - 1) < 0.06
-    assert abs(np.abs(zs).mean() / b_s - 1) < 0.06
-    assert abs(zc.mean()) < 4 * b_c * math.sqrt(2) / math.sqrt(n_items)
-    # interval coverage: binomial s.e. sqrt(0.09 / 3000) ~ 0.55 %
-    assert abs(np.mean(np.abs(zc) <= out["count_ci"][0]) - conf) < 0.02
-    assert abs(np.mean(np.abs(zs) <= out["sum_ci"][0]) - conf) < 0.02
+    # The count is released as an integer (post-processing): Z = round(g DLap(b/g)) where no count is clamped
+    # at 0 (true counts >= 5): E|Z| = sum_k k P[round(|Z|) = k] ~ e^-0.5 / (1 - e^-1) = 0.9595 b at b = 1.
+    # s.e. ~ b / sqrt(3000) ~ 1.8 %
+    far = np.array([truth[i][0] >= 5 for i in out["item"]])
+    assert abs(np.abs(zc[far]).mean() / (math.exp(-0.5) / (1 - math.exp(-1))) - 1) < 0.06
+    # E|Z| = b for the sum (Laplace; the discrete one differs by < 1e-9 relative at 2^16 steps); sums >= 5 are
+    # never clamped at 0 by the noise of scale ~ 5 often enough to matter: only the large ones are used
+    big = np.array([truth[i][1] >= 50 for i in out["item"]])
+    assert abs(np.abs(zs[big]).mean() / b_s - 1) < 0.06
+    assert abs(zc[far].mean()) < 4 * b_c * math.sqrt(2) / math.sqrt(far.sum())
+    # interval coverage (the half-widths are before post-processing; rounding moves an integer count by at
+    # most floor(ci + 1/2) from the truth): binomial s.e. sqrt(0.09 / 3000) ~ 0.55 %
+    assert np.mean(np.abs(zc[far]) <= math.floor(out["count_ci"][0] + 0.5)) >= conf - 0.02
+    assert abs(np.mean(np.abs(zs[big]) <= out["sum_ci"][0]) - conf) < 0.02
     # the mean's interval is conservative (union bound): covers at least conf of the items with users
     covered = [abs(m - truth[i][1] / truth[i][0]) <= w for i, m, w in zip(out["item"], out["mean"], out["mean_ci"])
                if truth[i][0] >= 1 and m is not None]
     assert len(covered) > 0.9 * n_items * 49 / 50 and np.mean(covered) >= conf - 0.01
 
 
-def test_capping_keeps_at_most_max_items_per_user_among_released_items():
-    # One user holds 40 listed items and nobody else exists: with max_items 3 exactly 3 counts are 1.
+@pytest.mark.parametrize("cap", ["max_items := 3", "max_items := 50, max_groups := 3"])
+def test_capping_keeps_at_most_max_groups_per_user_among_released_items(cap):
+    # One user holds 40 listed items and nobody else exists: with a cap of 3 groups exactly 3 counts are 1
+    # (max_groups, when given, caps the aggregates whatever max_items, the selection's cap, is).
     con = seeded(5)
+    zero_noise(con)
     load(con, [(1, f"x{k}", 1.0) for k in range(40)])
     items_table(con, [f"x{k}" for k in range(40)])
-    out = con.sql("SELECT * FROM dp_group_by_public('t', 'pub', epsilon := 1.0, max_items := 3)").fetchall()
+    out = con.sql(f"SELECT item, count FROM dp_group_by_public('t', 'pub', epsilon := 1.0, {cap})").fetchall()
     con.close()
-    con = seeded(5)
-    load(con, [(2, "other", 1.0)])  # same seed, the user's rows gone: same noise, counts 0
-    items_table(con, [f"x{k}" for k in range(40)])
-    base = con.sql("SELECT * FROM dp_group_by_public('t', 'pub', epsilon := 1.0, max_items := 3)").fetchall()
-    con.close()
-    diffs = [r[1] - b[1] for r, b in zip(out, base)]
-    assert sorted(diffs) == [0.0] * 37 + [1.0] * 3
+    assert sorted(r[1] for r in out) == [0] * 37 + [1] * 3
 
 
 # -- command line --------------------------------------------------------------------------------
@@ -400,23 +422,35 @@ def test_cli_group_by_selection_and_public_list(tmp_path, monkeypatch):
     con.close()
     code, doc, err = _cli("group-by", "data.parquet", "--epsilon", "1", "--delta", "1e-5", "--max-items", "10",
                           "--aggregates", "count,mean", "--value-col", "v", "--lower", "0", "--upper", "6",
-                          "--selection", "weighted_gaussian", "--json")
+                          "--selection", "weighted_gaussian", "--noise", "laplace", "--json")
     assert code == 0, err
     assert doc["mechanism"] == "dp_group_by" and doc["calibration"]["count_scale"] == 40.0
     assert list(doc["rows"][0]) == ["item", "count", "count_scale", "count_ci", "mean", "mean_ci"]
+    code, doc, err = _cli("group-by", "data.parquet", "--epsilon", "1", "--delta", "1e-5", "--max-items", "10",
+                          "--max-groups", "4", "--aggregates", "count,rows", "--max-rows", "2", "--json")
+    assert code == 0, err
+    want = gb.group_by_calibration(1.0, 1e-5, 10, ["count", "rows"], max_groups=4, max_rows=2)
+    assert doc["calibration"]["noise"] == "gaussian" and doc["calibration"]["count_scale"] == want.count_scale
+    assert list(doc["rows"][0]) == ["item", "count", "count_scale", "count_ci", "rows", "rows_scale", "rows_ci"]
     code, doc, err = _cli("group-by", "data.parquet", "--epsilon", "1", "--items", "items.csv", "--max-items", "10",
                           "--json")
     assert code == 0, err
     assert [r["item"] for r in doc["rows"]] == ["i0", "i1", "i2", "nobody"]
-    code, _, err = _cli("group-by", "data.parquet", "--epsilon", "1", "--items", "items.csv", "--delta", "1e-5")
-    assert code == 2 and "--delta does not apply with --items" in err
+    assert doc["delta"] == 0.0 and doc["calibration"]["noise"] == "laplace"
+    # with --items, --delta selects Gaussian noise at (epsilon, delta)
+    code, doc, err = _cli("group-by", "data.parquet", "--epsilon", "1", "--items", "items.csv", "--delta", "1e-5",
+                          "--max-items", "10", "--json")
+    assert code == 0, err
+    assert doc["mechanism"] == "dp_group_by" and doc["delta"] == 1e-5 and doc["calibration"]["noise"] == "gaussian"
     code, _, err = _cli("group-by", "data.parquet", "--epsilon", "1", "--delta", "1e-5", "--aggregates", "sum")
     assert code == 2 and "value_col" in err
     code, _, err = _cli("group-by", "data.parquet", "--epsilon", "1")
     assert code == 2 and "--delta" in err
     code, text, err = _cli("budget", "releases", "data.parquet")
-    # two ledger rows: dp_group_by (its selection and aggregates, one charge), the public release
-    assert code == 0 and [line.split()[-1] for line in text.splitlines()[1:]] == ["dp_group_by", "dp_group_by_public"]
+    # one ledger row per release: dp_group_by (its selection and aggregates, one charge) twice, the public list
+    # without a delta (dp_group_by_public), then with one (dp_group_by's aggregates over the list)
+    assert code == 0 and [line.split()[-1] for line in text.splitlines()[1:]] == [
+        "dp_group_by", "dp_group_by", "dp_group_by_public", "dp_group_by"]
 
 
 # -- empirical audit -----------------------------------------------------------------------------
@@ -431,6 +465,30 @@ def test_audit_of_the_aggregate_step_is_tight_and_does_not_refute():
     r = audit.audit("group_by_count", epsilon=1.0, delta=1e-5, runs=5000, confidence=0.95, seed=5)
     assert (r.claimed_epsilon, r.delta) == (1.0, 0.0)
     assert not r.refuted and 0.6 < r.epsilon_lower_bound <= 1.0
+
+
+def test_audit_of_the_row_count_is_tight_and_does_not_refute():
+    # max_rows 3, the added user has 3 rows of each of 2 groups: "both noisy row counts >= 3 + 3" is e^epsilon
+    # times likelier with it (l1 = max_groups * max_rows = 6, scale 6 / epsilon): a bound near epsilon
+    from dpsql.tools import audit
+
+    r = audit.audit("group_by_rows", epsilon=1.0, delta=1e-5, runs=5000, confidence=0.95, seed=5)
+    assert (r.claimed_epsilon, r.delta) == (1.0, 0.0)
+    assert not r.refuted and 0.6 < r.epsilon_lower_bound <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,claimed_delta,least", [("group_by_count_gaussian", 1e-5, 0.0),
+                                                      ("group_by_median", 0.0, 0.2)])
+def test_audit_of_the_gaussian_count_and_the_median_does_not_refute(case, claimed_delta, least):
+    # Gaussian count at (1, 1e-5): no threshold event is tight for a Gaussian, so only "not refuted" is asked.
+    # Median: 20 users at 0 and the added one at 10, "median = 0" in both groups: P ~ 0.137 against ~ 0.068
+    # (docs/proofs/group_by.md §6), a bound of about ln 2 at most.
+    from dpsql.tools import audit
+
+    r = audit.audit(case, epsilon=1.0, delta=1e-5, runs=5000, confidence=0.95, seed=5)
+    assert (r.claimed_epsilon, r.delta) == (1.0, claimed_delta)
+    assert not r.refuted and least <= r.epsilon_lower_bound <= 1.0
 
 
 # -- pre_threshold -------------------------------------------------------------------------------
@@ -501,7 +559,8 @@ def test_pre_threshold_releases_only_items_with_enough_users_and_charges_its_sel
     released = out.column("item").to_pylist()
     assert released and all(len(users[x]) >= 70 for x in released)
     assert any(len(users[x]) < 70 for x in users)  # the filter had something to remove
-    # the selection (4, 1e-5) and the aggregates (4, 0): one charge of the total
+    # the selection (4, 5e-6) and the Gaussian aggregates (4, 5e-6) (count_laplace has no Gaussian form:
+    # basic composition): one charge of the total
     assert con.execute("SELECT mechanism, epsilon, delta FROM dp_releases() ORDER BY release_id").fetchall() == [
         ("dp_group_by", 8.0, 1e-5)]
     con.close()
@@ -519,10 +578,16 @@ def test_dbt_plugin_treats_both_macros_as_releases():
 def test_sql_calibration_function_gives_the_python_numbers():
     con = dpsql.connect()
     row = con.execute("SELECT dp_group_by_calibration(1.0, 1e-5, 10, aggregates := ['count', 'sum', 'mean'], "
-                      "value_col := 'v', lower := 0, upper := 6, selection := 'weighted_gaussian')").fetchall()[0][0]
+                      "value_col := 'v', lower := 0, upper := 6, selection := 'weighted_gaussian', "
+                      "noise := 'laplace')").fetchall()[0][0]
     assert (row["count_scale"], row["count_ci"]) == (40.0, gb.laplace_ci(40.0, 2.0 ** -11, 0.95))
     assert (row["sum_scale"], row["sum_ci"]) == (240.078125, 719.208984375)
-    assert row["aggregate_epsilon"] == 0.5
+    assert row["aggregate_epsilon"] == 0.5 and row["gaussian"] is False
+    row = con.execute("SELECT dp_group_by_calibration(1.0, 1e-5, 10, aggregates := ['count', 'sum', 'mean'], "
+                      "value_col := 'v', lower := 0, upper := 6, selection := 'weighted_gaussian')").fetchall()[0][0]
+    cal = gb.group_by_calibration(1.0, 1e-5, 10, ["count", "sum", "mean"], "v", 0, 6, "weighted_gaussian")
+    assert row["gaussian"] is True
+    assert (row["count_scale"], row["count_ci"], row["sum_scale"]) == (cal.count_scale, cal.count_ci, cal.sum_scale)
     with pytest.raises(duckdb.Error, match="lower must be <= upper"):
         con.execute("SELECT dp_group_by_calibration(1.0, 1e-5, aggregates := ['sum'], value_col := 'v', "
                     "lower := 1, upper := 0)").fetchall()
