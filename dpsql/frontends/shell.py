@@ -51,7 +51,7 @@ from dpsql.core.errors import LedgerIOError, ParameterError, from_engine
 # Statements are split by DuckDB's own tokenizer: quotes, E'...' escapes, $tag$ strings and nested
 # comments split where DuckDB's parser would.
 from dpsql.core.sqltext import is_complete, split_statements
-from dpsql.frontends import dp_syntax
+from dpsql.groupby import bigquery
 
 if TYPE_CHECKING:
     from dpsql.frontends.prompt import SqlCompleter
@@ -505,7 +505,7 @@ class Shell:
         if self.echo:
             self._emit(sql + ";\n", charged=False)
         # BigQuery's SELECT WITH DIFFERENTIAL_PRIVACY is no DuckDB statement: translated, it runs as one release
-        dp = dp_syntax.is_dp_query(sql)
+        dp = bigquery.is_dp_query(sql)
         parsed = [] if dp else duckdb.extract_statements(sql)
         if not dp and not parsed:  # only comments
             return
@@ -563,8 +563,8 @@ class Shell:
         return "rows", names, relation.materialize()
 
     def _compute_dp(self, sql: str) -> Optional[tuple[Any, ...]]:
-        """Run a differential-privacy statement (:mod:`dpsql.frontends.dp_syntax`) and hold its released rows."""
-        table = dp_syntax.sql(self.con, sql)
+        """Run a differential-privacy statement (:mod:`dpsql.groupby.bigquery`) and hold its released rows."""
+        table = bigquery.sql(self.con, sql)
         return "rows", list(table.column_names), self.con.from_arrow(table)
 
     def _draw(self, rows: duckdb.DuckDBPyRelation, names: list[str], charged: bool) -> str:

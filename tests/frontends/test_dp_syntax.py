@@ -1,4 +1,4 @@
-"""BigQuery's SELECT WITH DIFFERENTIAL_PRIVACY (dpsql/frontends/dp_syntax.py): translation, refusals, the release
+"""BigQuery's SELECT WITH DIFFERENTIAL_PRIVACY (dpsql/groupby/bigquery.py): translation, refusals, the release
 it runs (equal to the dpsql.group_by call it stands for, charged once to the base tables), the shell, and the
 blocks of docs/bigquery_syntax.md."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import dpsql
 from conftest import seeded
 from dpsql.core.errors import BudgetExceededError, ParameterError
-from dpsql.frontends.dp_syntax import SUPPORTED, DpSyntaxError, is_dp_query, translate
+from dpsql.groupby.bigquery import SUPPORTED, DpSyntaxError, is_dp_query, translate
 from dpsql.frontends.shell import run_shell
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "bigquery_syntax.md"
@@ -317,7 +317,7 @@ def test_a_refused_statement_is_refused_before_the_connection_is_used():
 
 
 def test_import_dpsql_imports_no_front_end():
-    # dpsql.sql imports the translator when called (CONTRIBUTING: nothing in the package imports a front end)
+    # dpsql.sql is the groupby room's translator (CONTRIBUTING: nothing in the package imports a front end)
     assert "sql" in dpsql.__all__
     code = "import sys, dpsql; sys.exit(any(m.startswith('dpsql.frontends') for m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

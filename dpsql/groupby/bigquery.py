@@ -65,7 +65,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import duckdb
 import pyarrow as pa
 
-from dpsql import groupby
+from dpsql.groupby import _check_value_column, group_by
 from dpsql.core import sqltext
 from dpsql.core.errors import ParameterError
 from dpsql.core.sqltext import Token
@@ -660,7 +660,7 @@ def translate(text: str) -> Translation:
 def _check_value(con: duckdb.DuckDBPyConnection, query: str, column: str) -> None:
     """The value AVG divides is a number whose conversion to DOUBLE cannot fail (dp_group_by's own check)."""
     schema = [(r[0], r[1]) for r in con.execute(f"DESCRIBE {query}").fetchall()]
-    groupby._check_value_column("the FROM clause", column, schema)
+    _check_value_column("the FROM clause", column, schema)
 
 
 def sql(con: duckdb.DuckDBPyConnection, text: str) -> pa.Table:
@@ -687,7 +687,7 @@ def sql(con: duckdb.DuckDBPyConnection, text: str) -> pa.Table:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ParameterError(f"dpsql: the FROM, WHERE or a column of the differentially private query is not "
                                  f"valid here: {first}") from None
-        released = groupby.group_by(con, view, **plan.params)
+        released = group_by(con, view, **plan.params)
     finally:
         _drop(con, view)
     return pa.table({name: released.column(column) for column, name in plan.columns})
