@@ -27,25 +27,42 @@ sys.path[:0] = [str(p) for p in sorted(Path(__file__).resolve().parent.iterdir()
 # there a test that skips because its extra is missing fails instead (a skip would hide a dependency
 # the extra forgot to declare). The words identify the skip reasons of each extra's tests.
 _EXTRA_SKIP_WORDS = {"dbt": ("dbt",), "fast": ("numba",), "plot": ("matplotlib",),
-                     "spark": ("pyspark", "sqlglot", "java", "spark"), "tmux": ("tmux",)}
+                     "spark": ("pyspark", "sqlglot", "java", "spark"), "tmux": ("tmux",),
+                     "notebook": ("notebook", "jupysql", "ipython")}
 _MISSING = ("not installed", "could not import", "no module", "not available", "no java", "not found")
+
+
+def _required_but_skipped(report) -> str | None:
+    """The DPSQL_REQUIRE extra a skip report blames on a missing package, if any."""
+    required = [e for e in os.environ.get("DPSQL_REQUIRE", "").split(",") if e]
+    if not (report.skipped and required):
+        return None
+    reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr).lower()
+    if not any(phrase in reason for phrase in _MISSING):
+        return None  # skipped for another reason (e.g. no shared data), not for a missing extra
+    for extra in required:
+        if any(word in reason for word in _EXTRA_SKIP_WORDS.get(extra, (extra,))):
+            return f"DPSQL_REQUIRE={extra}: this test skipped although the extra is installed: {reason}"
+    return None
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    required = [e for e in os.environ.get("DPSQL_REQUIRE", "").split(",") if e]
-    if not (report.skipped and required):
-        return
-    reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr).lower()
-    if not any(phrase in reason for phrase in _MISSING):
-        return  # skipped for another reason (e.g. no shared data), not for a missing extra
-    for extra in required:
-        if any(word in reason for word in _EXTRA_SKIP_WORDS.get(extra, (extra,))):
-            report.outcome = "failed"
-            report.longrepr = f"DPSQL_REQUIRE={extra}: this test skipped although the extra is installed: {reason}"
-            return
+    failure = _required_but_skipped(report)
+    if failure:
+        report.outcome, report.longrepr = "failed", failure
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    # a module that skips as a whole (pytest.importorskip at its top) is held to DPSQL_REQUIRE too
+    outcome = yield
+    report = outcome.get_result()
+    failure = _required_but_skipped(report)
+    if failure:
+        report.outcome, report.longrepr = "failed", failure
 
 
 # CI runs the suite in two installs (.ci/run): the core one, then the one with every extra. A test that
