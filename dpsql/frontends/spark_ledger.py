@@ -88,20 +88,20 @@ def charged(df: Any, *, ledger: Union[None, str, os.PathLike, Ledger], scope: Op
 
     Everything that can refuse the release (the ledger, the scope, the budgets) does so before
     ``release()`` starts a Spark job; a charge refused after it (the budget spent meanwhile) returns nothing.
-    ``release()`` runs inside :func:`dpsql.frontends.spark_progress.tracking` (``progress``, and a Spark
-    failure raised as dpsql's error, before any charge).
+    ``release()`` and the charge run inside :func:`dpsql.frontends.spark_progress.tracking` (``progress``,
+    100 once charged; a Spark failure raised as dpsql's error, before any charge).
     """
     target = ledger_for(df.sparkSession, ledger)
     scopes = scopes_of(df, scope, target)
     target.check_charge(mechanism, str(scopes), epsilon, delta, scope=scopes)
-    with spark_progress.tracking(df.sparkSession, progress):
+    with spark_progress.tracking(df.sparkSession, progress):  # 100 % once charged, as on DuckDB
         result = release()
-    try:
-        target.charge(mechanism, "user", str(scopes), epsilon, delta, json.dumps(dict(parameters), default=repr),
-                      calibration_text(calibration), seeded=seeded, scope=scopes)
-    except BaseException:
-        unpersist = getattr(result, "unpersist", None)
-        if callable(unpersist):
-            unpersist()
-        raise
+        try:
+            target.charge(mechanism, "user", str(scopes), epsilon, delta, json.dumps(dict(parameters), default=repr),
+                          calibration_text(calibration), seeded=seeded, scope=scopes)
+        except BaseException:
+            unpersist = getattr(result, "unpersist", None)
+            if callable(unpersist):
+                unpersist()
+            raise
     return result
