@@ -40,8 +40,7 @@ from dpsql.core.inputs import accepts_tables
 from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_param, delta_param, epsilon_param,
                                   max_items_param, tbl_param, user_item_example, with_role)
 from dpsql.core.udf import Udf, scalar
-from dpsql.core.validation import (DPParameterError, check_column_pair, check_delta, check_identifier,
-                                   check_table_name)
+from dpsql.core.validation import DPParameterError, check_column_pair, check_identifier, check_table_name
 from dpsql.groupby.calibration import (AGGREGATES, DEFAULT_CONFIDENCE, DEFAULT_SPLIT, MEASUREMENTS, MEDIAN_BINS,
                                        NOISES, PRE_THRESHOLD_METHODS, GroupByCalibration, Measurement,
                                        check_aggregates, check_confidence, check_group_cols, check_max_groups,

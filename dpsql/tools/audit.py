@@ -649,15 +649,15 @@ def _group_by_count_case(mech: DeclaredMechanism, name: str, note: str, aggregat
     ``dp_group_by_public`` (Laplace, (epsilon, 0)) or ``dp_group_by`` with ``items_tbl`` (its default noise,
     Gaussian, at (epsilon, delta)). ``aggregate`` 'rows': the added user has 3 rows per group (the view
     ``dp__audit_rows``), max_rows 3, and a group counts when its noisy row count is >= 3 + 3."""
+    def rows_view(con) -> None:  # the added user (local id 3 of 4) has three rows of each of its groups
+        con.execute("CREATE TABLE IF NOT EXISTS dp__audit_data (user_id BIGINT, item BIGINT)")
+        con.execute("CREATE OR REPLACE VIEW dp__audit_rows AS SELECT user_id, item FROM dp__audit_data "
+                    "UNION ALL SELECT user_id, item FROM dp__audit_data, range(2) WHERE user_id % 4 = 3")
+
     table, extra, cut = "{tbl}", "", 4
     setup: Optional[Callable[[object], None]] = None
     if aggregate == "rows":
-        table, extra, cut = "dp__audit_rows", ", aggregates := ['rows'], max_rows := 3", 6
-
-        def setup(con) -> None:  # the added user (local id 3 of 4) has three rows of each of its groups
-            con.execute("CREATE TABLE IF NOT EXISTS dp__audit_data (user_id BIGINT, item BIGINT)")
-            con.execute("CREATE OR REPLACE VIEW dp__audit_rows AS SELECT user_id, item FROM dp__audit_data "
-                        "UNION ALL SELECT user_id, item FROM dp__audit_data, range(2) WHERE user_id % 4 = 3")
+        table, extra, cut, setup = "dp__audit_rows", ", aggregates := ['rows'], max_rows := 3", 6, rows_view
     public = "delta" not in mech.param_names
     column = "rows" if aggregate == "rows" else "count"
 
