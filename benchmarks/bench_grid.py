@@ -33,6 +33,8 @@ the users are split by their own number of distinct items d (a function of each 
 user is in exactly one part and under add/remove-one-user neighbours each part may spend the whole
 (epsilon, delta), parallel composition); users with d <= d0 go to ``count_laplace`` with
 ``max_items := 1``, the others to the default ``sips_cumulative``; the released items are the union.
+``splitg_d<d0>`` (second prototype, declared after the first's tuning run): the same split with
+``greedy_update`` on the low-degree part.
 
 Settings: (a) epsilon=1, delta=1e-5, max_items=100; (b) epsilon=3, delta=e^-10, max_items=100.
 Runs are interleaved: run i of every method runs on one connection seeded ``1000 + i`` (the table loaded
@@ -201,12 +203,17 @@ def released(con, label: str, epsilon: float, delta: float, max_items: int) -> i
     """Items released by ``label`` (a method of ``METHODS`` or ``split_d<d0>``) on the connection's ``t``."""
     if label.startswith("split_d"):
         return len(split_release(con, int(label[len("split_d"):]), epsilon, delta, max_items))
+    if label.startswith("splitg_d"):
+        return len(split_release(con, int(label[len("splitg_d"):]), epsilon, delta, max_items, low="greedy_update"))
     method, options = METHODS[label]
     return len(_release(con, "t", method, options, epsilon, delta, max_items))
 
 
-def split_release(con, d0: int, epsilon: float, delta: float, max_items: int) -> set:
-    """Prototype: users with at most ``d0`` distinct items -> one-item Laplace rule, the rest -> default.
+def split_release(con, d0: int, epsilon: float, delta: float, max_items: int, low: str = "count_laplace") -> set:
+    """Prototype: users with at most ``d0`` distinct items -> ``low``, the rest -> the default.
+
+    ``low``: ``count_laplace`` with ``max_items := 1`` (``split_d<d0>``) or ``greedy_update``
+    (``splitg_d<d0>``, its own defaults).
 
     The parts are disjoint sets of users chosen by each user's own degree, so adding or removing one
     user changes one part only and each release may take the whole (epsilon, delta) (parallel
@@ -216,9 +223,10 @@ def split_release(con, d0: int, epsilon: float, delta: float, max_items: int) ->
     con.execute("CREATE OR REPLACE TEMP TABLE deg AS SELECT user_id, count(DISTINCT item) AS d FROM t GROUP BY user_id")
     con.execute(f"CREATE OR REPLACE VIEW t_low AS SELECT user_id, item FROM t JOIN deg USING (user_id) WHERE d <= {d0}")
     con.execute(f"CREATE OR REPLACE VIEW t_high AS SELECT user_id, item FROM t JOIN deg USING (user_id) WHERE d > {d0}")
-    low = _release(con, "t_low", "count_laplace", {"max_items": 1}, epsilon, delta, max_items)
+    low_options: dict = {"max_items": 1} if low == "count_laplace" else {}
+    low_items = _release(con, "t_low", low, low_options, epsilon, delta, max_items)
     high = _release(con, "t_high", DEFAULT, {}, epsilon, delta, max_items)
-    return low | high
+    return low_items | high
 
 
 def run_point(point: Point, labels: list[str], settings: list[str], runs: int, threads: int, cache: Path,
@@ -282,6 +290,27 @@ def table(rows: list[dict], labels: list[str]) -> str:
     return "\n".join(out)
 
 
+def choose_d0(rows: list[dict], candidates: list[str]) -> list[tuple[str, float, float, int]]:
+    """The declared rule on the tuning rows: per candidate (min ratio, geometric mean ratio, pairs) to the
+    best sequential method, best first (max of the min, then of the geometric mean, then the smaller d0).
+
+    Pairs where every sequential method released nothing (mean 0) are left out.
+    """
+    scored = []
+    for label in candidates:
+        ratios = []
+        for r in rows:
+            if r["part"] != "tuning" or not r["counts"].get(label):
+                continue
+            seq = max(statistics.mean(r["counts"][k]) for k in SEQUENTIAL if r["counts"].get(k))
+            if seq > 0:
+                ratios.append(statistics.mean(r["counts"][label]) / seq)
+        if ratios:
+            geo = math.exp(statistics.mean(math.log(max(x, 1e-9)) for x in ratios))
+            scored.append((label, min(ratios), geo, len(ratios)))
+    return sorted(scored, key=lambda x: (-x[1], -x[2], int(x[0].rpartition("_d")[2]) if x[0].startswith("split") else 0))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=["tuning", "report", "all"], default="all")
@@ -299,12 +328,17 @@ def main(argv=None) -> None:
     ap.add_argument("--list", action="store_true", help="list the grid and its split, then stop")
     ap.add_argument("--describe", action="store_true", help="generate and describe the points, then stop")
     ap.add_argument("--table", nargs="+", help="print the markdown table of these JSON files, then stop")
+    ap.add_argument("--choose", action="store_true", help="with --table: score the split_d<d0> labels by the "
+                    "declared rule on the tuning rows")
     args = ap.parse_args(argv)
     labels = args.methods.split(",")
     if args.table:
         rows = [json.loads(line) for f in args.table for line in Path(f).read_text().splitlines() if line.strip()]
         present = [k for k in labels if any(k in r["counts"] for r in rows)]
         print(table(rows, present))
+        if args.choose:
+            for label, low, geo, n in choose_d0(rows, [k for k in present if k.startswith("split")] + [DEFAULT]):
+                print(f"{label}: min ratio {low:.3f}, geometric mean {geo:.3f} over {n} tuning pairs")
         return
     points = [] if args.shared_only else grid_points()
     if args.part != "all":
