@@ -290,6 +290,53 @@ def table(rows: list[dict], labels: list[str]) -> str:
     return "\n".join(out)
 
 
+def merge_rows(rows: list[dict]) -> list[dict]:
+    """Rows of the same (point, setting) from several runs of the script, their methods' counts merged
+    (a later file's method replaces an earlier's), in the grid's order."""
+    merged: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        key = (r["point"], r["setting"])
+        if key in merged:
+            for field in ("counts", "seconds"):
+                merged[key][field] = {**merged[key][field], **r[field]}
+        else:
+            merged[key] = {**r, "counts": dict(r["counts"]), "seconds": dict(r["seconds"])}
+    order = {p.name: k for k, p in enumerate(grid_points() + shared_points())}
+    return sorted(merged.values(), key=lambda r: (order.get(r["point"], len(order)), r["setting"]))
+
+
+def summary(rows: list[dict], labels: list[str]) -> list[str]:
+    """Per part (tuning, report grid, shared datasets) and label: pairs at or above the best sequential
+    method (by mean), the smallest ratio and where, the geometric mean of the ratios, and the range of
+    the ratio to ``mad2r``. Pairs where every sequential method released nothing are left out."""
+    out = []
+    parts = {"tuning": lambda r: r["part"] == "tuning",
+             "report (grid)": lambda r: r["part"] == "report" and r["users"] > 0,
+             "report (shared)": lambda r: r["users"] == 0}
+    for part, keep in parts.items():
+        for label in labels:
+            ratios, mad = [], []
+            for r in rows:
+                if not keep(r) or not r["counts"].get(label):
+                    continue
+                mean = statistics.mean(r["counts"][label])
+                seq = max(statistics.mean(r["counts"][k]) for k in SEQUENTIAL if r["counts"].get(k))
+                if seq > 0:
+                    ratios.append((mean / seq, f"{r['point']} ({r['setting']})"))
+                if r["counts"].get("mad2r") and statistics.mean(r["counts"]["mad2r"]) > 0:
+                    mad.append(mean / statistics.mean(r["counts"]["mad2r"]))
+            if not ratios:
+                continue
+            low = min(ratios)
+            geo = math.exp(statistics.mean(math.log(max(x, 1e-9)) for x, _ in ratios))
+            wins = sum(x >= 1 for x, _ in ratios)
+            mad_text = f"; / mad2r {min(mad):.2f}-{max(mad):.2f}" if mad else ""
+            out.append(f"{part}, {label}: >= best sequential on {wins}/{len(ratios)}; ratio {low[0]:.2f} "
+                       f"(lowest, {low[1]}) to {max(ratios)[0]:.2f} (highest, {max(ratios)[1]}); geometric mean "
+                       f"{geo:.2f}{mad_text}")
+    return out
+
+
 def choose_d0(rows: list[dict], candidates: list[str]) -> list[tuple[str, float, float, int]]:
     """The declared rule on the tuning rows: per candidate (min ratio, geometric mean ratio, pairs) to the
     best sequential method, best first (max of the min, then of the geometric mean, then the smaller d0).
@@ -333,9 +380,12 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     labels = args.methods.split(",")
     if args.table:
-        rows = [json.loads(line) for f in args.table for line in Path(f).read_text().splitlines() if line.strip()]
+        rows = merge_rows([json.loads(line) for f in args.table for line in Path(f).read_text().splitlines()
+                           if line.strip()])
         present = [k for k in labels if any(k in r["counts"] for r in rows)]
         print(table(rows, present))
+        for line in summary(rows, [k for k in present if k == DEFAULT or k.startswith("split")]):
+            print(line)
         if args.choose:
             for label, low, geo, n in choose_d0(rows, [k for k in present if k.startswith("split")] + [DEFAULT]):
                 print(f"{label}: min ratio {low:.3f}, geometric mean {geo:.3f} over {n} tuning pairs")
