@@ -108,7 +108,7 @@ def _sqlglot():
         from sqlglot import exp
         from sqlglot.optimizer.simplify import simplify
     except ImportError as err:  # pragma: no cover - the spark extra installs it
-        raise ImportError("dpsql's SQL translation needs sqlglot: pip install 'dpsql[spark]'") from err
+        raise ImportError("dpsql's SQL translation needs sqlglot: pip install '.[spark]' in dpsql's checkout") from err
     return sqlglot, exp, simplify
 
 

@@ -105,7 +105,7 @@ def _use_numba(kernel: str) -> bool:
         return False
     if _numba_kernels() is None:
         if kernel == "numba":
-            raise ImportError("kernel='numba' needs numba: pip install 'dpsql[fast]'")
+            raise ImportError("kernel='numba' needs numba: pip install '.[fast]' in dpsql's checkout")
         return False
     return True
 

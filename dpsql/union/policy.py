@@ -534,7 +534,7 @@ def run_policy(kind: int, indptr: np.ndarray, indices: np.ndarray, n_items: int,
     if kernel == "numba":
         fn = _numba_kernel()
         if fn is None:
-            raise ImportError("kernel='numba' needs numba: pip install 'dpsql[fast]'")
+            raise ImportError("kernel='numba' needs numba: pip install '.[fast]' in dpsql's checkout")
     elif kernel == "python":
         fn = _python_kernel
     else:

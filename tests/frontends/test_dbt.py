@@ -1,6 +1,6 @@
 """The dbt-duckdb plugin (dpsql.frontends.dbt) and the example dbt project in examples/dbt.
 
-Skipped when dbt-core / dbt-duckdb are not installed (``pip install dpsql[dbt]``).
+Skipped when dbt-core / dbt-duckdb are not installed (``pip install ".[dbt]"`` in the checkout).
 """
 from __future__ import annotations
 
