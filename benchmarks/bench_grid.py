@@ -41,10 +41,14 @@ Runs are interleaved: run i of every method runs on one connection seeded ``1000
 into memory once per run). A method whose first run on a point
 takes longer than ``--max-seconds`` is not run again on that point (reported as such, never dropped).
 
+The shared datasets are found as by the other benchmarks (``DPSQL_SHARED_DATA``, or ``../shared/data``
+next to the repository).
+
     python benchmarks/bench_grid.py --list
     python benchmarks/bench_grid.py --part tuning --runs 5 --json /tmp/grid_tuning.json
     python benchmarks/bench_grid.py --points one-s1.0-n1e6 --runs 5 --json /tmp/grid_big.json
-    python benchmarks/bench_grid.py --table /tmp/grid_tuning.json /tmp/grid_report.json
+    python benchmarks/bench_grid.py --shared-only --runs 5 --json /tmp/grid_shared.json
+    python benchmarks/bench_grid.py --table /tmp/grid_tuning.json /tmp/grid_report.json --choose
 """
 from __future__ import annotations
 
@@ -177,6 +181,22 @@ def describe(path: Path) -> dict:
         con.close()
     keys = ["users", "pairs", "items", "median_degree", "mean_degree", "max_degree", "share_degree_le3"]
     return dict(zip(keys, [float(x) for x in row]))
+
+
+def in_doubt(path: Path, low: int, high: int) -> float:
+    """Diagnostic (not a release): among the users holding an item with ``low``..``high`` holders (the
+    range where a method's release is in doubt), the mean number of such items a user holds."""
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        return float(con.execute(f"""
+            WITH p AS (SELECT DISTINCT user_id, item FROM read_parquet('{path}')),
+                 n AS (SELECT item, count(*) AS k FROM p GROUP BY item HAVING k BETWEEN {low} AND {high})
+            SELECT avg(c) FROM (SELECT user_id, count(*) AS c FROM p JOIN n USING (item) GROUP BY user_id)
+            """).fetchone()[0] or 0.0)
+    finally:
+        con.close()
 
 
 def _open(path: Path, seed: int, threads: int):
@@ -320,7 +340,7 @@ def summary(rows: list[dict], labels: list[str]) -> list[str]:
                 if not keep(r) or not r["counts"].get(label):
                     continue
                 mean = statistics.mean(r["counts"][label])
-                seq = max(statistics.mean(r["counts"][k]) for k in SEQUENTIAL if r["counts"].get(k))
+                seq = max((statistics.mean(r["counts"][k]) for k in SEQUENTIAL if r["counts"].get(k)), default=0.0)
                 if seq > 0:
                     ratios.append((mean / seq, f"{r['point']} ({r['setting']})"))
                 if r["counts"].get("mad2r") and statistics.mean(r["counts"]["mad2r"]) > 0:
@@ -349,7 +369,7 @@ def choose_d0(rows: list[dict], candidates: list[str]) -> list[tuple[str, float,
         for r in rows:
             if r["part"] != "tuning" or not r["counts"].get(label):
                 continue
-            seq = max(statistics.mean(r["counts"][k]) for k in SEQUENTIAL if r["counts"].get(k))
+            seq = max((statistics.mean(r["counts"][k]) for k in SEQUENTIAL if r["counts"].get(k)), default=0.0)
             if seq > 0:
                 ratios.append(statistics.mean(r["counts"][label]) / seq)
         if ratios:
@@ -374,6 +394,8 @@ def main(argv=None) -> None:
     ap.add_argument("--json", help="append the results (one JSON line per point and setting) to this file")
     ap.add_argument("--list", action="store_true", help="list the grid and its split, then stop")
     ap.add_argument("--describe", action="store_true", help="generate and describe the points, then stop")
+    ap.add_argument("--doubt", help="low,high: per point, the mean number of items with low..high holders "
+                    "held by a user holding one (a diagnostic), then stop")
     ap.add_argument("--table", nargs="+", help="print the markdown table of these JSON files, then stop")
     ap.add_argument("--choose", action="store_true", help="with --table: score the split_d<d0> labels by the "
                     "declared rule on the tuning rows")
@@ -406,6 +428,11 @@ def main(argv=None) -> None:
             print(f"{p.name:24s} {p.part}")
         return
     cache = Path(args.cache)
+    if args.doubt:
+        low, high = (int(x) for x in args.doubt.split(","))
+        for p in points:
+            print(f"{p.name} {p.part} {in_doubt(table_path(p, cache), low, high):.2f}", flush=True)
+        return
     if args.describe:
         for p in points:
             print(p.name, p.part, json.dumps(describe(table_path(p, cache))), flush=True)
