@@ -164,7 +164,8 @@ def run_accuracy(args) -> list[dict]:
         for label, _, _ in configs:
             r = runs[label]
             out.append({"dataset": name, "config": label, "released": statistics.mean(r["released"]),
-                        "median_rel_error": statistics.mean(r["err"]), "median_rel_error_top20": statistics.mean(r["top"]),
+                        "median_rel_error": statistics.mean(r["err"]),
+                        "median_rel_error_top20": statistics.mean(r["top"]),
                         "count_ci": statistics.mean(r["ci"])})
             print(json.dumps(out[-1]), flush=True)
         con.close()

@@ -64,7 +64,8 @@ _ONE_SHOT = with_role(union.METHODS.values(), "reference_one_shot")
 
 _CAL_FIELDS = {"gaussian": BOOLEAN, "max_rows": DOUBLE, "lower": DOUBLE, "upper": DOUBLE, "centre": DOUBLE,
                "half": DOUBLE, "sum_limit": DOUBLE, "aggregate_epsilon": DOUBLE,
-               **{f"{m}_{f}": DOUBLE for m in ("count", "rows", "sum", "sumsq") for f in ("granularity", "scale", "ci")},
+               **{f"{m}_{f}": DOUBLE for m in ("count", "rows", "sum", "sumsq")
+                  for f in ("granularity", "scale", "ci")},
                "mean_count_ci": DOUBLE, "mean_sum_ci": DOUBLE, "var_count_ci": DOUBLE, "var_sum_ci": DOUBLE,
                "var_sumsq_ci": DOUBLE, "median_bins": DOUBLE, "median_step": DOUBLE, "median_scale": DOUBLE,
                "median_ci": DOUBLE}

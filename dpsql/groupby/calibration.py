@@ -114,7 +114,8 @@ def laplace_ci(scale: float, granularity: float, confidence: float) -> float:
 
 
 def gaussian_ci(sigma: float, granularity: float, confidence: float) -> float:
-    """Half-width ``g m``, ``m = ceil((sigma/g) z)``, ``z = PhiInv((1 + confidence)/2)``: covers ``g N_Z(0, (sigma/g)^2)``.
+    """Half-width ``g m``, ``m = ceil((sigma/g) z)``, ``z = PhiInv((1 + confidence)/2)``: it covers
+    ``g N_Z(0, (sigma/g)^2)`` with probability ``>= confidence``.
 
     For ``Z ~ N_Z(0, s^2)`` and an integer ``m >= 0``: ``P[Z > m] = sum_{z > m} e^(-z^2/(2s^2)) / N_s``
     with ``sum_{z > m} e^(-z^2/(2s^2)) <= int_m^inf e^(-x^2/(2s^2)) dx`` (a decreasing integrand) and

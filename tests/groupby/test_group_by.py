@@ -40,8 +40,8 @@ def n_releases(con) -> int:
 
 
 def test_count_only_split_and_scale():
-    # Laplace (noise := 'laplace'): pure DP, the selection keeps the whole delta (tests/groupby/test_calibration.py
-    # has the Gaussian default's numbers)
+    # Laplace (noise := 'laplace'): pure DP, the selection keeps the whole delta
+    # (tests/groupby/test_group_by_calibration.py has the Gaussian default's numbers)
     cal = gb.group_by_calibration(1.0, 1e-5, 10, noise="laplace")
     assert (cal.selection, cal.selection_epsilon, cal.selection_delta) == ("sips_cumulative", 0.5, 1e-5)
     assert cal.aggregate_epsilon == 0.5 and cal.count_epsilon == 0.5
