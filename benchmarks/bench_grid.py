@@ -28,7 +28,7 @@ own) into Parquet files under ``--cache`` (default: the system's temporary folde
 (keyed global fill order, no cap), ``policy_laplace``, ``policy_gaussian``; ``mad2r``; Basic
 (``weighted_gaussian``); ``count_laplace`` with ``max_items := 1`` (``one_item``: close to the optimal
 one-item-per-user rule). All with ``max_items := 100`` where they take it, through ``dpsql.set_union``
-on a DuckDB view of the Parquet file. Prototype ``split_d<d0>`` (a measurement, not a release method):
+on an in-memory DuckDB table loaded from the Parquet file. Prototype ``split_d<d0>`` (a measurement, not a release method):
 the users are split by their own number of distinct items d (a function of each user's own data, so a
 user is in exactly one part and under add/remove-one-user neighbours each part may spend the whole
 (epsilon, delta), parallel composition); users with d <= d0 go to ``count_laplace`` with
@@ -38,17 +38,24 @@ user is in exactly one part and under add/remove-one-user neighbours each part m
 
 Settings: (a) epsilon=1, delta=1e-5, max_items=100; (b) epsilon=3, delta=e^-10, max_items=100.
 Runs are interleaved: run i of every method runs on one connection seeded ``1000 + i`` (the table loaded
-into memory once per run). A method whose first run on a point
-takes longer than ``--max-seconds`` is not run again on that point (reported as such, never dropped).
+into memory once per run). A method whose first run on a point takes longer than ``--max-seconds`` is
+not run again on that point (reported as such, never dropped).
+
+Findings (2026-11-28, benchmarks/README.md, "Robustness grid"): the default is at or above the best
+sequential method (``greedy_update`` on every grid point) only where users hold several items in doubt
+(geometric / heavy-tailed degrees with flat popularity); it falls to 0.32-0.80 of it where users hold
+one to three items and to 0.72-0.96 with steep popularity. Neither prototype closes the gap: splitting
+users by degree splits the holders of the items the parts share.
 
 The shared datasets are found as by the other benchmarks (``DPSQL_SHARED_DATA``, or ``../shared/data``
 next to the repository).
 
     python benchmarks/bench_grid.py --list
-    python benchmarks/bench_grid.py --part tuning --runs 5 --json /tmp/grid_tuning.json
-    python benchmarks/bench_grid.py --points one-s1.0-n1e6 --runs 5 --json /tmp/grid_big.json
-    python benchmarks/bench_grid.py --shared-only --runs 5 --json /tmp/grid_shared.json
-    python benchmarks/bench_grid.py --table /tmp/grid_tuning.json /tmp/grid_report.json --choose
+    python benchmarks/bench_grid.py --part tuning --runs 5 --json tuning.json
+    python benchmarks/bench_grid.py --points one-s1.0-n1e6 --runs 5 --json big.json
+    python benchmarks/bench_grid.py --shared-only --runs 5 --json shared.json
+    python benchmarks/bench_grid.py --table tuning.json shared.json --choose
+    python benchmarks/bench_grid.py --doubt 8,30 --sizes 10000,100000 --shared
 """
 from __future__ import annotations
 
