@@ -12,7 +12,8 @@ from typing import Iterator
 import duckdb
 
 __all__ = ["DpsqlError", "ParameterError", "DPParameterError", "InputError", "BudgetError", "BudgetExceededError",
-           "LedgerIOError", "NOT_CONSTANT", "from_engine", "engine_errors"]
+           "LedgerIOError", "NOT_CONSTANT", "NOT_SHOWN", "from_engine", "engine_errors", "quotes_data",
+           "data_error"]
 
 
 class DpsqlError(Exception):
@@ -106,14 +107,40 @@ def from_engine(exc: BaseException) -> BaseException:
     return exc
 
 
+# DuckDB's messages that quote the data they failed on: a value that does not convert, a line of a CSV file,
+# a piece of a JSON document. A DataError (conversion, out of range, type mismatch) always names a value.
+_QUOTES_DATA = re.compile(r"Original Line|Could not convert|Could not parse|Failed to cast|can't be cast|"
+                          r"JSON transform error|Malformed JSON|Conversion Error|out of range", re.I)
+NOT_SHOWN = "DuckDB's own message is not shown because it quotes the data"
+
+
+def quotes_data(exc: BaseException) -> bool:
+    """Whether ``exc``, an engine error, may quote a value of the data (its message is then never shown)."""
+    return isinstance(exc, duckdb.DataError) or (isinstance(exc, duckdb.Error) and bool(_QUOTES_DATA.search(str(exc))))
+
+
+def data_error(exc: duckdb.Error) -> InputError:
+    """The :class:`InputError` shown for ``exc``, an engine error that quotes the data: its kind only."""
+    return InputError(f"dpsql: DuckDB could not read or convert a value of the input ({type(exc).__name__}); "
+                      f"{NOT_SHOWN}. Check the types of the columns the release reads (a view's casts, a file's "
+                      f"values): e.g. TRY_CAST, then filter the NULLs out, in the view passed")
+
+
 @contextmanager
 def engine_errors() -> Iterator[None]:
     """Around the lines that run a release's SQL: a dpsql error DuckDB wrapped is raised as its dpsql
-    class (:func:`from_engine`), with the ``duckdb.Error`` as its ``__cause__``; other errors pass unchanged."""
+    class (:func:`from_engine`), with the ``duckdb.Error`` as its ``__cause__``. An engine error that quotes
+    the data (:func:`quotes_data`: a cast of a view's column failing on a value) is raised as an
+    :class:`InputError` naming its kind only, with no cause or context a traceback would print (a traceback
+    is output too). Other errors pass unchanged."""
     try:
         yield
+        return
     except duckdb.Error as exc:
         mapped = from_engine(exc)
-        if mapped is exc:
+        if mapped is not exc:
+            raise mapped from exc
+        if not quotes_data(exc):
             raise
-        raise mapped from exc
+        hidden = data_error(exc)
+    raise hidden from None  # outside the handler: no __context__ either

@@ -278,3 +278,26 @@ def test_engine_errors_raises_the_dpsql_class_from_the_duckdb_error():
             con.sql("FROM no_such_table").fetchall()
     assert unchanged.value.__cause__ is None
     con.close()
+
+
+def test_engine_errors_hide_a_message_that_quotes_the_data_and_keep_the_others():
+    import traceback
+
+    from dpsql.core.errors import InputError, engine_errors
+
+    con = duckdb.connect()
+    with pytest.raises(InputError, match=r"\(ConversionException\); DuckDB's own message is not shown") as info:
+        with engine_errors():
+            con.execute("SELECT 'abc-secret'::INTEGER")
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert "abc-secret" not in "".join(traceback.format_exception(info.value))
+    with pytest.raises(InputError, match=r"\(OutOfRangeException\)") as info:
+        with engine_errors():
+            con.execute("SELECT 9223372036854775807::BIGINT + 98765")
+    assert "98765" not in "".join(traceback.format_exception(info.value))
+    # The query's text, not the data: DuckDB's own message stays.
+    with pytest.raises(duckdb.CatalogException, match="no_such_table"):
+        with engine_errors():
+            con.execute("SELECT * FROM no_such_table")
+    with engine_errors():  # and nothing happens without an error
+        assert con.execute("SELECT 1").fetchall() == [(1,)]

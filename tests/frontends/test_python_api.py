@@ -296,3 +296,60 @@ def test_a_null_user_raises_dpsql_input_error(con):
     assert not isinstance(info.value, dpsql.ParameterError)
     assert isinstance(info.value.__cause__, duckdb.Error)
     assert _charged(con) == 0
+
+
+# -- an engine error that quotes the data never reaches the user -----------------------------------------
+
+SECRET = "s3cr3t-value"
+
+
+def _quoting_view(con, column: str) -> None:
+    """A view whose ``column`` casts a VARCHAR to INTEGER, failing on one row whose value is SECRET."""
+    con.execute(f"CREATE TABLE raw AS SELECT i::VARCHAR AS u, (i % 5)::VARCHAR AS it, i::VARCHAR AS w "
+                f"FROM range(400) r(i)")
+    con.execute(f"UPDATE raw SET {dict(user_id='u', item='it', weight='w')[column]} = '{SECRET}' WHERE u = '321'")
+    cast = {"user_id": "u::INTEGER AS user_id, it AS item, w::DOUBLE AS weight",
+            "item": "u AS user_id, it::INTEGER AS item, w::DOUBLE AS weight",
+            "weight": "u AS user_id, it AS item, w::DOUBLE AS weight"}[column]
+    con.execute(f"CREATE VIEW v AS SELECT {cast}, it AS key FROM raw")
+
+
+CALLS = {
+    "set_union": lambda con: dpsql.set_union(con, "v", epsilon=1.0, delta=1e-5),
+    "set_union mad2r": lambda con: dpsql.set_union(con, "v", "mad2r", epsilon=1.0, delta=1e-5),
+    "group_by": lambda con: dpsql.group_by(con, "v", epsilon=1.0, delta=1e-5),
+    "top_k": lambda con: dpsql.top_k(con, "v", 2, epsilon=1.0, delta=1e-5),
+    "hitting_set": lambda con: dpsql.hitting_set(con, "v", 2, epsilon=1.0, delta=1e-5),
+    "top_k_limited_domain": lambda con: dpsql.top_k_limited_domain(con, "v", 2, 3, epsilon=1.0, delta=1e-5),
+}
+
+
+@pytest.mark.parametrize("column", ["user_id", "item"])
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_an_engine_error_quoting_a_value_is_shown_by_its_kind_only(con, call, column):
+    # DuckDB's ConversionException names the value it could not cast; the release's error, its traceback
+    # included (a traceback prints the causes and contexts of an exception), must not.
+    import traceback
+
+    _quoting_view(con, column)
+    with pytest.raises(dpsql.InputError, match=r"^dpsql: DuckDB could not read or convert a value of the input "
+                                                r"\(ConversionException\)") as info:
+        CALLS[call](con)
+    shown = "".join(traceback.format_exception(info.value))
+    assert SECRET not in shown and "Conversion Error" not in shown
+    assert _charged(con) == 0
+
+
+@pytest.mark.parametrize("call", ["weighted_sample", "group_by"])
+def test_a_value_column_that_does_not_convert_is_shown_by_its_kind_only(con, call):
+    import traceback
+
+    _quoting_view(con, "weight")
+    with pytest.raises(dpsql.InputError, match=r"\(ConversionException\)") as info:
+        if call == "weighted_sample":
+            dpsql.weighted_sample(con, "v", epsilon=1.0, delta=1e-5, freq_col="weight")
+        else:
+            dpsql.group_by(con, "v", epsilon=1.0, delta=1e-5, aggregates=["count", "sum"], value_col="weight",
+                           lower=0.0, upper=10.0)
+    assert SECRET not in "".join(traceback.format_exception(info.value))
+    assert _charged(con) == 0
