@@ -6,13 +6,13 @@ relations (its bound parameters, its calibration) cannot. So the long releases r
 progress, from inside their SQL, to whoever listens on the connection's noise source
 (:class:`reporting`, entered by :func:`dpsql.core.runner.run` around work with a progress callback):
 
-* the multi-round set-union bodies (``sips_cumulative``, ``sips``, ``mad2r``) call
+* a multi-round SQL body (the union family's adaptive methods, for instance) calls
   ``dp__progress(r, R)`` once round ``r`` of ``R`` is stored: on one row (a count of the round's
   rows, never passed on), so every round is reported exactly once, in order, whatever the data;
   ``r`` and ``R`` (``len(split)``) are constants of the call, so the fraction ``r / R`` is a
   function of public parameters only. It says nothing about the data beyond the time a round
   takes, which the release's own duration shows as well;
-* the policy kernels report how much of their work is done (:mod:`dpsql.union.policy`, between
+* a Python kernel reports how much of its work is done (the union family's policies, between
   chunks of entries) through :func:`shares`, which passes on only whole twentieths: values from a
   fixed public set (the exact share would be a ratio of counts of the data), reached at times
   that show what the release's duration shows.
