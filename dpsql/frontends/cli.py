@@ -41,7 +41,7 @@ import pyarrow as pa
 
 import dpsql
 from dpsql.core import ledger as ledger_mod, runner
-from dpsql.core.errors import InputError, ParameterError, from_engine
+from dpsql.core.errors import NOT_SHOWN, InputError, ParameterError, from_engine, quotes_data
 from dpsql.core import registry
 from dpsql.core.ledger import Ledger
 from dpsql.core.mechanism import Param
@@ -377,10 +377,6 @@ _CSV_PROBLEMS = ((r"Expected Number of Columns: (\d+) Found: (\d+)", "has {1} fi
                  (r"Invalid unicode", "is not UTF-8 text", "convert the file to UTF-8 (e.g. with iconv)"),
                  (r"Maximum line size", "is longer than DuckDB's maximum line size", "fix that line"),
                  (r"unterminated quote", "has a quote that is not closed", "fix that line"))
-# An engine message with these may quote a value or a line of the input.
-_QUOTES_DATA = re.compile(r"Original Line|Could not convert|Could not parse|Failed to cast|JSON transform error|"
-                          r"Malformed JSON|Conversion Error", re.I)
-_NOT_SHOWN = "DuckDB's own message is not shown because it quotes the data"
 
 
 def _column_type(con: duckdb.DuckDBPyConnection, view: str, column: str) -> Optional[str]:
@@ -412,8 +408,7 @@ def _input_error(con: duckdb.DuckDBPyConnection, exc: duckdb.Error, input_name: 
     and the fix, and never quotes the data (DuckDB's messages quote the line or the value)."""
     text = str(exc)
     csv_line, json_line = _CSV_LINE.match(text), _JSON_LINE.match(text)
-    if csv_line is None and json_line is None and not (isinstance(exc, duckdb.ConversionException)
-                                                      or _QUOTES_DATA.search(text)):
+    if csv_line is None and json_line is None and not quotes_data(exc):
         # An error about the options or the file's structure, not a row: DuckDB's text says it best.
         cause = re.split(r" Possible (?:solutions|fixes)| file = ", error_line(exc)[len("Error: "):])[0].strip()
         if reader.types and (isinstance(exc, duckdb.CatalogException) or "COLUMN_TYPES" in cause):
@@ -458,7 +453,7 @@ def _input_error(con: duckdb.DuckDBPyConnection, exc: duckdb.Error, input_name: 
             if found:
                 said, fix = f"{where} {has.format(*found.groups())}", remedy
                 break
-    return UsageError(f"dpsql: {input_name}: {said}; {fix}. {_NOT_SHOWN}; nothing was released or charged")
+    return UsageError(f"dpsql: {input_name}: {said}; {fix}. {NOT_SHOWN}; nothing was released or charged")
 
 
 def _copy_input(con: duckdb.DuckDBPyConnection, source: _Source, table: Optional[str], input_name: str,
@@ -1754,10 +1749,10 @@ def _error_line(exc: BaseException) -> str:
     """:func:`dpsql.frontends.shell.error_line`, except for an engine error that may quote the data (a value that
     could not be converted, a line of a file): then only its kind."""
     line = error_line(exc)
-    if isinstance(exc, duckdb.Error) and (isinstance(exc, duckdb.ConversionException) or _QUOTES_DATA.search(line)):
+    if quotes_data(exc):
         kind = line[len("Error: "):].split(":", 1)[0]
         csv_line, json_line = _CSV_LINE.match(str(exc)), _JSON_LINE.match(str(exc))
         at = (f" on line {csv_line.group(1)} of a CSV file" if csv_line else
               f" in {json_line.group(2).replace('/value', '')} {json_line.group(3)} of a JSON file" if json_line else "")
-        return f"Error: {kind}: DuckDB could not read or convert a value{at}; {_NOT_SHOWN}"
+        return f"Error: {kind}: DuckDB could not read or convert a value{at}; {NOT_SHOWN}"
     return line
