@@ -974,8 +974,9 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
     ``items`` the groups are selected by ``selection`` (one of :data:`PARALLEL_METHODS`, or with
     ``pre_threshold > 1`` the pre-thresholded one-shot weighting) at the calibration's share; ``items``
     is a DataFrame of public groups (column ``item_col``, or the ``group_cols``, each of ``df``'s type):
-    every listed group gets a row at ``(epsilon, 0)`` (``dp_group_by_public``: Laplace noise) and
-    ``delta`` must be left out. Every parameter is validated before any row is read; then one scan
+    every listed group gets a row, no selection: without a ``delta`` at ``(epsilon, 0)``
+    (``dp_group_by_public``: Laplace noise), with one at ``(epsilon, delta)`` (``dp_group_by(...,
+    items_tbl := ...)``: Gaussian noise by default). Every parameter is validated before any row is read; then one scan
     refuses a NULL user or group with DuckDB's text before anything is drawn (a NULL value is skipped
     by the sums, as in DuckDB). The pre-noise stages (the aggregates' cap ``dp__kept``, the
     measurements ``dp__stats``, the median's utility ``dp__median_utility``) and the post-processing
@@ -983,23 +984,20 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
     per measurement, Gumbel for the median's argmax (which only decides the grid point released).
     The selection and the aggregates are one release, charged once to ``ledger`` for the files ``df``
     reads, or for ``scope``, as :func:`set_union` (``(epsilon, delta)``, or ``(epsilon, 0)`` with
-    ``items``); the budgets are checked before any Spark job runs. The aggregates' cap has its own
+    ``items`` and no ``delta``); the budgets are checked before any Spark job runs. The aggregates' cap has its own
     salt (as the macro's ``dp__salt``). ``seed`` is for tests only: the release is then NOT private.
     ``progress`` and a Spark failure: as :func:`set_union`.
     """
     progress = spark_progress.check_progress(progress)
     public = items is not None
-    mech = {m.name: m for m in groupby.MECHANISMS}["group_by_public" if public else "group_by"]
+    pure = public and delta is None  # dp_group_by_public: Laplace at (epsilon, 0); with a delta, dp_group_by
+    mech = {m.name: m for m in groupby.MECHANISMS}["group_by_public" if pure else "group_by"]
     declared = dataclasses.replace(mech, params=tuple(p for p in mech.params if p.name not in ("tbl", "items_tbl")))
     common = {"epsilon": epsilon, "max_items": max_items, "aggregates": aggregates, "value_col": value_col,
               "lower": lower, "upper": upper, "max_groups": max_groups, "max_rows": max_rows,
               "confidence": confidence, "group_cols": list(group_cols) if isinstance(group_cols, tuple) else group_cols,
               "user_col": user_col, "item_col": item_col}
-    if public:
-        if delta is not None:
-            raise DPParameterError("delta does not apply with items_tbl on Spark (a public list spends no delta: Laplace "
-                                   "noise at (epsilon, 0)); leave it out, or run dp_group_by(..., items_tbl := ...) "
-                                   "with DuckDB for Gaussian noise at (epsilon, delta)")
+    if pure:
         if noise not in (None, "laplace"):
             raise DPParameterError("noise := 'gaussian' needs delta := <a small number, e.g. 1e-5>; or pass "
                                    "noise := 'laplace' for (epsilon, 0)-DP")
@@ -1007,21 +1005,18 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
     else:
         values = declared.validate(**common, delta=delta, selection=selection, split=split,
                                    pre_threshold=pre_threshold, **({} if noise is None else {"noise": noise}))
-    # as the macro's calibration UDF: the columns' roles, then the calibration's checks
+    # as the macro's calibration UDF: the columns' roles, then the calibration's checks (a public list: no selection)
     groupby._check_columns_call(values["user_col"], values["item_col"], values["group_cols"])
-    if public:
-        cal = groupby.check_call(epsilon, None, max_items, values["aggregates"], value_col, lower, upper, None, None,
-                                 pre_threshold, confidence, public=True, noise="laplace", max_groups=max_groups,
-                                 max_rows=values["max_rows"])
-    else:
-        cal = groupby.check_call(epsilon, delta, max_items, values["aggregates"], value_col, lower, upper, selection,
-                                 split, pre_threshold, confidence, public=False, noise=values["noise"],
-                                 max_groups=max_groups, max_rows=values["max_rows"])
+    cal = groupby.check_call(epsilon, delta, max_items, values["aggregates"], value_col, lower, upper,
+                             None if public else selection, None if public else split, pre_threshold, confidence,
+                             public=public, noise="laplace" if pure else values["noise"], max_groups=max_groups,
+                             max_rows=values["max_rows"])
     if not public and cal.pre_threshold == 1 and cal.selection not in PARALLEL_METHODS:
         raise DPParameterError(f"selection {cal.selection!r} has no Spark form; the Spark "
                                f"backend selects with {', '.join(PARALLEL_METHODS)} (run selection := "
                                f"'{cal.selection}' with DuckDB's dp_group_by)")
-    warn_weak_parameters(epsilon, None if public else delta, what=mech.macro, stacklevel=2)
+    warn_weak_parameters(epsilon, None if pure else delta, what=mech.macro, stacklevel=2)
+    plan = None
     if not public:
         assert cal.selection is not None
         with derived_budget():  # shares of the budget checked above
@@ -1030,9 +1025,9 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
                 values["item_col"], {})
     return spark_ledger.charged(
         df, ledger=ledger, scope=scope, mechanism=mech.macro, epsilon=values["epsilon"],
-        delta=0.0 if public else values["delta"], parameters=_recorded(values), calibration=cal,
+        delta=0.0 if pure else values["delta"], parameters=_recorded(values), calibration=cal,
         seeded=seed is not None,
-        release=lambda: _group_by_run(df, items, values, cal, None if public else plan, seed), progress=progress)
+        release=lambda: _group_by_run(df, items, values, cal, plan, seed), progress=progress)
 
 
 def _group_by_run(df, items, values: Mapping[str, Any], cal: groupby.GroupByCalibration,

@@ -239,28 +239,34 @@ def test_pre_noise_stages_and_post_processing_are_dp_group_by_s(spark, grouping)
 # Releases: columns, types, order, calibration, one charge
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("grouping", list(GROUPINGS))
-def test_release_columns_order_and_calibration_are_dpsql_group_by_s(spark, grouping):
+# a public list without a delta (dp_group_by_public: Laplace at (epsilon, 0)) and with one (dp_group_by with
+# items_tbl: Gaussian at (epsilon, delta))
+@pytest.mark.parametrize("grouping,delta", [("group_cols", None), ("item", 1e-5)])
+def test_release_columns_order_and_calibration_are_dpsql_group_by_s(spark, grouping, delta):
     from dpsql.frontends import spark as dspark
 
     rows = group_rows(3)
     data, listed = table(rows), _listed(grouping)
-    kwargs = dict(epsilon=1.0, aggregates=["median", "rows", "stddev", "count", "variance"], value_col="v",
-                  lower=LOWER, upper=UPPER, max_items=MAX_ITEMS, max_rows=2, confidence=0.9, **GROUPINGS[grouping])
+    kwargs = dict(epsilon=1.0, delta=delta, aggregates=["median", "rows", "stddev", "count", "variance"],
+                  value_col="v", lower=LOWER, upper=UPPER, max_items=MAX_ITEMS, max_rows=2, confidence=0.9,
+                  **GROUPINGS[grouping])
     duck = _duck(data, listed, **kwargs)
     before = len(dspark.session_ledger(spark).releases())
     out = dspark.group_by(spark.createDataFrame(data), items=spark.createDataFrame(listed), seed=5, scope="t",
                           **kwargs)
     new = dspark.session_ledger(spark).releases()[before:]
-    assert [(r.mechanism, r.epsilon, r.delta) for r in new] == [("dp_group_by_public", 1.0, 0.0)]  # charged once
+    charged = ("dp_group_by_public", 1.0, 0.0) if delta is None else ("dp_group_by", 1.0, delta)
+    assert [(r.mechanism, r.epsilon, r.delta) for r in new] == [charged]  # once
     assert out.columns == duck.column_names
     assert [f.dataType.simpleString() for f in out.schema.fields] == [
         {"int64": "bigint", "string": "string", "double": "double"}[str(f.type)] for f in duck.schema]
     got = [r.asDict() for r in out.collect()]
     assert _keys(got, grouping) == _keys(duck.to_pylist(), grouping) == sorted(_keys(listed.to_pylist(), grouping))
-    cal = gb.group_by_calibration(1.0, None, MAX_ITEMS, kwargs["aggregates"], "v", LOWER, UPPER, None,
-                                  confidence=0.9, noise="laplace", max_rows=2, groups=listed.num_rows)
-    for m in cal.measures:  # every measurement's scale and half-width: the calibration's, on both engines
+    cal = gb.group_by_calibration(1.0, delta, MAX_ITEMS, kwargs["aggregates"], "v", LOWER, UPPER, None,
+                                  confidence=0.9, max_rows=2, groups=listed.num_rows)
+    assert cal.noise == ("laplace" if delta is None else "gaussian")
+    # every measured aggregate's scale and half-width: the calibration's, on both engines
+    for m in (m for m in cal.measures if m.name in kwargs["aggregates"]):
         assert {r[f"{m.name}_scale"] for r in got} == set(duck.column(f"{m.name}_scale").to_pylist()) == {m.scale}
         assert {r[f"{m.name}_ci"] for r in got} == set(duck.column(f"{m.name}_ci").to_pylist()) == {m.ci}
     step = (UPPER - LOWER) / gb.MEDIAN_BINS
