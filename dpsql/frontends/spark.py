@@ -1079,7 +1079,8 @@ def _group_by_run(df, items, values: Mapping[str, Any], cal: groupby.GroupByCali
               if group_cols is not None else [F.col("item")])
     released = out.select(*labels, *_released_columns(out.columns, cal.aggregates))
     # Sorted by the group (the macro's ORDER BY ALL): the partitions' order depends on the data.
-    return _materialise(released.orderBy(*released.columns[:len(labels)]))
+    quoted = [F.col("`" + c.replace("`", "``") + "`") for c in released.columns[:len(labels)]]
+    return _materialise(released.orderBy(*quoted))
 
 
 def _public_items(items, item_col: str, key_type, group_cols: Optional[Sequence[str]] = None):

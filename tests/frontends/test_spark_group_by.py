@@ -179,7 +179,7 @@ def test_pre_noise_stages_and_post_processing_are_dp_group_by_s(spark, grouping)
     selected = dspark._public_items(spark.createDataFrame(listed), "item", keyed.schema["item"].dataType,
                                     GROUPINGS[grouping].get("group_cols"))
     kept = dspark.group_by_kept(keyed, selected, MAX_ITEMS, 12345).cache()
-    stats = dspark.group_by_stats(keyed, selected, MAX_ITEMS, 12345, cal)
+    stats = dspark._kept_stats(kept, cal)  # dp__stats of these cells (group_by_stats: of the rows, capped again)
     utility = dspark.median_utility(kept, selected, cal)
 
     def key(item):
