@@ -5,7 +5,8 @@
 returns a Spark DataFrame with one column ``item`` (the released items);
 ``top_k_domain`` is the domain step of ``dp_top_k`` / ``dp_hitting_set``;
 ``group_by`` is ``dp_group_by`` / ``dp_group_by_public`` (selection by a parallel
-method, then granular Laplace count / sum / mean per item, as :func:`dpsql.group_by`).
+method, then every aggregate of :func:`dpsql.group_by` per group of one item column or of
+several ``group_cols``, with the same calibration and noise).
 The sequential policies have no parallel form: run them with DuckDB.
 
 The default is the most preferred declaration with a Spark form (:data:`DEFAULT_METHOD`), today
@@ -263,19 +264,35 @@ def _null_message(col: str, param: str) -> str:
     return f"dpsql: column {col} ({param}) contains NULL; filter NULL {what} out first, e.g. with a view"
 
 
-def _checked_rows(df, user_col: str, item_col: str, value_col: Optional[str] = None):
-    """(user_id, item[, v]) per row of ``df``: ``dp__user_item_rows`` (with ``value_col``: ``dp__user_item_value_rows``).
+def _group_null_message(group_cols: Sequence[str]) -> str:
+    # The text of dp__group_key_value_rows (sql/97_groupby/groupby.sql).
+    return (f"dpsql: a column of group_cols ({', '.join(group_cols)}) contains NULL; filter NULL groups out first, "
+            f"e.g. with a view")
+
+
+def _checked_rows(df, user_col: str, item_col: str, value_col: Optional[str] = None,
+                  group_cols: Optional[Sequence[str]] = None):
+    """(user_id, item[, v]) per row of ``df``: ``dp__user_item_rows`` (with ``value_col``: ``dp__user_item_value_rows``;
+    with ``group_cols``: ``dp__group_key_value_rows``).
 
     Built here, in Python: column lookup (a ``value_col`` must be numeric, as the macro's binder
     requires), then one scan that refuses a NULL user or item with DuckDB's error, before anything
     is drawn. ``v`` is the value as DOUBLE; a NULL value stays NULL and the sum skips it.
+
+    With ``group_cols`` the key ``item`` is a struct of those columns, named as in ``df`` and in its
+    column order (the macro's key is their JSON text in the table's order): each column a key by
+    identity, so two keys are equal exactly when every column is; a NULL in any of them is refused
+    with the macro's text. ``item_col`` is then not read.
     """
     from pyspark.sql import functions as F
 
     user_col = check_identifier("user_col", user_col)
-    item_col = check_identifier("item_col", item_col)
-    check_column_pair(user_col, item_col)
-    checked = [("user_col", user_col), ("item_col", item_col)]
+    if group_cols is None:
+        item_col = check_identifier("item_col", item_col)
+        check_column_pair(user_col, item_col)
+        checked = [("user_col", user_col), ("item_col", item_col)]
+    else:
+        checked = [("user_col", user_col)] + [("group_cols", check_identifier("group_cols", g)) for g in group_cols]
     if value_col is not None:
         checked.append(("value_col", check_identifier("value_col", value_col)))
     columns = {c.lower(): c for c in df.columns}
@@ -299,18 +316,25 @@ def _checked_rows(df, user_col: str, item_col: str, value_col: Optional[str] = N
 
     # Checked here, in Python, because a raise_error inside the job reaches the driver as a Java stack
     # trace whose exception type depends on the plan (and whose text may lack the message).
-    nulls = df.select(*(F.max(F.col(f"`{columns[col.lower()]}`").isNull().cast("int")).alias(param)
-                        for param, col in keys)).first()
-    for param, col in keys:
-        if nulls is not None and nulls[param]:
-            raise DPParameterError(_null_message(col, param))
+    nulls = df.select(*(F.max(F.col(f"`{columns[col.lower()]}`").isNull().cast("int")).alias(f"k{i}")
+                        for i, (param, col) in enumerate(keys))).first()
+    messages = [_null_message(col, param) if param != "group_cols" else _group_null_message(group_cols or ())
+                for param, col in keys]
+    for i, message in enumerate(messages):
+        if nulls is not None and nulls[f"k{i}"]:
+            raise DPParameterError(message)
 
-    def not_null(param: str, col: str):
+    def not_null(col: str, message: str):
         # A guard for input that changes between the check and the release (e.g. a non-deterministic source).
-        return F.coalesce(F.col(f"`{columns[col.lower()]}`"), F.raise_error(F.lit(_null_message(col, param))))
+        return F.coalesce(F.col(f"`{columns[col.lower()]}`"), F.raise_error(F.lit(message)))
 
-    names = {"user_col": "user_id", "item_col": "item", "value_col": "v"}
-    selected = [not_null(param, col).alias(names[param]) for param, col in keys]
+    selected = [not_null(keys[0][1], messages[0]).alias("user_id")]
+    if group_cols is None:
+        selected.append(not_null(keys[1][1], messages[1]).alias("item"))
+    else:
+        wanted = {g.lower() for g in group_cols}
+        selected.append(F.struct(*(not_null(c, messages[1]).alias(c) for c in df.columns
+                                   if c.lower() in wanted)).alias("item"))
     if value_col is not None:
         selected.append(F.col(f"`{columns[value_col.lower()]}`").cast("double").alias("v"))
     return df.select(*selected)
@@ -642,14 +666,18 @@ def _rounds(cal: Any) -> int:
     return 1
 
 
-def _set_union_run(df, method: str, values: Mapping[str, Any], cal: Any, seed: Optional[int]):
-    """The Spark jobs of a set-union release planned by :func:`_set_union_plan` (charged by the caller)."""
+def _set_union_run(df, method: str, values: Mapping[str, Any], cal: Any, seed: Optional[int], pairs=None):
+    """The Spark jobs of a set-union release planned by :func:`_set_union_plan` (charged by the caller).
+
+    ``pairs``: the distinct (user_id, item) rows of ``df`` if the caller has them (group_by's keys), else read here.
+    """
     form = set_union_methods()[method].spark
     assert form is not None
     spark_progress.step(0, _rounds(cal))  # the input's check and the cap count in the first round
     release = RELEASES[form.release]
     max_items = values["max_items"]
-    pairs = _user_items(df, values["user_col"], values["item_col"])
+    if pairs is None:
+        pairs = _user_items(df, values["user_col"], values["item_col"])
     if seed is not None:
         warnings.warn(NOT_PRIVATE_WARNING, stacklevel=3)
         salt = NoiseSource(int(seed)).salt()
@@ -720,70 +748,105 @@ def top_k_domain(df, k: int, *, epsilon: float, delta: float, max_items: int = 1
 # --------------------------------------------------------------------------
 
 def _group_by_cal_relation(session, cal: groupby.GroupByCalibration):
-    """The one-row ``dp__cal`` the ``dp__stats`` stage reads: bounds, centre, max_rows and the sums' grids (NULL if
-    unused), as ``dpsql.groupby._cal_row`` gives them."""
+    """The one-row ``dp__cal`` the group-by stages read: every field of ``dpsql.groupby._cal_row`` (NULL: a
+    measurement not made), with its declared type (``gaussian`` a boolean, the rest doubles)."""
     from pyspark.sql import functions as F
 
-    full = groupby._cal_row(cal)
-    row = {k: full[k] for k in ("lower", "upper", "centre", "max_rows", "sum_granularity", "sumsq_granularity")}
-    return F.broadcast(session.range(1).select(*(F.lit(None if v is None else float(v)).cast("double").alias(k)
-                                                 for k, v in row.items())))
+    row = groupby._cal_row(cal)
+    kinds = {k: "boolean" if str(t).upper() == "BOOLEAN" else "double" for k, t in groupby._CAL_FIELDS.items()}
+    return F.broadcast(session.range(1).select(*(
+        F.lit(None if v is None else (bool(v) if kinds[k] == "boolean" else float(v))).cast(kinds[k]).alias(k)
+        for k, v in ((k, row.get(k)) for k in kinds))))
 
 
-def group_by_stats(rows, selected, max_items: int, salt: int, cal: groupby.GroupByCalibration):
-    """(item, n, s_steps) of the selected items: the stage ``dp__stats`` of ``dp_group_by``. NOT a release.
+def group_by_kept(rows, selected, max_items: int, salt: int, max_groups: Optional[int] = None):
+    """(user_id, item, v, r) of the selected groups: the stage ``dp__kept`` of ``dp_group_by``. NOT a release.
 
-    ``rows`` (user_id, item, v), ``selected`` (item). Each user's total per selected item; each user
-    keeps at most ``cal.max_groups`` of its selected items (ranked by ``hash(xor(hash(user_id, item), s))``
-    with ``s = salt``, as the cap of :func:`capped_user_items`); ``n`` users per item and ``s_steps``,
-    the sum of the totals clamped to ``[lower, upper]`` and rounded to the sum's grid, in grid steps
-    (NULL when no sum is measured); ``n_rows`` and ``q_steps`` as the macro's. Items no kept user holds
-    have no row. Testing/audit.
+    ``rows`` (user_id, item, v), ``selected`` (item). Per (user, selected group) the user's total ``v`` of
+    the values (NULL if all are NULL) and its number of rows ``r``; each user keeps at most ``max_groups``
+    (None: ``max_items``) of its selected groups, ranked by ``hash(xor(hash(user_id, item), s))`` with
+    ``s = salt`` (as the cap of :func:`capped_user_items`). Testing/audit.
     """
     max_items = check_max_items(max_items)
     if "v" not in rows.columns:
         from pyspark.sql import functions as F
 
         rows = rows.withColumn("v", F.lit(None).cast("double"))
-    session = rows.sparkSession
     return _run_stage("dp__body_group_by", {"dp__user_item_value_rows": rows.select("user_id", "item", "v"),
-                                      "dp__selected": selected.select("item"),
-                                      "dp__salt": _salt_relation(session, salt),
-                                      "dp__cal": _group_by_cal_relation(session, cal)},
-                      {"max_items": max_items, "max_groups": cal.max_groups}, output="dp__stats")
+                                            "dp__selected": selected.select("item"),
+                                            "dp__salt": _salt_relation(rows.sparkSession, salt)},
+                      {"max_items": max_items, "max_groups": max_items if max_groups is None else max_groups},
+                      output="dp__kept")
 
 
-def _group_by_columns(aggregates: Sequence[str]) -> list[str]:
-    """The released columns after ``item``, in the macro's order (sql/97_groupby/groupby.sql)."""
-    every = ("count", "count_scale", "count_ci", "sum", "sum_scale", "sum_ci", "mean", "mean_ci")
-    return [c for c in every if c.split("_")[0] in aggregates]
+def _kept_stats(kept, cal: groupby.GroupByCalibration):
+    """(item, n, n_rows, s_steps, q_steps) of the kept cells: the stage ``dp__stats``."""
+    return _run_stage("dp__body_group_by", {"dp__kept": kept.select("user_id", "item", "v", "r"),
+                                            "dp__cal": _group_by_cal_relation(kept.sparkSession, cal)},
+                      output="dp__stats")
+
+
+def group_by_stats(rows, selected, max_items: int, salt: int, cal: groupby.GroupByCalibration):
+    """(item, n, n_rows, s_steps, q_steps) of the selected items: the stage ``dp__stats`` of ``dp_group_by``. NOT
+    a release.
+
+    The cells of :func:`group_by_kept` (each user keeps at most ``cal.max_groups`` of its selected items);
+    ``n`` users per item, ``n_rows`` the sum of their rows counted up to ``cal.max_rows``, ``s_steps`` the
+    sum of the totals clamped to ``[lower, upper]`` and rounded to the sum's grid, in grid steps (NULL when
+    no sum is measured), ``q_steps`` the sum of squared distances to the centre on the sum of squares'
+    grid (NULL when not measured). Items no kept user holds have no row. Testing/audit.
+    """
+    return _kept_stats(group_by_kept(rows, selected, max_items, salt, cal.max_groups), cal)
+
+
+def median_utility(kept, selected, cal: groupby.GroupByCalibration):
+    """(item, j, u) of every selected item and grid point j = 0..K: ``dp__median_utility``. NOT a release.
+
+    ``kept`` (item, v): the kept cells (:func:`group_by_kept`); ``u(j) = -|B(j) - A(j)|``, the kept values
+    clamped and snapped to the median's grid below (B) and above (A) point j. No rows unless ``cal``
+    measures a median. Testing/audit.
+    """
+    return _run_stage("dp__median_utility", {"kept": kept.select("item", "v"), "groups": selected.select("item"),
+                                             "cal": _group_by_cal_relation(kept.sparkSession, cal)})
+
+
+def group_by_output(measured, cal: groupby.GroupByCalibration):
+    """The released columns of every aggregate from the noisy measurements: ``dp__group_by_output``.
+
+    ``measured`` (item, n_noisy, r_noisy, s_noisy, q_noisy, median_j): post-processing of released
+    numbers and public parameters only (integer counts, the sum's sign, the clamped mean and
+    variance, stddev, the median's grid point, the derived intervals). Every aggregate's columns.
+    """
+    return _run_stage("dp__group_by_output", {"noisy": measured,
+                                              "cal": _group_by_cal_relation(measured.sparkSession, cal)})
+
+
+# dp__noisy of dp_group_by (sql/97_groupby/groupby.sql): per noisy measurement (dpsql.groupby.MEASUREMENTS but
+# the median, which is dp__median's argmax), its exact column of dp__stats, its noisy column (dp__group_by_output's
+# input), and whether the exact column is in grid steps (sums: clamped to +-sum_limit steps, times the grid)
+# or a count (the value itself).
+_NOISY_COLUMNS: dict[str, tuple[str, str, bool]] = {
+    "count": ("n", "n_noisy", False), "rows": ("n_rows", "r_noisy", False),
+    "sum": ("s_steps", "s_noisy", True), "sumsq": ("q_steps", "q_noisy", True)}
+assert set(_NOISY_COLUMNS) | {"median"} == set(groupby.MEASUREMENTS), "a measurement without its Spark columns"
 
 
 def _group_by_task(cal: groupby.GroupByCalibration, seed: Optional[int],
                    stage: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The mapInArrow function of :func:`_group_by_noisy` on (item, n, s_steps): the macro's ``dp__noisy`` and output.
+    """The mapInArrow function of :func:`_group_by_noisy` on (item, n, n_rows, s_steps, q_steps): ``dp__noisy``.
 
-    Noise is ``dp_granular_gaussian_noise`` or ``dp_granular_laplace_noise`` (the same Arrow functions, on the
-    task's source), as ``cal.noise``; the post-processing is ``dp__group_by_output``'s (integer counts, the sum's
-    sign, the clamped mean).
+    Each measurement ``cal`` makes (but the median) gets ``dp_granular_gaussian_noise`` or
+    ``dp_granular_laplace_noise`` (the same Arrow functions, on the task's source) at its scale and
+    grid from ``dpsql.groupby._cal_row``; the rest are NULL.
     """
     from dpsql.core.noise import _granular_noise
 
-    columns = _group_by_columns(cal.aggregates)
-    # (scale, grid) of each measurement made; None when the aggregates do not need it
-    count = None if cal.count_scale is None else (float(cal.count_scale), float(cal.count_granularity or 0.0))
-    total = None if cal.sum_scale is None else (float(cal.sum_scale), float(cal.sum_granularity or 0.0))
-    mean = None
-    if "mean" in cal.aggregates:
-        assert cal.lower is not None and cal.upper is not None
-        assert cal.mean_sum_ci is not None and cal.mean_count_ci is not None
-        # (lower, upper, the numerator of mean_ci): the macro's mean and mean_ci
-        mean = (cal.lower, cal.upper, cal.mean_sum_ci + max(abs(cal.lower), abs(cal.upper)) * cal.mean_count_ci)
-    constants = {"count_scale": cal.count_scale, "count_ci": cal.count_ci, "sum_scale": cal.sum_scale,
-                 "sum_ci": cal.sum_ci}
-    limit = float(2 ** 50)  # groupby._cal_row's sum_limit, in grid steps
+    row = groupby._cal_row(cal)
+    made = [(*_NOISY_COLUMNS[m.name], float(row[f"{m.name}_scale"]), float(row[f"{m.name}_granularity"]))
+            for m in cal.measures if m.name in _NOISY_COLUMNS]
+    limit = float(row["sum_limit"] or 0.0)
     sampler = ("discrete_gaussian", "sigma") if cal.noise == "gaussian" else ("discrete_laplace", "scale")
-    sign = 0 if cal.lower is None or cal.upper is None else (1 if cal.lower >= 0 else -1 if cal.upper <= 0 else 0)
+    names = ["item", *(noisy for _, noisy, _ in _NOISY_COLUMNS.values())]
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         granular = _granular_noise(_task_source(seed, stage), *sampler)
@@ -792,49 +855,74 @@ def _group_by_task(cal: groupby.GroupByCalibration, seed: Optional[int],
             if size == 0:
                 continue
             out: dict[str, Any] = {"item": batch.column(batch.schema.get_field_index("item"))}
-
-            def steps(name: str) -> np.ndarray:
-                col = batch.column(batch.schema.get_field_index(name))
-                return np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-
-            def noise(scale: float, g: float) -> np.ndarray:
-                return granular(pa.array(np.full(size, scale)), pa.array(np.full(size, g))).to_numpy()
-
-            n_noisy = s_noisy = np.zeros(size)
-            if count is not None:
-                n_noisy = steps("n").astype(np.float64) + noise(*count)
-                out["count"] = pa.array(np.maximum(0, np.round(n_noisy)).astype(np.int64), pa.int64())
-            if total is not None:
-                s = np.clip(steps("s_steps"), -limit, limit).astype(np.float64) * total[1]
-                s_noisy = s + noise(*total)
-                out["sum"] = np.maximum(0.0, s_noisy) if sign > 0 else np.minimum(0.0, s_noisy) if sign < 0 else s_noisy
-            if mean is not None:
-                # post-processing of the released count and sum (the macro's CASE WHEN n_noisy > 0)
-                lower, upper, ci = mean
-                positive = n_noisy > 0
-                safe = np.where(positive, n_noisy, 1.0)
-                out["mean"] = pa.array(np.clip(s_noisy / safe, lower, upper), pa.float64(), mask=~positive)
-                out["mean_ci"] = pa.array(np.minimum(upper - lower, ci / safe), pa.float64(), mask=~positive)
-            for name, value in constants.items():
-                out[name] = np.full(size, value, dtype=np.float64) if value is not None else None
-            names = ["item", *columns]
-            yield pa.RecordBatch.from_arrays([out[c] if isinstance(out[c], (pa.Array, pa.ChunkedArray))
-                                              else pa.array(out[c], pa.float64()) for c in names], names)
+            for exact, noisy, in_steps, scale, g in made:
+                col = batch.column(batch.schema.get_field_index(exact))  # NULL: no kept user (coalesce 0)
+                x = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+                value = np.clip(x, -limit, limit).astype(np.float64) * g if in_steps else x.astype(np.float64)
+                drawn = granular(pa.array(np.full(size, scale)), pa.array(np.full(size, g))).to_numpy()
+                out[noisy] = pa.array(value + drawn, pa.float64())
+            yield pa.RecordBatch.from_arrays([out.get(c, pa.nulls(size, pa.float64())) for c in names], names)
 
     return run
 
 
 def _group_by_noisy(stats, cal: groupby.GroupByCalibration, seed: Optional[int]):
-    """The released rows of (item, n, s_steps): one row per item, the requested columns (internal)."""
-    from pyspark.sql.types import DoubleType, LongType, StructField, StructType
+    """(item, n_noisy, r_noisy, s_noisy, q_noisy) of (item, n, n_rows, s_steps, q_steps): NULL where not measured."""
+    from pyspark.sql.types import DoubleType, StructField, StructType
 
     item_field = stats.schema["item"]
     fields = [StructField("item", item_field.dataType, item_field.nullable)]
-    fields += [StructField(c, LongType() if c == "count" else DoubleType(), c.startswith("mean"))
-               for c in _group_by_columns(cal.aggregates)]
+    fields += [StructField(noisy, DoubleType(), True) for _, noisy, _ in _NOISY_COLUMNS.values()]
     run = _group_by_task(cal, seed, next(_noise_stage))
     with _shipping(stats.sparkSession):
-        return stats.select("item", "n", "s_steps").mapInArrow(run, StructType(fields))
+        return stats.select("item", *(exact for exact, _, _ in _NOISY_COLUMNS.values())).mapInArrow(
+            run, StructType(fields))
+
+
+def _gumbel_task(scale: float, seed: Optional[int],
+                 stage: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow function of :func:`_group_by_median`: (item, j, u) -> (item, j, u + Gumbel(scale))."""
+    scale = float(scale)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        source = _task_source(seed, stage)
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            u = np.asarray(batch.column(batch.schema.get_field_index("u")).to_numpy(zero_copy_only=False),
+                           dtype=np.float64)
+            noisy = u + source.gumbel(np.full(len(u), scale))
+            yield pa.RecordBatch.from_arrays([batch.column(batch.schema.get_field_index("item")),
+                                              batch.column(batch.schema.get_field_index("j")),
+                                              pa.array(noisy, pa.float64())], ["item", "j", "noisy"])
+
+    return run
+
+
+def _group_by_median(kept, selected, cal: groupby.GroupByCalibration, seed: Optional[int]):
+    """(item, median_j): ``dp__median``, the exponential mechanism over the grid points of :func:`median_utility`
+    sampled as ``argmax_j u(j) + Gumbel(2/eps0)`` (the Gumbel-max form of ``exp(eps0 u / 2)``). The float
+    Gumbel noise only decides the argmax, never a released number (as the macro's ``dp_gumbel_noise``)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType, LongType, StructField, StructType
+
+    m = cal.measure("median")
+    assert m is not None
+    utility = median_utility(kept, selected, cal)
+    item_field = utility.schema["item"]
+    schema = StructType([StructField("item", item_field.dataType, item_field.nullable),
+                         StructField("j", LongType(), False), StructField("noisy", DoubleType(), False)])
+    run = _gumbel_task(m.scale, seed, next(_noise_stage))
+    with _shipping(kept.sparkSession):
+        noisy = utility.select("item", F.col("j").cast("long").alias("j"), F.col("u").cast("double").alias("u")
+                               ).mapInArrow(run, schema)
+    return noisy.groupBy("item").agg(F.max_by("j", "noisy").alias("median_j"))
+
+
+def _released_columns(columns: Sequence[str], aggregates: Sequence[str]) -> list[str]:
+    """The columns of ``dp__group_by_output`` dp_group_by returns: its final SELECT's ``COLUMNS(lambda c:
+    list_contains(aggregates, split_part(c, '_', 1)))`` (each requested aggregate's value, scale, interval)."""
+    return [c for c in columns if c != "item" and c.split("_")[0] in aggregates]
 
 
 def pre_selection_weights(capped, weighting: str):
@@ -871,63 +959,64 @@ def _pre_selection(pairs, method: str, epsilon: float, delta: float, max_items: 
 def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: Sequence[str] = ("count",),
              value_col: Optional[str] = None, lower: Optional[float] = None, upper: Optional[float] = None,
              max_items: int = 100, noise: Optional[str] = None, max_groups: Optional[int] = None,
-             selection: str = DEFAULT_SELECTION, split: float = groupby.DEFAULT_SPLIT,
+             max_rows: int = 1, selection: str = DEFAULT_SELECTION, split: float = groupby.DEFAULT_SPLIT,
              pre_threshold: int = 1, confidence: float = groupby.DEFAULT_CONFIDENCE, items=None,
-             user_col: str = "user_id", item_col: str = "item", seed: Optional[int] = None,
-             ledger: Union[None, str, os.PathLike, Ledger] = None, scope: Optional[str] = None,
-             progress: Optional[Callable[[float], None]] = None):
-    """Private GROUP BY item of the Spark DataFrame ``df``: the Spark counterpart of :func:`dpsql.group_by`.
+             group_cols: Optional[Sequence[str]] = None, user_col: str = "user_id", item_col: str = "item",
+             seed: Optional[int] = None, ledger: Union[None, str, os.PathLike, Ledger] = None,
+             scope: Optional[str] = None, progress: Optional[Callable[[float], None]] = None):
+    """Private GROUP BY of the Spark DataFrame ``df``: the Spark counterpart of :func:`dpsql.group_by`.
 
     The same parameters, checks, calibration, contribution bounding, granular Gaussian or Laplace noise
-    and columns (``item``, then per aggregate its value, scale and interval half-width), rows sorted by
-    item, for the aggregates count, sum and mean of one item column (``rows``, ``variance``, ``stddev``,
-    ``median``, ``max_rows`` and ``group_cols`` run on DuckDB). Without ``items`` the items are selected
-    by ``selection`` (one of :data:`PARALLEL_METHODS`, or with ``pre_threshold > 1`` the pre-thresholded
-    one-shot weighting) at the calibration's share; ``items`` is a DataFrame of public items (column
-    ``item_col``): every listed item gets a row at ``(epsilon, 0)`` (``dp_group_by_public``: Laplace noise)
-    and ``delta`` must be left out. Every parameter is validated before
-    any row is read; then one scan refuses a NULL user or item, or a NULL or non-numeric
-    ``value_col`` value in any row (DuckDB checks the values of the selected or listed items only),
-    with DuckDB's text before anything is drawn. The selection and the aggregates are one release,
-    charged once to ``ledger`` for the files ``df`` reads, or for ``scope``, as :func:`set_union`
-    (``(epsilon, delta)``, or ``(epsilon, 0)`` with ``items``); the budgets are checked before any
-    Spark job runs. The aggregates' cap has its own salt (as the macro's ``dp__salt``).
-    ``seed`` is for tests only: the release is then NOT private. ``progress`` and a Spark failure: as
-    :func:`set_union`.
+    and columns (the group, then per aggregate its value, scale and interval half-width), rows sorted by
+    the group, for every aggregate (:data:`dpsql.groupby.AGGREGATES`: count, rows with ``max_rows``,
+    sum, mean, variance, stddev, median) of one item column (output column ``item``) or of several
+    ``group_cols`` (one output column each, named and typed as in ``df``, in its column order). Without
+    ``items`` the groups are selected by ``selection`` (one of :data:`PARALLEL_METHODS`, or with
+    ``pre_threshold > 1`` the pre-thresholded one-shot weighting) at the calibration's share; ``items``
+    is a DataFrame of public groups (column ``item_col``, or the ``group_cols``, each of ``df``'s type):
+    every listed group gets a row, no selection: without a ``delta`` at ``(epsilon, 0)``
+    (``dp_group_by_public``: Laplace noise), with one at ``(epsilon, delta)`` (``dp_group_by(...,
+    items_tbl := ...)``: Gaussian noise by default). Every parameter is validated before any row is read; then one scan
+    refuses a NULL user or group with DuckDB's text before anything is drawn (a NULL value is skipped
+    by the sums, as in DuckDB). The pre-noise stages (the aggregates' cap ``dp__kept``, the
+    measurements ``dp__stats``, the median's utility ``dp__median_utility``) and the post-processing
+    (``dp__group_by_output``) are the macro's, translated; the noise is drawn in Spark tasks: granular
+    per measurement, Gumbel for the median's argmax (which only decides the grid point released).
+    The selection and the aggregates are one release, charged once to ``ledger`` for the files ``df``
+    reads, or for ``scope``, as :func:`set_union` (``(epsilon, delta)``, or ``(epsilon, 0)`` with
+    ``items`` and no ``delta``); the budgets are checked before any Spark job runs. The aggregates' cap has its own
+    salt (as the macro's ``dp__salt``). ``seed`` is for tests only: the release is then NOT private.
+    ``progress`` and a Spark failure: as :func:`set_union`.
     """
     progress = spark_progress.check_progress(progress)
     public = items is not None
-    mech = {m.name: m for m in groupby.MECHANISMS}["group_by_public" if public else "group_by"]
+    pure = public and delta is None  # dp_group_by_public: Laplace at (epsilon, 0); with a delta, dp_group_by
+    mech = {m.name: m for m in groupby.MECHANISMS}["group_by_public" if pure else "group_by"]
     declared = dataclasses.replace(mech, params=tuple(p for p in mech.params if p.name not in ("tbl", "items_tbl")))
     common = {"epsilon": epsilon, "max_items": max_items, "aggregates": aggregates, "value_col": value_col,
-              "lower": lower, "upper": upper, "max_groups": max_groups, "confidence": confidence,
+              "lower": lower, "upper": upper, "max_groups": max_groups, "max_rows": max_rows,
+              "confidence": confidence, "group_cols": list(group_cols) if isinstance(group_cols, tuple) else group_cols,
               "user_col": user_col, "item_col": item_col}
-    if public:
-        if delta is not None:
-            raise DPParameterError("delta does not apply with items_tbl on Spark (a public list spends no delta: Laplace "
-                                   "noise at (epsilon, 0)); leave it out, or run dp_group_by(..., items_tbl := ...) "
-                                   "with DuckDB for Gaussian noise at (epsilon, delta)")
+    if pure:
         if noise not in (None, "laplace"):
             raise DPParameterError("noise := 'gaussian' needs delta := <a small number, e.g. 1e-5>; or pass "
                                    "noise := 'laplace' for (epsilon, 0)-DP")
         values = declared.validate(**common)
-        cal = groupby.check_call(epsilon, None, max_items, values["aggregates"], value_col, lower, upper, None, None,
-                                 pre_threshold, confidence, public=True, noise="laplace", max_groups=max_groups)
     else:
         values = declared.validate(**common, delta=delta, selection=selection, split=split,
                                    pre_threshold=pre_threshold, **({} if noise is None else {"noise": noise}))
-        cal = groupby.check_call(epsilon, delta, max_items, values["aggregates"], value_col, lower, upper, selection,
-                                 split, pre_threshold, confidence, public=False, noise=values["noise"],
-                                 max_groups=max_groups)
-    others = [a for a in cal.aggregates if a not in ("count", "sum", "mean")]
-    if others:
-        raise DPParameterError(f"aggregates {', '.join(others)} have no Spark form; the Spark backend computes "
-                               f"count, sum and mean (run them with DuckDB's dp_group_by)")
+    # as the macro's calibration UDF: the columns' roles, then the calibration's checks (a public list: no selection)
+    groupby._check_columns_call(values["user_col"], values["item_col"], values["group_cols"])
+    cal = groupby.check_call(epsilon, delta, max_items, values["aggregates"], value_col, lower, upper,
+                             None if public else selection, None if public else split, pre_threshold, confidence,
+                             public=public, noise="laplace" if pure else values["noise"], max_groups=max_groups,
+                             max_rows=values["max_rows"])
     if not public and cal.pre_threshold == 1 and cal.selection not in PARALLEL_METHODS:
         raise DPParameterError(f"selection {cal.selection!r} has no Spark form; the Spark "
                                f"backend selects with {', '.join(PARALLEL_METHODS)} (run selection := "
                                f"'{cal.selection}' with DuckDB's dp_group_by)")
-    warn_weak_parameters(epsilon, None if public else delta, what=mech.macro, stacklevel=2)
+    warn_weak_parameters(epsilon, None if pure else delta, what=mech.macro, stacklevel=2)
+    plan = None
     if not public:
         assert cal.selection is not None
         with derived_budget():  # shares of the budget checked above
@@ -936,19 +1025,22 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
                 values["item_col"], {})
     return spark_ledger.charged(
         df, ledger=ledger, scope=scope, mechanism=mech.macro, epsilon=values["epsilon"],
-        delta=0.0 if public else values["delta"], parameters=_recorded(values), calibration=cal,
+        delta=0.0 if pure else values["delta"], parameters=_recorded(values), calibration=cal,
         seeded=seed is not None,
-        release=lambda: _group_by_run(df, items, values, cal, None if public else plan, seed), progress=progress)
+        release=lambda: _group_by_run(df, items, values, cal, plan, seed), progress=progress)
 
 
 def _group_by_run(df, items, values: Mapping[str, Any], cal: groupby.GroupByCalibration,
                   plan: Optional[tuple[str, dict, Any]], seed: Optional[int]):
     """The Spark jobs of a GROUP BY release checked by :func:`group_by` (charged by the caller)."""
+    from pyspark.sql import functions as F
+
     public = items is not None
     max_items = values["max_items"]
-    rows = _checked_rows(df, values["user_col"], values["item_col"], values["value_col"])
+    group_cols = values["group_cols"]
+    rows = _checked_rows(df, values["user_col"], values["item_col"], values["value_col"], group_cols)
     if public:
-        selected = _public_items(items, values["item_col"])
+        selected = _public_items(items, values["item_col"], rows.schema["item"].dataType, group_cols)
     if seed is not None:
         warnings.warn(NOT_PRIVATE_WARNING, stacklevel=2)
         salt = NoiseSource(int(np.random.SeedSequence([int(seed), 1]).generate_state(1, np.uint64)[0])).salt()
@@ -956,35 +1048,71 @@ def _group_by_run(df, items, values: Mapping[str, Any], cal: groupby.GroupByCali
         salt = secure_source().salt()
     if not public:
         assert cal.selection is not None
+        pairs = _run_stage("dp__user_items", {"dp__user_item_rows": rows.select("user_id", "item")})
         with derived_budget():  # shares of the budget checked above
             if plan is None:
-                pairs = _run_stage("dp__user_items", {"dp__user_item_rows": rows.select("user_id", "item")})
                 pre_salt = secure_source().salt() if seed is None else NoiseSource(int(seed)).salt()
                 selected = _materialise(_pre_selection(pairs, cal.selection, cal.selection_epsilon,
                                                        cal.selection_delta, max_items, cal.pre_threshold, pre_salt,
                                                        seed))
             else:  # a step of this release: charged with it, not apart
-                selected = _set_union_run(df, *plan, seed)
+                selected = _set_union_run(df, *plan, seed, pairs=pairs)
     # the noise for L0 = min(max_groups, the groups released), as dp_group_by's dp__cal (the same budget)
     selected = _materialise(selected)
     cal = groupby.check_call(values["epsilon"], values.get("delta"), max_items, values["aggregates"],
                              values["value_col"], values["lower"], values["upper"], cal.selection, values.get("split"),
                              cal.pre_threshold, values["confidence"], public=public, noise=cal.noise,
-                             max_groups=values["max_groups"], groups=selected.count())
-    stats = group_by_stats(rows, selected, max_items, salt, cal)
-    joined = selected.select("item").join(stats, "item", "left")
-    return _materialise(_group_by_noisy(joined, cal, seed).orderBy("item"))
+                             max_groups=values["max_groups"], max_rows=values["max_rows"], groups=selected.count())
+    kept = group_by_kept(rows, selected, max_items, salt, cal.max_groups)
+    median = cal.measure("median") is not None
+    if median:  # read twice (the measurements and the median's utility): one cap
+        kept = _materialise(kept)
+    joined = selected.select("item").join(_kept_stats(kept, cal), "item", "left")
+    measured = _group_by_noisy(joined, cal, seed)
+    if median:
+        measured = measured.join(_group_by_median(kept, selected, cal, seed), "item", "left")
+    else:
+        measured = measured.withColumn("median_j", F.lit(None).cast("long"))
+    out = group_by_output(measured, cal)
+    # the group's columns first (the struct's fields with group_cols, else item), then the aggregates' columns
+    labels = ([F.col("item")[f.name].alias(f.name) for f in rows.schema["item"].dataType.fields]
+              if group_cols is not None else [F.col("item")])
+    released = out.select(*labels, *_released_columns(out.columns, cal.aggregates))
+    # Sorted by the group (the macro's ORDER BY ALL): the partitions' order depends on the data.
+    quoted = [F.col("`" + c.replace("`", "``") + "`") for c in released.columns[:len(labels)]]
+    return _materialise(released.orderBy(*quoted))
 
 
-def _public_items(items, item_col: str):
-    """The distinct items of the public DataFrame ``items`` (column ``item_col``); a NULL is refused."""
+def _public_items(items, item_col: str, key_type, group_cols: Optional[Sequence[str]] = None):
+    """The distinct groups of the public DataFrame ``items``: its column ``item_col``, or with ``group_cols``
+    the struct of those columns (as :func:`_checked_rows`'s key of type ``key_type``); a NULL is refused, and
+    each public column must have the private one's type (``dp__check_same_type``): a join of two types
+    would convert values."""
     from pyspark.sql import functions as F
 
     columns = {c.lower(): c for c in items.columns}
-    if item_col.lower() not in columns:
-        raise DPParameterError(f"item_col := {item_col!r} is not a column of items; its columns are "
-                               f"{', '.join(items.columns)}")
-    col = F.col(f"`{columns[item_col.lower()]}`")
-    if items.where(col.isNull()).limit(1).count():
-        raise DPParameterError(f"dpsql: column {item_col} (item_col) of items contains NULL; filter it out first")
-    return items.select(col.alias("item")).distinct()
+    if group_cols is None:
+        wanted = [("item_col", item_col, key_type)]
+    else:
+        wanted = [("group_cols", f.name, f.dataType) for f in key_type.fields]
+    picked = []
+    for param, col, kind in wanted:
+        if col.lower() not in columns:
+            raise DPParameterError(f"{param} := {col!r} is not a column of items; its columns are "
+                                   f"{', '.join(items.columns)}")
+        public = items.schema[columns[col.lower()]].dataType
+        if public != kind:
+            raise DPParameterError(
+                f"column {col} of items has type {public.simpleString()} but {param} := {col!r} of the DataFrame "
+                f"has type {kind.simpleString()}; comparing them would convert values. Give them one type, e.g. "
+                f"with a cast of the public column to {kind.simpleString()}")
+        picked.append(F.col(f"`{columns[col.lower()]}`").alias(col))
+    any_null = picked[0].isNull()
+    for col in picked[1:]:
+        any_null = any_null | col.isNull()
+    if items.where(any_null).limit(1).count():
+        if group_cols is None:
+            raise DPParameterError(f"dpsql: column {item_col} (item_col) of items contains NULL; filter it out first")
+        raise DPParameterError("dpsql: a column of group_cols of items contains NULL; filter it out first")
+    key = picked[0].alias("item") if group_cols is None else F.struct(*picked).alias("item")
+    return items.select(key).distinct()

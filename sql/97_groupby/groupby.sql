@@ -94,6 +94,7 @@ ORDER BY item;
 -- `kept` (item, v) whose value x = clamp(coalesce(v, 0), lower, upper), snapped to its nearest grid point,
 -- lies below (above) j. A user adds one cell to a group, which moves B or A (or neither) of each point by
 -- at most 1: sensitivity 1 per group. No rows unless the calibration `cal` has a median (median_scale).
+-- dpsql:portable dp__median_utility
 CREATE OR REPLACE TEMP MACRO dp__median_utility(kept, groups, cal) AS TABLE
 WITH dp__hist AS (
     SELECT item, least(c.median_bins, greatest(0, round((greatest(c.lower, least(c.upper, coalesce(v, 0.0))) - c.lower)
@@ -129,6 +130,7 @@ CREATE OR REPLACE TEMP MACRO dp__group_by_noise(gaussian, scale, granularity) AS
 --   stddev = sqrt(variance) (all NULL when the noisy count is <= 0); median = the chosen grid point.
 -- mean_ci, variance_ci: union bounds over their measurements' intervals (calibration: ci_mean, ci_variance)
 -- divided by the noisy count; stddev_ci = sqrt(variance_ci) (|sqrt(a) - sqrt(b)| <= sqrt(|a - b|)).
+-- dpsql:portable dp__group_by_output
 CREATE OR REPLACE TEMP MACRO dp__group_by_output(noisy, cal) AS TABLE
 SELECT item,
        CASE WHEN n_noisy IS NOT NULL THEN greatest(0, round(n_noisy))::BIGINT END AS "count",
@@ -193,6 +195,7 @@ dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 -- Each user keeps at most max_groups of its selected groups (NULL: max_items), the first by a salted
 -- hash of the user's own rows (as dp__capped_user_items): the aggregates' own cap, separate from the
 -- selection's.
+-- dpsql:portable dp__kept
 dp__kept AS (
     SELECT user_id, item, v, r FROM dp__totals CROSS JOIN dp__salt
     QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s)))

@@ -964,14 +964,6 @@ def test_group_by_bad_parameters_fail_like_dpsql_group_by(spark, kwargs):
     assert str(spark_err.value) == str(duck_err.value)
 
 
-def test_group_by_public_refuses_delta_like_dpsql_group_by(spark):
-    from dpsql.frontends import spark as dspark
-
-    items = spark.createDataFrame([("a",)], "item string")
-    with pytest.raises(DPParameterError, match="^dpsql: delta does not apply with items_tbl"):
-        dspark.group_by(None, epsilon=1.0, delta=1e-5, items=items)
-
-
 def test_group_by_null_user_fails_like_duckdb(spark, monkeypatch):
     from dpsql.frontends import spark as dspark
 
