@@ -472,7 +472,20 @@ MECHANISMS: tuple[Mechanism, ...] = (
         # the aggregate step over a public list, Gaussian (the selection is a set-union release, audited as such)
         audit=(AuditCase("group_by_count", name="group_by_count_gaussian",
                          note="public domain (items_tbl), max_groups 2, Gaussian at (epsilon, delta); event: noisy "
-                              "count >= n + 1"),),
+                              "count >= n + 1"),
+               # dp_group_by's own selection rules (dpsql.groupby.selection); the set-union ones are audited as such
+               AuditCase("group_by_selection", name="group_by_truncated_geometric",
+                         options=(("selection", TRUNCATED_GEOMETRIC), ("max_groups", 1)),
+                         note="truncated geometric coin, max_groups 1, against its (epsilon split, delta split); "
+                              "event: the group is released"),
+               AuditCase("group_by_selection", name="group_by_truncated_geometric_l0",
+                         options=(("selection", TRUNCATED_GEOMETRIC), ("max_groups", 2)),
+                         note="truncated geometric coins at (epsilon, delta) split / 2 per group, max_groups 2; "
+                              "event: how many of the added user's 2 groups are released"),
+               AuditCase("group_by_selection", name="group_by_post_threshold",
+                         options=(("selection", POST_THRESHOLD), ("max_groups", 2)),
+                         note="post-aggregation threshold, Gaussian count, max_groups 2, against (epsilon, delta); "
+                              "event: how many of the added user's 2 groups are released")),
         calibrate=_calibrate_group_by,
         rounds=2),
     Mechanism(

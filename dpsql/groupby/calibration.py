@@ -163,8 +163,8 @@ def check_selection(selection: object) -> str:
     if isinstance(selection, str) and selection in SELECTIONS:
         return selection
     if not isinstance(selection, str) or selection not in union.METHODS:
-        raise DPParameterError(f"selection must be one of {', '.join(SELECTIONS + tuple(sorted(union.METHODS)))} "
-                               f"(got {selection!r})")
+        raise DPParameterError(f"selection must be one of {', '.join(SELECTIONS)}, or a set-union method (its "
+                               f"method must be one of {', '.join(sorted(union.METHODS))}) (got {selection!r})")
     return selection
 
 

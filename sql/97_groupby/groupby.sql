@@ -186,36 +186,37 @@ dp__user_item_value_rows AS (
     FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'value_col': value_col, 'user_col': user_col,
                          'item_col': item_col, 'group_cols': group_cols}::VARCHAR) IS NULL OR true
                     THEN dp__group_by_rows_sql(tbl, value_col, user_col, item_col, group_cols) END)),
--- Per (user, group of the selection): the user's total of the group's values and its number of rows
--- (post_threshold: of every group; the selection comes after the cap).
-dp__totals AS (
-    SELECT r.user_id, r.item, sum(r.v) AS v, count(*) AS r
-    FROM dp__user_item_value_rows AS r
-    WHERE (selection = 'post_threshold' AND items_tbl IS NULL) OR r.item IN (SELECT item FROM dp__rendered)
-    GROUP BY r.user_id, r.item),
+-- post_threshold (docs/proofs/post_threshold.md): each user keeps at most max_groups of ALL its groups (the
+-- salted hash of dp__kept below, the same salt), n = the kept users per group; the noisy count n + Z of every
+-- such group, in group order (reproducible when seeded); a group is released iff it is >= the calibration's
+-- threshold, with that same noisy count as its count. Empty unless selection = 'post_threshold'.
 dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
--- Each user keeps at most max_groups of its selected groups (NULL: max_items), the first by a salted
--- hash of the user's own rows (as dp__capped_user_items): the aggregates' own cap, separate from the
--- selection's (post_threshold: of all its groups, the cap its counts select by).
-dp__capped AS (
-    SELECT user_id, item, v, r FROM dp__totals CROSS JOIN dp__salt
-    QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s)))
-            <= coalesce(max_groups, max_items)),
--- post_threshold: the noisy count n + Z of every group of the capped cells, in group order (reproducible
--- when seeded); a group is released iff it is >= the calibration's threshold, with that same noisy count.
 dp__post_threshold AS MATERIALIZED (
     SELECT t.item, t.n + dp__group_by_noise(c.gaussian, c.count_scale, c.count_granularity) AS n_noisy
-    FROM (SELECT item, count(*) AS n FROM dp__capped WHERE selection = 'post_threshold' AND items_tbl IS NULL
+    FROM (SELECT item, count(*) AS n
+          FROM (SELECT item FROM (SELECT DISTINCT user_id, item FROM dp__user_item_value_rows
+                                  WHERE selection = 'post_threshold' AND items_tbl IS NULL) CROSS JOIN dp__salt
+                QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s)))
+                        <= coalesce(max_groups, max_items))
           GROUP BY item ORDER BY item) AS t CROSS JOIN dp__cal AS c),
 dp__selected AS MATERIALIZED (
     SELECT item, NULL::DOUBLE AS n_selected FROM dp__rendered
     UNION ALL
     SELECT p.item, p.n_noisy FROM dp__post_threshold AS p CROSS JOIN dp__cal AS c
     WHERE p.n_noisy >= c.selection_threshold),
--- The kept cells of the released groups (a no-op filter unless post_threshold).
+-- Per (user, group of the selection): the user's total of the group's values and its number of rows.
+dp__totals AS (
+    SELECT r.user_id, r.item, sum(r.v) AS v, count(*) AS r
+    FROM dp__user_item_value_rows AS r
+    SEMI JOIN dp__selected AS s ON r.item = s.item
+    GROUP BY r.user_id, r.item),
+-- Each user keeps at most max_groups of its selected groups (NULL: max_items), the first by a salted
+-- hash of the user's own rows (as dp__capped_user_items): the aggregates' own cap, separate from the
+-- selection's.
 dp__kept AS (
-    SELECT k.user_id, k.item, k.v, k.r FROM dp__capped AS k
-    WHERE NOT (selection = 'post_threshold' AND items_tbl IS NULL) OR k.item IN (SELECT item FROM dp__selected)),
+    SELECT user_id, item, v, r FROM dp__totals CROSS JOIN dp__salt
+    QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s)))
+            <= coalesce(max_groups, max_items)),
 -- Per group: n kept users; n_rows = sum of min(rows, max_rows); the value x = clamp(coalesce(total, 0),
 -- lower, upper) of every kept user, rounded to each measurement's grid, so every sum is an exact integer
 -- number of steps (no floating-point rounding that depends on the order of summation): s_steps = sum of
