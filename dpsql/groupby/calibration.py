@@ -36,12 +36,19 @@ groups ``L0 eps0^2 / 8``: ``eps0 = sqrt(8 rho_m / L0)``. ``rho_a`` comes from th
   to ``(eps, delta - delta_e)``: accountant ``'zcdp'``;
 * any other selection runs at ``(eps split, delta split)`` and ``rho_a`` is the largest rho converting to
   ``(eps (1 - split), delta (1 - split))``: basic composition, accountant ``'basic'``;
-* a public list of groups (no selection): ``rho_a`` converts to ``(eps, delta)``: accountant ``'zcdp'``.
+* a public list of groups (no selection): ``rho_a`` converts to ``(eps, delta)``: accountant ``'zcdp'``;
+* ``selection = 'truncated_geometric'`` (:mod:`dpsql.groupby.selection`): the basic branch above, its coins at
+  ``(eps split, delta split) / max_groups`` per group;
+* ``selection = 'post_threshold'``: no selection budget; ``delta_e = delta split`` for the threshold event,
+  ``rho_a = zcdp_budget(eps, delta - delta_e)``, the count always measured, every measurement at
+  ``L0 = max_groups`` (the count selects, so nothing is calibrated after the selection), and the threshold
+  ``selection_threshold`` of :func:`dpsql.groupby.selection.post_threshold`: accountant ``'zcdp'``.
 
 **Laplace noise** (``noise = 'laplace'``, the default without a delta). Pure DP as before: the selection
-runs at ``(eps split, delta)``, the measurements share ``eps (1 - split)`` (``eps`` for a public list)
-equally, each is granular Laplace ``g DLap(b/g)`` with ``b`` = the rounded l1 sensitivity over its share
-([GRS09]), and the median's mechanism gets ``eps0 = eps_m / L0``.
+runs at ``(eps split, delta)``, the measurements share ``eps (1 - split)`` (``eps`` for a public list
+and for ``post_threshold``, whose threshold event then has the whole ``delta``) equally, each is granular
+Laplace ``g DLap(b/g)`` with ``b`` = the rounded l1 sensitivity over its share ([GRS09]), and the median's
+mechanism gets ``eps0 = eps_m / L0``.
 
 **Half-widths** (public parameters only): :func:`laplace_ci`, :func:`gaussian_ci` and :func:`median_ci`;
 the derived aggregates' from their measurements' at a union-bound level (the mean at ``(1 + conf)/2``
