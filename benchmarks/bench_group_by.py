@@ -29,13 +29,24 @@ Three modes:
     python benchmarks/bench_group_by.py real --data DIR [--max-items 10 100] [--reps 3]
     python benchmarks/bench_group_by.py accuracy --data DIR [--max-groups 0 10 1] [--reps 3] [--baseline]
     PYDP_PYTHON benchmarks/bench_group_by.py pipeline-dp --data DIR [--max-items 10 100] [--reps 3]
+* ``selection`` (dpsql): the count per group under each way of selecting the groups -- the default
+  set-union selection (``sips_cumulative``), ``truncated_geometric`` and ``post_threshold`` -- at ``max_groups``
+  in ``--max-groups`` (``0``: the default, ``max_items`` = 100) and at each ``(epsilon, delta)`` of
+  ``--settings``, on each real dataset and on a synthetic table where every user holds one item (``--synthetic``
+  users; user ``u`` holds item ``floor(f^-2)``, ``f = frac((u + 0.5) phi)``: item ``k`` has about ``N k^-1.5 / 2``
+  users). Per configuration: items released, the median relative error of the released counts (true =
+  distinct users per item, uncapped) and among the 20 items most users hold; ``reps`` releases each, the
+  configurations interleaved on one connection.
+
     python benchmarks/bench_group_by.py cost [--rows 10000000] [--reps 3]
+    python benchmarks/bench_group_by.py selection --data DIR [--max-groups 1 3 0] [--reps 2] [--synthetic 200000]
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -172,6 +183,57 @@ def run_accuracy(args) -> list[dict]:
     return out
 
 
+SELECTION_RULES = ("sips_cumulative", "truncated_geometric", "post_threshold")
+
+
+def _one_item_per_user(con, users: int) -> None:
+    """Table ``t``: user u holds the one item floor(f^-2), f = frac((u + 0.5) * golden ratio) (deterministic)."""
+    con.execute(f"CREATE OR REPLACE TABLE t AS SELECT u AS user_id, "
+                f"'k' || floor(pow(((u + 0.5) * 0.6180339887498949) % 1.0, -2.0))::BIGINT AS item "
+                f"FROM range({users}) r(u)")
+
+
+def run_selection(args) -> list[dict]:
+    sys.path.insert(0, str(HERE.parent))
+    import dpsql
+
+    settings = [tuple(float(x) for x in s.split(",")) for s in args.settings]
+    sources = [(name, Path(args.data) / f"{name}.parquet") for name in args.datasets]
+    sources.append((f"synthetic: one item per user ({args.synthetic} users)", None))
+    out = []
+    for name, path in sources:
+        con = dpsql.connect()
+        con.execute("SET enable_progress_bar = false")
+        if path is None:
+            _one_item_per_user(con, args.synthetic)
+        else:
+            con.execute(f"CREATE TABLE t AS SELECT user_id, item FROM read_parquet('{path}')")
+        truth = dict(con.execute("SELECT item, count(DISTINCT user_id) FROM t GROUP BY item").fetchall())
+        top = _top(truth)
+        configs = [(eps, dlt, g, sel) for eps, dlt in settings for g in args.max_groups for sel in SELECTION_RULES]
+        runs: dict = {c: {"released": [], "err": [], "top": [], "s": []} for c in configs}
+        for _ in range(args.reps):
+            for eps, dlt, g, sel in configs:
+                started = time.perf_counter()
+                rows = con.execute(
+                    f"SELECT item, \"count\" FROM dp_group_by('t', epsilon := {eps!r}, delta := {dlt!r}, "
+                    f"selection := '{sel}'" + (f", max_groups := {g}" if g else "") + ")").fetchall()
+                r = runs[(eps, dlt, g, sel)]
+                r["s"].append(time.perf_counter() - started)
+                noisy = dict(rows)
+                r["released"].append(len(rows))
+                r["err"].append(_median_rel_error(noisy, truth))
+                r["top"].append(_median_rel_error(noisy, truth, top))
+        for (eps, dlt, g, sel), r in runs.items():
+            out.append({"dataset": name, "epsilon": eps, "delta": dlt, "max_groups": g or "default (100)",
+                        "selection": sel, "released": statistics.mean(r["released"]),
+                        "median_rel_error": statistics.mean(r["err"]),
+                        "median_rel_error_top20": statistics.mean(r["top"]), "seconds": statistics.median(r["s"])})
+            print(json.dumps(out[-1]), flush=True)
+        con.close()
+    return out
+
+
 COST_QUERIES = {
     "set_union": "SELECT count(*) FROM dp_set_union('t', epsilon := 1.0, delta := 1e-5, max_items := 100)",
     "group_by_count": "SELECT count(*) FROM dp_group_by('t', epsilon := 1.0, delta := 1e-5, max_items := 100)",
@@ -210,7 +272,7 @@ def run_cost(args) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["real", "pipeline-dp", "cost", "accuracy"])
+    ap.add_argument("mode", choices=["real", "pipeline-dp", "cost", "accuracy", "selection"])
     ap.add_argument("--data", help="folder of the real datasets (<dataset>/<file>.parquet)")
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS))
     ap.add_argument("--max-items", type=int, nargs="+", default=[10, 100])
@@ -221,13 +283,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--max-groups", type=int, nargs="+", default=[0, 10, 1],
                     help="accuracy: the Gaussian configurations' max_groups (0: the default)")
+    ap.add_argument("--settings", nargs="+", default=["1,1e-5", f"3,{math.exp(-10)!r}"],
+                    help="selection: the (epsilon,delta) settings")
+    ap.add_argument("--synthetic", type=int, default=200_000, help="selection: users of the one-item table")
     ap.add_argument("--baseline", action="store_true",
                     help="accuracy: only dp_group_by's defaults, for a dpsql before Gaussian aggregates "
                          "(run it with that checkout first on the path)")
     args = ap.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     result = {"real": run_real, "pipeline-dp": run_pipeline_dp, "cost": run_cost,
-              "accuracy": run_accuracy}[args.mode](args)
+              "accuracy": run_accuracy, "selection": run_selection}[args.mode](args)
     print(json.dumps({"mode": args.mode, "started": started, "machine": platform.machine(),
                       "cpus": os.cpu_count(), "load": os.getloadavg(), "results": result}))
     return 0

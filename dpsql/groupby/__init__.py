@@ -9,6 +9,8 @@ the calibration (contribution bounds, budget split, accountant, noise, interval 
 1. selection: the set-union method ``selection`` (any of :data:`dpsql.union.METHODS`) releases the group
    set ``S`` at the calibration's ``(selection_epsilon, selection_delta)``; with ``pre_threshold`` T > 1,
    ``dp__group_by_pre_selection`` instead (the one-shot weighting methods only, :data:`PRE_THRESHOLD_METHODS`);
+   or one of dp_group_by's own rules (:data:`SELECTIONS`, :mod:`dpsql.groupby.selection`): the truncated
+   geometric coin per group, or ``post_threshold`` (the noisy count itself selects; no selection budget);
 2. aggregates, given ``S`` (public from here on): each user's groups are restricted to ``S`` and capped to
    ``max_groups`` (default ``max_items``) by a salted hash of the user's own rows; each kept (user, group)
    cell has the user's number of rows (counted up to ``max_rows``) and value ``clamp(total, lower,
@@ -42,17 +44,19 @@ from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import DPParameterError, check_column_pair, check_identifier, check_table_name
 from dpsql.groupby.calibration import (AGGREGATES, DEFAULT_CONFIDENCE, DEFAULT_SPLIT, MEASUREMENTS, MEDIAN_BINS,
-                                       NOISES, PRE_THRESHOLD_METHODS, GroupByCalibration, Measurement,
-                                       check_aggregates, check_confidence, check_group_cols, check_max_groups,
-                                       check_max_rows, check_noise, check_pre_threshold, check_selection_share,
-                                       gaussian_ci, group_by_calibration, laplace_ci, measurements, median_ci,
-                                       selection_zcdp)
+                                       NOISES, POST_THRESHOLD, PRE_THRESHOLD_METHODS, SELECTIONS, TRUNCATED_GEOMETRIC,
+                                       GroupByCalibration, Measurement, check_aggregates, check_confidence,
+                                       check_group_cols, check_max_groups, check_max_rows, check_noise,
+                                       check_pre_threshold, check_selection, check_selection_share, gaussian_ci,
+                                       group_by_calibration, laplace_ci, measurements, median_ci, selection_zcdp)
+from dpsql.groupby.selection import keep_udf
 
 __all__ = ["AGGREGATES", "NOISES", "MEASUREMENTS", "MEDIAN_BINS", "DEFAULT_SPLIT", "DEFAULT_CONFIDENCE",
            "PRE_THRESHOLD_METHODS", "GroupByCalibration", "Measurement", "group_by_calibration", "check_aggregates",
            "check_noise", "check_max_groups", "check_max_rows", "check_group_cols", "check_selection_share",
            "check_confidence", "check_pre_threshold", "measurements", "laplace_ci", "gaussian_ci", "median_ci",
-           "selection_zcdp", "check_call", "group_by", "udfs", "generated_sql", "MECHANISMS"]
+           "selection_zcdp", "check_selection", "SELECTIONS", "TRUNCATED_GEOMETRIC", "POST_THRESHOLD", "check_call",
+           "group_by", "udfs", "generated_sql", "MECHANISMS"]
 
 # The selection of the conformance example: the family's reference one-shot method (it offers a pre-threshold).
 _ONE_SHOT = with_role(union.METHODS.values(), "reference_one_shot")
@@ -68,14 +72,14 @@ _CAL_FIELDS = {"gaussian": BOOLEAN, "max_rows": DOUBLE, "lower": DOUBLE, "upper"
                   for f in ("granularity", "scale", "ci")},
                "mean_count_ci": DOUBLE, "mean_sum_ci": DOUBLE, "var_count_ci": DOUBLE, "var_sum_ci": DOUBLE,
                "var_sumsq_ci": DOUBLE, "median_bins": DOUBLE, "median_step": DOUBLE, "median_scale": DOUBLE,
-               "median_ci": DOUBLE}
+               "median_ci": DOUBLE, "selection_threshold": DOUBLE}
 
 
 def _cal_row(cal: GroupByCalibration) -> dict[str, Any]:
     """The one-row ``dp__cal`` of the SQL bodies (NULL: a measurement not made)."""
     row: dict[str, Any] = {k: None for k in _CAL_FIELDS}
     row.update(gaussian=cal.noise == "gaussian", max_rows=float(cal.max_rows), lower=cal.lower, upper=cal.upper,
-               aggregate_epsilon=cal.aggregate_epsilon)
+               aggregate_epsilon=cal.aggregate_epsilon, selection_threshold=cal.selection_threshold)
     if cal.lower is not None and cal.upper is not None:
         row.update(centre=(cal.lower + cal.upper) / 2.0, half=(cal.upper - cal.lower) / 2.0)
     for m in cal.measures:
@@ -116,6 +120,9 @@ def selection_call_sql(cal: GroupByCalibration, values: dict[str, Any]) -> str:
     group_cols = values.get("group_cols")
     if cal.selection is None:  # a public list of groups: no selection
         return public_items_sql(values["tbl"], values["items_tbl"], values["item_col"], group_cols)
+    if cal.selection == POST_THRESHOLD:  # the body selects by the noisy counts (dp__post_threshold)
+        rows = rows_sql(values["tbl"], None, values["user_col"], values["item_col"], group_cols)
+        return f"SELECT item FROM ({rows}) WHERE false"  # typed as the groups, empty
     prefix = ""
     target = dict(values)
     if group_cols is not None:
@@ -124,6 +131,8 @@ def selection_call_sql(cal: GroupByCalibration, values: dict[str, Any]) -> str:
                   f"{release.sql_value('user_col', values['user_col'], 'VARCHAR')}, "
                   f"{_literal_list('group_cols', group_cols)})) ")
         target.update(tbl=_KEYS_CTE, user_col="user_id", item_col="item")
+    if cal.selection == TRUNCATED_GEOMETRIC:
+        return _truncated_geometric_sql(cal, prefix, target)
     if cal.pre_threshold == 1:
         return prefix + union.body_call_sql(cal.selection, {**target, "epsilon": cal.selection_epsilon,
                                                             "delta": cal.selection_delta})
@@ -136,6 +145,23 @@ def selection_call_sql(cal: GroupByCalibration, values: dict[str, Any]) -> str:
             release.sql_value("user_col", target["user_col"], "VARCHAR"),
             release.sql_value("item_col", target["item_col"], "VARCHAR")]
     return prefix + f"SELECT item FROM dp__group_by_pre_selection({', '.join(args)})"
+
+
+def _truncated_geometric_sql(cal: GroupByCalibration, prefix: str, target: dict[str, Any]) -> str:
+    """The truncated geometric selection: each user keeps ``selection_cap`` groups (``dp__capped_user_items``),
+    ``n`` = the users per group, counted by the engine; one coin ``dp__group_by_keep(n, e0, d0)`` per group, in
+    group order (a seeded release is reproducible) (docs/proofs/truncated_geometric.md)."""
+    assert cal.selection_cap is not None
+    args = ", ".join([release.sql_value("tbl", target["tbl"], "VARCHAR"),
+                      f"max_items := {release.sql_value('max_groups', cal.selection_cap, 'DOUBLE')}",
+                      f"user_col := {release.sql_value('user_col', target['user_col'], 'VARCHAR')}",
+                      f"item_col := {release.sql_value('item_col', target['item_col'], 'VARCHAR')}"])
+    counts = (f"dp__tg_counts AS MATERIALIZED (SELECT item, count(*) AS n FROM dp__capped_user_items({args}) "
+              f"GROUP BY item ORDER BY item)")
+    ctes = f"{prefix}, {counts}" if prefix else f"WITH {counts}"
+    e0 = release.sql_value("epsilon", cal.selection_group_epsilon, "DOUBLE")
+    d0 = release.sql_value("delta", cal.selection_group_delta, "DOUBLE")
+    return f"{ctes} SELECT item FROM dp__tg_counts WHERE dp__group_by_keep(n, {e0}, {d0})"
 
 
 def rows_sql(tbl: str, value_col: Optional[str], user_col: str, item_col: str,
@@ -270,6 +296,8 @@ def udfs(source: object) -> list[Udf]:
     # pre_threshold, confidence, group_cols, items_tbl, user_col, item_col: the declaration's order
     args = (d, d, d, vl, v, d, d, v, d, d, v, d, d, d, vl, v, v, v)
     return [
+        # the truncated geometric coin (dpsql.groupby.selection): draws, so never folded
+        Udf("dp__group_by_keep", keep_udf(source), (BIGINT, d, d), BOOLEAN, side_effects=True),
         Udf("dp__group_by_calibration", scalar(cal_udf), (*args, BIGINT), cal_type),
         Udf("dp__group_by_public_calibration", scalar(public_cal_udf),
             (d, d, vl, v, d, d, d, d, d, vl, v, v, BIGINT), cal_type),
@@ -425,9 +453,10 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         name="group_by", family="group_by", macro="dp_group_by", unit="user",
         params=(tbl_param(), epsilon_param(), delta_param(), max_items_param(), *_aggregate_params(noise=True),
-                Param("selection", "VARCHAR", union.DEFAULT_METHOD, union.check_method,
-                      "set-union method that selects the groups"),
-                Param("split", "DOUBLE", DEFAULT_SPLIT, check_selection_share, "share of epsilon spent on selection"),
+                Param("selection", "VARCHAR", union.DEFAULT_METHOD, check_selection,
+                      "how groups are selected: a set-union method, 'truncated_geometric' or 'post_threshold'"),
+                Param("split", "DOUBLE", DEFAULT_SPLIT, check_selection_share,
+                      "share of epsilon spent on selection (post_threshold: the share of delta)"),
                 Param("pre_threshold", "DOUBLE", 1, check_pre_threshold,
                       "least number of users a group needs to be selected"),
                 _confidence_param(), _group_cols_param(),
@@ -445,7 +474,20 @@ MECHANISMS: tuple[Mechanism, ...] = (
         # the aggregate step over a public list, Gaussian (the selection is a set-union release, audited as such)
         audit=(AuditCase("group_by_count", name="group_by_count_gaussian",
                          note="public domain (items_tbl), max_groups 2, Gaussian at (epsilon, delta); event: noisy "
-                              "count >= n + 1"),),
+                              "count >= n + 1"),
+               # dp_group_by's own selection rules (dpsql.groupby.selection); the set-union ones are audited as such
+               AuditCase("group_by_selection", name="group_by_truncated_geometric",
+                         options=(("selection", TRUNCATED_GEOMETRIC), ("max_groups", 1)),
+                         note="truncated geometric coin, max_groups 1, against its (epsilon split, delta split); "
+                              "event: the group is released"),
+               AuditCase("group_by_selection", name="group_by_truncated_geometric_l0",
+                         options=(("selection", TRUNCATED_GEOMETRIC), ("max_groups", 2)),
+                         note="truncated geometric coins at (epsilon, delta) split / 2 per group, max_groups 2; "
+                              "event: how many of the added user's 2 groups are released"),
+               AuditCase("group_by_selection", name="group_by_post_threshold",
+                         options=(("selection", POST_THRESHOLD), ("max_groups", 2)),
+                         note="post-aggregation threshold, Gaussian count, max_groups 2, against (epsilon, delta); "
+                              "event: how many of the added user's 2 groups are released")),
         calibrate=_calibrate_group_by,
         rounds=2),
     Mechanism(

@@ -36,12 +36,19 @@ groups ``L0 eps0^2 / 8``: ``eps0 = sqrt(8 rho_m / L0)``. ``rho_a`` comes from th
   to ``(eps, delta - delta_e)``: accountant ``'zcdp'``;
 * any other selection runs at ``(eps split, delta split)`` and ``rho_a`` is the largest rho converting to
   ``(eps (1 - split), delta (1 - split))``: basic composition, accountant ``'basic'``;
-* a public list of groups (no selection): ``rho_a`` converts to ``(eps, delta)``: accountant ``'zcdp'``.
+* a public list of groups (no selection): ``rho_a`` converts to ``(eps, delta)``: accountant ``'zcdp'``;
+* ``selection = 'truncated_geometric'`` (:mod:`dpsql.groupby.selection`): the basic branch above, its coins at
+  ``(eps split, delta split) / max_groups`` per group;
+* ``selection = 'post_threshold'``: no selection budget; ``delta_e = delta split`` for the threshold event,
+  ``rho_a = zcdp_budget(eps, delta - delta_e)``, the count always measured, every measurement at
+  ``L0 = max_groups`` (the count selects, so nothing is calibrated after the selection), and the threshold
+  ``selection_threshold`` of :func:`dpsql.groupby.selection.post_threshold`: accountant ``'zcdp'``.
 
 **Laplace noise** (``noise = 'laplace'``, the default without a delta). Pure DP as before: the selection
-runs at ``(eps split, delta)``, the measurements share ``eps (1 - split)`` (``eps`` for a public list)
-equally, each is granular Laplace ``g DLap(b/g)`` with ``b`` = the rounded l1 sensitivity over its share
-([GRS09]), and the median's mechanism gets ``eps0 = eps_m / L0``.
+runs at ``(eps split, delta)``, the measurements share ``eps (1 - split)`` (``eps`` for a public list
+and for ``post_threshold``, whose threshold event then has the whole ``delta``) equally, each is granular
+Laplace ``g DLap(b/g)`` with ``b`` = the rounded l1 sensitivity over its share ([GRS09]), and the median's
+mechanism gets ``eps0 = eps_m / L0``.
 
 **Half-widths** (public parameters only): :func:`laplace_ci`, :func:`gaussian_ci` and :func:`median_ci`;
 the derived aggregates' from their measurements' at a union-bound level (the mean at ``(1 + conf)/2``
@@ -64,12 +71,14 @@ from dpsql.core import accounting, calibration
 from dpsql.core.calibration import Accounting, choose_granularity, default_granularity, discrete_laplace_scale
 from dpsql.core.validation import (EPSILON_MIN, DPParameterError, check_delta, check_epsilon, check_identifier,
                                    check_max_items, derived_budget)
+from dpsql.groupby import selection as rules
+from dpsql.groupby.selection import POST_THRESHOLD, SELECTIONS, TRUNCATED_GEOMETRIC
 
 __all__ = ["AGGREGATES", "NOISES", "MEASUREMENTS", "MEDIAN_BINS", "DEFAULT_SPLIT", "DEFAULT_CONFIDENCE",
            "PRE_THRESHOLD_METHODS", "Measurement", "GroupByCalibration", "group_by_calibration", "check_aggregates",
            "check_noise", "check_max_groups", "check_max_rows", "check_group_cols", "check_selection_share",
            "check_confidence", "check_pre_threshold", "measurements", "laplace_ci", "gaussian_ci", "median_ci",
-           "selection_zcdp"]
+           "selection_zcdp", "check_selection", "SELECTIONS", "TRUNCATED_GEOMETRIC", "POST_THRESHOLD"]
 
 AGGREGATES = ("count", "rows", "sum", "mean", "variance", "stddev", "median")
 NOISES = ("gaussian", "laplace")
@@ -153,6 +162,17 @@ def check_aggregates(aggregates: object) -> tuple[str, ...]:
     if len(set(aggregates)) != len(aggregates):
         raise DPParameterError(f"aggregates must not repeat a name (got {list(aggregates)!r})")
     return tuple(a for a in AGGREGATES if a in aggregates)
+
+
+def check_selection(selection: object) -> str:
+    """A set-union method (:data:`dpsql.union.METHODS`) or one of dp_group_by's own rules (:data:`SELECTIONS`:
+    ``'truncated_geometric'``, ``'post_threshold'``)."""
+    if isinstance(selection, str) and selection in SELECTIONS:
+        return selection
+    if not isinstance(selection, str) or selection not in union.METHODS:
+        raise DPParameterError(f"selection must be one of {', '.join(SELECTIONS)}, or a set-union method (its "
+                               f"method must be one of {', '.join(sorted(union.METHODS))}) (got {selection!r})")
+    return selection
 
 
 def check_noise(noise: object) -> str:
@@ -378,6 +398,12 @@ class GroupByCalibration:
     mean_count_ci: Optional[float] = None
     mean_sum_ci: Optional[float] = None
     pre_threshold: int = 1
+    # truncated_geometric: the cap of its counts (max_groups) and its (epsilon, delta) per group
+    selection_cap: Optional[int] = None
+    selection_group_epsilon: Optional[float] = None
+    selection_group_delta: Optional[float] = None
+    # post_threshold: a group is released iff its noisy count is >= this
+    selection_threshold: Optional[float] = None
 
     def measure(self, name: str) -> Optional[Measurement]:
         """The measurement ``name`` (:data:`MEASUREMENTS`), or None if the aggregates do not need it."""
@@ -452,20 +478,47 @@ def _levels(name: str, aggregates: tuple[str, ...], confidence: float) -> dict[s
     return levels
 
 
+def _check_selection_budget(selection: str, epsilon: float, delta: float, max_items: int, max_groups: int) -> None:
+    """The selection's own checks at its ``(epsilon, delta)``: a set-union method's calibration, or the truncated
+    geometric table at ``(epsilon, delta) / max_groups`` per group (refused if it cannot be built)."""
+    if selection == TRUNCATED_GEOMETRIC:
+        rules.keep_numerators(epsilon / max_groups, delta / max_groups)
+    else:
+        union.calibrate(selection, epsilon, delta, max_items)
+
+
 @lru_cache(maxsize=256)
 def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[float], max_items: int,
                  lower: Optional[float], upper: Optional[float], selection: Optional[str], split: float,
                  confidence: float, pre_threshold: int, noise: str, max_groups: int,
                  max_rows: int, groups: Optional[int] = None) -> GroupByCalibration:
-    # a user contributes to at most min(cap, |S|) of the |S| released groups
-    l0 = max_groups if groups is None else max(1, min(max_groups, groups))
+    # a user contributes to at most min(cap, |S|) of the |S| released groups; post_threshold's count noise
+    # decides S, so it (and with it every measurement) is calibrated before S: L0 = the cap
+    post = selection == POST_THRESHOLD
+    l0 = max_groups if groups is None or post else max(1, min(max_groups, groups))
     needed = measurements(aggregates)
+    if post and "count" not in needed:  # the count selects: measured (and paid for) even if not released
+        needed = ("count",) + needed
     k = len(needed)
     acc: Optional[Accounting] = None
     rho_a: Optional[float] = None
     agg_delta = 0.0
+    own: dict[str, Any] = {}
     with derived_budget():
-        if selection is None:
+        if post:
+            # no selection budget: every epsilon to the aggregates; the threshold event gets delta * split
+            # (Gaussian; the whole delta with Laplace counts, which use none)
+            assert delta is not None
+            sel_eps, agg_eps = 0.0, epsilon
+            if noise == "gaussian":
+                sel_delta = delta * split
+                agg_delta = delta - sel_delta
+                rho_a = accounting.zcdp_budget(epsilon, agg_delta)
+                acc = accounting.account_zcdp(rho_a, sel_delta, epsilon, delta)
+            else:
+                sel_delta = delta
+                acc = Accounting(accounting.BASIC, epsilon, delta, 0.0, sel_delta)
+        elif selection is None:
             sel_eps, sel_delta, agg_eps = 0.0, 0.0, epsilon
             if noise == "gaussian":
                 assert delta is not None
@@ -477,9 +530,9 @@ def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[fl
             sel_eps, agg_eps = epsilon * split, epsilon * (1.0 - split)
             if noise == "laplace":
                 sel_delta = delta
-                union.calibrate(selection, sel_eps, sel_delta, max_items)  # the selection's own checks
+                _check_selection_budget(selection, sel_eps, sel_delta, max_items, max_groups)
             else:
-                form = selection_zcdp(selection, sel_eps, delta, max_items)
+                form = None if selection in SELECTIONS else selection_zcdp(selection, sel_eps, delta, max_items)
                 if form is not None:
                     rho_s, events = form
                     sel_delta = delta
@@ -493,7 +546,7 @@ def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[fl
                     agg_delta = delta - events
                 else:
                     sel_delta = delta * split
-                    union.calibrate(selection, sel_eps, sel_delta, max_items)
+                    _check_selection_budget(selection, sel_eps, sel_delta, max_items, max_groups)
                     agg_delta = delta * (1.0 - split)
                     rho_a = accounting.zcdp_budget(agg_eps, agg_delta)
                     acc = Accounting(accounting.BASIC, epsilon, delta, agg_delta, sel_delta)
@@ -509,6 +562,15 @@ def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[fl
                 assert rho_a is not None
                 measures.append(_gaussian_measure(name, rho_a / k, l0, bound, levels))
     by = {m.name: m for m in measures}
+    if selection == TRUNCATED_GEOMETRIC:
+        own.update(selection_cap=max_groups, selection_group_epsilon=sel_eps / max_groups,
+                   selection_group_delta=sel_delta / max_groups)
+    elif post:
+        count = by["count"]
+        assert count.granularity is not None
+        own.update(selection_cap=max_groups,
+                   selection_threshold=rules.post_threshold(noise == "gaussian", count.scale, count.granularity,
+                                                            max_groups, sel_delta))
     out: dict[str, Any] = {}
     if "count" in by:
         m = by["count"]
@@ -522,7 +584,7 @@ def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[fl
                               noise=noise, max_groups=l0, max_rows=max_rows, released_groups=groups,
                               aggregate_delta=agg_delta,
                               aggregate_rho=rho_a, accounting=acc, measures=tuple(measures),
-                              pre_threshold=pre_threshold, **out)
+                              pre_threshold=pre_threshold, **own, **out)
 
 
 def group_by_calibration(epsilon: object, delta: object, max_items: object = 100,
@@ -546,7 +608,7 @@ def group_by_calibration(epsilon: object, delta: object, max_items: object = 100
         delta_value: Optional[float] = None if delta is None else check_delta(delta)
         split_value = 1.0
     else:
-        selection = union.check_method(selection)
+        selection = check_selection(selection)
         delta_value = check_delta(delta)
         split_value = check_selection_share(split)
     max_items = check_max_items(max_items)
@@ -566,7 +628,7 @@ def group_by_calibration(epsilon: object, delta: object, max_items: object = 100
         where = "a public list of items needs no selection" if selection is None else f"selection is {selection!r}"
         raise DPParameterError(f"pre_threshold > 1 needs selection := one of {', '.join(PRE_THRESHOLD_METHODS)} "
                                f"({where}); the adaptive and sequential methods have no proof for it")
-    if selection is not None:
+    if selection is not None and selection != POST_THRESHOLD:  # post_threshold spends no epsilon on selection
         for part, share in (("selection", epsilon * split_value), ("aggregates", epsilon * (1.0 - split_value))):
             if share < EPSILON_MIN:
                 raise DPParameterError(f"epsilon * split is too small for the {part} (got {share!r}); pass a larger "

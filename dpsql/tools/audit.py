@@ -686,6 +686,41 @@ def _group_by_median_case(mech: DeclaredMechanism, name: str, note: str, users: 
                        _pure, lambda e, d: _single_item_pairs([users], 2), setup=setup, note=note)
 
 
+def _group_by_selection_case(mech: DeclaredMechanism, name: str, note: str, selection: str,
+                              max_groups: int) -> ReplicaCase:
+    """Replicas of dp_group_by's own selection rules (``selection``: 'truncated_geometric' or 'post_threshold') at
+    ``max_groups`` L0: n users hold the L0 groups the added user holds; the statistic is how many of them are
+    released. Truncated geometric: n where the keep probability is in [1e-4, 0.999], claim the selection's
+    ``(epsilon split, delta split)`` (the released set is a function of the selection alone); post_threshold: n
+    around its threshold, claim the release's (epsilon, delta) (its set is a function of the noisy counts)."""
+    from dpsql.groupby import calibration as gbc, selection as rules
+
+    def cal(e: float, d: float):
+        with derived_budget():
+            return gbc.group_by_calibration(e, d, max_groups, selection=selection, max_groups=max_groups)
+
+    def claim(e: float, d: float) -> tuple[float, float]:
+        c = cal(e, d)
+        return (c.selection_epsilon, c.selection_delta) if selection == rules.TRUNCATED_GEOMETRIC else (e, d)
+
+    def pairs(e: float, d: float) -> list[Pair]:
+        c = cal(e, d)
+        if selection == rules.TRUNCATED_GEOMETRIC:
+            p = rules.keep_probabilities(c.selection_group_epsilon, c.selection_group_delta)
+            ns = [n - 1 for n in range(1, len(p)) if 1e-4 <= p[n] <= 0.999]
+            ns = [ns[i] for i in sorted({round(j * (len(ns) - 1) / 11) for j in range(12)})]  # <= 12, spread
+        else:
+            assert c.selection_threshold is not None and c.count_scale is not None
+            ns = _grid(c.selection_threshold, c.count_scale, 1.0, _ZS)
+        return _single_item_pairs(ns, max_groups)
+
+    return ReplicaCase(name or f"{mech.name}_{selection}",
+                       lambda e, d: (f"SELECT item FROM {mech.macro}('{{tbl}}', epsilon := {e!r}, delta := {d!r}, "
+                                     f"max_items := {max_groups}, max_groups := {max_groups}, "
+                                     f"selection := '{selection}')"),
+                       claim, pairs, note=note)
+
+
 def _element_sql(macro: str) -> Callable[[float, float], str]:
     return lambda e, d: (f"SELECT key AS item FROM {macro}('{{tbl}}', {e!r}, {d!r}, "
                          f"key_col := 'item', freq_col := 'n')")
@@ -737,7 +772,7 @@ def _coverage_case(mech: DeclaredMechanism, name: str, note: str, k: Optional[in
 CASE_KINDS: dict[str, Callable[..., Union[ReplicaCase, OutputCase]]] = {
     "threshold": _threshold_case, "mad_min": _mad_min_case, "boost": _boost_case, "policy": _policy_case,
     "greedy": _greedy_case, "top_k_domain": _top_k_domain_case, "group_by_count": _group_by_count_case,
-    "group_by_median": _group_by_median_case,
+    "group_by_median": _group_by_median_case, "group_by_selection": _group_by_selection_case,
     "element_sample": _element_sample_case, "element_histogram": _element_histogram_case,
     "order": _order_case, "order_ranked": _order_ranked_case, "rows": _rows_case, "spelling": _spelling_case,
     "coverage": _coverage_case,

@@ -161,8 +161,10 @@ FROM query_table(noisy) CROSS JOIN query_table(cal);
 -- makes the binder refuse a non-constant parameter before the text is rendered (as in
 -- sql/30_union/90_dispatch.sql). With group_cols the method reads the keys (dp__group_key_value_rows) of a
 -- CTE of that text. With a public items_tbl there is no selection: the groups are its rows
--- (dpsql.groupby.public_items_sql, as dp_group_by_public's).
-WITH dp__selected AS MATERIALIZED (
+-- (dpsql.groupby.public_items_sql, as dp_group_by_public's). With selection := 'post_threshold' the text
+-- selects nothing: the groups are those whose noisy count passes the threshold (dp__post_threshold below;
+-- docs/proofs/post_threshold.md).
+WITH dp__rendered AS MATERIALIZED (
     FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'epsilon': epsilon, 'delta': delta,
                          'max_items': max_items, 'aggregates': aggregates, 'value_col': value_col, 'lower': lower,
                          'upper': upper, 'noise': noise, 'max_groups': max_groups, 'max_rows': max_rows,
@@ -174,24 +176,42 @@ WITH dp__selected AS MATERIALIZED (
                                                     pre_threshold, confidence, group_cols, items_tbl, user_col,
                                                     item_col) END)),
 -- The calibration (dpsql.groupby.calibration), its noise for L0 = min(max_groups, the groups released): no
--- user holds more of them. The release's parameters were checked before anything was read (the wrapper).
+-- user holds more of them (post_threshold: L0 = max_groups, its count noise selects). The release's parameters
+-- were checked before anything was read (the wrapper).
 dp__cal AS MATERIALIZED (
     SELECT unnest(dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise,
                                            max_groups, max_rows, selection, split, pre_threshold, confidence,
                                            group_cols, items_tbl, user_col, item_col, k.n))
-    FROM (SELECT count(*) AS n FROM dp__selected) AS k),
+    FROM (SELECT count(*) AS n FROM dp__rendered) AS k),
 -- The rows (user_id, item, v): dp__user_item_value_rows, or dp__group_key_value_rows with group_cols.
 dp__user_item_value_rows AS (
     FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'value_col': value_col, 'user_col': user_col,
                          'item_col': item_col, 'group_cols': group_cols}::VARCHAR) IS NULL OR true
                     THEN dp__group_by_rows_sql(tbl, value_col, user_col, item_col, group_cols) END)),
+-- post_threshold (docs/proofs/post_threshold.md): each user keeps at most max_groups of ALL its groups (the
+-- salted hash of dp__kept below, the same salt), n = the kept users per group; the noisy count n + Z of every
+-- such group, in group order (reproducible when seeded); a group is released iff it is >= the calibration's
+-- threshold, with that same noisy count as its count. Empty unless selection = 'post_threshold'.
+dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
+dp__post_threshold AS MATERIALIZED (
+    SELECT t.item, t.n + dp__group_by_noise(c.gaussian, c.count_scale, c.count_granularity) AS n_noisy
+    FROM (SELECT item, count(*) AS n
+          FROM (SELECT item FROM (SELECT DISTINCT user_id, item FROM dp__user_item_value_rows
+                                  WHERE selection = 'post_threshold' AND items_tbl IS NULL) CROSS JOIN dp__salt
+                QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s)))
+                        <= coalesce(max_groups, max_items))
+          GROUP BY item ORDER BY item) AS t CROSS JOIN dp__cal AS c),
+dp__selected AS MATERIALIZED (
+    SELECT item, NULL::DOUBLE AS n_selected FROM dp__rendered
+    UNION ALL
+    SELECT p.item, p.n_noisy FROM dp__post_threshold AS p CROSS JOIN dp__cal AS c
+    WHERE p.n_noisy >= c.selection_threshold),
 -- Per (user, group of the selection): the user's total of the group's values and its number of rows.
 dp__totals AS (
     SELECT r.user_id, r.item, sum(r.v) AS v, count(*) AS r
     FROM dp__user_item_value_rows AS r
     SEMI JOIN dp__selected AS s ON r.item = s.item
     GROUP BY r.user_id, r.item),
-dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 -- Each user keeps at most max_groups of its selected groups (NULL: max_items), the first by a salted
 -- hash of the user's own rows (as dp__capped_user_items): the aggregates' own cap, separate from the
 -- selection's.
@@ -229,12 +249,14 @@ dp__median AS MATERIALIZED (
 -- The exact measurements of every group (also those no kept user holds), sorted by group: the noise then
 -- meets the groups in that order, whatever the join's plan (a seeded release is reproducible).
 dp__joined AS MATERIALIZED (
-    SELECT d.item, t.n, t.n_rows, t.s_steps, t.q_steps
+    SELECT d.item, d.n_selected, t.n, t.n_rows, t.s_steps, t.q_steps
     FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item
     ORDER BY d.item),
+-- post_threshold's released count is the noisy count that selected the group (n_selected), not a new draw.
 dp__noisy AS MATERIALIZED (
     SELECT t.item,
-           CASE WHEN c.count_scale IS NOT NULL
+           CASE WHEN t.n_selected IS NOT NULL THEN t.n_selected
+                WHEN c.count_scale IS NOT NULL
                 THEN coalesce(t.n, 0) + dp__group_by_noise(c.gaussian, c.count_scale, c.count_granularity) END AS n_noisy,
            CASE WHEN c.rows_scale IS NOT NULL
                 THEN coalesce(t.n_rows, 0) + dp__group_by_noise(c.gaussian, c.rows_scale, c.rows_granularity) END AS r_noisy,
