@@ -504,7 +504,7 @@ def test_doc_sql_blocks_run_in_the_shell_in_both_syntaxes(tmp_path):
     if not DOC.is_file():
         pytest.skip("docs/bigquery_syntax.md is not next to the tests")
     blocks = _doc_blocks("sql")
-    assert len(blocks) == 3 and is_dp_query(blocks[1]) and "dp_group_by(" in blocks[2]
+    assert len(blocks) == 4 and is_dp_query(blocks[1]) and "dp_group_by(" in blocks[2] and is_dp_query(blocks[3])
     db = str(tmp_path / "shop.duckdb")
     outputs = []
     for block in blocks:
@@ -515,8 +515,19 @@ def test_doc_sql_blocks_run_in_the_shell_in_both_syntaxes(tmp_path):
     assert outputs[1][0] == outputs[2][0] == "item,buyers,revenue"
     assert [line.split(",")[0] for line in outputs[1][1:]] == [line.split(",")[0] for line in outputs[2][1:]] \
         == [f"item{i}" for i in sorted(range(12), key=str)]
+    # several group columns and a row count: every (country, item) pair holds 250 (FR) or 500 (DE) users and
+    # 1 or 1.5 times as many rows, as each user buys one of its items twice; the release's noise scales at
+    # these parameters are about 12 (count) and 25 (rows): every value is within 6 of them
+    r = shell("SELECT country, item, count(DISTINCT user_id), count(*) FROM purchases GROUP BY ALL ORDER BY ALL;",
+              database=db, mode="csv")
+    truth = {(c, i): (int(n), int(rows)) for c, i, n, rows in (line.split(",") for line in r.stdout.splitlines()[1:])}
+    assert outputs[3][0] == "country,item,buyers,purchases"
+    released = [line.split(",") for line in outputs[3][1:]]
+    assert [(c, i) for c, i, *_ in released] == sorted(truth)  # every pair released, sorted by the group
+    assert all(abs(int(n) - truth[(c, i)][0]) <= 75 and abs(int(rows) - truth[(c, i)][1]) <= 150
+               for c, i, n, rows in released)
     r = shell("SELECT count(*) AS n, list(DISTINCT table_name) AS scopes FROM dp_releases();", database=db, mode="csv")
-    assert r.stdout.splitlines()[1] == "2,[shop.main.purchases]"  # both charged to the base table
+    assert r.stdout.splitlines()[1] == "3,[shop.main.purchases]"  # all charged to the base table
 
 
 def test_doc_python_block_runs():
