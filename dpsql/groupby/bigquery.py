@@ -658,6 +658,12 @@ def translate(text: str) -> Translation:
                               f"({what}); run the aggregates as separate queries (each is charged)")
             value = mine
         else:  # a count: its bounds may set parameters of their own (max_rows for the count of rows)
+            try:
+                if "max_rows" in bound:
+                    check_max_rows(bound["max_rows"])
+            except ParameterError as exc:
+                raise _refuse(f"{call.text}: its upper bound is dpsql's max_rows, and "
+                              f"{str(exc).removeprefix('dpsql: ').rstrip('.')}") from None
             extra.update(bound)
         measures.append(rule.measure)  # type: ignore[arg-type]
         name = call.alias
@@ -671,10 +677,8 @@ def translate(text: str) -> Translation:
         seen[name.lower()] = name
     params: dict[str, Any] = dict(st.options)
     grouping = _grouping(keys)
-    try:  # dp_group_by's own checks of what the text sets, so that a refusal comes before anything is read
+    try:  # dp_group_by's own check of the columns, so that a refusal comes before anything is read
         check_group_cols(grouping.get("group_cols"))
-        if "max_rows" in extra:
-            check_max_rows(extra["max_rows"])
     except ParameterError as exc:
         raise _refuse(str(exc).removeprefix("dpsql: ").rstrip(".")) from None
     params.update(grouping, aggregates=measures, **extra)
@@ -691,7 +695,7 @@ def translate(text: str) -> Translation:
     source = f"SELECT {', '.join(select)}\nFROM {st.source}" + (f"\nWHERE {st.where}" if st.where else "")
     if value is not None and value[0] == "average":
         # each row's share of its unit's average in the group: the unit's total is then its average
-        v, u, k = _quoted(params["value_col"]), _quoted(unit), ", ".join(_quoted(k) for k in keys)
+        v, u, k = _quoted(params["value_col"]), _quoted(unit), ", ".join(_quoted(g) for g in keys)
         value_check = (source, params["value_col"])
         source = (f"SELECT {u}, {k}, CAST({v} AS DOUBLE) / count({v}) OVER (PARTITION BY {u}, {k}) AS {v}\n"
                   f"FROM ({source})")

@@ -172,7 +172,7 @@ REFUSED = {
     "count with a negative lower bound": (q("word, COUNT(*, contribution_bounds_per_group => (-1, 5))"),
                                           "COUNT(*) takes contribution_bounds_per_group"),
     "count of rows beyond max_rows": (q("word, COUNT(*, contribution_bounds_per_group => (0, 200000))"),
-                                      "max_rows must be a whole number between 1 and 100000"),
+                                      "its upper bound is dpsql's max_rows, and max_rows must be a whole number"),
     "count of rows twice": (q("word, COUNT(*, contribution_bounds_per_group => (0, 2)) AS a, "
                               "COUNT(*, contribution_bounds_per_group => (0, 5)) AS b"), "'rows' appears twice"),
     "count of units twice": (q(f"word, {COUNT} AS a, {COUNT} AS b"), "'count' appears twice"),
