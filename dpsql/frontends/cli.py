@@ -1059,7 +1059,8 @@ _GROUP_BY_FILES = ("tbl", "items_tbl")
 # What a flag's help says beyond the declaration: --delta's meaning changes with --items.
 _GROUP_BY_HELP = {"delta": "privacy parameter 0 < delta < 1 (required without --items; with --items, optional: "
                            "Gaussian noise at (epsilon, delta), else Laplace at (epsilon, 0))",
-                  "noise": "noise of the aggregates (default: gaussian, as in SQL; laplace with --items and no --delta)"}
+                  "noise": "noise of the aggregates (default: gaussian, as in SQL; laplace with --items and no "
+                           "--delta)"}
 
 
 def _name_list(text: str) -> list[str]:

@@ -357,8 +357,9 @@ def test_aggregates_are_bigquerys_quantities_up_to_the_noise():
     rows2 = "COUNT(*, contribution_bounds_per_group => (0, 2))"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # epsilon 1e5 is weak on purpose
-        counted = dpsql.sql(con, q(f"grp, {COUNT} AS n, {rows2} AS r2, SUM(x, contribution_bounds_per_group => (0, 12)) "
-                                   f"AS s", "FROM t GROUP BY grp", options))
+        counted = dpsql.sql(con, q(f"grp, {COUNT} AS n, {rows2} AS r2, "
+                                   f"SUM(x, contribution_bounds_per_group => (0, 12)) AS s",
+                                   "FROM t GROUP BY grp", options))
         averaged = dpsql.sql(con, q("grp, AVG(x, contribution_bounds_per_group => (0, 12)) AS a, "
                                     "COUNT(*, contribution_bounds_per_group => (0, 3)) AS r3",
                                     "FROM t GROUP BY grp", options))
