@@ -1042,64 +1042,126 @@ def cmd_hitting_set(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return _cmd_ranked("dp_hitting_set", dpsql.hitting_set, args, out, err)
 
 
-def _aggregate_list(text: str) -> list[str]:
+# --------------------------------------------------------------------------
+# group-by: one flag per parameter of the dp_group_by declaration
+# --------------------------------------------------------------------------
+
+# INPUT stands for dp_group_by's tbl and --items FILE for its items_tbl; every other parameter of the
+# declaration is the flag of its name (- for _), typed by its SQL type and helped by its doc and default,
+# so a parameter the declaration gains is a flag here. dp_group_by_public (a public list without --delta)
+# takes a subset of them.
+_GROUP_BY_FILES = ("tbl", "items_tbl")
+# What a flag's help says beyond the declaration: --delta's meaning changes with --items.
+_GROUP_BY_HELP = {"delta": "privacy parameter 0 < delta < 1 (required without --items; with --items, optional: "
+                           "Gaussian noise at (epsilon, delta), else Laplace at (epsilon, 0))",
+                  "noise": "noise of the aggregates (default: gaussian, as in SQL; laplace with --items and no "
+                           "--delta)"}
+
+
+def _name_list(text: str) -> list[str]:
+    """A comma-separated list of names (an SQL ``VARCHAR[]`` parameter)."""
     return [a.strip() for a in text.split(",") if a.strip()]
 
 
-def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Private GROUP BY item of INPUT (``dp_group_by``, or ``dp_group_by_public`` with --items)."""
+def _number(text: str) -> object:
+    """A number (an SQL ``DOUBLE`` parameter): a whole one as an int, so the declaration's check of a whole
+    number (max_items, max_rows, ...) sees what was typed."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number (got {text!r})") from None
+    return int(value) if value.is_integer() and abs(value) < 2 ** 53 else value
+
+
+def _flag_type(param: Param) -> Callable[[str], object]:
+    return _name_list if param.sql_type.endswith("[]") else _number if param.sql_type == "DOUBLE" else str
+
+
+def _group_by_choices(name: str) -> Optional[list[str]]:
+    """The values a flag takes when they are a declared set (argparse lists them and refuses others)."""
     from dpsql import groupby
 
+    return {"selection": list(dpsql.METHODS), "noise": list(groupby.NOISES)}.get(name)
+
+
+def _group_by_params() -> list[Param]:
+    """dp_group_by's declared parameters that are flags of their own name."""
+    return [p for p in _params("dp_group_by").values() if p.name not in _GROUP_BY_FILES]
+
+
+def _add_group_by_options(p: argparse.ArgumentParser) -> None:
+    for param in _group_by_params():
+        listed = param.sql_type.endswith("[]")
+        default = ("required" if param.required else "NULL" if param.default is None
+                   else ",".join(param.default) if listed else str(param.default))
+        p.add_argument(f"--{param.name.replace('_', '-')}", dest=param.name, type=_flag_type(param),
+                       choices=_group_by_choices(param.name),
+                       metavar=f"{param.name.upper()},..." if listed else None,
+                       help=_GROUP_BY_HELP.get(param.name)
+                       or f"{param.doc}{' (comma-separated)' if listed else ''} "
+                          f"({default if param.required else f'default: {default}, as in SQL'})")
+    p.add_argument("--items", metavar="FILE", help="public list of groups (Parquet/CSV with the item column, or the "
+                                                   "--group-cols columns): no selection, every listed group gets a "
+                                                   "row")
+
+
+def cmd_group_by(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Private GROUP BY of INPUT (``dp_group_by``, or ``dp_group_by_public`` with --items and no --delta).
+
+    The flags given are the call's parameters; the declaration fills and checks the rest (:meth:`validate`),
+    and its calibration is what --json reports.
+    """
     # a public list without --delta: dp_group_by_public, Laplace at (epsilon, 0); with it, dp_group_by's aggregates
     macro = "dp_group_by_public" if args.items is not None and args.delta is None else "dp_group_by"
-    names: list[tuple[str, Callable]] = [("epsilon", float), ("max_items", _whole), ("confidence", float)]
-    if args.items is None:
-        names += [("delta", float), ("selection", str), ("split", float), ("pre_threshold", _whole)]
-    _fill_defaults(args, macro, names)
-    aggregates = groupby.check_aggregates(args.aggregates or ["count"])
-    # with --items, --delta is optional: Gaussian noise at (epsilon, delta), else Laplace at (epsilon, 0)
-    cal = groupby.group_by_calibration(args.epsilon, args.delta, args.max_items, aggregates, args.value_col,
-                                       args.lower, args.upper, args.selection if args.items is None else None,
-                                       args.split, args.confidence, args.pre_threshold or 1, args.noise,
-                                       args.max_groups, args.max_rows if args.max_rows is not None else 1)
-    user_col = check_identifier("--user-col", args.user_col)
-    item_col = check_identifier("--item-col", args.item_col)
-    columns = [("--user-col", user_col), ("--item-col", item_col)]
-    if args.value_col is not None:
-        columns.append(("--value-col", check_identifier("--value-col", args.value_col)))
+    mech = registry.by_macro()[macro]
+    _fill_defaults(args, macro, [("epsilon", float)] + ([("delta", float)] if args.items is None else []))
+    given = {p.name: getattr(args, p.name) for p in _group_by_params() if getattr(args, p.name) is not None}
+    other = [name for name in given if name not in mech.param_names]
+    if other:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in other)
+        raise UsageError(f"{flags} {'does' if len(other) == 1 else 'do'} not apply to a public list without --delta "
+                         f"({macro}: Laplace noise at (epsilon, 0), no selection); give --delta for Gaussian noise "
+                         f"at (epsilon, delta), or leave {flags} out")
+    if "group_cols" in given and "item_col" in given:
+        raise UsageError("--item-col and --group-cols: give one (--group-cols groups by several columns instead of "
+                         "the item column)")
     if args.items is not None and not Path(args.items).is_file():
         raise UsageError(f"--items file {args.items!r} does not exist")
+    # every parameter checked once, by the declaration (defaults filled in); nothing has been read
+    values = mech.validate(tbl=_VIEW, **given, **({} if args.items is None else {"items_tbl": args.items}))
+    assert mech.calibrate is not None  # every group-by declaration has its calibration
+    cal = mech.calibrate(**values)
+    user_col, group_cols, item_col = values["user_col"], values["group_cols"], values["item_col"]
+    keys = [("--group-cols", g) for g in group_cols] if group_cols is not None else [("--item-col", item_col)]
+    columns = [("--user-col", user_col), *keys]
+    if values["value_col"] is not None:
+        columns.append(("--value-col", values["value_col"]))
 
     def run(con: duckdb.DuckDBPyConnection) -> pa.Table:
-        return dpsql.group_by(con, _VIEW, epsilon=args.epsilon, delta=args.delta, aggregates=list(aggregates),
-                              value_col=args.value_col, lower=args.lower, upper=args.upper,
-                              max_items=args.max_items, noise=args.noise, max_groups=args.max_groups,
-                              max_rows=args.max_rows if args.max_rows is not None else 1,
-                              selection=args.selection or dpsql.DEFAULT_METHOD,
-                              split=args.split if args.split is not None else groupby.DEFAULT_SPLIT,
-                              pre_threshold=args.pre_threshold or 1,
-                              confidence=args.confidence, items_tbl=args.items, user_col=user_col,
-                              item_col=item_col)
+        return dpsql.group_by(con, _VIEW, **{k: v for k, v in values.items() if k != "tbl"})
 
-    probe = [f"{_quote_ident(item_col)} AS item"]
-    for agg in aggregates:
+    # zero rows of the released columns' types: the groups' columns, then per aggregate its value, noise scale
+    # (none for the derived mean, variance and stddev) and interval half-width
+    probe = ([_quote_ident(g) for g in group_cols] if group_cols is not None
+             else [f"{_quote_ident(item_col)} AS item"])
+    for agg in values["aggregates"]:
         kind = "BIGINT" if agg in ("count", "rows") else "DOUBLE"
         probe += [f"0::{kind} AS {_quote_ident(agg)}"]
         probe += [f"0.0::DOUBLE AS {agg}_scale"] if agg not in ("mean", "variance", "stddev") else []
         probe.append(f"0.0::DOUBLE AS {agg}_ci")
     with _interrupts(err) as interrupts:
         # A NULL value is skipped by the sum and the mean, as in SQL and Python (dp_group_by); a NULL user
-        # or item is refused there too.
+        # or group is refused there too.
         released, output, elapsed = _release(args, err, interrupts, columns,
                                              f"SELECT {', '.join(probe)} FROM {_VIEW} LIMIT 0", run,
                                              nullable=["--value-col"])
-        if args.delta is None:
-            args.delta = 0.0  # what dp_group_by_public charges without a delta (the file metadata records it)
-        doc = {"mechanism": macro, "aggregates": list(aggregates), "epsilon": float(args.epsilon),
-               "delta": float(args.delta), **({} if args.items is None else {"items": args.items}),
-               "max_items": int(args.max_items), "input": args.input, "table": args.table,
-               "user_col": user_col, "item_col": item_col, "value_col": args.value_col,
-               "lower": args.lower, "upper": args.upper, "calibration": dataclasses.asdict(cal)}
+        args.epsilon = values["epsilon"]
+        # what dp_group_by_public charges without a delta (the file metadata records it)
+        args.delta = values.get("delta") or 0.0
+        doc = {"mechanism": macro, **{k: v for k, v in values.items() if k not in _GROUP_BY_FILES},
+               "epsilon": float(args.epsilon), "delta": float(args.delta),
+               **({} if args.items is None else {"items": args.items}), "input": args.input, "table": args.table,
+               "calibration": dataclasses.asdict(cal)}
         return _finish(args, released, output, macro, doc, "rows", lambda rows: rows.to_pylist(), out, err,
                        interrupts, elapsed=elapsed)
 
@@ -1631,43 +1693,23 @@ def build_parser() -> argparse.ArgumentParser:
                        "(dp_top_k: a set-union release at (epsilon/2, delta/2) is the domain, then k-fold peeling "
                        "at (epsilon/2, delta/2)). Prints the items one per line in rank order, unless --output "
                        "(columns rank, item) or --json is given. A flag left out takes the SQL macro's default.")
-    gb = sub.add_parser("group-by", help="private GROUP BY item: count, sum, mean per item, user-level DP",
-                        description="Release, per item of INPUT, the noisy number of users holding it and the sum "
-                                    "and mean of a value, under user-level (epsilon, delta)-DP (dp_group_by: a "
-                                    "set-union selection, then granular Gaussian (or --noise laplace) aggregates, "
-                                    "composed to (epsilon, delta)); with --items, every item of that public list, at "
-                                    "(epsilon, delta) or, without --delta, (epsilon, 0) with Laplace noise "
-                                    "(dp_group_by_public). Each value comes with its noise scale and "
-                                    "the half-width of a --confidence interval. A flag left out takes the SQL "
-                                    "macro's default. " + PLAIN_OUTPUT)
+    from dpsql.groupby import AGGREGATES
+
+    gb = sub.add_parser("group-by", help=f"private GROUP BY of one or several columns: {', '.join(AGGREGATES)} per "
+                                         f"group, user-level DP",
+                        description="Release, per group of INPUT (a value of the item column, or of the --group-cols "
+                                    "columns), the noisy --aggregates: count (users), rows (rows, counting up to "
+                                    "--max-rows per user), and the sum, mean, variance, stddev and median of each "
+                                    "user's total of --value-col clamped to [--lower, --upper], under user-level "
+                                    "(epsilon, delta)-DP (dp_group_by: a set-union selection, then granular Gaussian "
+                                    "(or --noise laplace) aggregates, composed to (epsilon, delta)); with --items, "
+                                    "every group of that public list, at (epsilon, delta) or, without --delta, "
+                                    "(epsilon, 0) with Laplace noise (dp_group_by_public). Each value comes with its "
+                                    "noise scale and the half-width of a --confidence interval. The flags are "
+                                    "dp_group_by's parameters; a flag left out takes the SQL macro's default. "
+                                    + PLAIN_OUTPUT)
     _add_input_options(gb)
-    gb.add_argument("--epsilon", type=float, help=f"privacy parameter epsilon > 0 ({_default_help('dp_group_by', 'epsilon')})")
-    gb.add_argument("--delta", type=float, help="privacy parameter 0 < delta < 1 (required without --items; with "
-                                                "--items, optional: Gaussian noise, else Laplace at (epsilon, 0))")
-    gb.add_argument("--aggregates", type=_aggregate_list,
-                    help="comma-separated count,rows,sum,mean,variance,stddev,median (default: count)")
-    gb.add_argument("--noise", choices=["gaussian", "laplace"],
-                    help="noise of the aggregates (default: gaussian with a delta, else laplace)")
-    gb.add_argument("--max-groups", type=int, help="groups a user contributes to the aggregates (default: --max-items)")
-    gb.add_argument("--max-rows", type=int, help="rows per user per group counted by 'rows' (default: 1)")
-    gb.add_argument("--value-col", help="column of numbers for sum and mean")
-    gb.add_argument("--lower", type=float, help="lower clamp of each user's total per item (value aggregates)")
-    gb.add_argument("--upper", type=float, help="upper clamp of each user's total per item (value aggregates)")
-    gb.add_argument("--max-items", type=int, help=f"items counted per user ({_default_help('dp_group_by', 'max_items')})")
-    gb.add_argument("--selection", choices=list(dpsql.METHODS),
-                    help=f"set-union method that selects the items ({_default_help('dp_group_by', 'selection')})")
-    gb.add_argument("--split", type=float, help=f"share of epsilon spent on selection "
-                                                f"({_default_help('dp_group_by', 'split')})")
-    gb.add_argument("--pre-threshold", type=int, help="least number of users an item needs to be selected (with "
-                                                      "--selection count_* or weighted_*; default: 1, none)")
-    gb.add_argument("--confidence", type=float, help=f"coverage of the intervals "
-                                                     f"({_default_help('dp_group_by', 'confidence')})")
-    gb.add_argument("--items", metavar="FILE", help="public list of items (Parquet/CSV with the item column): no "
-                                                    "selection, every listed item gets a row")
-    gb.add_argument("--user-col", default=_default("dp_group_by", "user_col", str),
-                    help=f"user column ({_default_help('dp_group_by', 'user_col')})")
-    gb.add_argument("--item-col", default=_default("dp_group_by", "item_col", str),
-                    help=f"item column ({_default_help('dp_group_by', 'item_col')})")
+    _add_group_by_options(gb)
     _add_release_options(gb, rows="rows")
     gb.set_defaults(func=cmd_group_by)
     _add_ranked_parser(sub, "hitting-set", "dp_hitting_set", cmd_hitting_set,

@@ -18,32 +18,44 @@ names them (post-processing). :func:`sql` runs one (``dpsql.sql(con, text)``); `
 typed at its prompt (:func:`is_dp_query` tells it apart; any other statement goes to DuckDB untouched).
 
 **What is translated, and why it is the same quantity.** BigQuery's aggregates work per privacy unit
-and group, then across units. For unit ``u`` and group ``g`` with rows ``r(u, g)``:
+and group, then across units: each unit's rows in a group are aggregated, that is clamped to the
+``contribution_bounds_per_group``, and the clamped values are aggregated across units. For unit ``u``
+and group ``g`` with rows ``r(u, g)`` (``n(u, g) >= 1`` of them when ``u`` is in ``g``):
 
-* ``COUNT(*, contribution_bounds_per_group => (lo, 1))``, ``0 <= lo <= 1``: each unit's row count in
-  ``g`` clamped to ``[lo, 1]`` is 1 for every unit with a row there, so the count is the number of
-  units in ``g``: dpsql's ``count`` (users per item);
+* ``COUNT(*, contribution_bounds_per_group => (lo, hi))``, ``0 <= lo <= 1``: each unit's row count
+  ``n(u, g)`` clamped to ``[lo, hi]`` is ``min(n(u, g), hi)`` (``n >= 1 >= lo``). With ``hi = 1`` that
+  is 1 for every unit in ``g``, so the count is the number of units: dpsql's ``count``. With a whole
+  ``hi = k > 1`` it is ``sum_u min(n(u, g), k)``: dpsql's ``rows`` with ``max_rows`` k (each kept
+  user's rows in the group, counted up to ``max_rows``);
 * ``SUM(x, contribution_bounds_per_group => (lo, hi))``: ``sum_u clamp(sum of x over r(u, g), lo, hi)``,
   NULLs skipped: dpsql's ``sum`` with ``value_col`` x, ``lower`` lo, ``upper`` hi (it clamps each
-  user's total per item);
+  user's total per group);
 * ``AVG(x, contribution_bounds_per_group => (lo, hi))``: the average over units of
   ``clamp(avg of x over r(u, g), lo, hi)``. dpsql's ``mean`` is ``noisy sum / noisy count`` of each
-  user's clamped *total*, so the view gives each row of ``(u, g)`` the value ``x / n(u, g)``
-  (``n``: the unit's non-NULL values in ``g``): the total dpsql clamps is then the unit's average.
+  user's clamped *total*, so the view gives each row of ``(u, g)`` the value ``x / n_x(u, g)``
+  (``n_x``: the unit's non-NULL values in ``g``): the total dpsql clamps is then the unit's average.
   A unit whose values in ``g`` are all NULL still counts in dpsql's count (BigQuery leaves it out of
-  the average): write ``WHERE x IS NOT NULL`` to leave it out.
+  the average): write ``WHERE x IS NOT NULL`` to leave it out. The view keeps every row (a window,
+  not a GROUP BY), so a ``COUNT(*)`` beside it still counts rows;
+* ``GROUP BY a``: ``item_col`` a (output column ``item``, renamed); ``GROUP BY a, b, ...``:
+  ``group_cols`` [a, b, ...] (one output column each).
 
 ``max_groups_contributed`` bounds the groups of a unit for the selection of the groups and for the
 aggregates alike, which dpsql's ``max_items`` does; ``epsilon`` and ``delta`` are the release's
 total (BigQuery's split of epsilon among the aggregates is not reproduced: dpsql's is documented with
-:mod:`dpsql.groupby`); ``privacy_unit_column`` is ``user_col``, the GROUP BY column ``item_col``.
-Everything else is refused before anything is read, with :data:`SUPPORTED`: BigQuery's bounds derived
-from the data (an aggregate without ``contribution_bounds_per_group``), ``COUNT(*)`` of rows,
-``COUNT(x)``, ``VAR_POP``, ``STDDEV_POP``, ``PERCENTILE_CONT``, several grouping columns, ``SUM`` and
-``AVG`` in one query (one value per unit and group: the total for one, the average for the other),
-joins, subqueries in the WHERE or the select list, the older ``WITH ANONYMIZATION`` / ``ANON_*`` form.
-The tables below (:data:`OPTIONS`, :data:`AGGREGATES`, :data:`MAX_GROUP_COLUMNS`) are the whole mapping:
-a parameter dp_group_by gains (a row count, a variance, several grouping columns) is one entry there.
+:mod:`dpsql.groupby`); ``privacy_unit_column`` is ``user_col``.
+
+Everything else is refused before anything is read, with :data:`SUPPORTED`, because dpsql's GROUP BY
+computes another quantity: BigQuery's bounds derived from the data (an aggregate without
+``contribution_bounds_per_group``); ``COUNT(*)`` with bounds other than the above; ``COUNT(x)`` (rows
+with a non-NULL x: dpsql's ``rows`` counts every row of a unit in the group, and a ``WHERE x IS NOT
+NULL`` would also change which groups are selected); ``VAR_POP``, ``STDDEV_POP`` and
+``PERCENTILE_CONT``, which clamp each *row* (``contribution_bounds_per_row``) and measure the rows'
+values, where dpsql's ``variance``, ``stddev`` and ``median`` measure each user's clamped *total* per
+group; ``SUM`` and ``AVG`` in one query (one value per unit and group: the total for one, the average
+for the other); grouping by an expression; joins, subqueries in the WHERE or the select list, the
+older ``WITH ANONYMIZATION`` / ``ANON_*`` form. The tables below (:data:`OPTIONS`, :data:`AGGREGATES`)
+and :func:`_grouping` are the whole mapping.
 
 **Privacy unit.** The guarantee is user-level on the rows of the view: each privacy unit's rows after
 FROM and WHERE must be a function of that unit's own rows, as for any view passed to a dpsql release.
@@ -65,20 +77,21 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import duckdb
 import pyarrow as pa
 
-from dpsql.groupby import _check_value_column, group_by
+from dpsql.groupby import _check_value_column, check_group_cols, check_max_rows, group_by
 from dpsql.core import sqltext
 from dpsql.core.errors import ParameterError
 from dpsql.core.sqltext import Token
 
-__all__ = ["SUPPORTED", "OPTIONS", "AGGREGATES", "MAX_GROUP_COLUMNS", "Option", "Aggregate", "Translation",
+__all__ = ["SUPPORTED", "OPTIONS", "AGGREGATES", "Option", "Aggregate", "Translation",
            "DpSyntaxError", "is_dp_query", "translate", "sql"]
 
 SUPPORTED = (
     "dpsql runs BigQuery's SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = <number>, delta = <number>, "
-    "max_groups_contributed = <whole number>, privacy_unit_column = <column>) <group column>, <aggregates> "
-    "FROM <table, file, table function or (subquery)> [AS alias] [WHERE <condition>] GROUP BY <group column>, "
-    "with the aggregates COUNT(*, contribution_bounds_per_group => (0, 1)) (privacy units per group), "
-    "SUM(x, contribution_bounds_per_group => (lower, upper)) or AVG(x, contribution_bounds_per_group => "
+    "max_groups_contributed = <whole number>, privacy_unit_column = <column>) [group columns,] <aggregates> "
+    "FROM <table, file, table function or (subquery)> [AS alias] [WHERE <condition>] GROUP BY <column>[, "
+    "<column> ...], with the aggregates COUNT(*, contribution_bounds_per_group => (0, 1)) (privacy units per "
+    "group), COUNT(*, contribution_bounds_per_group => (0, k)) (rows per group, up to a whole k per privacy "
+    "unit), SUM(x, contribution_bounds_per_group => (lower, upper)) or AVG(x, contribution_bounds_per_group => "
     "(lower, upper)), each at most once, each with an optional alias (docs/bigquery_syntax.md)")
 
 
@@ -118,8 +131,8 @@ class Aggregate:
     """A BigQuery DP aggregate as dp_group_by computes it (the first entry of :data:`AGGREGATES` that
     ``matches`` a call translates it).
 
-    ``star``: the call is ``f(*)``. ``measure``: the dp_group_by aggregate, None when today's dp_group_by
-    cannot compute it (the call is refused with ``why``). ``per_unit``: the value each (unit, group) gives
+    ``star``: the call is ``f(*)``. ``measure``: the dp_group_by aggregate, None when dp_group_by does not
+    compute BigQuery's quantity (the call is refused with ``why``). ``per_unit``: the value each (unit, group) gives
     dp_group_by, which clamps a user's total per group: ``total`` (the rows' values as they are) or
     ``average`` (each value over the unit's count of values in the group); None for a count. ``bounds``:
     the named argument of its bounds (required); ``accepts``: the bounds for which ``measure`` is the
@@ -139,17 +152,25 @@ class Aggregate:
         return function == self.function and star == self.star and (bounds is None or self.accepts(*bounds))
 
 
-_ROWS = ("COUNT(*) with an upper bound other than 1 counts rows (up to that many per privacy unit and group), which "
-         "dpsql's GROUP BY does not release; COUNT(*, contribution_bounds_per_group => (0, 1)) is the number of "
-         "privacy units in each group")
-_PER_ROW = "dpsql's GROUP BY releases count, sum and mean only"
+def _whole_upper(lo: float, hi: float) -> bool:
+    """Bounds whose clamp of a unit's row count ``n >= 1`` is ``min(n, hi)`` with a whole ``hi >= 2``."""
+    return 0.0 <= lo <= 1.0 and hi >= 2.0 and hi == int(hi)
+
+
+_COUNT_BOUNDS = ("COUNT(*) takes contribution_bounds_per_group => (0, 1) (the number of privacy units in each group) "
+                 "or (0, k) with a whole k >= 2 (the rows of each group, counting up to k rows per privacy unit); "
+                 "a lower bound from 0 to 1 means the same, since a unit in a group has at least one row there")
+_PER_ROW = ("it clamps each row (contribution_bounds_per_row) and measures the rows' values, while dpsql's variance, "
+            "stddev and median measure each user's clamped total per group, another quantity; run dpsql.group_by "
+            "with aggregates ['variance', 'stddev', 'median'] for those")
 
 AGGREGATES: tuple[Aggregate, ...] = (
     Aggregate("COUNT", True, "count", accepts=lambda lo, hi: hi == 1.0 and 0.0 <= lo <= 1.0, params=lambda lo, hi: {}),
-    Aggregate("COUNT", True, None, why=_ROWS),
-    Aggregate("COUNT", False, None, why="COUNT(x) counts the non-NULL values of x, which dpsql's GROUP BY does not "
-                                        "release; COUNT(*, contribution_bounds_per_group => (0, 1)) is the number of "
-                                        "privacy units in each group"),
+    Aggregate("COUNT", True, "rows", accepts=_whole_upper, params=lambda lo, hi: {"max_rows": int(hi)}),
+    Aggregate("COUNT", True, None, why=_COUNT_BOUNDS),
+    Aggregate("COUNT", False, None, why="COUNT(x) counts the rows whose x is not NULL, while dpsql's rows counts every "
+                                        "row of a privacy unit in the group (and a WHERE x IS NOT NULL would also "
+                                        "change which groups are selected); " + _COUNT_BOUNDS),
     Aggregate("SUM", False, "sum", per_unit="total"),
     Aggregate("AVG", False, "mean", per_unit="average"),
     Aggregate("VAR_POP", False, None, bounds="contribution_bounds_per_row", why=_PER_ROW),
@@ -157,8 +178,13 @@ AGGREGATES: tuple[Aggregate, ...] = (
     Aggregate("PERCENTILE_CONT", False, None, bounds="contribution_bounds_per_row", why=_PER_ROW),
 )
 
-# GROUP BY columns dp_group_by takes (item_col).
-MAX_GROUP_COLUMNS = 1
+
+def _grouping(keys: Sequence[str]) -> dict[str, Any]:
+    """The dp_group_by parameters of the GROUP BY columns ``keys`` (the view's column names): one column is
+    ``item_col`` (the release names it ``item``), several are ``group_cols`` (one release column each, named
+    as in the view)."""
+    return {"item_col": keys[0]} if len(keys) == 1 else {"group_cols": list(keys)}
+
 
 # The default names of unnamed aggregates, as BigQuery names anonymous columns: f0_, f1_, ...
 _ANONYMOUS = "f{}_"
@@ -352,8 +378,8 @@ class _Statement:
     items: list[tuple[str, Any]] = field(default_factory=list)  # ("key", (path, alias)) or ("agg", _Call)
     source: str = ""
     where: str = ""
-    key: list[str] = field(default_factory=list)
-    key_text: str = ""
+    keys: list[list[str]] = field(default_factory=list)  # the GROUP BY columns' paths
+    keys_text: list[str] = field(default_factory=list)
 
 
 def is_dp_query(text: str) -> bool:
@@ -555,13 +581,15 @@ def _parse(text: _Text) -> _Statement:
             raise _refuse("WHERE has no condition")
         _row_wise(where, "the WHERE")
         st.where = text.of(where)
-    keys = _split(body[start_group + 2:])
-    if len(keys) > MAX_GROUP_COLUMNS:
-        raise _refuse(f"GROUP BY takes {MAX_GROUP_COLUMNS} column{'s' if MAX_GROUP_COLUMNS > 1 else ''}")
-    key = _path(keys[0])
-    if key is None:
-        raise _refuse(f"GROUP BY {text.of(keys[0]) or '(nothing)'!r} is not a column name")
-    st.key, st.key_text = key, text.of(keys[0])
+    for part in _split(body[start_group + 2:]):
+        key = _path(part)
+        if key is None:
+            raise _refuse(f"GROUP BY {text.of(part) or '(nothing)'!r} is not a column name (dpsql groups by "
+                          f"columns; compute an expression in a subquery in FROM)")
+        if key[-1].lower() in (k[-1].lower() for k in st.keys):
+            raise _refuse(f"GROUP BY names the column {key[-1]} twice")
+        st.keys.append(key)
+        st.keys_text.append(text.of(part))
     return st
 
 
@@ -590,27 +618,35 @@ def translate(text: str) -> Translation:
     subset, saying what is supported (:data:`SUPPORTED`).
     """
     st = _parse(_Text(text))
-    unit, key = st.unit[-1], st.key[-1]
-    if unit.lower() == key.lower():
-        raise _refuse("the GROUP BY column must differ from privacy_unit_column")
+    unit = st.unit[-1]
+    keys = [k[-1] for k in st.keys]
+    lowered = [k.lower() for k in keys]
+    if unit.lower() in lowered:
+        raise _refuse("the GROUP BY columns must differ from privacy_unit_column")
     measures: list[str] = []
     value: Optional[tuple[str, str, dict[str, Any]]] = None  # (per_unit, expression text, bound params)
     extra: dict[str, Any] = {}
-    columns: list[tuple[str, str]] = []
+    columns: list[tuple[str, str]] = []  # (release column, output name)
     anonymous = 0
     for kind, item in st.items:
         if kind == "key":
             path, alias = item
-            if path[-1].lower() != key.lower() \
-                    or (len(path) > 1 and len(st.key) > 1 and [p.lower() for p in path] != [p.lower() for p in st.key]):
-                raise _refuse(f"the select list holds the column {'.'.join(path)}: it may hold the GROUP BY column "
-                              f"({st.key_text}) and the differentially private aggregates only")
-            columns.append(("key", alias or key))
+            # the GROUP BY column of the same name, qualified alike when both are qualified
+            at = next((i for i, k in enumerate(st.keys) if path[-1].lower() == k[-1].lower()
+                       and (len(path) == 1 or len(k) == 1 or [p.lower() for p in path] == [p.lower() for p in k])),
+                      None)
+            if at is None:
+                raise _refuse(f"the select list holds the column {'.'.join(path)}: it may hold the GROUP BY "
+                              f"column{'s' if len(keys) > 1 else ''} ({', '.join(st.keys_text)}) and the "
+                              f"differentially private aggregates only")
+            # dp_group_by names the one item_col column item; each of group_cols keeps its name
+            columns.append(("item" if len(keys) == 1 else keys[at], alias or keys[at]))
             continue
         call: _Call = item
         rule = _rule(call)
         if rule.measure in measures:
-            raise _refuse(f"{call.function} appears twice; each aggregate is released once per query")
+            raise _refuse(f"{call.text}: dpsql's {rule.measure!r} appears twice; each aggregate is released once "
+                          f"per query")
         assert call.bounds is not None
         bound = rule.params(*call.bounds)
         if rule.per_unit is not None:
@@ -621,7 +657,13 @@ def translate(text: str) -> Translation:
                 raise _refuse(f"{call.text}: one dpsql release measures one value per privacy unit and group "
                               f"({what}); run the aggregates as separate queries (each is charged)")
             value = mine
-        else:  # a count: its bounds may set parameters of their own (none for the count of units)
+        else:  # a count: its bounds may set parameters of their own (max_rows for the count of rows)
+            try:
+                if "max_rows" in bound:
+                    check_max_rows(bound["max_rows"])
+            except ParameterError as exc:
+                raise _refuse(f"{call.text}: its upper bound is dpsql's max_rows, and "
+                              f"{str(exc).removeprefix('dpsql: ').rstrip('.')}") from None
             extra.update(bound)
         measures.append(rule.measure)  # type: ignore[arg-type]
         name = call.alias
@@ -634,25 +676,30 @@ def translate(text: str) -> Translation:
             raise _refuse(f"two output columns are named {name!r}; give one an alias")
         seen[name.lower()] = name
     params: dict[str, Any] = dict(st.options)
-    params.update(item_col=key, aggregates=measures, **extra)
-    select = [f"{st.unit_text} AS {_quoted(unit)}", f"{st.key_text} AS {_quoted(key)}"]
+    grouping = _grouping(keys)
+    try:  # dp_group_by's own check of the columns, so that a refusal comes before anything is read
+        check_group_cols(grouping.get("group_cols"))
+    except ParameterError as exc:
+        raise _refuse(str(exc).removeprefix("dpsql: ").rstrip(".")) from None
+    params.update(grouping, aggregates=measures, **extra)
+    select = [f"{st.unit_text} AS {_quoted(unit)}"] + [f"{t} AS {_quoted(k)}" for t, k in zip(st.keys_text, keys)]
     value_check = None
     if value is not None:
         per_unit, expression, bounds = value
+        taken = [unit.lower(), *lowered]
         simple = _path([t for t in sqltext.tokens(expression) if t.kind != "comment"])
-        value_col = simple[-1] if simple is not None and simple[-1].lower() not in (unit.lower(), key.lower()) \
-            else "value" if "value" not in (unit.lower(), key.lower()) else "dp_value"
+        value_col = simple[-1] if simple is not None and simple[-1].lower() not in taken \
+            else "value" if "value" not in taken else "dp_value"
         select.append(f"{expression} AS {_quoted(value_col)}")
         params.update(value_col=value_col, **bounds)
     source = f"SELECT {', '.join(select)}\nFROM {st.source}" + (f"\nWHERE {st.where}" if st.where else "")
     if value is not None and value[0] == "average":
         # each row's share of its unit's average in the group: the unit's total is then its average
-        v, u, k = _quoted(params["value_col"]), _quoted(unit), _quoted(key)
+        v, u, k = _quoted(params["value_col"]), _quoted(unit), ", ".join(_quoted(g) for g in keys)
         value_check = (source, params["value_col"])
         source = (f"SELECT {u}, {k}, CAST({v} AS DOUBLE) / count({v}) OVER (PARTITION BY {u}, {k}) AS {v}\n"
                   f"FROM ({source})")
-    release_columns = tuple(("item" if c == "key" else c, name) for c, name in columns)  # dp_group_by's item
-    return Translation(source, params, release_columns, value_check)
+    return Translation(source, params, tuple(columns), value_check)
 
 
 # -- running ---------------------------------------------------------------------------------------------------

@@ -1471,3 +1471,107 @@ def test_progress_prints_progress_and_one_summary_line(data, tmp_path, command, 
     last = r.stderr.splitlines()[-1]
     assert last.startswith(f"dpsql: released {len(pcsv.read_csv(out))} {noun} to {out} (epsilon=1, ")
     assert " s; seeded: NOT private" in last
+
+
+# ---------------------------------------------------------------- group-by: the declaration's parameters
+
+def test_group_by_flags_are_the_declarations_parameters():
+    """Every parameter of dp_group_by is a group-by flag of its name (INPUT is tbl, --items items_tbl), so a
+    parameter the declaration gains is a flag without a hand-kept list."""
+    from dpsql.core import registry
+
+    options = _release_commands()["group-by"]
+    declared = {p.name for p in registry.by_macro()["dp_group_by"].params} - {"tbl", "items_tbl"}
+    assert {"group_cols", "max_rows", "max_groups", "noise", "aggregates"} <= declared
+    assert {f"--{name.replace('_', '-')}" for name in declared} | {"--items"} <= options
+    public = {p.name for p in registry.by_macro()["dp_group_by_public"].params} - {"tbl", "items_tbl"}
+    assert public <= declared  # the public list's macro takes a subset of the flags
+
+
+def _groups_file(folder: Path) -> Path:
+    """300 users; user u has 1 + u % 3 rows in each of 2 (country, day) groups of 3 x 4, spend u % 11."""
+    path = folder / "visits.parquet"
+    con = duckdb.connect()
+    try:
+        con.execute(f"""COPY (SELECT 'u' || u AS user_id, ['fr', 'de', 'it'][1 + (u + j) % 3] AS country,
+                                     ((u + 2 * j) % 4)::INTEGER AS day, (u % 11)::DOUBLE AS spend
+                              FROM range(300) a(u), range(2) b(j), range(3) c(k) WHERE k <= u % 3)
+                        TO '{path}' (FORMAT parquet)""")
+    finally:
+        con.close()
+    return path
+
+
+def test_group_by_group_cols_rows_and_noise_are_the_python_calls(tmp_path):
+    """--group-cols, --aggregates with rows and median, --max-rows, --max-groups and --noise: the same release as
+    dpsql.group_by with those parameters on the same rows under one seed, in plain, JSON and file output."""
+    import warnings
+
+    import dpsql
+
+    path = _groups_file(tmp_path)
+    ledger = tmp_path / "l.dpsql-ledger"
+    flags = ["group-by", str(path), *BUDGET, "--max-items", "2", "--group-cols", "country,day",
+             "--aggregates", "count,rows,median",
+             "--max-rows", "2", "--max-groups", "2", "--value-col", "spend", "--lower", "0", "--upper", "10",
+             "--noise", "laplace", "--seed", "11", "--ledger", str(ledger)]
+    r = cli(*flags, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        con = dpsql.connect(seed=11)
+    try:
+        con.execute(f"CREATE VIEW v AS SELECT user_id, country, day, spend FROM read_parquet('{path}')")
+        want = dpsql.group_by(con, "v", epsilon=1.0, delta=1e-5, max_items=2, aggregates=["count", "rows", "median"],
+                              max_rows=2, max_groups=2, value_col="spend", lower=0, upper=10, noise="laplace",
+                              group_cols=["country", "day"])
+    finally:
+        con.close()
+    assert want.num_rows >= 6  # 12 groups of 50 users each
+    assert doc["rows"] == want.to_pylist()
+    assert list(doc["rows"][0])[:3] == ["country", "day", "count"]
+    assert (doc["group_cols"], doc["max_rows"], doc["max_groups"], doc["noise"]) == (["country", "day"], 2, 2,
+                                                                                      "laplace")
+    assert doc["calibration"]["noise"] == "laplace" and doc["calibration"]["max_rows"] == 2
+    assert doc["n_released"] == want.num_rows
+    plain = cli(*flags)
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stdout.splitlines()
+    assert lines[0].split("\t") == want.column_names
+    assert [line.split("\t")[:2] for line in lines[1:]] == [[c, str(d)] for c, d in
+                                                            zip(want["country"].to_pylist(), want["day"].to_pylist())]
+    assert cli(*flags, "--output", str(tmp_path / "g.parquet")).returncode == 0
+    assert pq.read_table(tmp_path / "g.parquet").to_pylist() == want.to_pylist()
+    assert charges(ledger) == 3
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--group-cols", "country,day", "--item-col", "country"], "--item-col and --group-cols: give one"),
+    (["--group-cols", "country,nope"], "--group-cols 'nope' is not a column"),
+    (["--group-cols", "country,user_id"], "--user-col and --group-cols and --group-cols must name different columns"),
+    (["--group-cols", "country,count"], "a group column may not be named 'count'"),
+    (["--aggregates", "count,rows", "--max-rows", "2.5"], "max_rows must be a whole number"),
+    (["--max-rows", "2"], "max_rows is used only by the 'rows' aggregate"),
+    (["--max-groups", "0"], "max_groups must be a whole number"),
+    (["--aggregates", "count,mode"], "'mode' is not one of count, rows"),
+    (["--items", "ITEMS", "--selection", "mad", "--noise", "gaussian"],
+     "--noise, --selection do not apply to a public list without --delta"),
+])
+def test_group_by_refuses_before_reading_naming_the_flag(tmp_path, flags, message):
+    path = _groups_file(tmp_path)
+    items = tmp_path / "items.csv"
+    items.write_text("item\nfr\n", encoding="utf-8")
+    ledger = tmp_path / "l.dpsql-ledger"
+    budget = ["--epsilon", "1"] if "--items" in flags else BUDGET
+    r = cli("group-by", str(path), *budget, *[str(items) if f == "ITEMS" else f for f in flags],
+            "--ledger", str(ledger))
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("Error: ") and message in line, line
+    assert not ledger.exists() or charges(ledger) == 0
+
+
+def test_group_by_noise_is_a_declared_choice(tmp_path):
+    r = cli("group-by", str(_groups_file(tmp_path)), *BUDGET, "--noise", "uniform")
+    assert r.returncode == 2 and "invalid choice: 'uniform'" in r.stderr and "gaussian" in r.stderr

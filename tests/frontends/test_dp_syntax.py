@@ -24,6 +24,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "bigquery_syntax.md"
 SEED = 20261122
 OPTIONS = "OPTIONS (epsilon = 1, delta = 1e-5, max_groups_contributed = 3, privacy_unit_column = uid)"
 COUNT = "COUNT(*, contribution_bounds_per_group => (0, 1))"
+SUM = "SUM(q, contribution_bounds_per_group => (0, 10))"
 
 # 400 users; user u holds rows in the 3 groups w(u % 7 + j), j = 0..2, one row each; q = u % 13.
 T = ("CREATE TABLE t AS SELECT 'u' || u AS uid, 'w' || (u % 7 + j) AS word, (u % 13)::INTEGER AS q "
@@ -75,7 +76,32 @@ def test_case_comments_whitespace_option_order_and_semicolon_do_not_matter():
 def test_bounds_of_the_unit_count_may_start_anywhere_in_0_to_1():
     for bounds in ("(0, 1)", "(1, 1)", "(0.5, 1.0)"):
         plan = translate(q(f"word, COUNT(*, contribution_bounds_per_group => {bounds}) AS n"))
-        assert plan.params["aggregates"] == ["count"] and "lower" not in plan.params
+        assert plan.params["aggregates"] == ["count"] and "lower" not in plan.params and "max_rows" not in plan.params
+
+
+def test_a_row_count_up_to_k_is_rows_with_max_rows_k():
+    """COUNT(*) clamps each unit's row count n >= 1 to [lo, k]: min(n, k) for lo in [0, 1], dpsql's rows."""
+    for bounds, k in (("(0, 2)", 2), ("(1, 7)", 7), ("(0.5, 3.0)", 3), ("(0, 100000)", 100000)):
+        plan = translate(q(f"word, COUNT(*, contribution_bounds_per_group => {bounds}) AS r"))
+        assert plan.params == {"epsilon": 1.0, "delta": 1e-5, "max_items": 3, "user_col": "uid", "item_col": "word",
+                               "aggregates": ["rows"], "max_rows": k}
+        assert plan.columns == (("item", "word"), ("rows", "r"))
+    both = translate(q(f"{COUNT} AS n, COUNT(*, contribution_bounds_per_group => (0, 4)), word, {SUM}"))
+    assert both.params["aggregates"] == ["count", "rows", "sum"] and both.params["max_rows"] == 4
+    assert both.columns == (("count", "n"), ("rows", "f0_"), ("item", "word"), ("sum", "f1_"))
+
+
+def test_several_group_columns_are_group_cols_each_an_output_column():
+    plan = translate(q(f"q AS quarter, {COUNT} AS n, t.word", "FROM t GROUP BY t.word, Q"))
+    assert plan.params == {"epsilon": 1.0, "delta": 1e-5, "max_items": 3, "user_col": "uid",
+                           "group_cols": ["word", "Q"], "aggregates": ["count"]}
+    assert plan.source == 'SELECT uid AS "uid", t.word AS "word", Q AS "Q"\nFROM t'
+    assert plan.columns == (("Q", "quarter"), ("count", "n"), ("word", "word"))
+    avg = translate(q("AVG(q, contribution_bounds_per_group => (0, 10)) AS a", "FROM t GROUP BY word, day"))
+    assert avg.source.startswith('SELECT "uid", "word", "day", CAST("q" AS DOUBLE) / count("q") OVER '
+                                 '(PARTITION BY "uid", "word", "day") AS "q"\n')
+    named = translate(q("SUM(q, contribution_bounds_per_group => (0, 10))", "FROM t GROUP BY word, q"))
+    assert named.params["value_col"] == "value"  # q is a group column: the value takes another name
 
 
 def test_qualified_columns_a_subquery_and_a_where_go_into_the_view():
@@ -120,7 +146,6 @@ def test_detection_reads_tokens_not_text():
     assert not is_dp_query("WITH differential_privacy AS (SELECT 1) SELECT * FROM differential_privacy")
 
 
-SUM = "SUM(q, contribution_bounds_per_group => (0, 10))"
 REFUSED = {
     "no max_groups_contributed": (q(f"word, {COUNT}", options="OPTIONS (epsilon = 1, delta = 1e-5, "
                                     "privacy_unit_column = uid)"), "must give max_groups_contributed"),
@@ -138,8 +163,22 @@ REFUSED = {
     "unit as a string": (q(f"word, {COUNT}", options=OPTIONS.replace("= uid", "= 'uid'")), "not a string"),
     "no options": (q(f"word, {COUNT}", options=""), "must be followed by OPTIONS"),
     "count without bounds": (q("word, COUNT(*)"), "needs contribution_bounds_per_group"),
-    "count of rows": (q("word, COUNT(*, contribution_bounds_per_group => (0, 5))"), "counts rows"),
-    "count of values": (q("word, COUNT(q, contribution_bounds_per_group => (0, 1))"), "non-NULL values"),
+    "count with a fractional upper bound": (q("word, COUNT(*, contribution_bounds_per_group => (0, 2.5))"),
+                                            "or (0, k) with a whole k >= 2"),
+    "count with an upper bound below 1": (q("word, COUNT(*, contribution_bounds_per_group => (0, 0.5))"),
+                                          "COUNT(*) takes contribution_bounds_per_group => (0, 1)"),
+    "count with a lower bound above 1": (q("word, COUNT(*, contribution_bounds_per_group => (2, 5))"),
+                                         "a lower bound from 0 to 1 means the same"),
+    "count with a negative lower bound": (q("word, COUNT(*, contribution_bounds_per_group => (-1, 5))"),
+                                          "COUNT(*) takes contribution_bounds_per_group"),
+    "count of rows beyond max_rows": (q("word, COUNT(*, contribution_bounds_per_group => (0, 200000))"),
+                                      "its upper bound is dpsql's max_rows, and max_rows must be a whole number"),
+    "count of rows twice": (q("word, COUNT(*, contribution_bounds_per_group => (0, 2)) AS a, "
+                              "COUNT(*, contribution_bounds_per_group => (0, 5)) AS b"), "'rows' appears twice"),
+    "count of units twice": (q(f"word, {COUNT} AS a, {COUNT} AS b"), "'count' appears twice"),
+    "count of values": (q("word, COUNT(q, contribution_bounds_per_group => (0, 1))"), "rows whose x is not NULL"),
+    "count of values with a row bound": (q("word, COUNT(q, contribution_bounds_per_group => (0, 3))"),
+                                         "dpsql's rows counts every row"),
     "count distinct": (q("word, COUNT(DISTINCT uid)"), "DISTINCT is not supported"),
     "sum without bounds": (q("word, SUM(q)"), "BigQuery derives missing bounds from the data"),
     "per-row bounds": (q("word, SUM(q, contribution_bounds_per_row => (0, 1))"),
@@ -149,10 +188,13 @@ REFUSED = {
     "bounds not a pair": (q("word, SUM(q, contribution_bounds_per_group => (0, 1, 2))"), "takes (lower, upper)"),
     "report_format": (q(f"word, SUM(q, contribution_bounds_per_group => (0, 1), report_format => 'JSON')"),
                       "unknown argument report_format"),
-    "var_pop": (q("word, VAR_POP(q, contribution_bounds_per_row => (0, 1))"), "releases count, sum and mean only"),
-    "stddev_pop": (q("word, STDDEV_POP(q, contribution_bounds_per_row => (0, 1))"), "count, sum and mean only"),
+    "var_pop": (q("word, VAR_POP(q, contribution_bounds_per_row => (0, 1))"), "it clamps each row"),
+    "stddev_pop": (q("word, STDDEV_POP(q, contribution_bounds_per_row => (0, 1))"),
+                   "dpsql's variance, stddev and median measure each user's clamped total per group"),
     "percentile_cont": (q("word, PERCENTILE_CONT(q, 0.5, contribution_bounds_per_row => (0, 1))"),
-                        "count, sum and mean only"),
+                        "measures the rows' values"),
+    "var_pop with group bounds": (q("word, VAR_POP(q, contribution_bounds_per_group => (0, 1))"),
+                                  "it clamps each row"),
     "anon function": (q("word, ANON_SUM(q CLAMPED BETWEEN 0 AND 1)"), "ANON_SUM belongs to the older"),
     "clamped between": (q("word, SUM(q CLAMPED BETWEEN 0 AND 1)"), "CLAMPED BETWEEN belongs to the older syntax"),
     "order by in an aggregate": (q("word, SUM(q ORDER BY q, contribution_bounds_per_group => (0, 1))"),
@@ -161,10 +203,16 @@ REFUSED = {
                              "ANON_COUNT(*) FROM t GROUP BY word", "older WITH ANONYMIZATION syntax"),
     "sum and avg": (q(f"word, {SUM}, AVG(q, contribution_bounds_per_group => (0, 10))"),
                     "a unit's total for SUM and its average for AVG"),
-    "sum twice": (q(f"word, {SUM} AS a, {SUM} AS b"), "SUM appears twice"),
+    "sum twice": (q(f"word, {SUM} AS a, {SUM} AS b"), "dpsql's 'sum' appears twice"),
     "not a dp aggregate": (q("word, MAX(q)"), "MAX(q) is not one of the differentially private aggregates"),
     "no aggregate": (q("word"), "no differentially private aggregate"),
-    "two group columns": (q(f"word, {COUNT}", "FROM t GROUP BY word, q"), "GROUP BY takes 1 column"),
+    "group by an expression": (q(f"{COUNT}", "FROM t GROUP BY word, q + 1"), "GROUP BY 'q + 1' is not a column name"),
+    "group column twice": (q(f"{COUNT}", "FROM t GROUP BY word, t.word"), "names the column word twice"),
+    "group column named as an output": (q(f"{COUNT}", "FROM t GROUP BY word, rows"),
+                                        "a group column may not be named 'rows'"),
+    "group columns with the unit": (q(f"{COUNT}", "FROM t GROUP BY word, uid"), "must differ from privacy_unit_column"),
+    "column outside the group columns": (q(f"word, uid, {COUNT}", "FROM t GROUP BY word, q"),
+                                         "may hold the GROUP BY columns (word, q)"),
     "no group by": (q(f"{COUNT}", "FROM t"), "no GROUP BY"),
     "group by ordinal": (q(f"word, {COUNT}", "FROM t GROUP BY 1"), "is not a column name"),
     "group by the unit": (q(f"uid, {COUNT}", "FROM t GROUP BY uid"), "must differ from privacy_unit_column"),
@@ -245,31 +293,92 @@ def test_avg_equals_group_by_on_each_units_average(con):
     assert got["a"].to_pylist() == pytest.approx(want["mean"].to_pylist(), rel=1e-12)
 
 
+# 400 users; user u holds 1 + (u + j) % 3 rows in each of its 3 groups w(u % 7 + j), j = 0..2, as half u % 2.
+ROWS = ("CREATE TABLE r AS SELECT 'u' || u AS uid, 'w' || (u % 7 + j) AS word, (u % 2)::INTEGER AS half, "
+        "((u + k) % 13)::INTEGER AS q FROM range(400) a(u), range(3) b(j), range(3) c(k) WHERE k <= (u + j) % 3")
+
+
+def test_row_count_and_group_columns_equal_the_group_by_call_they_stand_for():
+    """COUNT(*) up to 2 rows, COUNT(*) of units and SUM grouped by two columns: dpsql.group_by with rows,
+    max_rows 2 and group_cols, on a view of the same columns, under one seed (same rows, noise and order)."""
+    got_con, want_con = seeded(SEED), seeded(SEED)
+    for c in (got_con, want_con):
+        c.execute(ROWS)
+    want_con.execute("CREATE VIEW v AS SELECT uid, word, half, q FROM r WHERE q < 12")
+    got = dpsql.sql(got_con, q(f"half, word AS w, {COUNT} AS users, COUNT(*, contribution_bounds_per_group => (0, 2)) "
+                               f"AS purchases, {SUM} AS total", "FROM r WHERE q < 12 GROUP BY word, half"))
+    want = dpsql.group_by(want_con, "v", epsilon=1.0, delta=1e-5, max_items=3, aggregates=["count", "rows", "sum"],
+                          max_rows=2, value_col="q", lower=0, upper=10, user_col="uid", group_cols=["word", "half"])
+    # one release, charged to the base table the view reads
+    assert [(r.mechanism, r.table) for r in dpsql.releases(got_con)] == [("dp_group_by", "memory.main.r")]
+    for c in (got_con, want_con):
+        c.close()
+    assert got.column_names == ["half", "w", "users", "purchases", "total"]
+    assert want.num_rows >= 5  # 18 groups of 27 to 85 users
+    assert got.to_pydict() == {"half": want["half"].to_pylist(), "w": want["word"].to_pylist(),
+                               "users": want["count"].to_pylist(), "purchases": want["rows"].to_pylist(),
+                               "total": want["sum"].to_pylist()}
+
+
+def test_avg_over_group_columns_equals_group_by_on_each_units_average():
+    got_con, want_con = seeded(SEED), seeded(SEED)
+    for c in (got_con, want_con):
+        c.execute(ROWS)
+    want_con.execute("CREATE VIEW v AS SELECT uid, word, half, avg(q) AS q FROM r GROUP BY uid, word, half")
+    got = dpsql.sql(got_con, q("word, half, AVG(q, contribution_bounds_per_group => (0, 10)) AS a",
+                               "FROM r GROUP BY word, half"))
+    want = dpsql.group_by(want_con, "v", epsilon=1.0, delta=1e-5, max_items=3, aggregates=["mean"], value_col="q",
+                          lower=0, upper=10, user_col="uid", group_cols=["word", "half"])
+    for c in (got_con, want_con):
+        c.close()
+    assert got["word"].to_pylist() == want["word"].to_pylist() and want.num_rows >= 5
+    assert got["half"].to_pylist() == want["half"].to_pylist()
+    assert got["a"].to_pylist() == pytest.approx(want["mean"].to_pylist(), rel=1e-12)
+
+
 def test_aggregates_are_bigquerys_quantities_up_to_the_noise():
     """At epsilon 1e5 (noise ~1e-4) every group is released, and COUNT, SUM and AVG are BigQuery's: units per group,
-    the sum of each unit's clamped total, the mean of each unit's clamped average (not of its total)."""
+    rows per group with each unit's count clamped to k, the sum of each unit's clamped total, the mean of each
+    unit's clamped average (not of its total); grouped by one column or two."""
     con = dpsql.connect()
-    # 300 users, each in all 4 groups with 1 to 3 rows per group: totals and averages differ
-    con.execute("CREATE TABLE t AS SELECT 'u' || u AS uid, 'g' || g AS grp, ((u * 7 + g * 3 + r) % 11)::DOUBLE AS x "
+    # 300 users, each in all 4 groups with 1 to 3 rows per group: totals and averages differ, and so do
+    # the row counts clamped to 2 and the units
+    con.execute("CREATE TABLE t AS SELECT 'u' || u AS uid, 'g' || g AS grp, u % 2 AS par, "
+                "((u * 7 + g * 3 + r) % 11)::DOUBLE AS x "
                 "FROM range(300) a(u), range(4) b(g), range(3) c(r) WHERE r <= (u + g) % 3")
-    truth = {grp: (n, s, a, m) for grp, n, s, a, m in con.execute("""
-        SELECT grp, count(*), sum(least(tot, 12)), avg(least(av, 12)), sum(least(tot, 12)) / count(*)
-        FROM (SELECT uid, grp, sum(x) AS tot, avg(x) AS av FROM t GROUP BY uid, grp) GROUP BY grp""").fetchall()}
+    per_unit = "SELECT uid, grp, par, count(*) AS rows, sum(x) AS tot, avg(x) AS av FROM t GROUP BY uid, grp, par"
+    truth = {grp: (n, r2, r3, s, a, m) for grp, n, r2, r3, s, a, m in con.execute(f"""
+        SELECT grp, count(*), sum(least(rows, 2)), sum(rows), sum(least(tot, 12)), avg(least(av, 12)),
+               sum(least(tot, 12)) / count(*)
+        FROM ({per_unit}) GROUP BY grp""").fetchall()}
+    by_two = {(grp, par): (n, r2) for grp, par, n, r2 in con.execute(f"""
+        SELECT grp, par, count(*), sum(least(rows, 2)) FROM ({per_unit}) GROUP BY grp, par""").fetchall()}
+    assert all(r2 < r3 and n < r2 for n, r2, r3, *_ in truth.values())  # the three counts differ
     options = "OPTIONS (epsilon = 1e5, delta = 1e-5, max_groups_contributed = 4, privacy_unit_column = uid)"
+    rows2 = "COUNT(*, contribution_bounds_per_group => (0, 2))"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # epsilon 1e5 is weak on purpose
-        counted = dpsql.sql(con, q(f"grp, {COUNT} AS n, SUM(x, contribution_bounds_per_group => (0, 12)) AS s",
+        counted = dpsql.sql(con, q(f"grp, {COUNT} AS n, {rows2} AS r2, "
+                                   f"SUM(x, contribution_bounds_per_group => (0, 12)) AS s",
                                    "FROM t GROUP BY grp", options))
-        averaged = dpsql.sql(con, q("grp, AVG(x, contribution_bounds_per_group => (0, 12)) AS a",
+        averaged = dpsql.sql(con, q("grp, AVG(x, contribution_bounds_per_group => (0, 12)) AS a, "
+                                    "COUNT(*, contribution_bounds_per_group => (0, 3)) AS r3",
                                     "FROM t GROUP BY grp", options))
+        two = dpsql.sql(con, q(f"grp, par, {COUNT} AS n, {rows2} AS r2", "FROM t GROUP BY grp, par", options))
     con.close()
     assert counted["grp"].to_pylist() == averaged["grp"].to_pylist() == sorted(truth)
-    for row, avg in zip(counted.to_pylist(), averaged["a"].to_pylist()):
-        n, s, a, mean_of_totals = truth[row["grp"]]
+    for row, avg in zip(counted.to_pylist(), averaged.to_pylist()):
+        n, r2, r3, s, a, mean_of_totals = truth[row["grp"]]
         assert row["n"] == pytest.approx(n, abs=0.05)
+        assert row["r2"] == pytest.approx(r2, abs=0.05)
         assert row["s"] == pytest.approx(s, abs=0.5)
-        assert avg == pytest.approx(a, abs=1e-3)
+        assert avg["a"] == pytest.approx(a, abs=1e-3)
+        assert avg["r3"] == pytest.approx(r3, abs=0.05)  # the AVG view keeps every row
         assert abs(a - mean_of_totals) > 1.0  # dpsql's plain mean would be another quantity
+    assert sorted(zip(two["grp"].to_pylist(), two["par"].to_pylist())) == sorted(by_two)
+    for row in two.to_pylist():
+        n, r2 = by_two[(row["grp"], row["par"])]
+        assert (row["n"], row["r2"]) == (pytest.approx(n, abs=0.05), pytest.approx(r2, abs=0.05))
 
 
 def test_charged_once_to_the_base_table_and_a_budget_on_it_refuses(con):
@@ -397,7 +506,7 @@ def test_doc_sql_blocks_run_in_the_shell_in_both_syntaxes(tmp_path):
     if not DOC.is_file():
         pytest.skip("docs/bigquery_syntax.md is not next to the tests")
     blocks = _doc_blocks("sql")
-    assert len(blocks) == 3 and is_dp_query(blocks[1]) and "dp_group_by(" in blocks[2]
+    assert len(blocks) == 4 and is_dp_query(blocks[1]) and "dp_group_by(" in blocks[2] and is_dp_query(blocks[3])
     db = str(tmp_path / "shop.duckdb")
     outputs = []
     for block in blocks:
@@ -408,8 +517,19 @@ def test_doc_sql_blocks_run_in_the_shell_in_both_syntaxes(tmp_path):
     assert outputs[1][0] == outputs[2][0] == "item,buyers,revenue"
     assert [line.split(",")[0] for line in outputs[1][1:]] == [line.split(",")[0] for line in outputs[2][1:]] \
         == [f"item{i}" for i in sorted(range(12), key=str)]
+    # several group columns and a row count: every (country, item) pair holds 250 (FR) or 500 (DE) users and
+    # 1 or 1.5 times as many rows, as each user buys one of its items twice; the release's noise scales at
+    # these parameters are about 12 (count) and 25 (rows): every value is within 6 of them
+    r = shell("SELECT country, item, count(DISTINCT user_id), count(*) FROM purchases GROUP BY ALL ORDER BY ALL;",
+              database=db, mode="csv")
+    truth = {(c, i): (int(n), int(rows)) for c, i, n, rows in (line.split(",") for line in r.stdout.splitlines()[1:])}
+    assert outputs[3][0] == "country,item,buyers,purchases"
+    released = [line.split(",") for line in outputs[3][1:]]
+    assert [(c, i) for c, i, *_ in released] == sorted(truth)  # every pair released, sorted by the group
+    assert all(abs(int(n) - truth[(c, i)][0]) <= 75 and abs(int(rows) - truth[(c, i)][1]) <= 150
+               for c, i, n, rows in released)
     r = shell("SELECT count(*) AS n, list(DISTINCT table_name) AS scopes FROM dp_releases();", database=db, mode="csv")
-    assert r.stdout.splitlines()[1] == "2,[shop.main.purchases]"  # both charged to the base table
+    assert r.stdout.splitlines()[1] == "3,[shop.main.purchases]"  # all charged to the base table
 
 
 def test_doc_python_block_runs():
