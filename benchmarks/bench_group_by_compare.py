@@ -27,7 +27,7 @@ at the same (epsilon, delta) and the same contribution bounds: each user counts 
 Metrics per run: items released, median relative error ``|noisy - true| / true`` over the released items
 (true = distinct users per item, uncapped), wall seconds. ``report`` adds the error at equal items: over
 the N items most users hold, N = the smallest median number released among the engines at that setting,
-an item an engine did not release counting as error 1 (a count of 0).
+among engines that release any; an item an engine did not release counts as error 1 (a count of 0).
 
 Each engine runs in the interpreter that has its library (they pin conflicting versions); every run
 writes one JSON line to ``--out``. Comparison libraries are imported only by their own engine.
@@ -271,7 +271,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+SHORT = {"reddit_askreddit_1pct/unigrams": "AskReddit unigrams", "reddit_askreddit_1pct/bigrams": "AskReddit bigrams",
+         "health_news_tweets/tweet_tokens": "health tweets",
+         "debian_bookworm_descriptions/package_description_tokens": "Debian descriptions"}
+
+
 def _fmt(values: List[float], digits: int = 3) -> str:
+    """Median (min-max) of the runs that have a value; '-' when none has (no item released)."""
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return "–"
     med = statistics.median(values)
     if len(values) == 1 or min(values) == max(values):
         return f"{med:.{digits}g}"
@@ -284,11 +293,14 @@ def report(args: argparse.Namespace) -> int:
     for r in rows:
         by_cell.setdefault((r["dataset"], r["epsilon"], r["delta"], r["max_groups"]), {}).setdefault(
             r["engine"], []).append(r)
-    print("| dataset | (ε, δ) | L0 | engine | runs | items released | median rel. error | at equal items (N) "
-          "| seconds/run |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (dataset, eps, delta, l0), engines in sorted(by_cell.items()):
-        n = min(int(statistics.median(r["released"] for r in runs)) for runs in engines.values())
+    print("| dataset | (ε, δ) | L0 | engine | runs | items released | median rel. error | N | error, top N "
+          "| s/run |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    order = {d: i for i, d in enumerate(DATASETS)}
+    for (dataset, eps, delta, l0), engines in sorted(by_cell.items(), key=lambda kv: (order.get(kv[0][0], 99),) + kv[0][1:]):
+        # N: the fewest items an engine releases (median over its runs), among engines that release any
+        n = min([m for m in (int(statistics.median(r["released"] for r in runs)) for runs in engines.values())
+                 if m > 0], default=0)
         for engine in [e for e in ENGINES if e in engines]:
             runs = engines[engine]
             at_n = []
@@ -297,9 +309,9 @@ def report(args: argparse.Namespace) -> int:
                 errs = [abs((v if v is not None else 0.0) - t) / t for t, v in zip(r["top_true"][:k], r["top_noisy"][:k])]
                 at_n.append(statistics.median(errs) if errs else float("nan"))
             setting = f"({eps:g}, {delta:.3g})"
-            print(f"| {dataset} | {setting} | {l0} | {engine} | {len(runs)} | "
+            print(f"| {SHORT.get(dataset, dataset)} | {setting} | {l0} | {engine} | {len(runs)} | "
                   f"{_fmt([r['released'] for r in runs], 4)} | {_fmt([r['median_rel_error'] for r in runs])} | "
-                  f"{_fmt(at_n)} ({n}) | {statistics.median(r['seconds'] for r in runs):.1f} |")
+                  f"{n} | {_fmt(at_n)} | {statistics.median(r['seconds'] for r in runs):.1f} |")
     return 0
 
 
