@@ -289,6 +289,7 @@ def _fmt(values: List[float], digits: int = 3) -> str:
 
 def report(args: argparse.Namespace) -> int:
     rows = [json.loads(line) for path in args.files for line in open(path) if line.strip()]
+    rows = [r for r in rows if args.max_groups is None or r["max_groups"] in args.max_groups]
     by_cell: Dict[tuple, Dict[str, List[dict]]] = {}
     for r in rows:
         by_cell.setdefault((r["dataset"], r["epsilon"], r["delta"], r["max_groups"]), {}).setdefault(
@@ -330,6 +331,7 @@ def main(argv: List[str] | None = None) -> int:
     r.add_argument("--out", required=True)
     p = sub.add_parser("report", help="the markdown table of the runs in the given files")
     p.add_argument("files", nargs="+")
+    p.add_argument("--max-groups", type=int, nargs="+", help="only these L0 (default: every one in the files)")
     args = ap.parse_args(argv)
     return run(args) if args.mode == "run" else report(args)
 
