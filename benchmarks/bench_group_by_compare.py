@@ -13,7 +13,7 @@ at the same (epsilon, delta) and the same contribution bounds: each user counts 
   ``max_partitions_contributed = L0``, ``max_contributions_per_partition = 1``,
   ``NaiveBudgetAccountant(epsilon, delta)`` (the budgets it chose are recorded with each run).
 * ``tumult``: Tumult Analytics ``Session`` over ``AddRowsWithID('user_id')`` with
-  ``ApproxDPBudget(epsilon, delta)``: ``get_groups(['item'])`` after ``MaxGroupsPerID('item', L0)`` at
+  ``ApproxDPBudget(epsilon, delta)``: ``get_groups(['item'])`` after ``MaxRowsPerID(L0)`` at
   (epsilon/2, delta), then ``groupby(keys).count()`` after ``MaxGroupsPerID`` and
   ``MaxRowsPerGroupPerID('item', 1)`` at (epsilon/2, 0) (Laplace).
 * ``opendp``: OpenDP's Polars front end, ``Context.compositor`` with ``unit_of(contributions=1,
