@@ -74,7 +74,7 @@ def _quiet():
         yield
 
 
-def test_spark_default_releases_within_noise_of_duckdbs_default(spark, shared_data):
+def test_spark_default_releases_within_noise_of_duckdbs_default(shared_data, spark):  # no JVM without the data
     from dpsql.frontends import spark as dspark
     from dpsql.union import DEFAULT_METHOD
 
