@@ -28,7 +28,7 @@ import pytest
 
 import dpsql
 
-from conftest import seeded
+from conftest import seeded, shared_data_dir
 
 pytestmark = [pytest.mark.xdist_group("spark"), pytest.mark.shared_data, pytest.mark.slow]
 
@@ -46,6 +46,8 @@ def _need(module: str):
 
 @pytest.fixture(scope="module")
 def spark():
+    if shared_data_dir() is None:  # a module fixture is set up before the test's shared_data: skip before the JVM
+        pytest.skip("the real datasets (../shared/data) are not available")
     _need("pyspark")
     _need("sqlglot")
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
@@ -74,7 +76,7 @@ def _quiet():
         yield
 
 
-def test_spark_default_releases_within_noise_of_duckdbs_default(shared_data, spark):  # no JVM without the data
+def test_spark_default_releases_within_noise_of_duckdbs_default(shared_data, spark):
     from dpsql.frontends import spark as dspark
     from dpsql.union import DEFAULT_METHOD
 
