@@ -34,7 +34,10 @@ The translation also makes the DuckDB dialect's implicit choices explicit:
 * a scalar parameter declared ``INTEGER`` is bound as an integer literal (a list index), any
   other number as a DOUBLE;
 * a ``UNION ALL`` branch whose ``WHERE`` is constant after binding is pruned,
-  as DuckDB prunes it when planning (UserWeights' closed form vs. its UDF).
+  as DuckDB prunes it when planning (UserWeights' closed form vs. its UDF);
+* outside DuckDB, a scalar subquery that looks one row up by key becomes a ``LEFT JOIN``
+  (:func:`_keyed_lookups_as_joins`): Spark runs the subquery as a nested loop join once the
+  looked-up relation outgrows its broadcast threshold.
 """
 from __future__ import annotations
 
@@ -148,6 +151,72 @@ def _subscripts_as_element_at(exp, tree):
         return exp.Anonymous(this="element_at", expressions=[node.this, index])
 
     return tree.transform(convert)
+
+
+def _keyed_lookups_as_joins(exp, tree):
+    """A scalar subquery that looks up one row by key, ``(SELECT v FROM u WHERE u.k IS NOT DISTINCT FROM
+    a.k)`` in the select list of a query over the one relation ``a``, as ``LEFT JOIN u AS l ON l.k <=> a.k``
+    and ``v`` read from ``l`` (an expression ``v`` only where ``l`` found a row: ``u`` is joined with a
+    ``dp__found`` flag, as the subquery's value is NULL, not a struct of NULLs, without one).
+
+    Both return, for each row of ``a``, the value of ``u``'s row with the same key, or NULL without one,
+    given what the DuckDB form requires anyway: at most one row of ``u`` per key (DuckDB refuses a scalar
+    subquery that returns two). DuckDB plans the subquery as a single join that builds on ``u``; Spark plans
+    it as a broadcast hash join only while ``u`` is under its broadcast threshold, else as a nested loop
+    join (rows x keys: a million users never finish), whereas an equi-join (``<=>`` is one in Spark) is
+    planned by size like any other. The columns the query reads unqualified are qualified with ``a``'s
+    name first, so the join cannot make them ambiguous (one that belonged to an outer query then fails
+    loudly instead of changing meaning).
+    """
+    count = 0
+    for select in list(tree.find_all(exp.Select)):
+        source = select.args.get("from_")
+        if source is None or not isinstance(source.this, exp.Table) or select.args.get("joins"):
+            continue
+        outer = source.this.alias_or_name
+        lookups = []
+        for projection in select.expressions:
+            sub = projection.this if isinstance(projection, exp.Alias) else projection
+            inner = sub.this if isinstance(sub, exp.Subquery) else None
+            if (not isinstance(inner, exp.Select) or len(inner.expressions) != 1
+                    or any(inner.args.get(k) for k in ("joins", "group", "having", "order", "limit", "distinct",
+                                                       "with_", "with"))):
+                continue
+            table = inner.args["from_"].this if inner.args.get("from_") else None
+            cond = inner.args["where"].this if inner.args.get("where") else None
+            if not isinstance(table, exp.Table) or not isinstance(cond, exp.NullSafeEQ):
+                continue
+            key, other = cond.this, cond.expression
+            if isinstance(other, exp.Column) and other.table == table.alias_or_name:
+                key, other = other, key
+            if not (isinstance(key, exp.Column) and isinstance(other, exp.Column)
+                    and key.table == table.alias_or_name and other.table == outer):
+                continue
+            lookups.append((sub, inner, table, key, other))
+        if not lookups:
+            continue
+        for column in select.find_all(exp.Column):  # this query's own columns, not its subqueries'
+            if not column.table and column.find_ancestor(exp.Select) is select:
+                column.set("table", exp.to_identifier(outer))
+        for sub, inner, table, key, other in lookups:
+            alias = f"dp__lookup{count}"
+            count += 1
+            value = inner.expressions[0].copy()
+            for column in value.find_all(exp.Column):
+                if not column.table or column.table == table.alias_or_name:
+                    column.set("table", exp.to_identifier(alias))
+            if isinstance(value, exp.Column):  # NULL without a match, as the subquery's
+                joined = table.copy()
+                joined.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+            else:  # an expression of a missing row is not NULL (a struct of NULLs): NULL it as the subquery does
+                bare = table.copy()
+                bare.set("alias", None)
+                joined = exp.select(exp.Star(), exp.alias_(exp.true(), "dp__found")).from_(bare).subquery(alias)
+                value = exp.Case(ifs=[exp.If(this=exp.column("dp__found", table=alias), true=value)])
+            select.join(joined, on=exp.NullSafeEQ(this=exp.column(key.name, table=alias), expression=other.copy()),
+                        join_type="left", copy=False)
+            sub.replace(value)
+    return tree
 
 
 def _referenced(exp, node, names: set[str]) -> set[str]:
@@ -311,6 +380,8 @@ def stage_sql(macro: str, relations: Mapping[str, str], constants: Optional[Mapp
         return node
 
     tree = _subscripts_as_element_at(exp, tree)  # before binding: a bound index is a literal as written
+    if dialect != "duckdb":
+        tree = _keyed_lookups_as_joins(exp, tree)
     tree = tree.transform(bind)
     tree = _prune_constant_branches(exp, simplify, tree)
     tree = tree.transform(as_double)

@@ -185,6 +185,41 @@ def test_list_subscripts_and_integer_parameters_keep_duckdbs_meaning():
     assert "ELEMENT_AT(share, 2)" in sums and "noise" not in sums.lower()
 
 
+def test_a_keyed_scalar_lookup_is_a_left_join_outside_duckdb_with_the_same_rows():
+    """Spark runs a correlated scalar subquery as a nested loop join once the looked-up relation outgrows its
+    broadcast threshold: outside DuckDB the round's per-user lookup is an equi-join, with the same result."""
+    import random
+
+    import duckdb
+
+    sums = stage_sql("dp__sips_cumulative_round", {"rows_rel": "rows", "prev_rel": "prev", "params_rel": "par"},
+                     {"r": 2}, output="dp__scr_sums")
+    assert re.search(r"LEFT JOIN \(SELECT \*, TRUE AS dp__found FROM dp__scr_users\) AS dp__lookup0 "
+                     r"ON dp__lookup0.user_id IS NOT DISTINCT FROM", sums), sums
+    assert "WHERE dp__scr_users.user_id" not in sums  # no correlated subquery left
+    query = ("SELECT item, p, (SELECT {'c': c, 'k': u.k + 1} FROM u WHERE u.k IS NOT DISTINCT FROM r.k) AS w, "
+             "(SELECT c FROM u AS v WHERE r.k IS NOT DISTINCT FROM v.k) AS c2 FROM r WHERE p > 0")
+    rewritten = portable._keyed_lookups_as_joins(sqlglot.exp, sqlglot.parse_one(query, read="duckdb"))
+    assert rewritten.sql(dialect="duckdb").count("LEFT JOIN") == 2
+    rnd = random.Random(7)
+    con = duckdb.connect()
+    # keys unique in u (as the DuckDB form requires), some rows' keys absent from u, NULL keys on both sides
+    con.execute("CREATE TABLE u AS SELECT * FROM (VALUES (1, 10.0), (2, 20.0), (NULL, 99.0), (5, NULL)) t(k, c)")
+    con.execute("CREATE TABLE r (k INTEGER, item VARCHAR, p DOUBLE)")
+    con.executemany("INSERT INTO r VALUES (?, ?, ?)",
+                    [[rnd.choice([1, 2, 3, 5, None]), f"i{rnd.randrange(5)}", rnd.choice([0.0, 0.5, 1.0])]
+                     for _ in range(200)])
+    before = sorted(con.execute(query).fetchall(), key=repr)
+    after = sorted(con.execute(rewritten.sql(dialect="duckdb")).fetchall(), key=repr)
+    assert before == after and len(before) > 100
+    # a query over more than one relation, or a lookup by anything but one key, is left as written
+    for kept in ("SELECT (SELECT c FROM u WHERE u.k IS NOT DISTINCT FROM r.k) FROM r JOIN s USING (k)",
+                 "SELECT (SELECT c FROM u WHERE u.k = r.k) FROM r",
+                 "SELECT (SELECT max(c) FROM u WHERE u.k IS NOT DISTINCT FROM r.k GROUP BY u.k) FROM r"):
+        tree = sqlglot.parse_one(kept, read="duckdb")
+        assert portable._keyed_lookups_as_joins(sqlglot.exp, tree.copy()) == tree, kept
+
+
 def test_the_cap_is_the_macro_with_a_64_bit_hash_and_the_bound_salt():
     for macro in ("dp__capped_user_items", "dp__capped_user_items_window"):
         sql = stage_sql(macro, {"dp__user_items": "pairs", "dp__salt": "salt"}, {"max_items": 3})
