@@ -11,7 +11,6 @@ import json
 import math
 import os
 import random
-import shutil
 import subprocess
 import sys
 import warnings
@@ -28,24 +27,15 @@ from dpsql import union
 from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
+from spark_testing import BLOCK, java_or_skip, local_session, need, python_without_dpsql
 
 # one SparkSession (one JVM) for the file: its tests stay on one xdist worker
 pytestmark = pytest.mark.xdist_group('spark')
 
 MAX_ITEMS = 8
-# CI sets DPSQL_REQUIRE_SPARK=1: there a missing pyspark, sqlglot or Java is a failure, not a skip.
-REQUIRED = os.environ.get("DPSQL_REQUIRE_SPARK") == "1"
-
-
-def _need(module: str):
-    if REQUIRED:
-        return __import__(module)
-    return pytest.importorskip(module)
-
-
 def test_spark_extra_installs_a_pandas_pyspark_supports():
     # The spark extra once installed pandas 3, for which PySpark 4 warns "does not yet fully support".
-    _need("pyspark")
+    need("pyspark")
     from pyspark.sql.pandas.utils import require_minimum_pandas_version
 
     with warnings.catch_warnings():
@@ -57,65 +47,15 @@ def test_spark_extra_installs_a_pandas_pyspark_supports():
 # Spark session and data
 # ---------------------------------------------------------------------------
 
-def _java_available() -> bool:
-    home = os.environ.get("JAVA_HOME")
-    return bool(shutil.which("java") or (home and os.path.exists(os.path.join(home, "bin", "java"))))
-
-
-def _java_or_skip():
-    if not _java_available():
-        if REQUIRED:
-            pytest.fail("Java is not available (pyspark needs a JVM; set JAVA_HOME)")
-        pytest.skip("Java is not available (pyspark needs a JVM; set JAVA_HOME)")
-
-
-# Starts this interpreter with duckdb and dpsql unimportable (None in sys.modules), as on an
-# executor that has neither installed.
-_BLOCK = "import sys\nsys.modules['duckdb'] = None\nsys.modules['dpsql'] = None\n"
-
-
-def _python_without_dpsql(folder) -> str:
-    """A command that runs this Python with ``duckdb`` and ``dpsql`` blocked (a POSIX shell script)."""
-    block = folder / "block"
-    block.mkdir()
-    (block / "sitecustomize.py").write_text(_BLOCK)
-    shim = folder / "python-without-dpsql"
-    shim.write_text(f'#!/bin/sh\nPYTHONPATH="{block}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n')
-    shim.chmod(0o755)
-    return str(shim)
-
-
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
     """A local session whose Python workers cannot import duckdb or dpsql: every Spark test below
     also checks that dpsql's tasks need neither (they are shipped by value)."""
-    _need("pyspark")
-    _need("sqlglot")
-    _java_or_skip()
-    if os.name != "posix":
-        pytest.skip("the worker interpreter shim is a POSIX shell script")
-    worker_python = _python_without_dpsql(tmp_path_factory.mktemp("worker"))
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    previous = os.environ.get("PYSPARK_PYTHON")
-    os.environ["PYSPARK_PYTHON"] = worker_python  # read once, when the SparkContext is created
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            session = (SparkSession.builder.master("local[2]").appName("dpsql-tests")
-                       .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                       .config("spark.sql.shuffle.partitions", "2")
-                       .config("spark.default.parallelism", "2").getOrCreate())
-    finally:
-        if previous is None:
-            del os.environ["PYSPARK_PYTHON"]
-        else:
-            os.environ["PYSPARK_PYTHON"] = previous
-    session.sparkContext.setLogLevel("ERROR")
-    assert session.sparkContext.pythonExec == worker_python  # a session made before this fixture would not be
-    yield session
-    session.stop()
+    need("pyspark")
+    need("sqlglot")
+    java_or_skip()
+    with local_session("dpsql-tests", worker_python=python_without_dpsql(tmp_path_factory.mktemp("worker"))) as session:
+        yield session
 
 
 @pytest.fixture(autouse=True)
@@ -616,7 +556,7 @@ print(json.dumps({"items": items, "uw": frame["uw"].tolist(), "d": frame["d"].to
 
 def test_task_functions_import_neither_duckdb_nor_dpsql(tmp_path):
     """The functions dpsql ships to Spark tasks, unpickled and run where duckdb and dpsql cannot be imported."""
-    _need("pyspark")
+    need("pyspark")
     from pyspark import cloudpickle
     from dpsql.frontends import spark as dspark
 
@@ -625,7 +565,7 @@ def test_task_functions_import_neither_duckdb_nor_dpsql(tmp_path):
         blob = cloudpickle.dumps((noise, dspark._user_weights_task(0.5, 1.5)))
     assert "dpsql" not in cloudpickle.list_registry_pickle_by_value()  # registered only while shipping
     by_reference = cloudpickle.dumps(dspark._user_weights_task(0.5, 1.5))  # outside: dpsql is imported
-    code = _BLOCK + _TASKS
+    code = BLOCK + _TASKS
     done = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
     got = json.loads(done.stdout)
@@ -633,7 +573,7 @@ def test_task_functions_import_neither_duckdb_nor_dpsql(tmp_path):
     expected = adaptive.user_weights_batch(np.array([0.25, 1.0, 3.0]), np.array([0, 3]), 0.5, 1.5)
     np.testing.assert_allclose(got["uw"], expected, rtol=0, atol=0)
     # the control: pickled the default way, the same function needs dpsql on the worker
-    load = _BLOCK + "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"
+    load = BLOCK + "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"
     refused = subprocess.run([sys.executable, "-c", load], input=by_reference, capture_output=True, cwd=tmp_path,
                              timeout=120)
     assert refused.returncode != 0 and b"dpsql" in refused.stderr
@@ -673,9 +613,9 @@ session.stop()
 def test_local_session_runs_tasks_with_the_driver_interpreter(tmp_path):
     """A plain local session, PYSPARK_PYTHON unset, and a ``python3`` on PATH without the packages
     (a virtualenv that is not activated): dpsql's tasks run with the driver's interpreter instead."""
-    _need("pyspark")
-    _need("sqlglot")
-    _java_or_skip()
+    need("pyspark")
+    need("sqlglot")
+    java_or_skip()
     if os.name != "posix":
         pytest.skip("the python3 shim is a POSIX shell script")
     bin_dir, marker = tmp_path / "bin", tmp_path / "python3-was-run"
@@ -1014,7 +954,7 @@ def test_the_spark_defaults_are_duckdbs():
     Spark form) and group_by to dpsql.group_by's default selection. No session needed."""
     import inspect
 
-    _need("pyspark")
+    need("pyspark")
     from dpsql.frontends import spark as dspark
 
     assert dspark.DEFAULT_METHOD == union.DEFAULT_METHOD == "sips_cumulative"

@@ -9,10 +9,7 @@ sqlglot or Java is missing (CI requires them: DPSQL_REQUIRE_SPARK=1)."""
 from __future__ import annotations
 
 import math
-import os
 import random
-import shutil
-import sys
 import warnings
 
 import numpy as np
@@ -25,61 +22,25 @@ from dpsql import groupby as gb
 from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
+from spark_testing import java_or_skip, local_session, need, python_without_dpsql
 
 # one SparkSession (one JVM) at a time beside the other Spark tests
 pytestmark = pytest.mark.xdist_group("spark")
 
-REQUIRED = os.environ.get("DPSQL_REQUIRE_SPARK") == "1"
 EVERY = list(gb.AGGREGATES)
 LOWER, UPPER = -1.0, 5.0
 MAX_ITEMS = 8  # no user below holds more than 8 groups: no cap, so both engines keep the same cells
 
 
-def _need(module: str):
-    return __import__(module) if REQUIRED else pytest.importorskip(module)
-
-
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
     """A local session whose Python workers cannot import duckdb or dpsql (as test_spark.py's)."""
-    _need("pyspark")
-    _need("sqlglot")
-    home = os.environ.get("JAVA_HOME")
-    if not (shutil.which("java") or (home and os.path.exists(os.path.join(home, "bin", "java")))):
-        if REQUIRED:
-            pytest.fail("Java is not available (pyspark needs a JVM; set JAVA_HOME)")
-        pytest.skip("Java is not available (pyspark needs a JVM; set JAVA_HOME)")
-    if os.name != "posix":
-        pytest.skip("the worker interpreter shim is a POSIX shell script")
-    folder = tmp_path_factory.mktemp("worker")
-    (folder / "block").mkdir()
-    (folder / "block" / "sitecustomize.py").write_text(
-        "import sys\nsys.modules['duckdb'] = None\nsys.modules['dpsql'] = None\n")
-    shim = folder / "python-without-dpsql"
-    shim.write_text(f'#!/bin/sh\nPYTHONPATH="{folder / "block"}${{PYTHONPATH:+:$PYTHONPATH}}" '
-                    f'exec "{sys.executable}" "$@"\n')
-    shim.chmod(0o755)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    previous = os.environ.get("PYSPARK_PYTHON")
-    os.environ["PYSPARK_PYTHON"] = str(shim)  # read once, when the SparkContext is created
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            session = (SparkSession.builder.master("local[2]").appName("dpsql-group-by-tests")
-                       .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                       .config("spark.sql.shuffle.partitions", "2")
-                       .config("spark.default.parallelism", "2").getOrCreate())
-    finally:
-        if previous is None:
-            del os.environ["PYSPARK_PYTHON"]
-        else:
-            os.environ["PYSPARK_PYTHON"] = previous
-    session.sparkContext.setLogLevel("ERROR")
-    assert session.sparkContext.pythonExec == str(shim)  # a session made before this fixture would not be
-    yield session
-    session.stop()
+    need("pyspark")
+    need("sqlglot")
+    java_or_skip()
+    with local_session("dpsql-group-by-tests",
+                       worker_python=python_without_dpsql(tmp_path_factory.mktemp("worker"))) as session:
+        yield session
 
 
 @pytest.fixture(autouse=True)

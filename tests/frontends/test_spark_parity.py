@@ -18,54 +18,31 @@ at (3, e^-10, 100), where it releases about 550 items.
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import statistics
-import sys
 import warnings
 
 import pytest
 
 import dpsql
 
+from spark_testing import local_session
 from conftest import seeded, shared_data_dir
 
 pytestmark = [pytest.mark.xdist_group("spark"), pytest.mark.shared_data, pytest.mark.slow]
 
-# As test_spark.py: CI sets DPSQL_REQUIRE_SPARK=1, where a missing pyspark, sqlglot or Java fails (the
-# conftest holds DPSQL_REQUIRE=spark to the same).
-REQUIRED = os.environ.get("DPSQL_REQUIRE_SPARK") == "1"
 DATASET = "reddit_askreddit_1pct/unigrams.parquet"
 EPS, DELTA, MAX_ITEMS = 3.0, math.exp(-10), 100
 DUCKDB_RUNS, SPARK_RUNS = 20, 1
 
 
-def _need(module: str):
-    return __import__(module) if REQUIRED else pytest.importorskip(module)
 
 
 @pytest.fixture(scope="module")
 def spark():
     if shared_data_dir() is None:  # a module fixture is set up before the test's shared_data: skip before the JVM
         pytest.skip("the real datasets (../shared/data) are not available")
-    _need("pyspark")
-    _need("sqlglot")
-    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
-        if REQUIRED:
-            pytest.fail("Java is not available (pyspark needs a JVM; set JAVA_HOME)")
-        pytest.skip("Java is not available (pyspark needs a JVM; set JAVA_HOME)")
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        session = (SparkSession.builder.master("local[2]").appName("dpsql-parity-tests")
-                   .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                   .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+    with local_session("dpsql-parity-tests") as session:
+        yield session
 
 
 @pytest.fixture(autouse=True)

@@ -3,11 +3,7 @@
 failure on an executor is dpsql's InputError, quoting no value of the data, with nothing charged."""
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import subprocess
-import sys
 import warnings
 
 import pyarrow as pa
@@ -17,38 +13,17 @@ import pytest
 from dpsql.core import ledger as L
 from dpsql.core.errors import DPParameterError, InputError
 
+from spark_testing import local_session
+
 pytestmark = pytest.mark.xdist_group("spark")  # one JVM at a time beside the other Spark tests
-REQUIRED = "spark" in os.environ.get("DPSQL_REQUIRE", "").split(",") or os.environ.get("DPSQL_REQUIRE_SPARK") == "1"
 SECRET = "SECRET_VALUE_7431"  # a value of the data no message may quote
-
-
-def _need(module: str):
-    return __import__(module) if REQUIRED else pytest.importorskip(module)
 
 
 @pytest.fixture(scope="module")
 def spark():
-    _need("pyspark")
-    _need("sqlglot")
-    java = shutil.which("java") or os.environ.get("JAVA_HOME")
-    if not java or subprocess.run(["java", "-version"] if shutil.which("java") else
-                                  [os.path.join(os.environ["JAVA_HOME"], "bin", "java"), "-version"],
-                                  capture_output=True).returncode != 0:
-        if REQUIRED:
-            pytest.fail("Java is not available (pyspark needs a JVM; set JAVA_HOME)")
-        pytest.skip("Java is not available (pyspark needs a JVM; set JAVA_HOME)")
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        session = (SparkSession.builder.master("local[2]").appName("dpsql-progress-tests")
-                   .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                   .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    session.sparkContext.setLogLevel("OFF")  # the failing tasks' logs would quote the data
-    yield session
-    session.stop()
+    # the failing tasks' logs would quote the data
+    with local_session("dpsql-progress-tests", log_level="OFF") as session:
+        yield session
 
 
 @pytest.fixture(autouse=True)
