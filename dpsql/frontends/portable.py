@@ -42,6 +42,7 @@ The translation also makes the DuckDB dialect's implicit choices explicit:
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -315,8 +316,43 @@ def _prune_constant_branches(exp, simplify, tree):
     return tree
 
 
+# A relation name the cached translations may stand in for: a plain identifier no dialect reserves.
+_SLOT_NAME = re.compile(r"dp__[A-Za-z0-9_]+")
+_TEMPLATES: dict[tuple, str] = {}
+_TEMPLATES_KEPT = 512
+_TEMPLATES_LOCK = threading.Lock()
+
+
 def stage_sql(macro: str, relations: Mapping[str, str], constants: Optional[Mapping[str, object]] = None,
               output: Optional[str] = None, dialect: str = "spark") -> str:
+    """The body of ``macro`` with its parameters bound, rendered in ``dialect`` (:func:`_stage_sql`).
+
+    A backend binds fresh relation names (``dp__...``) at every call, so the translation is kept once per
+    (stage, bound keys, constants, dialect) with a slot name per relation, and the call's names are put in
+    the slots: parsing and rewriting a macro body costs far more than the release's small stages do.
+    Any other relation name is translated afresh.
+    """
+    relations = dict(relations)
+    if not all(_SLOT_NAME.fullmatch(name) for name in relations.values()):
+        return _stage_sql(macro, relations, constants, output, dialect)
+    keys = sorted(relations)
+    slots = {key: f"dp__slot_{i}_" for i, key in enumerate(keys)}
+    cache_key = (macro, tuple(keys), tuple(sorted((k, repr(v)) for k, v in (constants or {}).items())), output,
+                 dialect)
+    with _TEMPLATES_LOCK:
+        template = _TEMPLATES.get(cache_key)
+    if template is None:
+        template = _stage_sql(macro, slots, constants, output, dialect)
+        with _TEMPLATES_LOCK:
+            if len(_TEMPLATES) >= _TEMPLATES_KEPT:  # constants vary per release (bounds, caps): keep it small
+                _TEMPLATES.clear()
+            _TEMPLATES[cache_key] = template
+    by_slot = {slots[key]: relations[key] for key in keys}
+    return re.sub(r"\bdp__slot_[0-9]+_\b", lambda m: by_slot[m.group(0)], template)
+
+
+def _stage_sql(macro: str, relations: Mapping[str, str], constants: Optional[Mapping[str, object]] = None,
+               output: Optional[str] = None, dialect: str = "spark") -> str:
     """The body of ``macro`` with its parameters bound, rendered in ``dialect``.
 
     ``relations`` maps relation parameters (read via ``query_table(p)``), nested

@@ -72,6 +72,7 @@ import os
 import sys
 import threading
 import uuid
+import weakref
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -471,8 +472,29 @@ def sips_round_weights(rows, removed):
                                          "removed_rel": removed.select("item")}, output="dp__sr_weights")
 
 
+# The parameter rows of recent calibrations, per session: a release's rounds read one row three times each,
+# and building it costs a call into the JVM per list element.
+_CUMULATIVE_ROWS: "weakref.WeakKeyDictionary[Any, dict[cumulative.CumulativeParameters, Any]]" = \
+    weakref.WeakKeyDictionary()
+_CUMULATIVE_ROWS_LOCK = threading.Lock()
+
+
 def _cumulative_params(session, c: cumulative.CumulativeParameters):
-    """The one-row ``dp__sc_cal`` the cumulative stages read (lists per round, max_boost NULL: no cap)."""
+    """The one-row ``dp__sc_cal`` the cumulative stages read (lists per round, max_boost NULL: no cap);
+    one DataFrame per (session, parameters), reused (a DataFrame is an immutable plan)."""
+    with _CUMULATIVE_ROWS_LOCK:
+        kept = _CUMULATIVE_ROWS.setdefault(session, {})
+        row = kept.get(c)
+    if row is None:
+        row = _cumulative_params_row(session, c)
+        with _CUMULATIVE_ROWS_LOCK:
+            if len(kept) >= 8:
+                kept.clear()
+            kept[c] = row
+    return row
+
+
+def _cumulative_params_row(session, c: cumulative.CumulativeParameters):
     from pyspark.sql import functions as F
 
     def lists(values: Sequence[float]):

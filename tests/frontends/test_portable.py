@@ -108,6 +108,27 @@ def test_every_stage_the_spark_backend_translates_is_marked_and_translates():
         sqlglot.parse_one(sql, read="spark")
 
 
+def test_a_kept_translation_is_the_fresh_one_with_the_calls_names():
+    """Backends bind fresh ``dp__...`` names per call: the kept template, with those names in its slots, is
+    exactly what translating afresh gives, for every call the Spark backend makes, on first use and after."""
+    portable._TEMPLATES.clear()
+    for round_ in range(2):
+        for macro, keys, output in _spark_calls():
+            names = {k: f"dp__spark_{round_}{i}x{len(k)}" for i, k in enumerate(sorted(keys, reverse=True))}
+            constants = _constants(macro, keys)
+            assert stage_sql(macro, names, constants, output=output) == \
+                portable._stage_sql(macro, names, constants, output), (macro, output)
+    assert portable._TEMPLATES  # and they were kept
+    # Other names (not a dp__ identifier) are translated afresh, never put into a kept template's slots.
+    kept = dict(portable._TEMPLATES)
+    sql = stage_sql("dp__set_union_weights", {"dp__capped_user_items": "capped"}, {"weighting": "count"})
+    assert "FROM capped" in sql and portable._TEMPLATES == kept
+    # Constants are part of the key: another value is another translation.
+    a = stage_sql("dp__set_union_weights", {"dp__capped_user_items": "dp__a"}, {"weighting": "count"})
+    b = stage_sql("dp__set_union_weights", {"dp__capped_user_items": "dp__a"}, {"weighting": "inverse_sqrt"})
+    assert "'count'" in a and "'inverse_sqrt'" in b
+
+
 def test_every_marked_stage_translates_to_spark_sql():
     for stage in stages().values():
         tree = _body(stage.macro)
