@@ -774,7 +774,7 @@ def group_by_kept(rows, selected, max_items: int, salt: int, max_groups: Optiona
 
         rows = rows.withColumn("v", F.lit(None).cast("double"))
     return _run_stage("dp__group_by_aggregates",
-                      {"dp__group_by_value_rows": rows.select("user_id", "item", "v"),
+                      {"value_rows": rows.select("user_id", "item", "v"),
                        "groups": selected.select("item"), "salt": _salt_relation(rows.sparkSession, salt)},
                       {"max_items": max_items, "max_groups": max_items if max_groups is None else max_groups},
                       output="dp__kept")

@@ -162,17 +162,18 @@ FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'value_col': value_
 
 -- The aggregate step of both bodies, given the groups (public from here on): each user's cells capped,
 -- the exact measurements, their noise, the median, then the released columns with each group's labels.
--- Relation parameters, the names of the caller's MATERIALIZED CTEs (each evaluated once per release,
--- however often it is read here): `groups` (item, n_selected: the noisy count that selected the group,
--- post_threshold's, else NULL), `cal` (the one-row calibration, dpsql.groupby._cal_row), `salt` (s: the
--- release's one cap salt, which dp_group_by's post_threshold cap shares). The rows are read from `tbl`
--- (dp__group_by_value_rows); the groups' columns from `labels_tbl` (the public list, else `tbl`).
-CREATE OR REPLACE TEMP MACRO dp__group_by_aggregates(tbl, value_col, user_col, item_col, group_cols, labels_tbl,
-        aggregates, max_items, max_groups, groups, cal, salt) AS TABLE
+-- Relation parameters, the names of the caller's CTEs: `value_rows` (user_id, item, v: the release's
+-- dp__group_by_value_rows, one CTE so that DuckDB binds its query once), and MATERIALIZED ones, each
+-- evaluated once per release however often it is read here: `groups` (item, n_selected: the noisy count that
+-- selected the group, post_threshold's, else NULL), `cal` (the one-row calibration, dpsql.groupby._cal_row),
+-- `salt` (s: the release's one cap salt, which dp_group_by's post_threshold cap shares). The groups'
+-- columns are read from `labels_tbl` (the public list, else the private table).
+CREATE OR REPLACE TEMP MACRO dp__group_by_aggregates(value_rows, groups, cal, salt, labels_tbl, group_cols,
+        aggregates, max_items, max_groups) AS TABLE
 -- Per (user, group of the selection): the user's total of the group's values and its number of rows.
 WITH dp__totals AS (
     SELECT r.user_id, r.item, sum(r.v) AS v, count(*) AS r
-    FROM dp__group_by_value_rows(tbl, value_col, user_col, item_col, group_cols) AS r
+    FROM query_table(value_rows) AS r
     SEMI JOIN query_table(groups) AS s ON r.item = s.item
     GROUP BY r.user_id, r.item),
 -- Each user keeps at most max_groups of its selected groups (NULL: max_items), the first by a salted
@@ -273,6 +274,7 @@ dp__cal AS MATERIALIZED (
                                            max_groups, max_rows, selection, split, pre_threshold, confidence,
                                            group_cols, items_tbl, user_col, item_col, k.n))
     FROM (SELECT count(*) AS n FROM dp__rendered) AS k),
+dp__user_item_value_rows AS (FROM dp__group_by_value_rows(tbl, value_col, user_col, item_col, group_cols)),
 dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 -- post_threshold (docs/proofs/post_threshold.md): each user keeps at most max_groups of ALL its groups (the
 -- salted hash of dp__group_by_aggregates's cap, the same salt), n = the kept users per group; the noisy count
@@ -281,8 +283,7 @@ dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 dp__post_threshold AS MATERIALIZED (
     SELECT t.item, t.n + dp__group_by_noise(c.gaussian, c.count_scale, c.count_granularity) AS n_noisy
     FROM (SELECT item, count(*) AS n
-          FROM (SELECT item FROM (SELECT DISTINCT user_id, item
-                                  FROM dp__group_by_value_rows(tbl, value_col, user_col, item_col, group_cols)
+          FROM (SELECT item FROM (SELECT DISTINCT user_id, item FROM dp__user_item_value_rows
                                   WHERE selection = 'post_threshold' AND items_tbl IS NULL) CROSS JOIN dp__salt
                 QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s)))
                         <= coalesce(max_groups, max_items))
@@ -292,8 +293,8 @@ dp__selected AS MATERIALIZED (
     UNION ALL
     SELECT p.item, p.n_noisy FROM dp__post_threshold AS p CROSS JOIN dp__cal AS c
     WHERE p.n_noisy >= c.selection_threshold)
-FROM dp__group_by_aggregates(tbl, value_col, user_col, item_col, group_cols, coalesce(items_tbl, tbl), aggregates,
-                             max_items, max_groups, 'dp__selected', 'dp__cal', 'dp__salt');
+FROM dp__group_by_aggregates('dp__user_item_value_rows', 'dp__selected', 'dp__cal', 'dp__salt',
+                             coalesce(items_tbl, tbl), group_cols, aggregates, max_items, max_groups);
 
 -- dpsql:body dp__body_group_by_public
 -- The public domain: the distinct groups of items_tbl (public: its errors may name values), as item_col's
@@ -311,6 +312,7 @@ dp__cal AS MATERIALIZED (
                                                   max_groups, max_rows, confidence, group_cols, user_col,
                                                   item_col, k.n))
     FROM (SELECT count(*) AS n FROM dp__selected) AS k),
+dp__user_item_value_rows AS (FROM dp__group_by_value_rows(tbl, value_col, user_col, item_col, group_cols)),
 dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s)
-FROM dp__group_by_aggregates(tbl, value_col, user_col, item_col, group_cols, items_tbl, aggregates, max_items,
-                             max_groups, 'dp__selected', 'dp__cal', 'dp__salt');
+FROM dp__group_by_aggregates('dp__user_item_value_rows', 'dp__selected', 'dp__cal', 'dp__salt', items_tbl,
+                             group_cols, aggregates, max_items, max_groups);

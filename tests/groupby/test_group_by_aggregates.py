@@ -223,7 +223,7 @@ def _stats(con, rows, groups, cal, salt: int) -> dict:
     con.execute("CREATE OR REPLACE TABLE r_cal AS SELECT " + ", ".join(
         f"{'NULL' if row[k] is None else repr(float(row[k]))}::DOUBLE AS {k}"
         for k in ("lower", "upper", "centre", "max_rows", "sum_granularity", "sumsq_granularity")))
-    sql = portable.stage_sql("dp__group_by_aggregates", {"dp__group_by_value_rows": "r_rows", "groups": "r_sel",
+    sql = portable.stage_sql("dp__group_by_aggregates", {"value_rows": "r_rows", "groups": "r_sel",
                                                         "salt": "r_salt", "cal": "r_cal"},
                              {"max_items": cal.max_groups, "max_groups": cal.max_groups}, output="dp__stats",
                              dialect="duckdb").replace("XXHASH64(", "hash(")
