@@ -201,6 +201,17 @@ def labels_sql(tbl: str, group_cols: Optional[Sequence[str]], groups: str = "dp_
             f"WHERE dp__key IN (SELECT item FROM {rel}) GROUP BY dp__key")
 
 
+def median_sql(aggregates: Sequence[str], kept: str, groups: str, cal: str) -> str:
+    """The median step of ``dp__group_by_aggregates`` as SQL text (``dp__median``: item, median_j): with
+    ``'median'`` among ``aggregates``, ``dp__group_by_median`` of the relations (CTEs of the release) ``kept``,
+    ``groups`` and ``cal``; without, no rows (chosen while DuckDB binds, so the median's plan is not built)."""
+    g = release.sql_value("groups", groups, "VARCHAR")
+    if "median" not in aggregates:
+        return f"SELECT item, CAST(NULL AS BIGINT) AS median_j FROM query_table({g}) WHERE false"
+    k, c = release.sql_value("kept", kept, "VARCHAR"), release.sql_value("cal", cal, "VARCHAR")
+    return f"SELECT item, median_j FROM dp__group_by_median({k}, {g}, {c})"
+
+
 def public_items_sql(tbl: str, items_tbl: str, item_col: str, group_cols: Optional[Sequence[str]]) -> str:
     """The public groups (``dp__selected`` of dp_group_by_public: one column ``item``) as SQL text: the distinct
     canonical values of ``items_tbl``'s ``item_col``, or the distinct keys of its ``group_cols``; each public
@@ -279,6 +290,10 @@ def udfs(source: object) -> list[Udf]:
     def labels_udf(tbl, group_cols, groups):
         return labels_sql(check_table_name(tbl), check_group_cols(group_cols), check_identifier("groups", groups))
 
+    def median_udf(aggregates, kept, groups, cal):
+        return median_sql(check_aggregates(aggregates), check_identifier("kept", kept),
+                          check_identifier("groups", groups), check_identifier("cal", cal))
+
     def public_items_udf(tbl, items_tbl, item_col, group_cols):
         return public_items_sql(check_table_name(tbl), check_table_name(items_tbl),
                                 check_identifier("item_col", item_col), check_group_cols(group_cols))
@@ -308,6 +323,7 @@ def udfs(source: object) -> list[Udf]:
         Udf("dp__group_by_rows_sql", scalar(rows_udf), (v, v, v, v, vl), VARCHAR),
         Udf("dp__group_by_labels_sql", scalar(labels_udf), (v, vl, v), VARCHAR),
         Udf("dp__group_by_public_items_sql", scalar(public_items_udf), (v, v, v, vl), VARCHAR),
+        Udf("dp__group_by_median_sql", scalar(median_udf), (vl, v, v, v), VARCHAR),
         Udf("dp__group_by_pre_calibration", scalar(pre_cal), (v, d, d, d, d),
             duckdb.struct_type({"weighting": VARCHAR, "gaussian": BOOLEAN, "scale": DOUBLE,
                                 "threshold": DOUBLE, "shift": DOUBLE})),

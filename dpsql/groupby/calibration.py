@@ -311,6 +311,7 @@ def _gaussian_sigma_below(epsilon: float, delta: float) -> float:
     return lo
 
 
+@lru_cache(maxsize=256)  # pure; its bisections cost milliseconds, and a release calibrates twice (below)
 def selection_zcdp(method: str, epsilon: float, delta: float, max_items: int) -> Optional[tuple[float, float]]:
     """``(rho_s, delta_e)`` if ``method`` at ``(epsilon, delta)`` is a Gaussian mechanism of ``rho_s``-zCDP plus
     novel items released with probability ``<= delta_e`` (docs/proofs/group_by.md §9); else None.
@@ -488,6 +489,12 @@ def _check_selection_budget(selection: str, epsilon: float, delta: float, max_it
         union.calibrate(selection, epsilon, delta, max_items)
 
 
+# The accountant's conversions (dp-accounting's RDP accountant: about 10 ms a call) depend on the budget only,
+# not on the number of groups released; dp_group_by calibrates again once that number is known (dp__cal), so
+# they are memoised: a release that selects a number of groups not seen before pays only for its measurements.
+_account_zcdp = lru_cache(maxsize=256)(accounting.account_zcdp)
+
+
 @lru_cache(maxsize=256)
 def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[float], max_items: int,
                  lower: Optional[float], upper: Optional[float], selection: Optional[str], split: float,
@@ -515,7 +522,7 @@ def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[fl
                 sel_delta = delta * split
                 agg_delta = delta - sel_delta
                 rho_a = accounting.zcdp_budget(epsilon, agg_delta)
-                acc = accounting.account_zcdp(rho_a, sel_delta, epsilon, delta)
+                acc = _account_zcdp(rho_a, sel_delta, epsilon, delta)
             else:
                 sel_delta = delta
                 acc = Accounting(accounting.BASIC, epsilon, delta, 0.0, sel_delta)
@@ -525,7 +532,7 @@ def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[fl
                 assert delta is not None
                 agg_delta = delta
                 rho_a = accounting.zcdp_budget(epsilon, delta)
-                acc = accounting.account_zcdp(rho_a, 0.0, epsilon, delta)
+                acc = _account_zcdp(rho_a, 0.0, epsilon, delta)
         else:
             assert delta is not None
             sel_eps, agg_eps = epsilon * split, epsilon * (1.0 - split)
@@ -543,7 +550,7 @@ def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[fl
                             f"split is too large for Gaussian aggregates after selection := '{selection}' (got "
                             f"{split!r}): the selection alone uses the whole budget under zCDP; pass a smaller "
                             f"split, e.g. {DEFAULT_SPLIT}, or noise := 'laplace'")
-                    acc = accounting.account_zcdp(rho_s + rho_a, events, epsilon, delta)
+                    acc = _account_zcdp(rho_s + rho_a, events, epsilon, delta)
                     agg_delta = delta - events
                 else:
                     sel_delta = delta * split

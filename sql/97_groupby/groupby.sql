@@ -160,6 +160,14 @@ FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'value_col': value_
                      'item_col': item_col, 'group_cols': group_cols}::VARCHAR) IS NULL OR true
                 THEN dp__group_by_rows_sql(tbl, value_col, user_col, item_col, group_cols) END);
 
+-- The median of each group of `groups` (column item): the exponential mechanism over the grid points of
+-- dp__median_utility on the cells `kept` and the calibration `cal`, sampled as argmax u(j) + Gumbel(2/eps0)
+-- (the Gumbel-max form of exp(eps0 u / 2); float Gumbel noise only decides the argmax, never a released number).
+CREATE OR REPLACE TEMP MACRO dp__group_by_median(kept, groups, cal) AS TABLE
+SELECT item, arg_max(j, u + dp_gumbel_noise(c.median_scale)) AS median_j
+FROM dp__median_utility(kept, groups, cal) CROSS JOIN query_table(cal) AS c
+GROUP BY item;
+
 -- The aggregate step of both bodies, given the groups (public from here on): each user's cells capped,
 -- the exact measurements, their noise, the median, then the released columns with each group's labels.
 -- Relation parameters, the names of the caller's CTEs: `value_rows` (user_id, item, v: the release's
@@ -200,13 +208,12 @@ dp__stats AS MATERIALIZED (
                      / dp__cal.sumsq_granularity)::BIGINT) AS q_steps
     FROM dp__kept CROSS JOIN query_table(cal) AS dp__cal
     GROUP BY item),
--- The median (only when requested): the exponential mechanism over the grid points of dp__median_utility,
--- sampled as argmax u(j) + Gumbel(2/eps0) (the Gumbel-max form of exp(eps0 u / 2); float Gumbel noise
--- only decides the argmax, never a released number).
+-- The median, only when requested (dp__group_by_median): its text is chosen while binding
+-- (dpsql.groupby.median_sql), so a release without a median neither binds nor plans its grid and windows.
 dp__median AS MATERIALIZED (
-    SELECT item, arg_max(j, u + dp_gumbel_noise(c.median_scale)) AS median_j
-    FROM dp__median_utility('dp__kept', groups, cal) CROSS JOIN query_table(cal) AS c
-    GROUP BY item),
+    FROM query(CASE WHEN getvariable('dp__bind:' || {'aggregates': aggregates, 'groups': groups,
+                                                     'cal': cal}::VARCHAR) IS NULL OR true
+                    THEN dp__group_by_median_sql(aggregates, 'dp__kept', groups, cal) END)),
 -- The exact measurements of every group (also those no kept user holds), sorted by group: the noise then
 -- meets the groups in that order, whatever the join's plan (a seeded release is reproducible).
 dp__joined AS MATERIALIZED (
