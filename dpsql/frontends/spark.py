@@ -782,7 +782,8 @@ def _group_by_cal_relation(session, cal: groupby.GroupByCalibration):
 
 
 def group_by_kept(rows, selected, max_items: int, salt: int, max_groups: Optional[int] = None):
-    """(user_id, item, v, r) of the selected groups: the stage ``dp__kept`` of ``dp_group_by``. NOT a release.
+    """(user_id, item, v, r) of the selected groups: the stage ``dp__kept`` of ``dp_group_by`` (its aggregate step,
+    ``dp__group_by_aggregates``). NOT a release.
 
     ``rows`` (user_id, item, v), ``selected`` (item). Per (user, selected group) the user's total ``v`` of
     the values (NULL if all are NULL) and its number of rows ``r``; each user keeps at most ``max_groups``
@@ -794,23 +795,23 @@ def group_by_kept(rows, selected, max_items: int, salt: int, max_groups: Optiona
         from pyspark.sql import functions as F
 
         rows = rows.withColumn("v", F.lit(None).cast("double"))
-    return _run_stage("dp__body_group_by", {"dp__user_item_value_rows": rows.select("user_id", "item", "v"),
-                                            "dp__selected": selected.select("item"),
-                                            "dp__salt": _salt_relation(rows.sparkSession, salt)},
+    return _run_stage("dp__group_by_aggregates",
+                      {"value_rows": rows.select("user_id", "item", "v"),
+                       "groups": selected.select("item"), "salt": _salt_relation(rows.sparkSession, salt)},
                       {"max_items": max_items, "max_groups": max_items if max_groups is None else max_groups},
                       output="dp__kept")
 
 
 def _kept_stats(kept, cal: groupby.GroupByCalibration):
     """(item, n, n_rows, s_steps, q_steps) of the kept cells: the stage ``dp__stats``."""
-    return _run_stage("dp__body_group_by", {"dp__kept": kept.select("user_id", "item", "v", "r"),
-                                            "dp__cal": _group_by_cal_relation(kept.sparkSession, cal)},
+    return _run_stage("dp__group_by_aggregates", {"dp__kept": kept.select("user_id", "item", "v", "r"),
+                                                  "cal": _group_by_cal_relation(kept.sparkSession, cal)},
                       output="dp__stats")
 
 
 def group_by_stats(rows, selected, max_items: int, salt: int, cal: groupby.GroupByCalibration):
-    """(item, n, n_rows, s_steps, q_steps) of the selected items: the stage ``dp__stats`` of ``dp_group_by``. NOT
-    a release.
+    """(item, n, n_rows, s_steps, q_steps) of the selected items: the stage ``dp__stats`` of ``dp_group_by`` (its
+    aggregate step, ``dp__group_by_aggregates``). NOT a release.
 
     The cells of :func:`group_by_kept` (each user keeps at most ``cal.max_groups`` of its selected items);
     ``n`` users per item, ``n_rows`` the sum of their rows counted up to ``cal.max_rows``, ``s_steps`` the
@@ -843,7 +844,7 @@ def group_by_output(measured, cal: groupby.GroupByCalibration):
                                               "cal": _group_by_cal_relation(measured.sparkSession, cal)})
 
 
-# dp__noisy of dp_group_by (sql/97_groupby/groupby.sql): per noisy measurement (dpsql.groupby.MEASUREMENTS but
+# dp__noisy of dp__group_by_aggregates (sql/97_groupby/groupby.sql): per noisy measurement (dpsql.groupby.MEASUREMENTS but
 # the median, which is dp__median's argmax), its exact column of dp__stats, its noisy column (dp__group_by_output's
 # input), and whether the exact column is in grid steps (sums: clamped to +-sum_limit steps, times the grid)
 # or a count (the value itself).

@@ -184,19 +184,32 @@ def _key_sql(group_cols: Sequence[str]) -> tuple[str, str]:
     return f"dp__canonical(json_array(*{pick})::VARCHAR)", pick
 
 
-def labels_sql(tbl: str, group_cols: Optional[Sequence[str]]) -> str:
+def labels_sql(tbl: str, group_cols: Optional[Sequence[str]], groups: str = "dp__selected") -> str:
     """The group's columns of each released key (``dp__labels``: dp__key, then the columns, named and typed as in
-    ``tbl``), as SQL text; without ``group_cols`` the one column ``item`` (the key itself).
+    ``tbl``), as SQL text; without ``group_cols`` the one column ``item`` (the key itself). ``groups``: the
+    relation (a CTE of the release) of the released keys (column ``item``).
 
-    From the private table (dp_group_by) this reads the rows of the released keys only (``dp__selected``), and
+    From the private table (dp_group_by) this reads the rows of the released keys only (``groups``), and
     every row of one key holds the same tuple (docs/proofs/group_by.md §10): the columns are a function of the
     released key."""
+    rel = f"query_table({release.sql_value('groups', groups, 'VARCHAR')})"
     if group_cols is None:
-        return "SELECT item AS dp__key, item FROM dp__selected"
+        return f"SELECT item AS dp__key, item FROM {rel}"
     key, pick = _key_sql(group_cols)
     t = release.sql_value("tbl", tbl, "VARCHAR")
     return (f"SELECT dp__key, any_value({pick}) FROM (SELECT {key} AS dp__key, {pick} FROM query_table({t})) "
-            f"WHERE dp__key IN (SELECT item FROM dp__selected) GROUP BY dp__key")
+            f"WHERE dp__key IN (SELECT item FROM {rel}) GROUP BY dp__key")
+
+
+def median_sql(aggregates: Sequence[str], kept: str, groups: str, cal: str) -> str:
+    """The median step of ``dp__group_by_aggregates`` as SQL text (``dp__median``: item, median_j): with
+    ``'median'`` among ``aggregates``, ``dp__group_by_median`` of the relations (CTEs of the release) ``kept``,
+    ``groups`` and ``cal``; without, no rows (chosen while DuckDB binds, so the median's plan is not built)."""
+    g = release.sql_value("groups", groups, "VARCHAR")
+    if "median" not in aggregates:
+        return f"SELECT item, CAST(NULL AS BIGINT) AS median_j FROM query_table({g}) WHERE false"
+    k, c = release.sql_value("kept", kept, "VARCHAR"), release.sql_value("cal", cal, "VARCHAR")
+    return f"SELECT item, median_j FROM dp__group_by_median({k}, {g}, {c})"
 
 
 def public_items_sql(tbl: str, items_tbl: str, item_col: str, group_cols: Optional[Sequence[str]]) -> str:
@@ -274,8 +287,12 @@ def udfs(source: object) -> list[Udf]:
         return rows_sql(check_table_name(tbl), value_col, check_identifier("user_col", user_col),
                         check_identifier("item_col", item_col), check_group_cols(group_cols))
 
-    def labels_udf(tbl, group_cols):
-        return labels_sql(check_table_name(tbl), check_group_cols(group_cols))
+    def labels_udf(tbl, group_cols, groups):
+        return labels_sql(check_table_name(tbl), check_group_cols(group_cols), check_identifier("groups", groups))
+
+    def median_udf(aggregates, kept, groups, cal):
+        return median_sql(check_aggregates(aggregates), check_identifier("kept", kept),
+                          check_identifier("groups", groups), check_identifier("cal", cal))
 
     def public_items_udf(tbl, items_tbl, item_col, group_cols):
         return public_items_sql(check_table_name(tbl), check_table_name(items_tbl),
@@ -301,11 +318,12 @@ def udfs(source: object) -> list[Udf]:
         Udf("dp__group_by_calibration", scalar(cal_udf), (*args, BIGINT), cal_type),
         Udf("dp__group_by_public_calibration", scalar(public_cal_udf),
             (d, d, vl, v, d, d, d, d, d, vl, v, v, BIGINT), cal_type),
-        # pure: query() evaluates them once while binding dp__body_group_by
+        # pure: query() evaluates them once while binding dp__body_group_by (and dp__group_by_aggregates)
         Udf("dp__group_by_selection_sql", scalar(selection_sql), (v, *args), VARCHAR),
         Udf("dp__group_by_rows_sql", scalar(rows_udf), (v, v, v, v, vl), VARCHAR),
-        Udf("dp__group_by_labels_sql", scalar(labels_udf), (v, vl), VARCHAR),
+        Udf("dp__group_by_labels_sql", scalar(labels_udf), (v, vl, v), VARCHAR),
         Udf("dp__group_by_public_items_sql", scalar(public_items_udf), (v, v, v, vl), VARCHAR),
+        Udf("dp__group_by_median_sql", scalar(median_udf), (vl, v, v, v), VARCHAR),
         Udf("dp__group_by_pre_calibration", scalar(pre_cal), (v, d, d, d, d),
             duckdb.struct_type({"weighting": VARCHAR, "gaussian": BOOLEAN, "scale": DOUBLE,
                                 "threshold": DOUBLE, "shift": DOUBLE})),

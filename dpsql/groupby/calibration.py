@@ -37,16 +37,17 @@ groups ``L0 eps0^2 / 8``: ``eps0 = sqrt(8 rho_m / L0)``. ``rho_a`` comes from th
 * any other selection runs at ``(eps split, delta split)`` and ``rho_a`` is the largest rho converting to
   ``(eps (1 - split), delta (1 - split))``: basic composition, accountant ``'basic'``;
 * a public list of groups (no selection): ``rho_a`` converts to ``(eps, delta)``: accountant ``'zcdp'``;
-* ``selection = 'truncated_geometric'`` (:mod:`dpsql.groupby.selection`): the basic branch above, its coins at
-  ``(eps split, delta split) / max_groups`` per group;
-* ``selection = 'post_threshold'``: no selection budget; ``delta_e = delta split`` for the threshold event,
-  ``rho_a = zcdp_budget(eps, delta - delta_e)``, the count always measured, every measurement at
-  ``L0 = max_groups`` (the count selects, so nothing is calibrated after the selection), and the threshold
-  ``selection_threshold`` of :func:`dpsql.groupby.selection.post_threshold`: accountant ``'zcdp'``.
+* the truncated geometric coin (``selection = TRUNCATED_GEOMETRIC``, the selection rules of
+  :mod:`dpsql.groupby.selection`): the basic branch above, its coins at ``(eps split, delta split) / max_groups``
+  per group;
+* post-aggregation thresholding (``selection = POST_THRESHOLD``): no selection budget; ``delta_e = delta split``
+  for the threshold event, ``rho_a = zcdp_budget(eps, delta - delta_e)``, the count always measured, every
+  measurement at ``L0 = max_groups`` (the count selects, so nothing is calibrated after the selection), and the
+  threshold ``selection_threshold`` of :func:`dpsql.groupby.selection.count_threshold`: accountant ``'zcdp'``.
 
 **Laplace noise** (``noise = 'laplace'``, the default without a delta). Pure DP as before: the selection
 runs at ``(eps split, delta)``, the measurements share ``eps (1 - split)`` (``eps`` for a public list
-and for ``post_threshold``, whose threshold event then has the whole ``delta``) equally, each is granular
+and for post-aggregation thresholding, whose threshold event then has the whole ``delta``) equally, each is granular
 Laplace ``g DLap(b/g)`` with ``b`` = the rounded l1 sensitivity over its share ([GRS09]), and the median's
 mechanism gets ``eps0 = eps_m / L0``.
 
@@ -165,8 +166,8 @@ def check_aggregates(aggregates: object) -> tuple[str, ...]:
 
 
 def check_selection(selection: object) -> str:
-    """A set-union method (:data:`dpsql.union.METHODS`) or one of dp_group_by's own rules (:data:`SELECTIONS`:
-    ``'truncated_geometric'``, ``'post_threshold'``)."""
+    """A set-union method (:data:`dpsql.union.METHODS`) or one of dp_group_by's own rules (:data:`SELECTIONS`,
+    the selection rules of :mod:`dpsql.groupby.selection`)."""
     if isinstance(selection, str) and selection in SELECTIONS:
         return selection
     if not isinstance(selection, str) or selection not in union.METHODS:
@@ -310,6 +311,7 @@ def _gaussian_sigma_below(epsilon: float, delta: float) -> float:
     return lo
 
 
+@lru_cache(maxsize=256)  # pure; its bisections cost milliseconds, and a release calibrates twice (below)
 def selection_zcdp(method: str, epsilon: float, delta: float, max_items: int) -> Optional[tuple[float, float]]:
     """``(rho_s, delta_e)`` if ``method`` at ``(epsilon, delta)`` is a Gaussian mechanism of ``rho_s``-zCDP plus
     novel items released with probability ``<= delta_e`` (docs/proofs/group_by.md §9); else None.
@@ -398,11 +400,11 @@ class GroupByCalibration:
     mean_count_ci: Optional[float] = None
     mean_sum_ci: Optional[float] = None
     pre_threshold: int = 1
-    # truncated_geometric: the cap of its counts (max_groups) and its (epsilon, delta) per group
+    # the truncated geometric coin: the cap of its counts (max_groups) and its (epsilon, delta) per group
     selection_cap: Optional[int] = None
     selection_group_epsilon: Optional[float] = None
     selection_group_delta: Optional[float] = None
-    # post_threshold: a group is released iff its noisy count is >= this
+    # post-aggregation thresholding: a group is released iff its noisy count is >= this
     selection_threshold: Optional[float] = None
 
     def measure(self, name: str) -> Optional[Measurement]:
@@ -487,12 +489,18 @@ def _check_selection_budget(selection: str, epsilon: float, delta: float, max_it
         union.calibrate(selection, epsilon, delta, max_items)
 
 
+# The accountant's conversions (dp-accounting's RDP accountant: about 10 ms a call) depend on the budget only,
+# not on the number of groups released; dp_group_by calibrates again once that number is known (dp__cal), so
+# they are memoised: a release that selects a number of groups not seen before pays only for its measurements.
+_account_zcdp = lru_cache(maxsize=256)(accounting.account_zcdp)
+
+
 @lru_cache(maxsize=256)
 def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[float], max_items: int,
                  lower: Optional[float], upper: Optional[float], selection: Optional[str], split: float,
                  confidence: float, pre_threshold: int, noise: str, max_groups: int,
                  max_rows: int, groups: Optional[int] = None) -> GroupByCalibration:
-    # a user contributes to at most min(cap, |S|) of the |S| released groups; post_threshold's count noise
+    # a user contributes to at most min(cap, |S|) of the |S| released groups; with POST_THRESHOLD the count noise
     # decides S, so it (and with it every measurement) is calibrated before S: L0 = the cap
     post = selection == POST_THRESHOLD
     l0 = max_groups if groups is None or post else max(1, min(max_groups, groups))
@@ -514,7 +522,7 @@ def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[fl
                 sel_delta = delta * split
                 agg_delta = delta - sel_delta
                 rho_a = accounting.zcdp_budget(epsilon, agg_delta)
-                acc = accounting.account_zcdp(rho_a, sel_delta, epsilon, delta)
+                acc = _account_zcdp(rho_a, sel_delta, epsilon, delta)
             else:
                 sel_delta = delta
                 acc = Accounting(accounting.BASIC, epsilon, delta, 0.0, sel_delta)
@@ -524,7 +532,7 @@ def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[fl
                 assert delta is not None
                 agg_delta = delta
                 rho_a = accounting.zcdp_budget(epsilon, delta)
-                acc = accounting.account_zcdp(rho_a, 0.0, epsilon, delta)
+                acc = _account_zcdp(rho_a, 0.0, epsilon, delta)
         else:
             assert delta is not None
             sel_eps, agg_eps = epsilon * split, epsilon * (1.0 - split)
@@ -542,7 +550,7 @@ def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[fl
                             f"split is too large for Gaussian aggregates after selection := '{selection}' (got "
                             f"{split!r}): the selection alone uses the whole budget under zCDP; pass a smaller "
                             f"split, e.g. {DEFAULT_SPLIT}, or noise := 'laplace'")
-                    acc = accounting.account_zcdp(rho_s + rho_a, events, epsilon, delta)
+                    acc = _account_zcdp(rho_s + rho_a, events, epsilon, delta)
                     agg_delta = delta - events
                 else:
                     sel_delta = delta * split
@@ -569,8 +577,8 @@ def _calibration(aggregates: tuple[str, ...], epsilon: float, delta: Optional[fl
         count = by["count"]
         assert count.granularity is not None
         own.update(selection_cap=max_groups,
-                   selection_threshold=rules.post_threshold(noise == "gaussian", count.scale, count.granularity,
-                                                            max_groups, sel_delta))
+                   selection_threshold=rules.count_threshold(noise == "gaussian", count.scale, count.granularity,
+                                                             max_groups, sel_delta))
     out: dict[str, Any] = {}
     if "count" in by:
         m = by["count"]
@@ -628,7 +636,7 @@ def group_by_calibration(epsilon: object, delta: object, max_items: object = 100
         where = "a public list of items needs no selection" if selection is None else f"selection is {selection!r}"
         raise DPParameterError(f"pre_threshold > 1 needs selection := one of {', '.join(PRE_THRESHOLD_METHODS)} "
                                f"({where}); the adaptive and sequential methods have no proof for it")
-    if selection is not None and selection != POST_THRESHOLD:  # post_threshold spends no epsilon on selection
+    if selection is not None and selection != POST_THRESHOLD:  # it spends no epsilon on selection
         for part, share in (("selection", epsilon * split_value), ("aggregates", epsilon * (1.0 - split_value))):
             if share < EPSILON_MIN:
                 raise DPParameterError(f"epsilon * split is too small for the {part} (got {share!r}); pass a larger "

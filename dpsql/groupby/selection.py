@@ -25,7 +25,7 @@ uniform on ``0 .. 2^53 - 1``) and keeps iff ``U < p(n)``: probability ``K_n / 2^
 
 **post_threshold** (post-aggregation thresholding): the count measurement itself, ``n(x) + Z`` over every
 group of the data (``Z`` the count's noise: ``N_Z(0, s^2)`` or ``g DLap(b/g)``), is released for the groups
-where it is ``>= tau``; :func:`post_threshold` gives the least ``tau = 1 + g m`` (``m`` whole) with
+where it is ``>= tau``; :func:`count_threshold` gives the least ``tau = 1 + g m`` (``m`` whole) with
 ``1 - (1 - P[Z >= g m])^L0 <= delta_e``: the probability that any of the ``<= L0`` groups only the added user
 holds (count 1) is released.
 
@@ -45,7 +45,7 @@ from dpsql.core.validation import DPParameterError
 
 __all__ = ["TRUNCATED_GEOMETRIC", "POST_THRESHOLD", "SELECTIONS", "GRID_BITS", "MAX_TABLE",
            "release_probability", "keep_numerators", "keep_probabilities", "keep", "discrete_gaussian_tail",
-           "discrete_laplace_tail", "post_threshold", "novel_release_probability"]
+           "discrete_laplace_tail", "count_threshold", "novel_release_probability"]
 
 TRUNCATED_GEOMETRIC = "truncated_geometric"
 POST_THRESHOLD = "post_threshold"
@@ -207,7 +207,7 @@ def novel_release_probability(tail: float, max_groups: int) -> float:
 _MARGIN = 1e-9
 
 
-def post_threshold(gaussian: bool, scale: float, granularity: float, max_groups: int, delta_e: float) -> float:
+def count_threshold(gaussian: bool, scale: float, granularity: float, max_groups: int, delta_e: float) -> float:
     """The least ``tau = 1 + g m`` (``m >= 0`` whole) with ``1 - (1 - P[Z >= g m])^L0 <= (1 - 10^-9) delta_e``.
 
     A group only the added user holds has count 1 and is released iff ``1 + Z >= tau``, i.e. ``Z >= g m``.

@@ -688,11 +688,13 @@ def _group_by_median_case(mech: DeclaredMechanism, name: str, note: str, users: 
 
 def _group_by_selection_case(mech: DeclaredMechanism, name: str, note: str, selection: str,
                               max_groups: int) -> ReplicaCase:
-    """Replicas of dp_group_by's own selection rules (``selection``: 'truncated_geometric' or 'post_threshold') at
-    ``max_groups`` L0: n users hold the L0 groups the added user holds; the statistic is how many of them are
-    released. Truncated geometric: n where the keep probability is in [1e-4, 0.999], claim the selection's
-    ``(epsilon split, delta split)`` (the released set is a function of the selection alone); post_threshold: n
-    around its threshold, claim the release's (epsilon, delta) (its set is a function of the noisy counts)."""
+    """Replicas of one of dp_group_by's own selection rules (``selection``, as the declaration's AuditCase passes
+    it; the rules of :mod:`dpsql.groupby.selection`) at ``max_groups`` L0: n users hold the L0 groups the added
+    user holds; the statistic is how many of them are released. Which rule it is, the calibration says: a coin
+    per group (``selection_group_epsilon`` set): n where the keep probability is in [1e-4, 0.999], claim the
+    selection's ``(epsilon split, delta split)`` (the released set is a function of the selection alone); a
+    threshold on the noisy count (``selection_threshold`` set): n around the threshold, claim the release's
+    (epsilon, delta) (its set is a function of the noisy counts)."""
     from dpsql.groupby import calibration as gbc, selection as rules
 
     def cal(e: float, d: float):
@@ -701,11 +703,12 @@ def _group_by_selection_case(mech: DeclaredMechanism, name: str, note: str, sele
 
     def claim(e: float, d: float) -> tuple[float, float]:
         c = cal(e, d)
-        return (c.selection_epsilon, c.selection_delta) if selection == rules.TRUNCATED_GEOMETRIC else (e, d)
+        return (c.selection_epsilon, c.selection_delta) if c.selection_group_epsilon is not None else (e, d)
 
     def pairs(e: float, d: float) -> list[Pair]:
         c = cal(e, d)
-        if selection == rules.TRUNCATED_GEOMETRIC:
+        if c.selection_group_epsilon is not None:
+            assert c.selection_group_delta is not None
             p = rules.keep_probabilities(c.selection_group_epsilon, c.selection_group_delta)
             ns = [n - 1 for n in range(1, len(p)) if 1e-4 <= p[n] <= 0.999]
             ns = [ns[i] for i in sorted({round(j * (len(ns) - 1) / 11) for j in range(12)})]  # <= 12, spread

@@ -152,6 +152,104 @@ SELECT item,
        lower + median_j * median_step AS median, median_scale, median_ci
 FROM query_table(noisy) CROSS JOIN query_table(cal);
 
+-- The rows (user_id, item, v) of a release: dp__user_item_value_rows, or dp__group_key_value_rows with
+-- group_cols, rendered as text (dpsql.groupby.rows_sql) while binding and run through query(); the
+-- getvariable() makes the binder refuse a non-constant parameter first (as in the bodies below).
+CREATE OR REPLACE TEMP MACRO dp__group_by_value_rows(tbl, value_col, user_col, item_col, group_cols) AS TABLE
+FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'value_col': value_col, 'user_col': user_col,
+                     'item_col': item_col, 'group_cols': group_cols}::VARCHAR) IS NULL OR true
+                THEN dp__group_by_rows_sql(tbl, value_col, user_col, item_col, group_cols) END);
+
+-- The median of each group of `groups` (column item): the exponential mechanism over the grid points of
+-- dp__median_utility on the cells `kept` and the calibration `cal`, sampled as argmax u(j) + Gumbel(2/eps0)
+-- (the Gumbel-max form of exp(eps0 u / 2); float Gumbel noise only decides the argmax, never a released number).
+CREATE OR REPLACE TEMP MACRO dp__group_by_median(kept, groups, cal) AS TABLE
+SELECT item, arg_max(j, u + dp_gumbel_noise(c.median_scale)) AS median_j
+FROM dp__median_utility(kept, groups, cal) CROSS JOIN query_table(cal) AS c
+GROUP BY item;
+
+-- The aggregate step of both bodies, given the groups (public from here on): each user's cells capped,
+-- the exact measurements, their noise, the median, then the released columns with each group's labels.
+-- Relation parameters, the names of the caller's CTEs: `value_rows` (user_id, item, v: the release's
+-- dp__group_by_value_rows, one CTE so that DuckDB binds its query once), and MATERIALIZED ones, each
+-- evaluated once per release however often it is read here: `groups` (item, n_selected: the noisy count that
+-- selected the group, post_threshold's, else NULL), `cal` (the one-row calibration, dpsql.groupby._cal_row),
+-- `salt` (s: the release's one cap salt, which dp_group_by's post_threshold cap shares). The groups'
+-- columns are read from `labels_tbl` (the public list, else the private table).
+CREATE OR REPLACE TEMP MACRO dp__group_by_aggregates(value_rows, groups, cal, salt, labels_tbl, group_cols,
+        aggregates, max_items, max_groups) AS TABLE
+-- Per (user, group of the selection): the user's total of the group's values and its number of rows.
+WITH dp__totals AS (
+    SELECT r.user_id, r.item, sum(r.v) AS v, count(*) AS r
+    FROM query_table(value_rows) AS r
+    SEMI JOIN query_table(groups) AS s ON r.item = s.item
+    GROUP BY r.user_id, r.item),
+-- Each user keeps at most max_groups of its selected groups (NULL: max_items), the first by a salted
+-- hash of the user's own rows (as dp__capped_user_items): the aggregates' own cap, separate from the
+-- selection's.
+-- dpsql:portable dp__kept
+dp__kept AS (
+    SELECT user_id, item, v, r FROM dp__totals CROSS JOIN query_table(salt)
+    QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s)))
+            <= coalesce(max_groups, max_items)),
+-- Per group: n kept users; n_rows = sum of min(rows, max_rows); the value x = clamp(coalesce(total, 0),
+-- lower, upper) of every kept user, rounded to each measurement's grid, so every sum is an exact integer
+-- number of steps (no floating-point rounding that depends on the order of summation): s_steps = sum of
+-- x / g_s, q_steps = sum of (x - centre)^2 / g_q. A NULL total adds NULL (skipped, as SQL's SUM) to
+-- s_steps when 0 is within the bounds, where it would add 0 anyway.
+-- dpsql:portable dp__stats
+dp__stats AS MATERIALIZED (
+    SELECT item, count(*) AS n,
+           sum(least(r, dp__cal.max_rows))::BIGINT AS n_rows,
+           sum(CASE WHEN v IS NOT NULL OR NOT (dp__cal.lower <= 0 AND dp__cal.upper >= 0)
+                    THEN round(greatest(dp__cal.lower, least(dp__cal.upper, coalesce(v, 0.0)))
+                               / dp__cal.sum_granularity)::BIGINT END) AS s_steps,
+           sum(round(pow(greatest(dp__cal.lower, least(dp__cal.upper, coalesce(v, 0.0))) - dp__cal.centre, 2)
+                     / dp__cal.sumsq_granularity)::BIGINT) AS q_steps
+    FROM dp__kept CROSS JOIN query_table(cal) AS dp__cal
+    GROUP BY item),
+-- The median, only when requested (dp__group_by_median): its text is chosen while binding
+-- (dpsql.groupby.median_sql), so a release without a median neither binds nor plans its grid and windows.
+dp__median AS MATERIALIZED (
+    FROM query(CASE WHEN getvariable('dp__bind:' || {'aggregates': aggregates, 'groups': groups,
+                                                     'cal': cal}::VARCHAR) IS NULL OR true
+                    THEN dp__group_by_median_sql(aggregates, 'dp__kept', groups, cal) END)),
+-- The exact measurements of every group (also those no kept user holds), sorted by group: the noise then
+-- meets the groups in that order, whatever the join's plan (a seeded release is reproducible).
+dp__joined AS MATERIALIZED (
+    SELECT d.item, d.n_selected, t.n, t.n_rows, t.s_steps, t.q_steps
+    FROM query_table(groups) AS d LEFT JOIN dp__stats AS t ON d.item = t.item
+    ORDER BY d.item),
+-- Noise on every group of the selection. Sums are clamped to +-2^50 steps (1-Lipschitz, so the
+-- sensitivity holds) so that sum + noise stays an exact multiple of g in a double (no error after the
+-- charge). post_threshold's released count is the noisy count that selected the group (n_selected), not a
+-- new draw. The median joins afterwards (dp__measured).
+dp__noisy AS MATERIALIZED (
+    SELECT t.item,
+           CASE WHEN t.n_selected IS NOT NULL THEN t.n_selected
+                WHEN c.count_scale IS NOT NULL
+                THEN coalesce(t.n, 0) + dp__group_by_noise(c.gaussian, c.count_scale, c.count_granularity) END AS n_noisy,
+           CASE WHEN c.rows_scale IS NOT NULL
+                THEN coalesce(t.n_rows, 0) + dp__group_by_noise(c.gaussian, c.rows_scale, c.rows_granularity) END AS r_noisy,
+           CASE WHEN c.sum_scale IS NOT NULL
+                THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.s_steps, 0)))::DOUBLE * c.sum_granularity
+                     + dp__group_by_noise(c.gaussian, c.sum_scale, c.sum_granularity) END AS s_noisy,
+           CASE WHEN c.sumsq_scale IS NOT NULL
+                THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.q_steps, 0)))::DOUBLE * c.sumsq_granularity
+                     + dp__group_by_noise(c.gaussian, c.sumsq_scale, c.sumsq_granularity) END AS q_noisy
+    FROM dp__joined AS t CROSS JOIN query_table(cal) AS c),
+dp__measured AS (SELECT n.*, m.median_j FROM dp__noisy AS n LEFT JOIN dp__median AS m ON n.item = m.item),
+-- The group's columns of each released key (dp__key): `item`, or the group_cols columns, read from
+-- labels_tbl. They come first in the output (the release's ORDER BY ALL sorts by the group).
+dp__labels AS MATERIALIZED (
+    FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': labels_tbl, 'group_cols': group_cols,
+                                                     'groups': groups}::VARCHAR) IS NULL OR true
+                    THEN dp__group_by_labels_sql(labels_tbl, group_cols, groups) END))
+SELECT * EXCLUDE (dp__key)
+FROM dp__labels
+JOIN (SELECT item AS dp__key, COLUMNS(lambda c: list_contains(aggregates, split_part(c, '_', 1)))
+      FROM dp__group_by_output('dp__measured', cal)) USING (dp__key);
+
 -- dpsql:body dp__body_group_by
 -- Selection: the set-union method's body (or, with pre_threshold > 1, dp__group_by_pre_selection) at the
 -- calibration's (selection_epsilon, selection_delta), inside this release (its wrapper charges the total
@@ -163,7 +261,7 @@ FROM query_table(noisy) CROSS JOIN query_table(cal);
 -- CTE of that text. With a public items_tbl there is no selection: the groups are its rows
 -- (dpsql.groupby.public_items_sql, as dp_group_by_public's). With selection := 'post_threshold' the text
 -- selects nothing: the groups are those whose noisy count passes the threshold (dp__post_threshold below;
--- docs/proofs/post_threshold.md).
+-- docs/proofs/post_threshold.md). Then the aggregate step, dp__group_by_aggregates.
 WITH dp__rendered AS MATERIALIZED (
     FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'epsilon': epsilon, 'delta': delta,
                          'max_items': max_items, 'aggregates': aggregates, 'value_col': value_col, 'lower': lower,
@@ -183,16 +281,12 @@ dp__cal AS MATERIALIZED (
                                            max_groups, max_rows, selection, split, pre_threshold, confidence,
                                            group_cols, items_tbl, user_col, item_col, k.n))
     FROM (SELECT count(*) AS n FROM dp__rendered) AS k),
--- The rows (user_id, item, v): dp__user_item_value_rows, or dp__group_key_value_rows with group_cols.
-dp__user_item_value_rows AS (
-    FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'value_col': value_col, 'user_col': user_col,
-                         'item_col': item_col, 'group_cols': group_cols}::VARCHAR) IS NULL OR true
-                    THEN dp__group_by_rows_sql(tbl, value_col, user_col, item_col, group_cols) END)),
--- post_threshold (docs/proofs/post_threshold.md): each user keeps at most max_groups of ALL its groups (the
--- salted hash of dp__kept below, the same salt), n = the kept users per group; the noisy count n + Z of every
--- such group, in group order (reproducible when seeded); a group is released iff it is >= the calibration's
--- threshold, with that same noisy count as its count. Empty unless selection = 'post_threshold'.
+dp__user_item_value_rows AS (FROM dp__group_by_value_rows(tbl, value_col, user_col, item_col, group_cols)),
 dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
+-- post_threshold (docs/proofs/post_threshold.md): each user keeps at most max_groups of ALL its groups (the
+-- salted hash of dp__group_by_aggregates's cap, the same salt), n = the kept users per group; the noisy count
+-- n + Z of every such group, in group order (reproducible when seeded); a group is released iff it is >= the
+-- calibration's threshold, with that same noisy count as its count. Empty unless selection = 'post_threshold'.
 dp__post_threshold AS MATERIALIZED (
     SELECT t.item, t.n + dp__group_by_noise(c.gaussian, c.count_scale, c.count_granularity) AS n_noisy
     FROM (SELECT item, count(*) AS n
@@ -205,86 +299,18 @@ dp__selected AS MATERIALIZED (
     SELECT item, NULL::DOUBLE AS n_selected FROM dp__rendered
     UNION ALL
     SELECT p.item, p.n_noisy FROM dp__post_threshold AS p CROSS JOIN dp__cal AS c
-    WHERE p.n_noisy >= c.selection_threshold),
--- Per (user, group of the selection): the user's total of the group's values and its number of rows.
-dp__totals AS (
-    SELECT r.user_id, r.item, sum(r.v) AS v, count(*) AS r
-    FROM dp__user_item_value_rows AS r
-    SEMI JOIN dp__selected AS s ON r.item = s.item
-    GROUP BY r.user_id, r.item),
--- Each user keeps at most max_groups of its selected groups (NULL: max_items), the first by a salted
--- hash of the user's own rows (as dp__capped_user_items): the aggregates' own cap, separate from the
--- selection's.
--- dpsql:portable dp__kept
-dp__kept AS (
-    SELECT user_id, item, v, r FROM dp__totals CROSS JOIN dp__salt
-    QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s)))
-            <= coalesce(max_groups, max_items)),
--- Per group: n kept users; n_rows = sum of min(rows, max_rows); the value x = clamp(coalesce(total, 0),
--- lower, upper) of every kept user, rounded to each measurement's grid, so every sum is an exact integer
--- number of steps (no floating-point rounding that depends on the order of summation): s_steps = sum of
--- x / g_s, q_steps = sum of (x - centre)^2 / g_q. A NULL total adds NULL (skipped, as SQL's SUM) to
--- s_steps when 0 is within the bounds, where it would add 0 anyway.
--- dpsql:portable dp__stats
-dp__stats AS MATERIALIZED (
-    SELECT item, count(*) AS n,
-           sum(least(r, dp__cal.max_rows))::BIGINT AS n_rows,
-           sum(CASE WHEN v IS NOT NULL OR NOT (dp__cal.lower <= 0 AND dp__cal.upper >= 0)
-                    THEN round(greatest(dp__cal.lower, least(dp__cal.upper, coalesce(v, 0.0)))
-                               / dp__cal.sum_granularity)::BIGINT END) AS s_steps,
-           sum(round(pow(greatest(dp__cal.lower, least(dp__cal.upper, coalesce(v, 0.0))) - dp__cal.centre, 2)
-                     / dp__cal.sumsq_granularity)::BIGINT) AS q_steps
-    FROM dp__kept CROSS JOIN dp__cal
-    GROUP BY item),
--- The median (only when requested): the exponential mechanism over the grid points of dp__median_utility,
--- sampled as argmax u(j) + Gumbel(2/eps0) (the Gumbel-max form of exp(eps0 u / 2); float Gumbel noise
--- only decides the argmax, never a released number).
-dp__median AS MATERIALIZED (
-    SELECT item, arg_max(j, u + dp_gumbel_noise(c.median_scale)) AS median_j
-    FROM dp__median_utility('dp__kept', 'dp__selected', 'dp__cal') CROSS JOIN dp__cal AS c
-    GROUP BY item),
--- Noise on every group of the selection (also those no kept user holds). Sums are clamped to +-2^50
--- steps (1-Lipschitz, so the sensitivity holds) so that sum + noise stays an exact multiple of g in a
--- double (no error after the charge). The median joins afterwards (dp__measured).
--- The exact measurements of every group (also those no kept user holds), sorted by group: the noise then
--- meets the groups in that order, whatever the join's plan (a seeded release is reproducible).
-dp__joined AS MATERIALIZED (
-    SELECT d.item, d.n_selected, t.n, t.n_rows, t.s_steps, t.q_steps
-    FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item
-    ORDER BY d.item),
--- post_threshold's released count is the noisy count that selected the group (n_selected), not a new draw.
-dp__noisy AS MATERIALIZED (
-    SELECT t.item,
-           CASE WHEN t.n_selected IS NOT NULL THEN t.n_selected
-                WHEN c.count_scale IS NOT NULL
-                THEN coalesce(t.n, 0) + dp__group_by_noise(c.gaussian, c.count_scale, c.count_granularity) END AS n_noisy,
-           CASE WHEN c.rows_scale IS NOT NULL
-                THEN coalesce(t.n_rows, 0) + dp__group_by_noise(c.gaussian, c.rows_scale, c.rows_granularity) END AS r_noisy,
-           CASE WHEN c.sum_scale IS NOT NULL
-                THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.s_steps, 0)))::DOUBLE * c.sum_granularity
-                     + dp__group_by_noise(c.gaussian, c.sum_scale, c.sum_granularity) END AS s_noisy,
-           CASE WHEN c.sumsq_scale IS NOT NULL
-                THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.q_steps, 0)))::DOUBLE * c.sumsq_granularity
-                     + dp__group_by_noise(c.gaussian, c.sumsq_scale, c.sumsq_granularity) END AS q_noisy
-    FROM dp__joined AS t CROSS JOIN dp__cal AS c),
-dp__measured AS (SELECT n.*, m.median_j FROM dp__noisy AS n LEFT JOIN dp__median AS m ON n.item = m.item),
--- The group's columns of each released key (dp__key): `item`, or the group_cols columns, read from the public
--- list if there is one. They come first in the output (the release's ORDER BY ALL sorts by the group).
-dp__labels AS MATERIALIZED (
-    FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'items_tbl': items_tbl,
-                                                     'group_cols': group_cols}::VARCHAR) IS NULL OR true
-                    THEN dp__group_by_labels_sql(coalesce(items_tbl, tbl), group_cols) END))
-SELECT * EXCLUDE (dp__key)
-FROM dp__labels
-JOIN (SELECT item AS dp__key, COLUMNS(lambda c: list_contains(aggregates, split_part(c, '_', 1)))
-      FROM dp__group_by_output('dp__measured', 'dp__cal')) USING (dp__key);
+    WHERE p.n_noisy >= c.selection_threshold)
+FROM dp__group_by_aggregates('dp__user_item_value_rows', 'dp__selected', 'dp__cal', 'dp__salt',
+                             coalesce(items_tbl, tbl), group_cols, aggregates, max_items, max_groups);
 
 -- dpsql:body dp__body_group_by_public
 -- The public domain: the distinct groups of items_tbl (public: its errors may name values), as item_col's
 -- canonical values, or as the keys of group_cols (dp__group_by_public_items_sql). The public and the
 -- private columns must have one type each (dp__check_same_type): DuckDB's join would otherwise cast the
 -- private items and quote one it cannot convert, and a key of another type would not meet its group.
+-- No selection, so no selecting count (n_selected NULL). Then the aggregate step, dp__group_by_aggregates.
 WITH dp__selected AS MATERIALIZED (
+    SELECT item, NULL::DOUBLE AS n_selected
     FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'items_tbl': items_tbl, 'item_col': item_col,
                          'group_cols': group_cols}::VARCHAR) IS NULL OR true
                     THEN dp__group_by_public_items_sql(tbl, items_tbl, item_col, group_cols) END)),
@@ -293,59 +319,7 @@ dp__cal AS MATERIALIZED (
                                                   max_groups, max_rows, confidence, group_cols, user_col,
                                                   item_col, k.n))
     FROM (SELECT count(*) AS n FROM dp__selected) AS k),
-dp__user_item_value_rows AS (
-    FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'value_col': value_col, 'user_col': user_col,
-                         'item_col': item_col, 'group_cols': group_cols}::VARCHAR) IS NULL OR true
-                    THEN dp__group_by_rows_sql(tbl, value_col, user_col, item_col, group_cols) END)),
-dp__totals AS (
-    SELECT r.user_id, r.item, sum(r.v) AS v, count(*) AS r
-    FROM dp__user_item_value_rows AS r
-    SEMI JOIN dp__selected AS s ON r.item = s.item
-    GROUP BY r.user_id, r.item),
-dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
-dp__kept AS (
-    SELECT user_id, item, v, r FROM dp__totals CROSS JOIN dp__salt
-    QUALIFY row_number() OVER (PARTITION BY user_id ORDER BY hash(xor(hash(user_id, item), s)))
-            <= coalesce(max_groups, max_items)),
-dp__stats AS MATERIALIZED (
-    SELECT item, count(*) AS n,
-           sum(least(r, dp__cal.max_rows))::BIGINT AS n_rows,
-           sum(CASE WHEN v IS NOT NULL OR NOT (dp__cal.lower <= 0 AND dp__cal.upper >= 0)
-                    THEN round(greatest(dp__cal.lower, least(dp__cal.upper, coalesce(v, 0.0)))
-                               / dp__cal.sum_granularity)::BIGINT END) AS s_steps,
-           sum(round(pow(greatest(dp__cal.lower, least(dp__cal.upper, coalesce(v, 0.0))) - dp__cal.centre, 2)
-                     / dp__cal.sumsq_granularity)::BIGINT) AS q_steps
-    FROM dp__kept CROSS JOIN dp__cal
-    GROUP BY item),
-dp__median AS MATERIALIZED (
-    SELECT item, arg_max(j, u + dp_gumbel_noise(c.median_scale)) AS median_j
-    FROM dp__median_utility('dp__kept', 'dp__selected', 'dp__cal') CROSS JOIN dp__cal AS c
-    GROUP BY item),
--- The exact measurements of every group (also those no kept user holds), sorted by group: the noise then
--- meets the groups in that order, whatever the join's plan (a seeded release is reproducible).
-dp__joined AS MATERIALIZED (
-    SELECT d.item, t.n, t.n_rows, t.s_steps, t.q_steps
-    FROM dp__selected AS d LEFT JOIN dp__stats AS t ON d.item = t.item
-    ORDER BY d.item),
-dp__noisy AS MATERIALIZED (
-    SELECT t.item,
-           CASE WHEN c.count_scale IS NOT NULL
-                THEN coalesce(t.n, 0) + dp__group_by_noise(c.gaussian, c.count_scale, c.count_granularity) END AS n_noisy,
-           CASE WHEN c.rows_scale IS NOT NULL
-                THEN coalesce(t.n_rows, 0) + dp__group_by_noise(c.gaussian, c.rows_scale, c.rows_granularity) END AS r_noisy,
-           CASE WHEN c.sum_scale IS NOT NULL
-                THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.s_steps, 0)))::DOUBLE * c.sum_granularity
-                     + dp__group_by_noise(c.gaussian, c.sum_scale, c.sum_granularity) END AS s_noisy,
-           CASE WHEN c.sumsq_scale IS NOT NULL
-                THEN greatest(-c.sum_limit, least(c.sum_limit, coalesce(t.q_steps, 0)))::DOUBLE * c.sumsq_granularity
-                     + dp__group_by_noise(c.gaussian, c.sumsq_scale, c.sumsq_granularity) END AS q_noisy
-    FROM dp__joined AS t CROSS JOIN dp__cal AS c),
-dp__measured AS (SELECT n.*, m.median_j FROM dp__noisy AS n LEFT JOIN dp__median AS m ON n.item = m.item),
--- The group's columns of each key (dp__key): `item`, or the group_cols columns read from the public table.
-dp__labels AS MATERIALIZED (
-    FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': items_tbl, 'group_cols': group_cols}::VARCHAR) IS NULL OR true
-                    THEN dp__group_by_labels_sql(items_tbl, group_cols) END))
-SELECT * EXCLUDE (dp__key)
-FROM dp__labels
-JOIN (SELECT item AS dp__key, COLUMNS(lambda c: list_contains(aggregates, split_part(c, '_', 1)))
-      FROM dp__group_by_output('dp__measured', 'dp__cal')) USING (dp__key);
+dp__user_item_value_rows AS (FROM dp__group_by_value_rows(tbl, value_col, user_col, item_col, group_cols)),
+dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s)
+FROM dp__group_by_aggregates('dp__user_item_value_rows', 'dp__selected', 'dp__cal', 'dp__salt', items_tbl,
+                             group_cols, aggregates, max_items, max_groups);

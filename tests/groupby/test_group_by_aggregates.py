@@ -206,7 +206,8 @@ def test_a_public_list_of_several_columns_gets_a_row_per_listed_group():
 
 
 def _stats(con, rows, groups, cal, salt: int) -> dict:
-    """The measurement vectors (n, n_rows, s_steps, q_steps) of the shipped stage dp__stats of dp_group_by on
+    """The measurement vectors (n, n_rows, s_steps, q_steps) of the shipped stage dp__stats of dp_group_by (its
+    aggregate step dp__group_by_aggregates, which dp_group_by_public shares) on
     ``rows`` (user, group, value) for the public ``groups``, with the cap's salt fixed: the stage's SQL
     (translated to DuckDB's dialect, DuckDB's 64-bit hash for the cap). The translation needs sqlglot (the spark
     extra): without it the full install's run covers this test."""
@@ -222,8 +223,8 @@ def _stats(con, rows, groups, cal, salt: int) -> dict:
     con.execute("CREATE OR REPLACE TABLE r_cal AS SELECT " + ", ".join(
         f"{'NULL' if row[k] is None else repr(float(row[k]))}::DOUBLE AS {k}"
         for k in ("lower", "upper", "centre", "max_rows", "sum_granularity", "sumsq_granularity")))
-    sql = portable.stage_sql("dp__body_group_by", {"dp__user_item_value_rows": "r_rows", "dp__selected": "r_sel",
-                                                  "dp__salt": "r_salt", "dp__cal": "r_cal"},
+    sql = portable.stage_sql("dp__group_by_aggregates", {"value_rows": "r_rows", "groups": "r_sel",
+                                                        "salt": "r_salt", "cal": "r_cal"},
                              {"max_items": cal.max_groups, "max_groups": cal.max_groups}, output="dp__stats",
                              dialect="duckdb").replace("XXHASH64(", "hash(")
     got = {r[0]: r[1:] for r in con.execute(sql).fetchall()}
