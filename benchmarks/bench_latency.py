@@ -88,7 +88,8 @@ def measure(rows: int, reps: int, method: str = "weighted_gaussian") -> dict:
             run()
             runs[name].append((time.perf_counter() - t0) * 1000)
     con.close()
-    result = {"rows": rows, "reps": reps, "load": [min(loads), max(loads)], "first_ms": _first_release(rows, _sql(method))}
+    result = {"rows": rows, "reps": reps, "load": [min(loads), max(loads)],
+              "first_ms": _first_release(rows, _sql(method))}
     for name, times in runs.items():
         result[name] = {"median_ms": statistics.median(times), "min_ms": min(times)}
     return result
@@ -103,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     args = ap.parse_args(argv)
     if not args.json:
-        print(f"| rows | floor median (min) ms | {args.method} SQL median (min) ms | {args.method} dpsql.set_union median (min) ms "
-              "| first release in a fresh process ms | load |")
+        print(f"| rows | floor median (min) ms | {args.method} SQL median (min) ms "
+              f"| {args.method} dpsql.set_union median (min) ms | first release in a fresh process ms | load |")
         print("|---:|---:|---:|---:|---:|---|")
     for rows in args.rows:
         r = measure(rows, args.reps, args.method)
