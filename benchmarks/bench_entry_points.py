@@ -80,7 +80,7 @@ def selected(only: list[str] | None) -> list[str]:
     base = {**{n: b for n, (_, b) in SQL_CASES.items()}, **PY_CASES}
     keep = {n for n in names if any(o in n for o in only)}
     while True:  # a ratio needs its reference case, and the reference's own reference
-        more = {base[n] for n in keep if base.get(n)} - keep
+        more = {b for n in keep if (b := base.get(n)) is not None} - keep
         if not more:
             break
         keep |= more
