@@ -17,6 +17,7 @@ thread included: less sensitive to other processes than wall time) in millisecon
 medians to the macro the entry point runs; then the 1-minute load average seen during the rounds.
 
     python benchmarks/bench_entry_points.py --rows 5000 --reps 15
+    python benchmarks/bench_entry_points.py --only sips_cumulative "default method"   # the default method's cases
 
 The script uses only public functions, so the same file measures an older checkout of dpsql (put that
 checkout first on PYTHONPATH) for before/after comparisons.
@@ -71,7 +72,22 @@ def cases(con) -> dict[str, Callable[[], object]]:
     return run
 
 
-def measure(rows: int, reps: int) -> dict:
+def selected(only: list[str] | None) -> list[str]:
+    """The cases whose name contains one of ``only`` (all if None), with the macros they are compared with."""
+    names = list(SQL_CASES) + list(PY_CASES)
+    if not only:
+        return names
+    base = {**{n: b for n, (_, b) in SQL_CASES.items()}, **PY_CASES}
+    keep = {n for n in names if any(o in n for o in only)}
+    while True:  # a ratio needs its reference case, and the reference's own reference
+        more = {b for n in keep if (b := base.get(n)) is not None} - keep
+        if not more:
+            break
+        keep |= more
+    return [n for n in names if n in keep]
+
+
+def measure(rows: int, reps: int, only: list[str] | None = None) -> dict:
     import dpsql
     import zipf_data
 
@@ -81,7 +97,7 @@ def measure(rows: int, reps: int) -> dict:
     zipf_data.generate(con, "t", rows)
     con.execute("SELECT 1").fetchall()  # finish the generator's result
     run = cases(con)
-    names = list(run)
+    names = selected(only)
     for name in names:  # warm-up: plans, caches, the calibrations' lru_caches
         run[name]()
     wall: dict[str, list[float]] = {n: [] for n in names}
@@ -110,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=5_000)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--only", nargs="+", metavar="NAME",
+                    help="only the cases whose name contains one of these (and the macros they are compared with)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args(argv)
-    r = measure(args.rows, args.reps)
+    r = measure(args.rows, args.reps, args.only)
     if args.json:
         print(json.dumps(r))
         return 0

@@ -99,10 +99,14 @@ FROM query_table(rows_rel) AS dp__scf_rows JOIN dp__sips_cumulative_tilt(z_rel, 
 -- refuses 2^32 capped rows or more before anything is released); released items are mapped back
 -- through round one's ids. The running sums never leave the query: only released items do. The
 -- default split is seven rounds, each 1.6 times the one before (dpsql.union.cumulative.DEFAULT_SPLIT).
+-- The calibration row is stored once and the calibration UDF called once: every round reads it several
+-- times, and an inlined unnest(<struct UDF>) costs each reader a copy (a call per field, an unnest to
+-- bind and plan), a large part of a small release (benchmarks/README.md, "Release latency on small tables").
 -- dpsql:body dp__body_set_union_sips_cumulative
-WITH dp__sc_cal AS (
-    SELECT unnest(dp__sips_cumulative_calibration(epsilon, delta, max_items, split, drop_margin, max_boost, tilt,
-                                                  user_col, item_col))),
+WITH dp__sc_cal AS MATERIALIZED (
+    SELECT unnest(dp__c)
+    FROM (SELECT dp__sips_cumulative_calibration(epsilon, delta, max_items, split, drop_margin, max_boost, tilt,
+                                                 user_col, item_col) AS dp__c)),
 dp__sc_rows AS MATERIALIZED (
     SELECT user_id, item
     FROM dp__capped_user_items_window(tbl, max_items := max_items, user_col := user_col, item_col := item_col)),
