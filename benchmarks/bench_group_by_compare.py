@@ -18,8 +18,9 @@ at the same (epsilon, delta) and the same contribution bounds: each user counts 
   ``MaxRowsPerGroupPerID('item', 1)`` at (epsilon/2, 0) (Laplace).
 * ``opendp``: OpenDP's Polars front end, ``Context.compositor`` with ``unit_of(contributions=1,
   identifier=user_id)``, ``loss_of(epsilon, delta)``, one query: ``truncate_per_group(1)``,
-  ``truncate_num_groups(L0)``, ``group_by('item').agg(dp.len())`` with no keys (the keys are released by
-  a threshold on the same noisy count that is published).
+  ``truncate_num_groups(L0, keep='first')``, ``group_by('item').agg(dp.len())`` with no keys (the keys
+  are released by a threshold on the same noisy count that is published). In opendp 0.16.0 that
+  truncation keeps each user's alphabetically first ``L0 - 1`` items (none at ``L0 = 1``).
 * ``smartnoise``: SmartNoise SQL over pandas, ``SELECT item, COUNT(DISTINCT user_id) ... GROUP BY item``
   with ``max_ids = L0``, ``censor_dims`` (its thresholding), ``Privacy(epsilon', delta)`` where epsilon' is
   set so that the reader's own ``get_privacy_cost`` of the query equals (epsilon, delta).
@@ -153,9 +154,11 @@ def run_opendp(path: Path, pairs: Pairs, eps: float, delta: float, l0: int) -> N
     import polars as pl
 
     dp.enable_features("contrib")
-    # truncate_num_groups(keep='sample') fails in this polars ("multiple fields with name 'item'"), and
-    # keep='first' on the file's (user, item) order would keep each user's alphabetically first items:
-    # a uniform permutation of the rows (independent of the data) first makes 'first' a uniform sample.
+    # truncate_num_groups(keep='sample') fails in this polars ("multiple fields with name 'item'"), so
+    # keep='first'. In opendp 0.16.0 that is filter(struct(item).rank('dense').over(user_id) < L0): each
+    # user keeps its alphabetically first items (by value, not row order: the shuffle below changes
+    # nothing), and, polars' dense ranks starting at 1, only L0 - 1 of them (none at L0 = 1) while the
+    # noise is calibrated to L0. Measured as the library does it; benchmarks/README.md states it.
     rows = pl.read_parquet(path, columns=["user_id", "item"]).sample(fraction=1.0, shuffle=True)
     context = dp.Context.compositor(
         data=rows.lazy(),
