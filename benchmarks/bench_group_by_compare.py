@@ -58,8 +58,8 @@ HERE = Path(__file__).resolve().parent
 DATASETS = ("reddit_askreddit_1pct/unigrams", "reddit_askreddit_1pct/bigrams", "health_news_tweets/tweet_tokens",
             "debian_bookworm_descriptions/package_description_tokens")
 SETTINGS = ("1:1e-5", f"3:{math.exp(-10)!r}")
-ENGINES = ("dpsql", "dpsql_laplace", "dpsql_truncated_geometric", "pipeline_dp_laplace", "pipeline_dp_gaussian", "tumult", "opendp",
-           "smartnoise")
+ENGINES = ("dpsql", "dpsql_laplace", "dpsql_truncated_geometric", "pipeline_dp_laplace", "pipeline_dp_gaussian",
+           "tumult", "opendp", "smartnoise")
 
 Pairs = Tuple[List[str], List[str]]  # user ids, items (one entry per distinct pair)
 Noisy = Dict[str, float]
