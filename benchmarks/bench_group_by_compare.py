@@ -7,7 +7,9 @@ at the same (epsilon, delta) and the same contribution bounds: each user counts 
 
 * ``dpsql``: ``dpsql.group_by(con, t, epsilon, delta, max_items=L0)``, every default (selection by the
   project's default set-union method at (epsilon/2, delta), the count with Gaussian noise, composed with
-  the selection by zCDP); ``dpsql_laplace``: the same with ``noise='laplace'``.
+  the selection by zCDP); ``dpsql_laplace``: the same with ``noise='laplace'``;
+  ``dpsql_truncated_geometric``: the same with ``selection='truncated_geometric'`` (dpsql's per-group
+  coin, the rule PipelineDP uses by default).
 * ``pipeline_dp_laplace`` / ``pipeline_dp_gaussian``: PipelineDP ``DPEngine.aggregate`` with
   ``PRIVACY_ID_COUNT``, private partition selection (its default strategy, ``TRUNCATED_GEOMETRIC``),
   ``max_partitions_contributed = L0``, ``max_contributions_per_partition = 1``,
@@ -18,8 +20,9 @@ at the same (epsilon, delta) and the same contribution bounds: each user counts 
   ``MaxRowsPerGroupPerID('item', 1)`` at (epsilon/2, 0) (Laplace).
 * ``opendp``: OpenDP's Polars front end, ``Context.compositor`` with ``unit_of(contributions=1,
   identifier=user_id)``, ``loss_of(epsilon, delta)``, one query: ``truncate_per_group(1)``,
-  ``truncate_num_groups(L0)``, ``group_by('item').agg(dp.len())`` with no keys (the keys are released by
-  a threshold on the same noisy count that is published).
+  ``truncate_num_groups(L0, keep='first')``, ``group_by('item').agg(dp.len())`` with no keys (the keys
+  are released by a threshold on the same noisy count that is published). In opendp 0.16.0 that
+  truncation keeps each user's alphabetically first ``L0 - 1`` items (none at ``L0 = 1``).
 * ``smartnoise``: SmartNoise SQL over pandas, ``SELECT item, COUNT(DISTINCT user_id) ... GROUP BY item``
   with ``max_ids = L0``, ``censor_dims`` (its thresholding), ``Privacy(epsilon', delta)`` where epsilon' is
   set so that the reader's own ``get_privacy_cost`` of the query equals (epsilon, delta).
@@ -55,8 +58,8 @@ HERE = Path(__file__).resolve().parent
 DATASETS = ("reddit_askreddit_1pct/unigrams", "reddit_askreddit_1pct/bigrams", "health_news_tweets/tweet_tokens",
             "debian_bookworm_descriptions/package_description_tokens")
 SETTINGS = ("1:1e-5", f"3:{math.exp(-10)!r}")
-ENGINES = ("dpsql", "dpsql_laplace", "pipeline_dp_laplace", "pipeline_dp_gaussian", "tumult", "opendp",
-           "smartnoise")
+ENGINES = ("dpsql", "dpsql_laplace", "dpsql_truncated_geometric", "pipeline_dp_laplace", "pipeline_dp_gaussian",
+           "tumult", "opendp", "smartnoise")
 
 Pairs = Tuple[List[str], List[str]]  # user ids, items (one entry per distinct pair)
 Noisy = Dict[str, float]
@@ -81,13 +84,14 @@ def truth_of(items: List[str]) -> Dict[str, int]:
 # ---------------------------------------------------------------- engines: (path, pairs, eps, delta, L0) -> noisy
 
 
-def run_dpsql(path: Path, pairs: Pairs, eps: float, delta: float, l0: int, noise: str | None = None) -> Noisy:
+def run_dpsql(path: Path, pairs: Pairs, eps: float, delta: float, l0: int, noise: str | None = None,
+              **options: Any) -> Noisy:
     import dpsql
 
     con = dpsql.connect()
     con.execute("SET enable_progress_bar = false")
     con.execute(f"CREATE TABLE t AS SELECT user_id, item FROM read_parquet('{path}')")
-    rows = dpsql.group_by(con, "t", epsilon=eps, delta=delta, max_items=l0, noise=noise)
+    rows = dpsql.group_by(con, "t", epsilon=eps, delta=delta, max_items=l0, noise=noise, **options)
     con.close()
     return dict(zip(rows.column("item").to_pylist(), rows.column("count").to_pylist()))
 
@@ -153,9 +157,11 @@ def run_opendp(path: Path, pairs: Pairs, eps: float, delta: float, l0: int) -> N
     import polars as pl
 
     dp.enable_features("contrib")
-    # truncate_num_groups(keep='sample') fails in this polars ("multiple fields with name 'item'"), and
-    # keep='first' on the file's (user, item) order would keep each user's alphabetically first items:
-    # a uniform permutation of the rows (independent of the data) first makes 'first' a uniform sample.
+    # truncate_num_groups(keep='sample') fails in this polars ("multiple fields with name 'item'"), so
+    # keep='first'. In opendp 0.16.0 that is filter(struct(item).rank('dense').over(user_id) < L0): each
+    # user keeps its alphabetically first items (by value, not row order: the shuffle below changes
+    # nothing), and, polars' dense ranks starting at 1, only L0 - 1 of them (none at L0 = 1) while the
+    # noise is calibrated to L0. Measured as the library does it; benchmarks/README.md states it.
     rows = pl.read_parquet(path, columns=["user_id", "item"]).sample(fraction=1.0, shuffle=True)
     context = dp.Context.compositor(
         data=rows.lazy(),
@@ -199,6 +205,7 @@ def run_smartnoise(path: Path, pairs: Pairs, eps: float, delta: float, l0: int) 
 RUNNERS: Dict[str, Callable[[Path, Pairs, float, float, int], Noisy]] = {
     "dpsql": lambda p, d, e, dl, l0: run_dpsql(p, d, e, dl, l0),
     "dpsql_laplace": lambda p, d, e, dl, l0: run_dpsql(p, d, e, dl, l0, noise="laplace"),
+    "dpsql_truncated_geometric": lambda p, d, e, dl, l0: run_dpsql(p, d, e, dl, l0, selection="truncated_geometric"),
     "pipeline_dp_laplace": lambda p, d, e, dl, l0: run_pipeline_dp(p, d, e, dl, l0, "laplace"),
     "pipeline_dp_gaussian": lambda p, d, e, dl, l0: run_pipeline_dp(p, d, e, dl, l0, "gaussian"),
     "tumult": run_tumult,
@@ -211,6 +218,7 @@ def _versions(engine: str) -> Dict[str, str]:
     from importlib import metadata
 
     names = {"dpsql": ["dpsql", "duckdb"], "dpsql_laplace": ["dpsql", "duckdb"],
+             "dpsql_truncated_geometric": ["dpsql", "duckdb"],
              "pipeline_dp_laplace": ["pipeline-dp", "python-dp"], "pipeline_dp_gaussian": ["pipeline-dp", "python-dp"],
              "tumult": ["tmlt.analytics", "tmlt.core", "pyspark"], "opendp": ["opendp", "polars"],
              "smartnoise": ["smartnoise-sql", "pandas"]}[engine]
