@@ -81,3 +81,13 @@ def local_session(app: str, *, worker_python: Optional[str] = None, log_level: s
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(autouse=True)
+def quiet_spark_warnings():
+    """Autouse in every Spark test module that imports it: pyspark's notice about pandas 3 (FutureWarning) and the
+    expected NOT-private warning of seeded releases (UserWarning) are not the tests' subject."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        yield

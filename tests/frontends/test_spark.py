@@ -28,6 +28,7 @@ from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
 from spark_testing import BLOCK, java_or_skip, local_session, need, python_without_dpsql
+from spark_testing import quiet_spark_warnings  # noqa: F401 (autouse: imported, it applies here)
 
 # one SparkSession (one JVM) for the file: its tests stay on one xdist worker
 pytestmark = pytest.mark.xdist_group('spark')
@@ -56,14 +57,6 @@ def spark(tmp_path_factory):
     java_or_skip()
     with local_session("dpsql-tests", worker_python=python_without_dpsql(tmp_path_factory.mktemp("worker"))) as session:
         yield session
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # pyspark's notice about pandas 3
-        warnings.simplefilter("ignore", UserWarning)    # the expected NOT-private warning of seeds
-        yield
 
 
 def zipf_rows(seed: int, n_users=70, n_items=40, max_deg=14, s=1.1):

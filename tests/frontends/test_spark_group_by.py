@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import random
-import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +22,7 @@ from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
 from spark_testing import java_or_skip, local_session, need, python_without_dpsql
+from spark_testing import quiet_spark_warnings  # noqa: F401 (autouse: imported, it applies here)
 
 # one SparkSession (one JVM) at a time beside the other Spark tests
 pytestmark = pytest.mark.xdist_group("spark")
@@ -41,14 +41,6 @@ def spark(tmp_path_factory):
     with local_session("dpsql-group-by-tests",
                        worker_python=python_without_dpsql(tmp_path_factory.mktemp("worker"))) as session:
         yield session
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # pyspark's notice about pandas 3
-        warnings.simplefilter("ignore", UserWarning)    # the expected NOT-private warning of seeds
-        yield
 
 
 # ---------------------------------------------------------------------------

@@ -4,7 +4,6 @@ any Spark job runs, one charge per release (a multi-step release included), noth
 from __future__ import annotations
 
 import random
-import warnings
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,7 +13,7 @@ import dpsql
 from dpsql.core import ledger as L
 from dpsql.core.errors import BudgetExceededError, DPParameterError
 
-from spark_testing import local_session
+from spark_testing import local_session, quiet_spark_warnings  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.xdist_group("spark")  # one JVM at a time beside the other Spark tests
 
@@ -23,14 +22,6 @@ pytestmark = pytest.mark.xdist_group("spark")  # one JVM at a time beside the ot
 def spark():
     with local_session("dpsql-ledger-tests") as session:
         yield session
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", UserWarning)  # the NOT-private warning of seeds
-        yield
 
 
 def _rows(n_users=300, seed=5):

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import math
 import statistics
-import warnings
 
 import pytest
 
 import dpsql
 
-from spark_testing import local_session
+from spark_testing import local_session, quiet_spark_warnings  # noqa: F401 (autouse)
 from conftest import seeded, shared_data_dir
 
 pytestmark = [pytest.mark.xdist_group("spark"), pytest.mark.shared_data, pytest.mark.slow]
@@ -43,14 +42,6 @@ def spark():
         pytest.skip("the real datasets (../shared/data) are not available")
     with local_session("dpsql-parity-tests") as session:
         yield session
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # pyspark's notice about pandas
-        warnings.simplefilter("ignore", UserWarning)    # the expected NOT-private warning of seeds
-        yield
 
 
 def test_spark_default_releases_within_noise_of_duckdbs_default(shared_data, spark):

@@ -4,7 +4,6 @@ failure on an executor is dpsql's InputError, quoting no value of the data, with
 from __future__ import annotations
 
 import random
-import warnings
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,7 +12,7 @@ import pytest
 from dpsql.core import ledger as L
 from dpsql.core.errors import DPParameterError, InputError
 
-from spark_testing import local_session
+from spark_testing import local_session, quiet_spark_warnings  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.xdist_group("spark")  # one JVM at a time beside the other Spark tests
 SECRET = "SECRET_VALUE_7431"  # a value of the data no message may quote
@@ -24,14 +23,6 @@ def spark():
     # the failing tasks' logs would quote the data
     with local_session("dpsql-progress-tests", log_level="OFF") as session:
         yield session
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", UserWarning)  # the NOT-private warning of seeds
-        yield
 
 
 @pytest.fixture(scope="module")
