@@ -138,16 +138,21 @@ def test_the_coin_keeps_with_the_tabled_probability():
     assert rules.keep(src.uniform(1000), np.full(1000, 10 ** 6), e0, d0).all()
 
 
-def test_the_release_keeps_groups_with_the_tabled_probability():
-    # 1500 groups of n users each (one group per user), max_groups 1: each released w.p. p(n) independently
-    con = seeded(20261128)
-    groups = {18: 500, 21: 500, 24: 500}
+def _one_group_per_user(groups: dict[int, int]) -> list[tuple[int, str, float]]:
+    """Rows (user, group, value) where ``groups[n]`` groups have n users each, every user in one group only."""
     rows, uid = [], 0
     for n, g in groups.items():
         for j in range(g):
             rows += [(uid + u, f"n{n}_{j:03d}", 0.0) for u in range(n)]
             uid += n
-    load(con, rows)
+    return rows
+
+
+def test_the_release_keeps_groups_with_the_tabled_probability():
+    # 1500 groups of n users each (one group per user), max_groups 1: each released w.p. p(n) independently
+    con = seeded(20261128)
+    groups = {18: 500, 21: 500, 24: 500}
+    load(con, _one_group_per_user(groups))
     out = dpsql.group_by(con, "t", epsilon=1.0, delta=1e-5, selection="truncated_geometric", max_groups=1)
     con.close()
     p = rules.keep_probabilities(0.5, 0.5e-5)
@@ -288,12 +293,7 @@ def test_post_threshold_releases_with_the_exact_probability_and_its_count():
     tau, s = cal.selection_threshold, cal.count_scale
     con = seeded(20261129)
     groups = {int(tau) - 3: 600, int(tau): 600, int(tau) + 4: 600}
-    rows, uid = [], 0
-    for n, g in groups.items():
-        for j in range(g):
-            rows += [(uid + u, f"n{n}_{j:03d}", 0.0) for u in range(n)]
-            uid += n
-    load(con, rows)
+    load(con, _one_group_per_user(groups))
     out = dpsql.group_by(con, "t", epsilon=1.0, delta=1e-5, max_items=10, selection="post_threshold", max_groups=1)
     con.close()
     items, counts = out.column("item").to_pylist(), out.column("count").to_pylist()
