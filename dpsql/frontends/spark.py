@@ -482,9 +482,12 @@ _CUMULATIVE_ROWS_LOCK = threading.Lock()
 def _cumulative_params(session, c: cumulative.CumulativeParameters):
     """The one-row ``dp__sc_cal`` the cumulative stages read (lists per round, max_boost NULL: no cap);
     one DataFrame per (session, parameters), reused (a DataFrame is an immutable plan)."""
-    with _CUMULATIVE_ROWS_LOCK:
-        kept = _CUMULATIVE_ROWS.setdefault(session, {})
-        row = kept.get(c)
+    try:
+        with _CUMULATIVE_ROWS_LOCK:
+            kept = _CUMULATIVE_ROWS.setdefault(session, {})
+            row = kept.get(c)
+    except TypeError:  # a session class that cannot be weakly referenced: build the row each time
+        return _cumulative_params_row(session, c)
     if row is None:
         row = _cumulative_params_row(session, c)
         with _CUMULATIVE_ROWS_LOCK:

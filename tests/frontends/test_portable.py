@@ -317,3 +317,30 @@ def test_spark_parameter_errors_are_dpsql_set_union_errors(method, kwargs):
         con.close()
     assert str(spark_err.value).startswith("dpsql: ")
     assert str(spark_err.value) in str(duck_err.value)
+
+
+def test_the_cumulative_parameter_row_is_built_once_per_session_and_parameters(monkeypatch):
+    """The rounds of a Spark release read one parameter row (dspark._cumulative_params): built once per (session,
+    calibration), again for another calibration or session, and each time for a session that cannot be weakly
+    referenced (no cache, no error)."""
+    from dpsql.union import cumulative
+
+    built: list[tuple[object, object]] = []
+    monkeypatch.setattr(dspark, "_cumulative_params_row", lambda s, c: built.append((s, c)) or object())
+
+    class Session:
+        pass
+
+    class Slotted:
+        __slots__ = ()
+
+    a, b = Session(), Session()
+    c1 = cumulative.sips_cumulative_parameters(1.0, 1e-5, 100)
+    c2 = cumulative.sips_cumulative_parameters(3.0, 1e-5, 100)
+    assert dspark._cumulative_params(a, c1) is dspark._cumulative_params(a, c1)
+    assert dspark._cumulative_params(a, c2) is not dspark._cumulative_params(a, c1)
+    assert dspark._cumulative_params(b, c1) is not dspark._cumulative_params(a, c1)
+    assert len(built) == 3
+    s = Slotted()
+    dspark._cumulative_params(s, c1), dspark._cumulative_params(s, c1)
+    assert len(built) == 5
