@@ -18,10 +18,17 @@ Every release of :mod:`dpsql.frontends.spark` runs its Spark jobs inside :func:`
   dpsql's :class:`~dpsql.core.errors.InputError`, as a data failure is on DuckDB, naming Spark's
   exception class and error condition but not its message, which may quote a value of the data.
   Nothing is charged: the charge follows the release.
+* **Logs.** Spark also writes a failed task's message to its logs, on the driver's console in local mode
+  (the executor's "Exception in task", the scheduler's "Lost task", PySpark's query-context logger), and
+  that message may quote a value of the data. While a release runs, :func:`quiet_failure_logs` turns those
+  loggers off in the driver's JVM (:data:`FAILURE_LOGGERS`) and in Python (:data:`PYTHON_FAILURE_LOGGERS`),
+  and restores their levels after the last concurrent release ends. Executors on other machines keep their
+  own logs (the cluster's, not the release's output); Spark Connect's server keeps its own.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import uuid
 from typing import Any, Callable, Iterator, Optional
@@ -29,7 +36,8 @@ from typing import Any, Callable, Iterator, Optional
 from dpsql.core.errors import InputError, ParameterError
 from dpsql.core.runner import Reporter
 
-__all__ = ["check_progress", "tracking", "step", "spark_failure"]
+__all__ = ["check_progress", "tracking", "step", "spark_failure", "quiet_failure_logs", "FAILURE_LOGGERS",
+           "PYTHON_FAILURE_LOGGERS"]
 
 Progress = Callable[[float], None]
 
@@ -38,6 +46,14 @@ Progress = Callable[[float], None]
 _ENGINE_MODULES = ("pyspark.errors.exceptions.captured", "pyspark.errors.exceptions.connect", "py4j.protocol")
 _JOB_GROUP = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
 _active = threading.local()  # the tracker of the release running on this thread
+
+# The driver JVM's loggers that write a failed task's message (executor, scheduler, the Python runners), and
+# PySpark's Python loggers that write a captured exception's message as it is raised.
+FAILURE_LOGGERS = ("org.apache.spark.executor", "org.apache.spark.scheduler", "org.apache.spark.api.python",
+                   "org.apache.spark.sql.execution.python")
+PYTHON_FAILURE_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+_quiet_lock = threading.Lock()
+_quiet: dict[str, Any] = {"releases": 0, "jvm": None, "levels": {}, "python": {}}
 
 
 def check_progress(progress: object) -> Optional[Progress]:
@@ -144,6 +160,69 @@ def _job_group(sc: Any, group: str) -> Iterator[None]:
             sc.setLocalProperty(key, value)
 
 
+def _jvm(session: Any) -> Any:
+    try:
+        return session.sparkContext._jvm
+    except Exception:  # Spark Connect: no driver JVM here
+        return None
+
+
+def _set_jvm_levels(jvm: Any, levels: dict[str, Any]) -> None:
+    configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+    for name, level in levels.items():
+        configurator.setLevel(name, level)
+
+
+def _python_loggers() -> dict[str, logging.Logger]:
+    """PySpark's loggers of :data:`PYTHON_FAILURE_LOGGERS`, made as PySpark makes them (its ``PySparkLogger``:
+    PySpark calls them with keywords a plain ``logging.Logger`` refuses); none before PySpark 4."""
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:
+        return {}
+    return {name: PySparkLogger.getLogger(name) for name in PYTHON_FAILURE_LOGGERS}
+
+
+@contextlib.contextmanager
+def quiet_failure_logs(session: Any) -> Iterator[None]:
+    """Within the block, the loggers that would write a failed task's message (module docstring) are off.
+
+    Counted across threads: the first release to enter turns them off, the last to leave restores each
+    logger's level as it found it. Best effort on the JVM side (a session without a log4j 2 driver JVM, e.g.
+    Spark Connect, keeps its logs); the Python loggers are always turned off.
+    """
+    with _quiet_lock:
+        if _quiet["releases"] == 0:
+            jvm = _jvm(session)
+            levels: dict[str, Any] = {}
+            if jvm is not None:
+                try:
+                    manager = jvm.org.apache.logging.log4j.LogManager
+                    levels = {name: manager.getLogger(name).getLevel() for name in FAILURE_LOGGERS}
+                    _set_jvm_levels(jvm, {name: jvm.org.apache.logging.log4j.Level.OFF for name in levels})
+                except Exception:  # no log4j 2 API reachable: nothing was changed
+                    jvm, levels = None, {}
+            python = _python_loggers()
+            _quiet.update(jvm=jvm, levels=levels, python={name: lg.disabled for name, lg in python.items()})
+            for lg in python.values():
+                lg.disabled = True
+        _quiet["releases"] += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet["releases"] -= 1
+            if _quiet["releases"] == 0:
+                for name, lg in _python_loggers().items():
+                    lg.disabled = _quiet["python"].get(name, lg.disabled)
+                if _quiet["jvm"] is not None:
+                    try:
+                        _set_jvm_levels(_quiet["jvm"], _quiet["levels"])
+                    except Exception:  # the JVM went away with its session: nothing left to restore
+                        pass
+                _quiet.update(jvm=None, levels={}, python={})
+
+
 def _context(session: Any) -> Any:
     try:
         return session.sparkContext
@@ -158,36 +237,43 @@ def tracking(session: Any, progress: Optional[Progress] = None, *, interval: flo
     ``progress`` is called from this thread and from the polling thread, never at once.
     """
     try:
-        reporter = Reporter(progress) if progress is not None else None
-        sc = _context(session) if reporter is not None else None
-        if reporter is None or sc is None:
+        with quiet_failure_logs(session), _tracked(session, progress, interval):
             yield
-        else:
-            tracker = _Tracker(sc, reporter)
-            stop = threading.Event()
-            lock = threading.Lock()  # the callback is never called by two threads at once
-
-            def poll() -> None:
-                while not stop.wait(interval):
-                    with lock:
-                        tracker.poll()
-
-            poller = threading.Thread(target=poll, name="dpsql-spark-progress", daemon=True)
-            outer = getattr(_active, "tracker", None)
-            _active.tracker = tracker
-            try:
-                with _job_group(sc, tracker.group):
-                    poller.start()
-                    yield
-            finally:
-                stop.set()
-                if poller.is_alive():
-                    poller.join()
-                _active.tracker = outer
-            with lock:
-                reporter.done()
     except Exception as exc:
         mapped = spark_failure(exc)
         if mapped is None:
             raise
         raise mapped from None  # Spark's message (and its cause) may quote the data
+
+
+@contextlib.contextmanager
+def _tracked(session: Any, progress: Optional[Progress], interval: float) -> Iterator[None]:
+    """The progress part of :func:`tracking`."""
+    reporter = Reporter(progress) if progress is not None else None
+    sc = _context(session) if reporter is not None else None
+    if reporter is None or sc is None:
+        yield
+        return
+    tracker = _Tracker(sc, reporter)
+    stop = threading.Event()
+    lock = threading.Lock()  # the callback is never called by two threads at once
+
+    def poll() -> None:
+        while not stop.wait(interval):
+            with lock:
+                tracker.poll()
+
+    poller = threading.Thread(target=poll, name="dpsql-spark-progress", daemon=True)
+    outer = getattr(_active, "tracker", None)
+    _active.tracker = tracker
+    try:
+        with _job_group(sc, tracker.group):
+            poller.start()
+            yield
+    finally:
+        stop.set()
+        if poller.is_alive():
+            poller.join()
+        _active.tracker = outer
+    with lock:
+        reporter.done()

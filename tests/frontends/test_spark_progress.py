@@ -83,3 +83,60 @@ def test_a_failure_on_an_executor_is_a_dpsql_error_and_charges_nothing(spark):
         assert SECRET not in message and info.value.__cause__ is None and info.value.__suppress_context__, name
         assert 100.0 not in seen, (name, seen)
     assert ledger.releases() == []
+
+
+# A fresh Spark driver at Spark's default log level (WARN): its logs go to this process's stderr, which
+# the test reads. Two releases fail on a value of the data, then the caller's own action on the same
+# DataFrame (collect) fails too: its logs (Spark's and PySpark's) must quote the value, so the levels were restored.
+_LOGS_SCRIPT = r"""
+import sys, time
+from pyspark.sql import SparkSession, functions as F
+from dpsql.core import ledger as L
+from dpsql.core.errors import InputError
+from dpsql.frontends import spark as dspark
+
+SECRET = sys.argv[1]
+spark = (SparkSession.builder.master("local[1]").appName("dpsql-log-tests").config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false").config("spark.sql.ansi.enabled", "true").getOrCreate())
+frame = spark.createDataFrame([(u, "7" if u % 50 else SECRET) for u in range(200)], ["user_id", "item"])
+failing = [frame.select("user_id", F.col("item").cast("int").alias("item")),
+           frame.select("user_id", F.udf(lambda v: int(v) if v != SECRET else 1 // 0, "int")("item").alias("item"))]
+for i, df in enumerate(failing):
+    try:
+        dspark.set_union(df, "weighted_gaussian", epsilon=1.0, delta=1e-5, ledger=L.Ledger(None), scope="events",
+                         progress=(lambda p: None) if i else None)
+    except InputError:
+        print("refused", flush=True)
+time.sleep(1)
+sys.stderr.write("\n--- the caller's own action ---\n")
+sys.stderr.flush()
+try:
+    failing[0].collect()
+except Exception as exc:
+    print("own action failed:", type(exc).__name__, flush=True)
+time.sleep(1)
+spark.stop()
+"""
+
+
+def test_a_failed_release_writes_no_value_to_the_logs_and_the_log_levels_are_restored(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from spark_testing import java_or_skip, need
+
+    need("pyspark")
+    java_or_skip()
+    script = tmp_path / "logs.py"
+    script.write_text(_LOGS_SCRIPT)
+    env = {**os.environ, "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+           "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
+    done = subprocess.run([sys.executable, str(script), SECRET], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=tmp_path)
+    assert done.stdout.split("\n")[:3] == ["refused", "refused", "own action failed: NumberFormatException"], (done.stdout, done.stderr)
+    during, marker, after = done.stderr.partition("--- the caller's own action ---")
+    assert marker, done.stderr
+    assert SECRET not in during, during
+    # the logs were quiet during the releases only: Spark's and PySpark's loggers report the caller's failure
+    assert "Lost task" in after and '"logger": "DataFrameQueryContextLogger"' in after and SECRET in after, after
