@@ -37,7 +37,8 @@ import duckdb
 
 from dpsql.core.errors import DpsqlError
 
-__all__ = ["Token", "tokens", "words", "split_statements", "is_complete", "Parameter", "parameters",
+__all__ = ["Token", "tokens", "words", "split_statements", "is_complete", "called", "release_macros", "CHARGE",
+           "Parameter", "parameters",
            "BODY_MARKER", "PORTABLE_MARKER", "SqlTextError", "Macro", "Mark", "SqlFile",
            "sql_dir", "sql_files", "parse", "files", "macros", "macro", "marks", "script"]
 
@@ -143,6 +144,58 @@ def is_complete(text: str) -> bool:
         if _significant(tok):
             last = tok
     return last is not None and last.kind == "operator" and last.text == ";"
+
+
+# -- calls of releases ------------------------------------------------------------------------------------
+
+# The charge every release makes (sql/00_core/05_ledger.sql): a macro that calls it, or calls a macro that
+# does, releases something.
+CHARGE = "dp__charge"
+
+
+def _string_value(text: str) -> Optional[str]:
+    """The value of a string token written ``'...'`` or ``E'...'`` (None for other forms: dollar quotes)."""
+    body = text[1:] if text[:1] in "eE" else text
+    if len(body) > 1 and body.startswith("'") and body.endswith("'"):
+        return body[1:-1].replace("''", "'")
+    return None
+
+
+def called(sql: str, names: frozenset[str]) -> Optional[str]:
+    """The first of ``names`` (lower case) that ``sql`` calls (a name, quoted or not, before ``(``), or None.
+
+    A string literal is read as SQL too, because ``query('...')`` runs the SQL in a string: a release
+    named there counts as called.
+    """
+    toks = tokens(sql)
+    for i, tok in enumerate(toks):
+        if tok.kind == "string_const":
+            inner = _string_value(tok.text)
+            found = called(inner, names) if inner else None
+            if found:
+                return found
+        elif (tok.kind in ("identifier", "keyword") and i + 1 < len(toks) and toks[i + 1].text == "("
+              and _unquote(tok.text).lower() in names):
+            return _unquote(tok.text).lower()
+    return None
+
+
+def release_macros(con: duckdb.DuckDBPyConnection) -> frozenset[str]:
+    """Names of the functions and macros registered on ``con`` that make a release when called.
+
+    Read from DuckDB's catalog: :data:`CHARGE` and every macro whose definition calls it or calls
+    another such macro (so dispatchers like ``dp_set_union`` are included).
+    """
+    rows = con.execute("SELECT DISTINCT lower(function_name), coalesce(macro_definition, '') "
+                       "FROM duckdb_functions() WHERE function_type IN ('macro', 'table_macro')").fetchall()
+    releasing = {CHARGE}
+    grew = True
+    while grew:
+        known = frozenset(releasing)
+        new = {name for name, body in rows if name not in known and called(body, known)}
+        releasing |= new
+        grew = bool(new)
+    return frozenset(releasing)
 
 
 # -- parameter lists --------------------------------------------------------------------------------------

@@ -68,32 +68,10 @@ from dbt.adapters.duckdb.plugins import BasePlugin
 
 import dpsql
 from dpsql.core import ledger, state
+from dpsql.core.sqltext import CHARGE, release_macros
 from dpsql.core.validation import DPParameterError
 
 __all__ = ["Plugin", "StoredReleaseError", "release_macros", "stored_release"]
-
-# The charge every release makes (sql/00_core/05_ledger.sql): a macro that calls it, or calls a macro that
-# does, releases something.
-_CHARGE = "dp__charge"
-
-
-def release_macros(con) -> frozenset[str]:
-    """Names of the functions and macros registered on ``con`` that make a release when called.
-
-    Read from DuckDB's catalog: ``dp__charge`` and every macro whose definition calls it or calls
-    another such macro (so dispatchers like ``dp_set_union`` are included).
-    """
-    rows = con.execute("SELECT DISTINCT lower(function_name), lower(coalesce(macro_definition, '')) "
-                       "FROM duckdb_functions() WHERE function_type IN ('macro', 'table_macro')").fetchall()
-    releasing = {_CHARGE}
-    grew = True
-    while grew:
-        pattern = _call_pattern(releasing)
-        new = {name for name, body in rows if name not in releasing and pattern.search(body)}
-        releasing |= new
-        grew = bool(new)
-    return frozenset(releasing)
-
 
 def _call_pattern(names: Iterable[str]) -> re.Pattern:
     alternatives = "|".join(sorted((re.escape(n) for n in names), key=len, reverse=True))
@@ -192,7 +170,7 @@ class Plugin(BasePlugin):
             raise DPParameterError("dpsql.frontends.dbt plugin: budget must be a mapping with epsilon, delta "
                                    "and optionally scope, e.g. {epsilon: 3.0, delta: 1.0e-5}")
         self._budget = budget
-        self._releases: frozenset[str] = frozenset({_CHARGE})
+        self._releases: frozenset[str] = frozenset({CHARGE})
 
     def configure_connection(self, conn) -> None:
         dpsql.register(conn, ledger=self._ledger)

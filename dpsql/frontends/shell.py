@@ -47,10 +47,10 @@ import duckdb
 
 import dpsql
 from dpsql.core import ledger as ledger_mod, runner, state
-from dpsql.core.errors import LedgerIOError, ParameterError, from_engine
+from dpsql.core.errors import LedgerIOError, ParameterError, data_error, from_engine, quotes_data
 # Statements are split by DuckDB's own tokenizer: quotes, E'...' escapes, $tag$ strings and nested
 # comments split where DuckDB's parser would.
-from dpsql.core.sqltext import is_complete, split_statements
+from dpsql.core.sqltext import called, is_complete, release_macros, split_statements
 from dpsql.groupby import bigquery
 
 if TYPE_CHECKING:
@@ -490,9 +490,22 @@ class Shell:
                 if _is_interrupt(exc):
                     self._interrupted()
                 else:
-                    self._error(error_text(exc))
+                    self._error(self._error_text(sql, exc))
                 return False
         return True
+
+    def _error_text(self, sql: str, exc: BaseException) -> str:
+        """:func:`error_text`, except for a release (a statement that calls one) failing on a value of the data
+        (a view's cast, a file's line): then its kind only, as dpsql's Python functions show it. A statement
+        that releases nothing shows DuckDB's message whole, as the DuckDB CLI does."""
+        if isinstance(exc, duckdb.Error) and quotes_data(exc):
+            try:
+                releases = bigquery.is_dp_query(sql) or called(sql, release_macros(self.con)) is not None
+            except Exception:  # the catalog cannot be read (e.g. the connection is gone): hide it
+                releases = True
+            if releases:
+                return f"Error: {data_error(exc)}"
+        return error_text(exc)
 
     def _interrupted(self) -> None:
         self.interrupted = True

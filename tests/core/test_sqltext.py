@@ -126,3 +126,28 @@ def test_registration_runs_the_script():
     finally:
         con.close()
     assert set(sqltext.macros()) <= {r[0] for r in rows}
+
+
+@pytest.mark.parametrize("sql, found", [
+    ("SELECT * FROM dp_top_k('t', 3, epsilon := 1)", "dp_top_k"),
+    ('SELECT * FROM "DP_Top_K" (\'t\', 3)', "dp_top_k"),  # quoted, any case, space before the parenthesis
+    ("SELECT * FROM query('SELECT * FROM dp_top_k(''t'', 3)')", "dp_top_k"),  # SQL in a string runs
+    ("SELECT * FROM query(E'SELECT * FROM dp_top_k(\\'t\\', 3)')", "dp_top_k"),  # an E'' string too
+    # a string is read as SQL whatever it is for: a call written in it counts (the safe side)
+    ("SELECT 'dp_top_k(' AS s FROM t", "dp_top_k"),
+    ("SELECT 'dp_top_k' AS s, dp_top_k AS c FROM t", None),  # a name that is not called
+    ("SELECT 1 -- dp_top_k('t')\n", None),  # a comment
+    ("SELECT my_dp_top_k('t')", None),  # another name
+])
+def test_called_finds_a_call_by_name(sql, found):
+    assert sqltext.called(sql, frozenset({"dp_top_k"})) == found
+
+
+def test_release_macros_are_the_macros_that_reach_the_charge():
+    con = duckdb.connect()
+    con.execute("CREATE TEMP MACRO dp__charge(x) AS x")
+    con.execute("CREATE TEMP MACRO direct(x) AS TABLE SELECT \"DP__CHARGE\"(x) AS y")
+    con.execute("CREATE TEMP MACRO indirect(x) AS TABLE SELECT * FROM direct(x)")
+    con.execute("CREATE TEMP MACRO in_string(x) AS TABLE SELECT * FROM query('SELECT * FROM indirect(1)')")
+    con.execute("CREATE TEMP MACRO unrelated(x) AS TABLE SELECT 'direct' AS y, direct FROM (SELECT 1 AS direct)")
+    assert sqltext.release_macros(con) == {"dp__charge", "direct", "indirect", "in_string"}

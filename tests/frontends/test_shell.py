@@ -166,6 +166,28 @@ def test_dpsql_macros_and_parameter_errors():
     assert "\n" not in r.stderr.strip()
 
 
+@pytest.mark.parametrize("release", [
+    "SELECT * FROM dp_set_union('v', epsilon := 1.0, delta := 1e-5)",
+    "SELECT count(*) FROM \"DP_TOP_K\"('v', 2, epsilon := 1.0, delta := 1e-5)",  # quoted, any case
+    "SELECT * FROM query('SELECT * FROM dp_group_by(''v'', epsilon := 1.0, delta := 1e-5)')",  # SQL in a string
+    "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-5, max_groups_contributed=1, "
+    "privacy_unit_column=user_id) "
+    "item, COUNT(*, contribution_bounds_per_group => (0, 1)) AS n FROM v GROUP BY item",  # BigQuery's syntax
+])
+def test_a_release_failing_on_a_value_of_the_data_does_not_show_it(release, tmp_path):
+    # The view's own cast fails inside DuckDB while the release reads it: the message would quote the value.
+    setup = ("CREATE TABLE raw AS SELECT i AS user_id, CASE WHEN i = 5 THEN 'SECRET_9173' ELSE '1' END AS s "
+             "FROM range(100) t(i); CREATE VIEW v AS SELECT user_id, CAST(s AS INTEGER) AS item FROM raw;")
+    ledger = tmp_path / "l.dpsql-ledger"
+    r = shell(stdin=f"{setup}\n{release};\nSELECT CAST(s AS INTEGER) FROM raw;\n", ledger=str(ledger))
+    first, second = [line for line in r.stderr.splitlines() if line.startswith("Error: ")]
+    assert "SECRET_9173" not in first and first.startswith("Error: dpsql: DuckDB could not read or convert a value"), r.stderr
+    assert "ConversionException" in first
+    # a statement that releases nothing shows DuckDB's message whole, as the DuckDB CLI does
+    assert "SECRET_9173" in second and second.startswith("Error: Conversion Error"), r.stderr
+    assert Ledger(str(ledger)).releases() == []
+
+
 def test_budget_and_non_constant_parameter_errors_are_dpsql_messages_once(tmp_path):
     # An over-budget release prints dpsql's message once (not "BudgetExceededError: dpsql: ..."); a
     # parameter that is not a constant is DuckDB's binder refusal, shown as dpsql's explanation.
