@@ -61,91 +61,76 @@ This module imports dbt, so ``import dpsql`` never loads it; dbt-duckdb does.
 """
 from __future__ import annotations
 
-import re
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, Iterator, Optional
 
 from dbt.adapters.duckdb.plugins import BasePlugin
 
 import dpsql
 from dpsql.core import ledger, state
-from dpsql.core.sqltext import CHARGE, release_macros
+from dpsql.core.sqltext import CHARGE, Token, called, release_macros, tokens
 from dpsql.core.validation import DPParameterError
 
 __all__ = ["Plugin", "StoredReleaseError", "release_macros", "stored_release"]
 
-def _call_pattern(names: Iterable[str]) -> re.Pattern:
-    alternatives = "|".join(sorted((re.escape(n) for n in names), key=len, reverse=True))
-    return re.compile(rf"(?<![\w$])({alternatives})\s*\(", re.IGNORECASE)
-
-
-_TOKENS = re.compile(r"--[^\n]*|/\*.*?\*/|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"", re.DOTALL)
-
-
-def _masked(sql: str) -> tuple[str, str]:
-    """``(code, text)``: ``sql`` with comments and identifier quotes blanked; ``code`` also blanks strings.
-
-    Both keep every character's position. ``code`` shows the statement's structure (a parenthesis
-    in a string is no parenthesis). ``text`` keeps string literals, because ``query('...')`` runs
-    the SQL in a string: a release named there is treated as a call. A quoted function name
-    (``"dp_top_k"(...)``) is a call too.
-    """
-    code, text = list(sql), list(sql)
-    for m in _TOKENS.finditer(sql):
-        first, last = m.start(), m.end() - 1
-        if m.group(0)[0] in "-/":
-            blank = range(first, last + 1)
-            code[first:last + 1] = text[first:last + 1] = [" "] * len(blank)
-        elif m.group(0)[0] == "'":
-            code[first + 1:last] = [" "] * (last - first - 1)
-        else:  # "identifier": drop the quotes (a doubled quote inside becomes two spaces)
-            for i in range(first, last + 1):
-                if sql[i] == '"':
-                    code[i] = text[i] = " "
-    return "".join(code), "".join(text)
-
-
 # A statement that stores a query to be run on each read: a view, or a macro / function (dbt-duckdb's
-# table_function materialization creates one).
-_STORED_QUERY = re.compile(r"\s*create\s+(?:or\s+replace\s+)?(?:(?:temp|temporary)\s+)?(view|macro|function)\b",
-                           re.IGNORECASE)
-# dbt inlines an ephemeral model into each model that refs it as the CTE __dbt__cte__<model name>.
-_EPHEMERAL_CTE = re.compile(r"__dbt__cte__(\w+)\s+as\s*\(", re.IGNORECASE)
+# table_function materialization creates one). dbt inlines an ephemeral model into each model that refs it
+# as the CTE __dbt__cte__<model name>.
+_STORED_KINDS = ("view", "macro", "function")
+_EPHEMERAL_PREFIX = "__dbt__cte__"
 
 
-def _parenthesised(code: str, start: int) -> str:
-    """The text from ``start`` (just after an opening parenthesis) to its matching close."""
-    depth = 1
-    for i in range(start, len(code)):
-        if code[i] == "(":
-            depth += 1
-        elif code[i] == ")":
-            depth -= 1
-            if depth == 0:
-                return code[start:i]
-    return code[start:]
+def _name(tok: Token) -> str:
+    text = tok.text
+    return (text[1:-1].replace('""', '"') if len(text) > 1 and text.startswith('"') else text).lower()
+
+
+def _stored_kind(toks: list[Token]) -> Optional[str]:
+    """``view``, ``macro`` or ``function`` if the statement creates one (CREATE [OR REPLACE] [TEMP] ...)."""
+    words = [_name(t) for t in toks[:6]]
+    if words[:1] != ["create"]:
+        return None
+    i = 3 if words[1:3] == ["or", "replace"] else 1
+    i += 1 if words[i:i + 1] in (["temp"], ["temporary"]) else 0
+    return words[i] if words[i:i + 1] and words[i] in _STORED_KINDS else None
+
+
+def _ephemeral_models(sql: str, toks: list[Token]) -> Iterator[tuple[str, str]]:
+    """``(model, text)`` of each ephemeral model's CTE ``__dbt__cte__<model> as (text)`` in the statement."""
+    for i, tok in enumerate(toks[:-2]):
+        name = _name(tok)
+        if (tok.kind == "identifier" and name.startswith(_EPHEMERAL_PREFIX) and _name(toks[i + 1]) == "as"
+                and toks[i + 2].text == "("):
+            depth, end = 0, len(sql)
+            for later in toks[i + 2:]:  # a parenthesis inside a string is part of its one token
+                depth += (later.text == "(") - (later.text == ")")
+                if depth == 0:
+                    end = later.start
+                    break
+            yield name[len(_EPHEMERAL_PREFIX):], sql[toks[i + 2].end:end]
 
 
 def stored_release(sql: str, releases: Iterable[str]) -> Optional[str]:
     """Why ``sql`` would store a release to be run again on each read, or None if it does not.
 
-    ``releases`` are the release macro names (:func:`release_macros`).
+    ``releases`` are the release macro names (:func:`release_macros`); a call is found as
+    :func:`dpsql.core.sqltext.called` finds it (a name before ``(``, in SQL or in a string: ``query('...')``
+    runs the SQL in a string).
     """
-    code, text = _masked(sql)
-    calls = _call_pattern(releases)
-    first = calls.search(text)
+    names = frozenset(n.lower() for n in releases)
+    first = called(sql, names)
     if first is None:
         return None
-    stored = _STORED_QUERY.match(code)
-    if stored:
-        kind = "a view" if stored.group(1).lower() == "view" else f"a {stored.group(1).lower()} (table_function)"
-        return (f"creates {kind} whose query calls the release {first.group(1)}: every read of it would run the "
+    toks = [t for t in tokens(sql) if t.kind != "comment"]
+    kind = _stored_kind(toks)
+    if kind is not None:
+        what = "a view" if kind == "view" else f"a {kind} (table_function)"
+        return (f"creates {what} whose query calls the release {first}: every read of it would run the "
                 f"release again, charging the budget and drawing fresh noise each time, and plain DuckDB cannot "
                 f"read it (dpsql's macros are TEMP)")
-    for cte in _EPHEMERAL_CTE.finditer(code):
-        body = _parenthesised(code, cte.end())
-        found = calls.search(text, cte.end(), cte.end() + len(body))
+    for model, text in _ephemeral_models(sql, toks):
+        found = called(text, names)
         if found:
-            return (f"inlines the ephemeral model {cte.group(1)}, which calls the release {found.group(1)}: every "
+            return (f"inlines the ephemeral model {model}, which calls the release {found}: every "
                     f"model that refs it would run a release of its own, charging the budget and drawing fresh "
                     f"noise each time")
     return None
