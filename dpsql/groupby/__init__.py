@@ -44,11 +44,13 @@ from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import DPParameterError, check_column_pair, check_identifier, check_table_name
 from dpsql.groupby.calibration import (AGGREGATES, DEFAULT_CONFIDENCE, DEFAULT_SPLIT, MEASUREMENTS, MEDIAN_BINS,
-                                       NOISES, POST_THRESHOLD, PRE_THRESHOLD_METHODS, SELECTIONS, TRUNCATED_GEOMETRIC,
+                                       NOISES, PER_SETTING, POST_THRESHOLD, PRE_THRESHOLD_METHODS, SELECTIONS,
+                                       TRUNCATED_GEOMETRIC, TRUNCATED_GEOMETRIC_MAX_CAP,
                                        GroupByCalibration, Measurement, check_aggregates, check_confidence,
                                        check_group_cols, check_max_groups, check_max_rows, check_noise,
-                                       check_pre_threshold, check_selection, check_selection_share, gaussian_ci,
-                                       group_by_calibration, laplace_ci, measurements, median_ci, selection_zcdp)
+                                       check_pre_threshold, check_selection, check_selection_share, default_selection,
+                                       gaussian_ci, group_by_calibration, laplace_ci, measurements, median_ci,
+                                       selection_zcdp)
 from dpsql.groupby.selection import keep_udf
 
 __all__ = ["AGGREGATES", "NOISES", "MEASUREMENTS", "MEDIAN_BINS", "DEFAULT_SPLIT", "DEFAULT_CONFIDENCE",
@@ -56,6 +58,7 @@ __all__ = ["AGGREGATES", "NOISES", "MEASUREMENTS", "MEDIAN_BINS", "DEFAULT_SPLIT
            "check_noise", "check_max_groups", "check_max_rows", "check_group_cols", "check_selection_share",
            "check_confidence", "check_pre_threshold", "measurements", "laplace_ci", "gaussian_ci", "median_ci",
            "selection_zcdp", "check_selection", "SELECTIONS", "TRUNCATED_GEOMETRIC", "POST_THRESHOLD", "check_call",
+           "default_selection", "TRUNCATED_GEOMETRIC_MAX_CAP", "PER_SETTING",
            "group_by", "udfs", "generated_sql", "MECHANISMS"]
 
 # The selection of the conformance example: the family's reference one-shot method (it offers a pre-threshold).
@@ -66,7 +69,8 @@ _ONE_SHOT = with_role(union.METHODS.values(), "reference_one_shot")
 # UDFs
 # --------------------------------------------------------------------------
 
-_CAL_FIELDS = {"gaussian": BOOLEAN, "max_rows": DOUBLE, "lower": DOUBLE, "upper": DOUBLE, "centre": DOUBLE,
+# selection: the rule that selects (NULL with a public list), the per-setting default resolved, so a user sees it
+_CAL_FIELDS = {"selection": VARCHAR, "gaussian": BOOLEAN, "max_rows": DOUBLE, "lower": DOUBLE, "upper": DOUBLE, "centre": DOUBLE,
                "half": DOUBLE, "sum_limit": DOUBLE, "aggregate_epsilon": DOUBLE,
                **{f"{m}_{f}": DOUBLE for m in ("count", "rows", "sum", "sumsq")
                   for f in ("granularity", "scale", "ci")},
@@ -78,7 +82,7 @@ _CAL_FIELDS = {"gaussian": BOOLEAN, "max_rows": DOUBLE, "lower": DOUBLE, "upper"
 def _cal_row(cal: GroupByCalibration) -> dict[str, Any]:
     """The one-row ``dp__cal`` of the SQL bodies (NULL: a measurement not made)."""
     row: dict[str, Any] = {k: None for k in _CAL_FIELDS}
-    row.update(gaussian=cal.noise == "gaussian", max_rows=float(cal.max_rows), lower=cal.lower, upper=cal.upper,
+    row.update(selection=cal.selection, gaussian=cal.noise == "gaussian", max_rows=float(cal.max_rows), lower=cal.lower, upper=cal.upper,
                aggregate_epsilon=cal.aggregate_epsilon, selection_threshold=cal.selection_threshold)
     if cal.lower is not None and cal.upper is not None:
         row.update(centre=(cal.lower + cal.upper) / 2.0, half=(cal.upper - cal.lower) / 2.0)
@@ -254,9 +258,9 @@ def udfs(source: object) -> list[Udf]:
         _check_columns_call(user_col, item_col, group_cols)
         if items_tbl is not None:
             check_table_name(items_tbl)
-        return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper,
-                                    None if items_tbl is not None else selection, split, confidence, pre_threshold,
-                                    noise, max_groups, max_rows, groups)
+        return check_call(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
+                          pre_threshold, confidence, public=items_tbl is not None, noise=noise, max_groups=max_groups,
+                          max_rows=max_rows, groups=groups)
 
     # `groups`: the number of groups released (NULL: not known yet, the calibration before the selection)
     def cal_udf(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise, max_groups, max_rows,
@@ -345,9 +349,10 @@ def check_call(epsilon: object, delta: object, max_items: object, aggregates: Se
     (``dp_group_by`` with ``items_tbl``). ``groups``: the number of groups released, once known (the noise's
     ``L0 = min(max_groups, groups)``). Shared by the Spark backend.
     """
-    if not public:
-        return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
-                                    confidence, pre_threshold, noise, max_groups, max_rows, groups)
+    if not public:  # selection None (NULL, the declaration's default): the rule of the setting
+        return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper,
+                                    PER_SETTING if selection is None else selection, split, confidence,
+                                    pre_threshold, noise, max_groups, max_rows, groups)
     return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, None, None, confidence,
                                 pre_threshold, noise, max_groups, max_rows, groups)
 
@@ -381,7 +386,7 @@ def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delt
              aggregates: Sequence[str] = ("count",), value_col: Optional[str] = None,
              lower: Optional[float] = None, upper: Optional[float] = None, max_items: int = 100,
              noise: Optional[str] = None, max_groups: Optional[int] = None, max_rows: int = 1,
-             selection: str = union.DEFAULT_METHOD, split: float = DEFAULT_SPLIT, pre_threshold: int = 1,
+             selection: Optional[str] = None, split: float = DEFAULT_SPLIT, pre_threshold: int = 1,
              confidence: float = DEFAULT_CONFIDENCE, items_tbl: Optional[str] = None,
              group_cols: Optional[Sequence[str]] = None, user_col: str = "user_id",
              item_col: str = "item") -> pa.Table:
@@ -452,12 +457,13 @@ def _group_cols_param() -> Param:
 
 
 def _calibrate_group_by(epsilon, delta, max_items=100, aggregates=("count",), value_col=None, lower=None, upper=None,
-                        noise="gaussian", max_groups=None, max_rows=1, selection=union.DEFAULT_METHOD,
+                        noise="gaussian", max_groups=None, max_rows=1, selection=None,
                         split=DEFAULT_SPLIT, pre_threshold=1, confidence=DEFAULT_CONFIDENCE, items_tbl=None, **_):
-    """dp_group_by's calibration (what the ledger records): no selection with a public ``items_tbl``."""
-    return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper,
-                                None if items_tbl is not None else selection, split, confidence, pre_threshold,
-                                noise, max_groups, max_rows)
+    """dp_group_by's calibration (what the ledger records, with the selection rule that ran): no selection with a
+    public ``items_tbl``."""
+    return check_call(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
+                      pre_threshold, confidence, public=items_tbl is not None, noise=noise, max_groups=max_groups,
+                      max_rows=max_rows)
 
 
 def _calibrate_public(epsilon, max_items=100, aggregates=("count",), value_col=None, lower=None, upper=None,
@@ -471,8 +477,11 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         name="group_by", family="group_by", macro="dp_group_by", unit="user",
         params=(tbl_param(), epsilon_param(), delta_param(), max_items_param(), *_aggregate_params(noise=True),
-                Param("selection", "VARCHAR", union.DEFAULT_METHOD, check_selection,
-                      "how groups are selected: a set-union method, 'truncated_geometric' or 'post_threshold'"),
+                # NULL: per setting (calibration.default_selection, the rule the calibration records)
+                Param("selection", "VARCHAR", None, check_selection,
+                      f"how groups are selected: a set-union method, 'truncated_geometric' or 'post_threshold' "
+                      f"(NULL: 'truncated_geometric' when max_items and max_groups are at most "
+                      f"{TRUNCATED_GEOMETRIC_MAX_CAP}, else '{union.DEFAULT_METHOD}')"),
                 Param("split", "DOUBLE", DEFAULT_SPLIT, check_selection_share,
                       "share of epsilon spent on selection (post_threshold: the share of delta)"),
                 Param("pre_threshold", "DOUBLE", 1, check_pre_threshold,
