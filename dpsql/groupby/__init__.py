@@ -10,7 +10,9 @@ the calibration (contribution bounds, budget split, accountant, noise, interval 
    set ``S`` at the calibration's ``(selection_epsilon, selection_delta)``; with ``pre_threshold`` T > 1,
    ``dp__group_by_pre_selection`` instead (the one-shot weighting methods only, :data:`PRE_THRESHOLD_METHODS`);
    or one of dp_group_by's own rules (:data:`SELECTIONS`, :mod:`dpsql.groupby.selection`): the truncated
-   geometric coin per group, or ``post_threshold`` (the noisy count itself selects; no selection budget);
+   geometric coin per group, or ``post_threshold`` (the noisy count itself selects; no selection budget).
+   ``selection`` NULL (the default): the rule :func:`default_selection` names for ``max_items`` and
+   ``max_groups`` (public parameters only), resolved by the calibration, which records it;
 2. aggregates, given ``S`` (public from here on): each user's groups are restricted to ``S`` and capped to
    ``max_groups`` (default ``max_items``) by a salted hash of the user's own rows; each kept (user, group)
    cell has the user's number of rows (counted up to ``max_rows``) and value ``clamp(total, lower,
