@@ -243,6 +243,14 @@ def public_items_sql(tbl: str, items_tbl: str, item_col: str, group_cols: Option
             f"it out first') ELSE true END")
 
 
+def _selection_arg(selection: object, public: bool) -> object:
+    """group_by_calibration's ``selection`` for dp_group_by's: None with a public list (no selection); the
+    declaration's NULL default as :data:`PER_SETTING` (the calibration resolves it by the setting)."""
+    if public:
+        return None
+    return PER_SETTING if selection is None else selection
+
+
 def _check_columns_call(user_col: object, item_col: object, group_cols: object) -> None:
     if group_cols is None:
         check_column_pair(user_col, item_col)
@@ -260,9 +268,9 @@ def udfs(source: object) -> list[Udf]:
         _check_columns_call(user_col, item_col, group_cols)
         if items_tbl is not None:
             check_table_name(items_tbl)
-        return check_call(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
-                          pre_threshold, confidence, public=items_tbl is not None, noise=noise, max_groups=max_groups,
-                          max_rows=max_rows, groups=groups)
+        return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper,
+                                    _selection_arg(selection, items_tbl is not None), split, confidence,
+                                    pre_threshold, noise, max_groups, max_rows, groups)
 
     # `groups`: the number of groups released (NULL: not known yet, the calibration before the selection)
     def cal_udf(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise, max_groups, max_rows,
@@ -351,10 +359,10 @@ def check_call(epsilon: object, delta: object, max_items: object, aggregates: Se
     (``dp_group_by`` with ``items_tbl``). ``groups``: the number of groups released, once known (the noise's
     ``L0 = min(max_groups, groups)``). Shared by the Spark backend.
     """
-    if not public:  # selection None (NULL, the declaration's default): the rule of the setting
+    if not public:
         return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper,
-                                    PER_SETTING if selection is None else selection, split, confidence,
-                                    pre_threshold, noise, max_groups, max_rows, groups)
+                                    _selection_arg(selection, False), split, confidence, pre_threshold, noise,
+                                    max_groups, max_rows, groups)
     return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, None, None, confidence,
                                 pre_threshold, noise, max_groups, max_rows, groups)
 
@@ -463,9 +471,9 @@ def _calibrate_group_by(epsilon, delta, max_items=100, aggregates=("count",), va
                         split=DEFAULT_SPLIT, pre_threshold=1, confidence=DEFAULT_CONFIDENCE, items_tbl=None, **_):
     """dp_group_by's calibration (what the ledger records, with the selection rule that ran): no selection with a
     public ``items_tbl``."""
-    return check_call(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
-                      pre_threshold, confidence, public=items_tbl is not None, noise=noise, max_groups=max_groups,
-                      max_rows=max_rows)
+    return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper,
+                                _selection_arg(selection, items_tbl is not None), split, confidence, pre_threshold,
+                                noise, max_groups, max_rows)
 
 
 def _calibrate_public(epsilon, max_items=100, aggregates=("count",), value_col=None, lower=None, upper=None,
