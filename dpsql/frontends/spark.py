@@ -5,8 +5,9 @@
 returns a Spark DataFrame with one column ``item`` (the released items);
 ``top_k_domain`` is the domain step of ``dp_top_k`` / ``dp_hitting_set``;
 ``group_by`` is ``dp_group_by`` / ``dp_group_by_public`` (selection by a parallel
-method or the truncated geometric coin, as dp_group_by's per-setting default resolves it, then every aggregate of :func:`dpsql.group_by` per group of one item column or of
-several ``group_cols``, with the same calibration and noise).
+method or the truncated geometric coin, as dp_group_by's per-setting default resolves it, then every
+aggregate of :func:`dpsql.group_by` per group of one item column or of several ``group_cols``, with the
+same calibration and noise).
 The sequential policies have no parallel form: run them with DuckDB.
 
 The default is the most preferred declaration with a Spark form (:data:`DEFAULT_METHOD`), today

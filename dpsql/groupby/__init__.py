@@ -72,8 +72,8 @@ _ONE_SHOT = with_role(union.METHODS.values(), "reference_one_shot")
 # --------------------------------------------------------------------------
 
 # selection: the rule that selects (NULL with a public list), the per-setting default resolved, so a user sees it
-_CAL_FIELDS = {"selection": VARCHAR, "gaussian": BOOLEAN, "max_rows": DOUBLE, "lower": DOUBLE, "upper": DOUBLE, "centre": DOUBLE,
-               "half": DOUBLE, "sum_limit": DOUBLE, "aggregate_epsilon": DOUBLE,
+_CAL_FIELDS = {"selection": VARCHAR, "gaussian": BOOLEAN, "max_rows": DOUBLE, "lower": DOUBLE, "upper": DOUBLE,
+               "centre": DOUBLE, "half": DOUBLE, "sum_limit": DOUBLE, "aggregate_epsilon": DOUBLE,
                **{f"{m}_{f}": DOUBLE for m in ("count", "rows", "sum", "sumsq")
                   for f in ("granularity", "scale", "ci")},
                "mean_count_ci": DOUBLE, "mean_sum_ci": DOUBLE, "var_count_ci": DOUBLE, "var_sum_ci": DOUBLE,
@@ -84,8 +84,9 @@ _CAL_FIELDS = {"selection": VARCHAR, "gaussian": BOOLEAN, "max_rows": DOUBLE, "l
 def _cal_row(cal: GroupByCalibration) -> dict[str, Any]:
     """The one-row ``dp__cal`` of the SQL bodies (NULL: a measurement not made)."""
     row: dict[str, Any] = {k: None for k in _CAL_FIELDS}
-    row.update(selection=cal.selection, gaussian=cal.noise == "gaussian", max_rows=float(cal.max_rows), lower=cal.lower, upper=cal.upper,
-               aggregate_epsilon=cal.aggregate_epsilon, selection_threshold=cal.selection_threshold)
+    row.update(selection=cal.selection, gaussian=cal.noise == "gaussian", max_rows=float(cal.max_rows),
+               lower=cal.lower, upper=cal.upper, aggregate_epsilon=cal.aggregate_epsilon,
+               selection_threshold=cal.selection_threshold)
     if cal.lower is not None and cal.upper is not None:
         row.update(centre=(cal.lower + cal.upper) / 2.0, half=(cal.upper - cal.lower) / 2.0)
     for m in cal.measures:

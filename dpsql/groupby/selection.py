@@ -44,8 +44,8 @@ from scipy.special import ndtri
 from dpsql.core.validation import DPParameterError
 
 __all__ = ["TRUNCATED_GEOMETRIC", "POST_THRESHOLD", "SELECTIONS", "GRID_BITS", "MAX_TABLE",
-           "release_probability", "keep_numerators", "keep_probabilities", "keep", "keep_with", "discrete_gaussian_tail",
-           "discrete_laplace_tail", "count_threshold", "novel_release_probability"]
+           "release_probability", "keep_numerators", "keep_probabilities", "keep", "keep_with",
+           "discrete_gaussian_tail", "discrete_laplace_tail", "count_threshold", "novel_release_probability"]
 
 TRUNCATED_GEOMETRIC = "truncated_geometric"
 POST_THRESHOLD = "post_threshold"
