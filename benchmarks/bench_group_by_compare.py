@@ -5,9 +5,11 @@ items it selects privately (no public key list) and a noisy count of distinct us
 at the same (epsilon, delta) and the same contribution bounds: each user counts in at most ``L0``
 (``--max-groups``) items, at most once per item; the privacy unit is the user. Engines:
 
-* ``dpsql``: ``dpsql.group_by(con, t, epsilon, delta, max_items=L0)``, every default (selection by the
-  project's default set-union method at (epsilon/2, delta), the count with Gaussian noise, composed with
-  the selection by zCDP); ``dpsql_laplace``: the same with ``noise='laplace'``;
+* ``dpsql``: ``dpsql.group_by(con, t, epsilon, delta, max_items=L0)``, every default (selection by
+  dp_group_by's default at (epsilon/2, delta), the count with Gaussian noise, composed with the selection
+  by zCDP; since issue 34 point 3 that default is chosen per setting: the truncated geometric coin at
+  ``L0 = 1``, else the project's default set-union method, which every ``dpsql`` row recorded before used;
+  ``dpsql_sips_cumulative`` pins it, to reproduce those rows); ``dpsql_laplace``: the same with ``noise='laplace'``;
   ``dpsql_truncated_geometric``: the same with ``selection='truncated_geometric'`` (dpsql's per-group
   coin, the rule PipelineDP uses by default).
 * ``pipeline_dp_laplace`` / ``pipeline_dp_gaussian``: PipelineDP ``DPEngine.aggregate`` with
@@ -58,8 +60,8 @@ HERE = Path(__file__).resolve().parent
 DATASETS = ("reddit_askreddit_1pct/unigrams", "reddit_askreddit_1pct/bigrams", "health_news_tweets/tweet_tokens",
             "debian_bookworm_descriptions/package_description_tokens")
 SETTINGS = ("1:1e-5", f"3:{math.exp(-10)!r}")
-ENGINES = ("dpsql", "dpsql_laplace", "dpsql_truncated_geometric", "pipeline_dp_laplace", "pipeline_dp_gaussian",
-           "tumult", "opendp", "smartnoise")
+ENGINES = ("dpsql", "dpsql_laplace", "dpsql_truncated_geometric", "dpsql_sips_cumulative", "pipeline_dp_laplace",
+           "pipeline_dp_gaussian", "tumult", "opendp", "smartnoise")
 
 Pairs = Tuple[List[str], List[str]]  # user ids, items (one entry per distinct pair)
 Noisy = Dict[str, float]
@@ -206,6 +208,7 @@ RUNNERS: Dict[str, Callable[[Path, Pairs, float, float, int], Noisy]] = {
     "dpsql": lambda p, d, e, dl, l0: run_dpsql(p, d, e, dl, l0),
     "dpsql_laplace": lambda p, d, e, dl, l0: run_dpsql(p, d, e, dl, l0, noise="laplace"),
     "dpsql_truncated_geometric": lambda p, d, e, dl, l0: run_dpsql(p, d, e, dl, l0, selection="truncated_geometric"),
+    "dpsql_sips_cumulative": lambda p, d, e, dl, l0: run_dpsql(p, d, e, dl, l0, selection="sips_cumulative"),
     "pipeline_dp_laplace": lambda p, d, e, dl, l0: run_pipeline_dp(p, d, e, dl, l0, "laplace"),
     "pipeline_dp_gaussian": lambda p, d, e, dl, l0: run_pipeline_dp(p, d, e, dl, l0, "gaussian"),
     "tumult": run_tumult,
@@ -218,7 +221,7 @@ def _versions(engine: str) -> Dict[str, str]:
     from importlib import metadata
 
     names = {"dpsql": ["dpsql", "duckdb"], "dpsql_laplace": ["dpsql", "duckdb"],
-             "dpsql_truncated_geometric": ["dpsql", "duckdb"],
+             "dpsql_truncated_geometric": ["dpsql", "duckdb"], "dpsql_sips_cumulative": ["dpsql", "duckdb"],
              "pipeline_dp_laplace": ["pipeline-dp", "python-dp"], "pipeline_dp_gaussian": ["pipeline-dp", "python-dp"],
              "tumult": ["tmlt.analytics", "tmlt.core", "pyspark"], "opendp": ["opendp", "polars"],
              "smartnoise": ["smartnoise-sql", "pandas"]}[engine]

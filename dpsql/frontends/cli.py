@@ -1081,7 +1081,8 @@ def _group_by_choices(name: str) -> Optional[list[str]]:
     """The values a flag takes when they are a declared set (argparse lists them and refuses others)."""
     from dpsql import groupby
 
-    return {"selection": list(dpsql.METHODS), "noise": list(groupby.NOISES)}.get(name)
+    # selection: every rule dp_group_by takes (check_selection), among them those its NULL default may name
+    return {"selection": [*groupby.SELECTIONS, *dpsql.METHODS], "noise": list(groupby.NOISES)}.get(name)
 
 
 def _group_by_params() -> list[Param]:

@@ -5,8 +5,9 @@
 returns a Spark DataFrame with one column ``item`` (the released items);
 ``top_k_domain`` is the domain step of ``dp_top_k`` / ``dp_hitting_set``;
 ``group_by`` is ``dp_group_by`` / ``dp_group_by_public`` (selection by a parallel
-method, then every aggregate of :func:`dpsql.group_by` per group of one item column or of
-several ``group_cols``, with the same calibration and noise).
+method or the truncated geometric coin, as dp_group_by's per-setting default resolves it, then every
+aggregate of :func:`dpsql.group_by` per group of one item column or of several ``group_cols``, with the
+same calibration and noise).
 The sequential policies have no parallel form: run them with DuckDB.
 
 The default is the most preferred declaration with a Spark form (:data:`DEFAULT_METHOD`), today
@@ -84,6 +85,7 @@ import pyarrow as pa
 from dpsql.union import adaptive, cumulative
 from dpsql.core import calibration
 from dpsql import groupby, topk, union
+from dpsql.groupby import selection as rules
 from dpsql.union.adaptive import user_weights_batch
 from dpsql.core.mechanism import preferred
 from dpsql.core.registry import set_union_methods
@@ -98,14 +100,15 @@ from dpsql.core.validation import (DPParameterError, check_column_pair, check_id
 __all__ = ["session_ledger", "PARALLEL_METHODS", "DEFAULT_METHOD", "set_union", "top_k_domain", "capped_user_items", "set_union_weights",
            "mad_weights", "mad_biased_weights", "sips_round_weights", "sips_cumulative_sums",
            "sips_cumulative_state", "sips_cumulative_next_rows", "group_by", "group_by_stats",
-           "pre_selection_weights", "DEFAULT_SELECTION"]
+           "pre_selection_weights", "DEFAULT_SELECTION", "SPARK_SELECTIONS", "truncated_geometric_counts"]
 
 # The methods with a parallel form, as declared (Mechanism.spark); the policies are sequential.
 PARALLEL_METHODS = tuple(n for n, m in set_union_methods().items() if m.spark is not None)
 # The Spark backend's default: the most preferred method it runs (Mechanism.preference), DuckDB's default
 # (dpsql.union.DEFAULT_METHOD) as long as the most preferred declaration has a Spark form.
 DEFAULT_METHOD = preferred(set_union_methods()[n] for n in PARALLEL_METHODS)
-# group_by's default selection: the one dp_group_by declares (as dpsql.group_by's default).
+# group_by's default selection: the one dp_group_by declares (as dpsql.group_by's default): NULL, "per setting",
+# resolved by the calibration (dpsql.groupby.default_selection) to the rule it records.
 DEFAULT_SELECTION = {m.name: m for m in groupby.MECHANISMS}["group_by"].param("selection").default
 _noise_stage = itertools.count(1)
 
@@ -774,13 +777,16 @@ def top_k_domain(df, k: int, *, epsilon: float, delta: float, max_items: int = 1
 
 def _group_by_cal_relation(session, cal: groupby.GroupByCalibration):
     """The one-row ``dp__cal`` the group-by stages read: every field of ``dpsql.groupby._cal_row`` (NULL: a
-    measurement not made), with its declared type (``gaussian`` a boolean, the rest doubles)."""
+    measurement not made), with its declared type (``gaussian`` a boolean, ``selection`` a string, the rest
+    doubles)."""
     from pyspark.sql import functions as F
 
     row = groupby._cal_row(cal)
-    kinds = {k: "boolean" if str(t).upper() == "BOOLEAN" else "double" for k, t in groupby._CAL_FIELDS.items()}
+    spark_kind = {"BOOLEAN": "boolean", "VARCHAR": "string"}
+    kinds = {k: spark_kind.get(str(t).upper(), "double") for k, t in groupby._CAL_FIELDS.items()}
+    cast = {"boolean": bool, "string": str, "double": float}
     return F.broadcast(session.range(1).select(*(
-        F.lit(None if v is None else (bool(v) if kinds[k] == "boolean" else float(v))).cast(kinds[k]).alias(k)
+        F.lit(None if v is None else cast[kinds[k]](v)).cast(kinds[k]).alias(k)
         for k, v in ((k, row.get(k)) for k in kinds))))
 
 
@@ -982,10 +988,60 @@ def _pre_selection(pairs, method: str, epsilon: float, delta: float, max_items: 
     return _noisy(shifted, _Noise(sel.noise, sel.scale, sel.threshold, strict=True), seed)
 
 
+def truncated_geometric_counts(pairs, max_groups: int, salt: int):
+    """(item, n): the users of each group after each user keeps at most ``max_groups`` of its groups
+    (:func:`capped_user_items`, the salted hash of ``dp__capped_user_items``): ``dp__tg_counts`` of dp_group_by's
+    truncated geometric selection. NOT a release: exact counts."""
+    from pyspark.sql import functions as F
+
+    return capped_user_items(pairs, max_groups, salt).groupBy("item").agg(F.count(F.lit(1)).alias("n"))
+
+
+def _keep_task(table: np.ndarray, seed: Optional[int],
+               stage: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow function of :func:`_truncated_geometric`: (item, n) -> the items whose coin
+    ``U < p(n)`` keeps them (``dp__group_by_keep``: ``U`` from :meth:`NoiseSource.uniform`, on the 2^-53 grid;
+    ``table`` the keep probabilities, computed once on the driver)."""
+    from dpsql.groupby.selection import keep_with
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        source = _task_source(seed, stage)
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            n = batch.column(batch.schema.get_field_index("n")).to_numpy(zero_copy_only=False)
+            kept = keep_with(table, source.uniform(len(n)), n)
+            yield pa.RecordBatch.from_arrays([batch.column(batch.schema.get_field_index("item")).filter(
+                pa.array(kept))], ["item"])
+
+    return run
+
+
+def _truncated_geometric(pairs, cal: groupby.GroupByCalibration, salt: int, seed: Optional[int]):
+    """(item): dp_group_by's truncated geometric selection (docs/proofs/truncated_geometric.md): one coin per
+    group of :func:`truncated_geometric_counts` at the calibration's (epsilon, delta) per group, drawn in the
+    Spark tasks."""
+    from pyspark.sql.types import StructField, StructType
+
+    assert cal.selection_cap is not None
+    assert cal.selection_group_epsilon is not None and cal.selection_group_delta is not None
+    table = np.asarray(rules.keep_probabilities(cal.selection_group_epsilon, cal.selection_group_delta))
+    counts = truncated_geometric_counts(pairs, cal.selection_cap, salt)
+    item_field = counts.schema["item"]
+    run = _keep_task(table, seed, next(_noise_stage))
+    with _shipping(counts.sparkSession):
+        return counts.select("item", "n").mapInArrow(
+            run, StructType([StructField("item", item_field.dataType, item_field.nullable)]))
+
+
+# The selections the Spark backend runs: the parallel set-union methods and the truncated geometric coin.
+SPARK_SELECTIONS = PARALLEL_METHODS + (groupby.TRUNCATED_GEOMETRIC,)
+
+
 def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: Sequence[str] = ("count",),
              value_col: Optional[str] = None, lower: Optional[float] = None, upper: Optional[float] = None,
              max_items: int = 100, noise: Optional[str] = None, max_groups: Optional[int] = None,
-             max_rows: int = 1, selection: str = DEFAULT_SELECTION, split: float = groupby.DEFAULT_SPLIT,
+             max_rows: int = 1, selection: Optional[str] = DEFAULT_SELECTION, split: float = groupby.DEFAULT_SPLIT,
              pre_threshold: int = 1, confidence: float = groupby.DEFAULT_CONFIDENCE, items=None,
              group_cols: Optional[Sequence[str]] = None, user_col: str = "user_id", item_col: str = "item",
              seed: Optional[int] = None, ledger: Union[None, str, os.PathLike, Ledger] = None,
@@ -997,8 +1053,10 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
     the group, for every aggregate (:data:`dpsql.groupby.AGGREGATES`: count, rows with ``max_rows``,
     sum, mean, variance, stddev, median) of one item column (output column ``item``) or of several
     ``group_cols`` (one output column each, named and typed as in ``df``, in its column order). Without
-    ``items`` the groups are selected by ``selection`` (one of :data:`PARALLEL_METHODS`, or with
-    ``pre_threshold > 1`` the pre-thresholded one-shot weighting) at the calibration's share; ``items``
+    ``items`` the groups are selected by ``selection`` (one of :data:`SPARK_SELECTIONS`: a parallel set-union
+    method or the truncated geometric coin; None: the rule dp_group_by's default names for ``max_items`` and
+    ``max_groups``, :func:`dpsql.groupby.default_selection`; or with ``pre_threshold > 1`` the pre-thresholded
+    one-shot weighting) at the calibration's share; ``items``
     is a DataFrame of public groups (column ``item_col``, or the ``group_cols``, each of ``df``'s type):
     every listed group gets a row, no selection: without a ``delta`` at ``(epsilon, 0)``
     (``dp_group_by_public``: Laplace noise), with one at ``(epsilon, delta)`` (``dp_group_by(...,
@@ -1037,16 +1095,16 @@ def group_by(df, *, epsilon: float, delta: Optional[float] = None, aggregates: S
                              None if public else selection, None if public else split, pre_threshold, confidence,
                              public=public, noise="laplace" if pure else values["noise"], max_groups=max_groups,
                              max_rows=values["max_rows"])
-    if not public and cal.pre_threshold == 1 and cal.selection not in PARALLEL_METHODS:
+    if not public and cal.pre_threshold == 1 and cal.selection not in SPARK_SELECTIONS:
         raise DPParameterError(f"selection {cal.selection!r} has no Spark form; the Spark "
-                               f"backend selects with {', '.join(PARALLEL_METHODS)} (run selection := "
+                               f"backend selects with {', '.join(SPARK_SELECTIONS)} (run selection := "
                                f"'{cal.selection}' with DuckDB's dp_group_by)")
     warn_weak_parameters(epsilon, None if pure else delta, what=mech.macro, stacklevel=2)
     plan = None
     if not public:
         assert cal.selection is not None
         with derived_budget():  # shares of the budget checked above
-            plan = None if cal.pre_threshold > 1 else _set_union_plan(
+            plan = None if cal.pre_threshold > 1 or cal.selection == groupby.TRUNCATED_GEOMETRIC else _set_union_plan(
                 cal.selection, cal.selection_epsilon, cal.selection_delta, values["max_items"], values["user_col"],
                 values["item_col"], {})
     return spark_ledger.charged(
@@ -1076,7 +1134,10 @@ def _group_by_run(df, items, values: Mapping[str, Any], cal: groupby.GroupByCali
         assert cal.selection is not None
         pairs = _run_stage("dp__user_items", {"dp__user_item_rows": rows.select("user_id", "item")})
         with derived_budget():  # shares of the budget checked above
-            if plan is None:
+            if cal.selection == groupby.TRUNCATED_GEOMETRIC:  # the coin's cap has its own salt
+                tg_salt = secure_source().salt() if seed is None else NoiseSource(int(seed)).salt()
+                selected = _materialise(_truncated_geometric(pairs, cal, tg_salt, seed))
+            elif plan is None:
                 pre_salt = secure_source().salt() if seed is None else NoiseSource(int(seed)).salt()
                 selected = _materialise(_pre_selection(pairs, cal.selection, cal.selection_epsilon,
                                                        cal.selection_delta, max_items, cal.pre_threshold, pre_salt,

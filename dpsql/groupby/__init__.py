@@ -10,7 +10,9 @@ the calibration (contribution bounds, budget split, accountant, noise, interval 
    set ``S`` at the calibration's ``(selection_epsilon, selection_delta)``; with ``pre_threshold`` T > 1,
    ``dp__group_by_pre_selection`` instead (the one-shot weighting methods only, :data:`PRE_THRESHOLD_METHODS`);
    or one of dp_group_by's own rules (:data:`SELECTIONS`, :mod:`dpsql.groupby.selection`): the truncated
-   geometric coin per group, or ``post_threshold`` (the noisy count itself selects; no selection budget);
+   geometric coin per group, or ``post_threshold`` (the noisy count itself selects; no selection budget).
+   ``selection`` NULL (the default): the rule :func:`default_selection` names for ``max_items`` and
+   ``max_groups`` (public parameters only), resolved by the calibration, which records it;
 2. aggregates, given ``S`` (public from here on): each user's groups are restricted to ``S`` and capped to
    ``max_groups`` (default ``max_items``) by a salted hash of the user's own rows; each kept (user, group)
    cell has the user's number of rows (counted up to ``max_rows``) and value ``clamp(total, lower,
@@ -44,11 +46,13 @@ from dpsql.core.mechanism import (REQUIRED, AuditCase, Mechanism, Param, column_
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import DPParameterError, check_column_pair, check_identifier, check_table_name
 from dpsql.groupby.calibration import (AGGREGATES, DEFAULT_CONFIDENCE, DEFAULT_SPLIT, MEASUREMENTS, MEDIAN_BINS,
-                                       NOISES, POST_THRESHOLD, PRE_THRESHOLD_METHODS, SELECTIONS, TRUNCATED_GEOMETRIC,
+                                       NOISES, PER_SETTING, POST_THRESHOLD, PRE_THRESHOLD_METHODS, SELECTIONS,
+                                       TRUNCATED_GEOMETRIC, TRUNCATED_GEOMETRIC_MAX_CAP,
                                        GroupByCalibration, Measurement, check_aggregates, check_confidence,
                                        check_group_cols, check_max_groups, check_max_rows, check_noise,
-                                       check_pre_threshold, check_selection, check_selection_share, gaussian_ci,
-                                       group_by_calibration, laplace_ci, measurements, median_ci, selection_zcdp)
+                                       check_pre_threshold, check_selection, check_selection_share, default_selection,
+                                       gaussian_ci, group_by_calibration, laplace_ci, measurements, median_ci,
+                                       selection_zcdp)
 from dpsql.groupby.selection import keep_udf
 
 __all__ = ["AGGREGATES", "NOISES", "MEASUREMENTS", "MEDIAN_BINS", "DEFAULT_SPLIT", "DEFAULT_CONFIDENCE",
@@ -56,6 +60,7 @@ __all__ = ["AGGREGATES", "NOISES", "MEASUREMENTS", "MEDIAN_BINS", "DEFAULT_SPLIT
            "check_noise", "check_max_groups", "check_max_rows", "check_group_cols", "check_selection_share",
            "check_confidence", "check_pre_threshold", "measurements", "laplace_ci", "gaussian_ci", "median_ci",
            "selection_zcdp", "check_selection", "SELECTIONS", "TRUNCATED_GEOMETRIC", "POST_THRESHOLD", "check_call",
+           "default_selection", "TRUNCATED_GEOMETRIC_MAX_CAP", "PER_SETTING",
            "group_by", "udfs", "generated_sql", "MECHANISMS"]
 
 # The selection of the conformance example: the family's reference one-shot method (it offers a pre-threshold).
@@ -66,8 +71,9 @@ _ONE_SHOT = with_role(union.METHODS.values(), "reference_one_shot")
 # UDFs
 # --------------------------------------------------------------------------
 
-_CAL_FIELDS = {"gaussian": BOOLEAN, "max_rows": DOUBLE, "lower": DOUBLE, "upper": DOUBLE, "centre": DOUBLE,
-               "half": DOUBLE, "sum_limit": DOUBLE, "aggregate_epsilon": DOUBLE,
+# selection: the rule that selects (NULL with a public list), the per-setting default resolved, so a user sees it
+_CAL_FIELDS = {"selection": VARCHAR, "gaussian": BOOLEAN, "max_rows": DOUBLE, "lower": DOUBLE, "upper": DOUBLE,
+               "centre": DOUBLE, "half": DOUBLE, "sum_limit": DOUBLE, "aggregate_epsilon": DOUBLE,
                **{f"{m}_{f}": DOUBLE for m in ("count", "rows", "sum", "sumsq")
                   for f in ("granularity", "scale", "ci")},
                "mean_count_ci": DOUBLE, "mean_sum_ci": DOUBLE, "var_count_ci": DOUBLE, "var_sum_ci": DOUBLE,
@@ -78,8 +84,9 @@ _CAL_FIELDS = {"gaussian": BOOLEAN, "max_rows": DOUBLE, "lower": DOUBLE, "upper"
 def _cal_row(cal: GroupByCalibration) -> dict[str, Any]:
     """The one-row ``dp__cal`` of the SQL bodies (NULL: a measurement not made)."""
     row: dict[str, Any] = {k: None for k in _CAL_FIELDS}
-    row.update(gaussian=cal.noise == "gaussian", max_rows=float(cal.max_rows), lower=cal.lower, upper=cal.upper,
-               aggregate_epsilon=cal.aggregate_epsilon, selection_threshold=cal.selection_threshold)
+    row.update(selection=cal.selection, gaussian=cal.noise == "gaussian", max_rows=float(cal.max_rows),
+               lower=cal.lower, upper=cal.upper, aggregate_epsilon=cal.aggregate_epsilon,
+               selection_threshold=cal.selection_threshold)
     if cal.lower is not None and cal.upper is not None:
         row.update(centre=(cal.lower + cal.upper) / 2.0, half=(cal.upper - cal.lower) / 2.0)
     for m in cal.measures:
@@ -237,6 +244,14 @@ def public_items_sql(tbl: str, items_tbl: str, item_col: str, group_cols: Option
             f"it out first') ELSE true END")
 
 
+def _selection_arg(selection: object, public: bool) -> object:
+    """group_by_calibration's ``selection`` for dp_group_by's: None with a public list (no selection); the
+    declaration's NULL default as :data:`PER_SETTING` (the calibration resolves it by the setting)."""
+    if public:
+        return None
+    return PER_SETTING if selection is None else selection
+
+
 def _check_columns_call(user_col: object, item_col: object, group_cols: object) -> None:
     if group_cols is None:
         check_column_pair(user_col, item_col)
@@ -255,8 +270,8 @@ def udfs(source: object) -> list[Udf]:
         if items_tbl is not None:
             check_table_name(items_tbl)
         return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper,
-                                    None if items_tbl is not None else selection, split, confidence, pre_threshold,
-                                    noise, max_groups, max_rows, groups)
+                                    _selection_arg(selection, items_tbl is not None), split, confidence,
+                                    pre_threshold, noise, max_groups, max_rows, groups)
 
     # `groups`: the number of groups released (NULL: not known yet, the calibration before the selection)
     def cal_udf(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise, max_groups, max_rows,
@@ -346,8 +361,9 @@ def check_call(epsilon: object, delta: object, max_items: object, aggregates: Se
     ``L0 = min(max_groups, groups)``). Shared by the Spark backend.
     """
     if not public:
-        return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, selection, split,
-                                    confidence, pre_threshold, noise, max_groups, max_rows, groups)
+        return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper,
+                                    _selection_arg(selection, False), split, confidence, pre_threshold, noise,
+                                    max_groups, max_rows, groups)
     return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, None, None, confidence,
                                 pre_threshold, noise, max_groups, max_rows, groups)
 
@@ -381,7 +397,7 @@ def group_by(con: duckdb.DuckDBPyConnection, table: str, *, epsilon: float, delt
              aggregates: Sequence[str] = ("count",), value_col: Optional[str] = None,
              lower: Optional[float] = None, upper: Optional[float] = None, max_items: int = 100,
              noise: Optional[str] = None, max_groups: Optional[int] = None, max_rows: int = 1,
-             selection: str = union.DEFAULT_METHOD, split: float = DEFAULT_SPLIT, pre_threshold: int = 1,
+             selection: Optional[str] = None, split: float = DEFAULT_SPLIT, pre_threshold: int = 1,
              confidence: float = DEFAULT_CONFIDENCE, items_tbl: Optional[str] = None,
              group_cols: Optional[Sequence[str]] = None, user_col: str = "user_id",
              item_col: str = "item") -> pa.Table:
@@ -452,11 +468,12 @@ def _group_cols_param() -> Param:
 
 
 def _calibrate_group_by(epsilon, delta, max_items=100, aggregates=("count",), value_col=None, lower=None, upper=None,
-                        noise="gaussian", max_groups=None, max_rows=1, selection=union.DEFAULT_METHOD,
+                        noise="gaussian", max_groups=None, max_rows=1, selection=None,
                         split=DEFAULT_SPLIT, pre_threshold=1, confidence=DEFAULT_CONFIDENCE, items_tbl=None, **_):
-    """dp_group_by's calibration (what the ledger records): no selection with a public ``items_tbl``."""
+    """dp_group_by's calibration (what the ledger records, with the selection rule that ran): no selection with a
+    public ``items_tbl``."""
     return group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper,
-                                None if items_tbl is not None else selection, split, confidence, pre_threshold,
+                                _selection_arg(selection, items_tbl is not None), split, confidence, pre_threshold,
                                 noise, max_groups, max_rows)
 
 
@@ -471,8 +488,11 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         name="group_by", family="group_by", macro="dp_group_by", unit="user",
         params=(tbl_param(), epsilon_param(), delta_param(), max_items_param(), *_aggregate_params(noise=True),
-                Param("selection", "VARCHAR", union.DEFAULT_METHOD, check_selection,
-                      "how groups are selected: a set-union method, 'truncated_geometric' or 'post_threshold'"),
+                # NULL: per setting (calibration.default_selection, the rule the calibration records)
+                Param("selection", "VARCHAR", None, check_selection,
+                      f"how groups are selected: a set-union method, 'truncated_geometric' or 'post_threshold' "
+                      f"(NULL: 'truncated_geometric' when max_items and max_groups are at most "
+                      f"{TRUNCATED_GEOMETRIC_MAX_CAP}, else '{union.DEFAULT_METHOD}')"),
                 Param("split", "DOUBLE", DEFAULT_SPLIT, check_selection_share,
                       "share of epsilon spent on selection (post_threshold: the share of delta)"),
                 Param("pre_threshold", "DOUBLE", 1, check_pre_threshold,

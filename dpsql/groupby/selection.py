@@ -44,8 +44,8 @@ from scipy.special import ndtri
 from dpsql.core.validation import DPParameterError
 
 __all__ = ["TRUNCATED_GEOMETRIC", "POST_THRESHOLD", "SELECTIONS", "GRID_BITS", "MAX_TABLE",
-           "release_probability", "keep_numerators", "keep_probabilities", "keep", "discrete_gaussian_tail",
-           "discrete_laplace_tail", "count_threshold", "novel_release_probability"]
+           "release_probability", "keep_numerators", "keep_probabilities", "keep", "keep_with",
+           "discrete_gaussian_tail", "discrete_laplace_tail", "count_threshold", "novel_release_probability"]
 
 TRUNCATED_GEOMETRIC = "truncated_geometric"
 POST_THRESHOLD = "post_threshold"
@@ -133,9 +133,15 @@ def keep(uniform: np.ndarray, counts: np.ndarray, epsilon: float, delta: float) 
 
     ``uniform`` must be multiples of ``2^-53`` in ``[0, 1)`` (``NoiseSource.uniform``); then the keep
     probability is exactly ``p(n)``."""
-    p = keep_probabilities(epsilon, delta)
-    idx = np.clip(np.asarray(counts, dtype=np.int64), 0, len(p) - 1)
-    return np.asarray(uniform) < p[idx]
+    return keep_with(keep_probabilities(epsilon, delta), uniform, counts)
+
+
+def keep_with(table: np.ndarray, uniform: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """:func:`keep` with the table ``p`` (:func:`keep_probabilities`) given: ``uniform[i] < p(counts[i])``.
+
+    For tasks that get the table computed once elsewhere (the Spark backend's coin: numpy only)."""
+    idx = np.clip(np.asarray(counts, dtype=np.int64), 0, len(table) - 1)
+    return np.asarray(uniform) < table[idx]
 
 
 def keep_udf(source: object):

@@ -948,6 +948,7 @@ def test_the_spark_defaults_are_duckdbs():
     import inspect
 
     need("pyspark")
+    from dpsql import groupby as gb
     from dpsql.frontends import spark as dspark
 
     assert dspark.DEFAULT_METHOD == union.DEFAULT_METHOD == "sips_cumulative"
@@ -955,5 +956,7 @@ def test_the_spark_defaults_are_duckdbs():
     assert inspect.signature(dspark.set_union).parameters["method"].default == dspark.DEFAULT_METHOD
     duck_selection = inspect.signature(dpsql.group_by).parameters["selection"].default
     assert inspect.signature(dspark.group_by).parameters["selection"].default == dspark.DEFAULT_SELECTION
-    assert dspark.DEFAULT_SELECTION == duck_selection == union.DEFAULT_METHOD
-    assert dspark.DEFAULT_SELECTION in dspark.PARALLEL_METHODS
+    # NULL: per setting, resolved by the calibration both engines share; every rule it names runs on Spark
+    assert dspark.DEFAULT_SELECTION is duck_selection is None
+    named = {gb.default_selection(mi, mg) for mi in (1, 2, 100) for mg in (None, 1, 2)}
+    assert named == {gb.TRUNCATED_GEOMETRIC, union.DEFAULT_METHOD} and named <= set(dspark.SPARK_SELECTIONS)

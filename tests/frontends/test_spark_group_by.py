@@ -18,6 +18,7 @@ from duckdb.sqltypes import DOUBLE
 
 import dpsql
 from dpsql import groupby as gb
+from dpsql.core.state import ledger_of
 from dpsql.core.validation import DPParameterError
 
 from conftest import seeded
@@ -368,3 +369,69 @@ def test_group_columns_must_be_keys_by_identity_and_public_lists_of_their_types(
     nulls = spark.createDataFrame([("a", 1), (None, 2)], "k string, n bigint")
     with pytest.raises(DPParameterError, match=r"^dpsql: a column of group_cols of items contains NULL"):
         dspark.group_by(frame, epsilon=1.0, items=nulls, group_cols=["k", "n"], scope="t")
+
+
+# ---------------------------------------------------------------------------
+# The per-setting default selection: the truncated geometric coin in Spark
+# ---------------------------------------------------------------------------
+
+def _one_group_per_user(groups: dict) -> list:
+    """Rows (user, group, value, a, b): ``groups[n]`` groups of n users each, every user in one group only."""
+    rows, uid = [], 0
+    for n, g in groups.items():
+        for j in range(g):
+            rows += [(uid + u, f"n{n}_{j:03d}", 0.0, 0, "x") for u in range(n)]
+            uid += n
+    return rows
+
+
+def test_the_default_selection_at_one_group_per_user_is_the_coin_with_its_tabled_probability(spark):
+    """max_items 1 and no selection: Spark resolves dp_group_by's default (the truncated geometric coin), records
+    it in the ledger as DuckDB does, and keeps each group of n users with probability p(n) (binomial tolerance)."""
+    import json
+
+    from dpsql.frontends import spark as dspark
+    from dpsql.groupby import selection as rules
+
+    groups = {18: 150, 21: 150, 24: 150}
+    data = table(_one_group_per_user(groups))
+    before = len(dspark.session_ledger(spark).releases())
+    out = dspark.group_by(spark.createDataFrame(data), epsilon=1.0, delta=1e-5, max_items=1, seed=20261128,
+                          scope="t")
+    new = dspark.session_ledger(spark).releases()[before:]
+    assert [(r.mechanism, r.epsilon, r.delta) for r in new] == [("dp_group_by", 1.0, 1e-5)]
+    recorded = json.loads(new[0].calibration)
+    assert recorded["selection"] == "truncated_geometric"
+    con = seeded(3)
+    try:
+        con.execute("CREATE TABLE t AS FROM data")
+        dpsql.group_by(con, "t", epsilon=1.0, delta=1e-5, max_items=1)
+        duck_cal = json.loads(ledger_of(con).releases()[-1].calibration)
+    finally:
+        con.close()
+    assert duck_cal == recorded  # the same resolved rule and calibration, recorded by both engines
+    released = [r["item"] for r in out.collect()]
+    p = rules.keep_probabilities(0.5, 0.5e-5)  # (epsilon, delta) * split / max_groups per group
+    for n, g in groups.items():
+        k = sum(1 for x in released if x.startswith(f"n{n}_"))
+        assert abs(k / g - p[n]) <= 5 * math.sqrt(p[n] * (1 - p[n]) / g), (n, k)
+
+
+def test_truncated_geometric_counts_cap_each_user(spark):
+    """(item, n) of the coin: each user counted in at most max_groups of its groups, all of them when it holds
+    fewer (the translated dp__capped_user_items)."""
+    from dpsql.frontends import spark as dspark
+
+    rows = group_rows(5)
+    frame = spark.createDataFrame(table(rows))
+    pairs = dspark._user_items(frame, "user_id", "item")
+    held = {}
+    for u, item, *_ in rows:
+        held.setdefault(u, set()).add(item)
+    for cap in (1, 2):
+        counts = {r["item"]: r["n"] for r in dspark.truncated_geometric_counts(pairs, cap, 777).collect()}
+        assert sum(counts.values()) == sum(min(len(s), cap) for s in held.values())
+        for item, n in counts.items():
+            assert n <= sum(1 for s in held.values() if item in s)
+    everyone = {r["item"]: r["n"] for r in dspark.truncated_geometric_counts(pairs, MAX_ITEMS, 777).collect()}
+    assert everyone == {i: sum(1 for s in held.values() if i in s) for i in {r[1] for r in rows}}
