@@ -158,7 +158,7 @@ def release_labels() -> list[tuple[str, str, float]]:
 
 
 def run_point(point: grid.Point, settings: list[str], runs: int, threads: int, cache: Path, max_seconds: float,
-              log: Callable[[str], None]) -> list[dict]:
+              log: Callable[[str], None], first_run: int = 0) -> list[dict]:
     import dpsql.core.noise as noise
 
     path = grid.table_path(point, cache)
@@ -172,7 +172,7 @@ def run_point(point: grid.Point, settings: list[str], runs: int, threads: int, c
         picks: dict[str, list[bool]] = {v.label: [] for v in variants()}
         degrees: dict = {}
         load = []
-        for run in range(runs):
+        for run in range(first_run, first_run + runs):
             load.append(os.getloadavg()[0])
             con = grid._open(path, 1000 + run, threads)
             try:
@@ -317,6 +317,40 @@ def markdown(scored: list[Scored], rows: list[dict], v: Choice) -> str:
     return "\n".join(out)
 
 
+def merge_runs(rows: list[dict]) -> list[dict]:
+    """Rows of the same (point, setting) from several invocations (``--first-run``): their runs
+    concatenated (counts, seconds, picks, load), in the order of the files."""
+    merged: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        key = (r["point"], r["setting"])
+        if key not in merged:
+            merged[key] = json.loads(json.dumps(r))
+            continue
+        m = merged[key]
+        for field in ("counts", "seconds", "picks"):
+            for k, v in r[field].items():
+                m[field][k] = m[field].get(k, []) + v
+        m["load"] += r["load"]
+        m["runs"] += r["runs"]
+    return list(merged.values())
+
+
+def overview(scores: dict[Choice, list[Scored]], order: list[Choice]) -> str:
+    """Markdown: per variant (in the rule's order) and part, the smallest ratio, the geometric mean and the
+    pairs at or above the best sequential method; the mean wrong-pick rate over every pair."""
+    parts = ("tuning", "report (grid)", "report (shared)")
+    head = ["variant"] + [f"{p}: min / geo. mean / >= 1" for p in parts] + ["wrong picks (all pairs)"]
+    out = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for v in order:
+        cells = []
+        for p in parts:
+            rs = [x.ratio for x in scores[v] if x.part == p]
+            cells.append(f"{min(rs):.3f} / {_geo(rs):.3f} / {sum(r >= 1 for r in rs)} of {len(rs)}" if rs else "-")
+        wrong = statistics.mean(x.wrong for x in scores[v])
+        out.append(f"| {v.label} | " + " | ".join(cells) + f" | {wrong:.3f} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  epilog="Variants: choice_D<D>_c<c>_e<share>, D in %s, c in %s, share in %s. "
@@ -331,6 +365,8 @@ def main(argv=None) -> None:
     ap.add_argument("--shared-only", action="store_true")
     ap.add_argument("--settings", default="a,b")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--first-run", type=int, default=0, help="number of the first run (seeds 1000 + run and, for "
+                    "the choice's draws, 7000 + run): more runs of pairs already run, merged by --table")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=120.0)
     ap.add_argument("--cache", default=tempfile.gettempdir())
@@ -340,7 +376,8 @@ def main(argv=None) -> None:
     ap.add_argument("--variant", help="with --table: the variant whose table is printed (default: the rule's choice)")
     args = ap.parse_args(argv)
     if args.table:
-        rows = [json.loads(line) for f in args.table for line in Path(f).read_text().splitlines() if line.strip()]
+        rows = merge_runs([json.loads(line) for f in args.table for line in Path(f).read_text().splitlines()
+                           if line.strip()])
         reference = readme_sequential()
         scores = {v: score(rows, v, reference) for v in variants()}
         tuning = {v: [x for x in s if x.part == "tuning"] for v, s in scores.items()}
@@ -355,6 +392,8 @@ def main(argv=None) -> None:
                 sc = [x for x in scores[v] if x.part == part]
                 if sc:
                     print(f"{part}, {v.label}: {summary(sc)}")
+        print()
+        print(overview(scores, [v for v in ranked]))
         print()
         print(markdown(scores[chosen], rows, chosen))
         return
@@ -374,7 +413,7 @@ def main(argv=None) -> None:
     cache = Path(args.cache)
     for p in points:
         rows = run_point(p, args.settings.split(","), args.runs, args.threads, cache, args.max_seconds,
-                         lambda s: print(s, flush=True))
+                         lambda s: print(s, flush=True), args.first_run)
         if args.json:
             with open(args.json, "a") as fh:
                 for r in rows:
