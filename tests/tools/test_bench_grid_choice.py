@@ -17,8 +17,13 @@ import pytest
 
 from dpsql.core.noise import NoiseSource
 
+# the benchmark's folder on the path only while importing it (it holds modules such as audit.py whose
+# names must not shadow anything for the other tests of the session)
+_saved_path = list(sys.path)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_grid_choice as choice  # noqa: E402
+
+sys.path[:] = _saved_path
 
 CUTS = [Fraction(c) for c in choice.CUTS] + [Fraction(1, 3)]
 
