@@ -63,6 +63,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -297,6 +298,26 @@ def _cell(v: list[int], runs: int) -> str:
     sd = statistics.stdev(v) if len(v) > 1 else 0.0
     text = f"{statistics.mean(v):,.1f} ± {sd:,.1f}"
     return text if len(v) == runs else f"{text} ({len(v)} run{'s' if len(v) > 1 else ''}: slow)"
+
+
+def readme_sequential(readme: Path = HERE / "README.md") -> dict[tuple[str, str], dict[str, float]]:
+    """(point, setting) -> the sequential methods' means in the results table of this README's "Robustness
+    grid" section (the reference of the scripts that vary the default against it)."""
+    text = readme.read_text()
+    lines = text[text.index("## Robustness grid"):].splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith("| point | part | set | median d |"))
+    head = [c.strip().strip("*").replace(" (default)", "") for c in lines[start].strip("|").split("|")]
+    out = {}
+    for line in lines[start + 1:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0].startswith("---"):
+            continue
+        row = dict(zip(head, cells))
+        out[(row["point"], row["set"])] = {k: float(re.sub(r"[,\s]", "", row[k].split("±")[0]))
+                                           for k in SEQUENTIAL if row.get(k, "-") != "-"}
+    return out
 
 
 def table(rows: list[dict], labels: list[str]) -> str:

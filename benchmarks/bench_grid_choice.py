@@ -59,7 +59,6 @@ import argparse
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -205,25 +204,6 @@ def run_point(point: grid.Point, settings: list[str], runs: int, threads: int, c
                         "means": {k: (statistics.mean(v) if v else None) for k, v in counts.items()},
                         "s": {k: round(sum(v), 1) for k, v in seconds.items()}}))
     return rows
-
-
-def readme_sequential(readme: Path = HERE / "README.md") -> dict[tuple[str, str], dict[str, float]]:
-    """(point, setting) -> the sequential methods' means in the robustness grid's results table."""
-    text = readme.read_text()
-    lines = text[text.index("## Robustness grid"):].splitlines()
-    start = next(k for k, line in enumerate(lines) if line.startswith("| point | part | set | median d |"))
-    head = [c.strip().strip("*").replace(" (default)", "") for c in lines[start].strip("|").split("|")]
-    out = {}
-    for line in lines[start + 1:]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if cells[0].startswith("---"):
-            continue
-        row = dict(zip(head, cells))
-        out[(row["point"], row["set"])] = {k: float(re.sub(r"[,\s]", "", row[k].split("±")[0]))
-                                           for k in grid.SEQUENTIAL if row.get(k, "-") != "-"}
-    return out
 
 
 @dataclass
@@ -383,7 +363,7 @@ def main(argv=None) -> None:
     if args.table:
         rows = merge_runs([json.loads(line) for f in args.table for line in Path(f).read_text().splitlines()
                            if line.strip()])
-        reference = readme_sequential()
+        reference = grid.readme_sequential()
         scores = {v: score(rows, v, reference) for v in variants()}
         tuning = {v: [x for x in s if x.part == "tuning"] for v, s in scores.items()}
         ranked = sorted((v for v in variants() if tuning[v]), key=lambda v: rule_key(v, tuning[v]))

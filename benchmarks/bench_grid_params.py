@@ -52,7 +52,6 @@ import argparse
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -93,22 +92,10 @@ FAMILY = {"margin": "drop_margin", "boost": "max_boost", "tilt": "tilt", "split"
 
 def readme_best_sequential(readme: Path = HERE / "README.md") -> dict[tuple[str, str], tuple[str, float]]:
     """(point, setting) -> (best sequential method, its mean) from the robustness grid's results table."""
-    text = readme.read_text()
-    section = text[text.index("## Robustness grid"):]
-    lines = section.splitlines()
-    start = next(k for k, line in enumerate(lines) if line.startswith("| point | part | set | median d |"))
-    head = [c.strip().strip("*").replace(" (default)", "") for c in lines[start].strip("|").split("|")]
     out = {}
-    for line in lines[start + 1:]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if cells[0].startswith("---"):
-            continue
-        row = dict(zip(head, cells))
-        means = {k: float(re.sub(r"[,\s]", "", row[k].split("±")[0])) for k in grid.SEQUENTIAL if row[k] != "-"}
+    for key, means in grid.readme_sequential(readme).items():
         best = max(means, key=lambda k: means[k])
-        out[(row["point"], row["set"])] = (best, means[best])
+        out[key] = (best, means[best])
     return out
 
 
