@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import duckdb
 
@@ -161,38 +161,43 @@ def _string_value(text: str) -> Optional[str]:
     return None
 
 
+def _calls(sql: str) -> Iterator[str]:
+    """The names ``sql`` calls (a name, quoted or not, before ``(``), in lower case and in order; a string
+    literal is read as SQL too."""
+    toks = tokens(sql)
+    for i, tok in enumerate(toks):
+        if tok.kind == "string_const":
+            inner = _string_value(tok.text)
+            if inner:
+                yield from _calls(inner)
+        elif tok.kind in ("identifier", "keyword") and i + 1 < len(toks) and toks[i + 1].text == "(":
+            yield _unquote(tok.text).lower()
+
+
 def called(sql: str, names: frozenset[str]) -> Optional[str]:
     """The first of ``names`` (lower case) that ``sql`` calls (a name, quoted or not, before ``(``), or None.
 
     A string literal is read as SQL too, because ``query('...')`` runs the SQL in a string: a release
     named there counts as called.
     """
-    toks = tokens(sql)
-    for i, tok in enumerate(toks):
-        if tok.kind == "string_const":
-            inner = _string_value(tok.text)
-            found = called(inner, names) if inner else None
-            if found:
-                return found
-        elif (tok.kind in ("identifier", "keyword") and i + 1 < len(toks) and toks[i + 1].text == "("
-              and _unquote(tok.text).lower() in names):
-            return _unquote(tok.text).lower()
-    return None
+    return next((name for name in _calls(sql) if name in names), None)
 
 
 def release_macros(con: duckdb.DuckDBPyConnection) -> frozenset[str]:
     """Names of the functions and macros registered on ``con`` that make a release when called.
 
     Read from DuckDB's catalog: :data:`CHARGE` and every macro whose definition calls it or calls
-    another such macro (so dispatchers like ``dp_set_union`` are included).
+    another such macro (so dispatchers like ``dp_set_union`` are included). Each definition is read once.
     """
     rows = con.execute("SELECT DISTINCT lower(function_name), coalesce(macro_definition, '') "
                        "FROM duckdb_functions() WHERE function_type IN ('macro', 'table_macro')").fetchall()
+    calls: dict[str, set[str]] = {}
+    for name, body in rows:  # a macro with overloads has one row each
+        calls.setdefault(name, set()).update(_calls(body))
     releasing = {CHARGE}
     grew = True
     while grew:
-        known = frozenset(releasing)
-        new = {name for name, body in rows if name not in known and called(body, known)}
+        new = {name for name, callees in calls.items() if name not in releasing and callees & releasing}
         releasing |= new
         grew = bool(new)
     return frozenset(releasing)
