@@ -228,10 +228,11 @@ WHERE (passed OR id IN (SELECT item FROM (FROM dp__sc_z2 UNION ALL FROM dp__sc_z
 
 -- The body: the call of dp__sips_cumulative_rounds above with the release's calibration as literals,
 -- rendered while DuckDB binds by the pure UDF dp__sips_cumulative_rounds_sql
--- (dpsql.union.cumulative.rounds_sql), which checks every parameter and calibrates first: an invalid one is
--- its error, before anything is read. query() evaluates even a volatile argument, so the argument's
--- getvariable() makes DuckDB's binder refuse any parameter that is not constant before the text is
--- rendered (as in sql/30_union/90_dispatch.sql).
+-- (dpsql.union.cumulative.rounds_sql), which checks every parameter and calibrates first; for an invalid
+-- one it renders a call of the calibration UDF instead, whose error the release raises where it runs,
+-- before anything is read (an error raised while binding would quote the statement). query() evaluates
+-- even a volatile argument, so the argument's getvariable() makes DuckDB's binder refuse any parameter
+-- that is not constant before the text is rendered (as in sql/30_union/90_dispatch.sql).
 -- dpsql:body dp__body_set_union_sips_cumulative
 FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'epsilon': epsilon, 'delta': delta, 'max_items': max_items,
                      'split': split, 'drop_margin': drop_margin, 'max_boost': max_boost, 'tilt': tilt,
