@@ -77,7 +77,8 @@ def release_sql(macro: str, params: Sequence[Param], body: str, check: str, chec
     binds = "\n      AND ".join(f"(getvariable('dp__bind:' || {n}::VARCHAR) IS NULL OR true)" for n in names)
     args = ", ".join(p.name if p.required else f"{p.name} := {p.name}" for p in params)
     # the check and the charge read the bound row (the body gets the same constant expressions; the charge
-    # passes `tbl` itself, a constant, which its catalog needs while DuckDB binds: sql/00_core/05_ledger.sql)
+    # passes `tbl` itself, a constant, which its catalog needs while DuckDB binds: sql/00_core/05_ledger.sql);
+    # the check's struct is unnested from a subquery, so its call is bound once, not once per field
     sent = "to_json({" + ", ".join(f"'{n}': dp__bound.{n}" for n in checked) + "})::VARCHAR"
     return f"""\
 CREATE OR REPLACE TEMP MACRO {macro}({signature(params)}) AS TABLE
@@ -85,7 +86,7 @@ WITH dp__bound AS MATERIALIZED (
     SELECT {bound}
     WHERE {binds}),
 dp__checked AS MATERIALIZED (
-    SELECT unnest({check.format(bound=sent)}) FROM dp__bound),
+    SELECT unnest(dp__c) FROM (SELECT {check.format(bound=sent)} AS dp__c FROM dp__bound)),
 dp__released AS MATERIALIZED (
     FROM {body}({args})
     WHERE (SELECT count(*) FROM dp__checked) = 1),

@@ -41,6 +41,7 @@ The translation also makes the DuckDB dialect's implicit choices explicit:
 """
 from __future__ import annotations
 
+import math
 import re
 import threading
 from dataclasses import dataclass
@@ -120,6 +121,8 @@ _INTEGER_TYPES = ("INTEGER", "INT", "BIGINT")
 
 
 def _literal(exp, value: object, declared: str = ""):
+    if value is None:  # a NULL of the declared type (a DOUBLE by default)
+        return exp.Cast(this=exp.Null(), to=exp.DataType.build(declared or "double"))
     if isinstance(value, bool):
         return exp.Boolean(this=value)
     if isinstance(value, str):
@@ -127,7 +130,15 @@ def _literal(exp, value: object, declared: str = ""):
     if isinstance(value, int) and declared.upper() in _INTEGER_TYPES:
         return exp.Literal.number(str(value))
     if isinstance(value, (int, float)):
-        return exp.Literal.number(repr(float(value)))  # a decimal literal: the DOUBLE pass casts it
+        number = float(value)
+        if not math.isfinite(number):  # no literal spells it: text both engines cast ('-Infinity', 'NaN')
+            return exp.Cast(this=exp.Literal.string(repr(number).replace("inf", "Infinity").replace("nan", "NaN")),
+                            to=exp.DataType.build("double"))
+        # the shortest repr with an exponent: both engines read it as a DOUBLE, exactly (a plain decimal
+        # literal is a DECIMAL first, and its conversion can round twice); the DOUBLE pass casts it too
+        text = repr(abs(number))
+        literal = exp.Literal(this=text if "e" in text else text + "e0", is_string=False)
+        return exp.Neg(this=literal) if number < 0 else literal
     raise TranslationError(f"cannot bind a constant of type {type(value).__name__}")
 
 

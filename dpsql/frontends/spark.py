@@ -73,7 +73,6 @@ import os
 import sys
 import threading
 import uuid
-import weakref
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -475,43 +474,11 @@ def sips_round_weights(rows, removed):
                                          "removed_rel": removed.select("item")}, output="dp__sr_weights")
 
 
-# The parameter rows of recent calibrations, per session: a release's rounds read one row three times each,
-# and building it costs a call into the JVM per list element.
-_CUMULATIVE_ROWS: "weakref.WeakKeyDictionary[Any, dict[cumulative.CumulativeParameters, Any]]" = \
-    weakref.WeakKeyDictionary()
-_CUMULATIVE_ROWS_LOCK = threading.Lock()
-
-
-def _cumulative_params(session, c: cumulative.CumulativeParameters):
-    """The one-row ``dp__sc_cal`` the cumulative stages read (lists per round, max_boost NULL: no cap);
-    one DataFrame per (session, parameters), reused (a DataFrame is an immutable plan)."""
-    try:
-        with _CUMULATIVE_ROWS_LOCK:
-            kept = _CUMULATIVE_ROWS.setdefault(session, {})
-            row = kept.get(c)
-    except TypeError:  # a session class that cannot be weakly referenced: build the row each time
-        return _cumulative_params_row(session, c)
-    if row is None:
-        row = _cumulative_params_row(session, c)
-        with _CUMULATIVE_ROWS_LOCK:
-            if len(kept) >= 8:
-                kept.clear()
-            kept[c] = row
-    return row
-
-
-def _cumulative_params_row(session, c: cumulative.CumulativeParameters):
-    from pyspark.sql import functions as F
-
-    def lists(values: Sequence[float]):
-        return F.array(*(F.lit(float(v)).cast("double") for v in values))
-
-    row = c.sql_row()
-    columns = [lists(row[k]).alias(k) for k in ("share", "cumulative_share", "sigma", "mean_sigma", "rho",
-                                                  "drop_below")]
-    columns += [F.lit(None if c.max_boost is None else float(c.max_boost)).cast("double").alias("max_boost"),
-                F.lit(float(c.tilt)).cast("double").alias("tilt")]
-    return F.broadcast(session.range(1).select(*columns))
+def _round_constants(c: cumulative.CumulativeParameters, r: int) -> dict[str, object]:
+    """Round ``r``'s calibration, the constants of its stages (as DuckDB's body writes them in: literals)."""
+    return {"share": c.share[r - 1], "cumulative_share": c.cumulative_share[r - 1], "sigma": c.sigma[r - 1],
+            "rho": c.rho[r - 1], "drop_below": c.drop_below[r - 1], "max_boost": c.max_boost,
+            "mean_sigma": c.mean_sigma[r - 1], "last_rho": c.rho[-1], "tilt": c.tilt}
 
 
 def sips_cumulative_sums(rows, prev, c: cumulative.CumulativeParameters, r: int):
@@ -523,30 +490,31 @@ def sips_cumulative_sums(rows, prev, c: cumulative.CumulativeParameters, r: int)
     ``least(1, max_boost/sqrt(e_u), p/sqrt(S_u))`` and the item's ``z_prev / share[r]``. Testing/audit.
     """
     return _run_stage("dp__sips_cumulative_round", {"rows_rel": rows.select("user_id", "item", "p"),
-                                                    "prev_rel": prev.select("item", "z", "passed", "dropped"),
-                                                    "params_rel": _cumulative_params(rows.sparkSession, c)},
-                      {"r": int(r)}, output="dp__scr_sums")
+                                                    "prev_rel": prev.select("item", "z", "passed", "dropped")},
+                      _round_constants(c, r), output="dp__scr_sums")
 
 
 def sips_cumulative_state(noisy, c: cumulative.CumulativeParameters, r: int):
     """(item, z, passed, dropped) of round ``r`` from its noisy sums (item, noisy): the stage ``dp__scr_state``."""
-    return _run_stage("dp__sips_cumulative_round", {"dp__scr_noisy": noisy.select("item", "noisy"),
-                                                    "params_rel": _cumulative_params(noisy.sparkSession, c)},
-                      {"r": int(r)}, output="dp__scr_state")
+    return _run_stage("dp__sips_cumulative_round", {"dp__scr_noisy": noisy.select("item", "noisy")},
+                      _round_constants(c, r), output="dp__scr_state")
 
 
 def sips_cumulative_next_rows(rows, state, c: cumulative.CumulativeParameters, r: int):
-    """Round ``r + 1``'s rows (user_id, item, p): ``dp__sips_cumulative_next`` with its tilt ``dp__sips_cumulative_tilt``.
+    """Round ``r + 1``'s rows (user_id, item, p): ``dp__sips_cumulative_next`` with its tilt ``dp__sips_cumulative_tilt``,
+    or without dropping (``c.plain``) ``dp__sips_cumulative_next_plain``.
 
     ``rows`` round ``r``'s rows, ``state`` its (item, z, passed, dropped). Also round two's rows
     (``r = 1``): DuckDB's ``dp__sips_cumulative_next_first`` gives the same rows under 32-bit ids.
     """
-    params = _cumulative_params(rows.sparkSession, c)
+    rows = rows.select("user_id", "item", "p")
     state = state.select("item", "z", "passed", "dropped")
-    tilt = _run_stage("dp__sips_cumulative_tilt", {"z_rel": state, "params_rel": params}, {"r": int(r)})
-    return _run_stage("dp__sips_cumulative_next", {"rows_rel": rows.select("user_id", "item", "p"), "z_rel": state,
-                                                   "params_rel": params, "dp__sips_cumulative_tilt": tilt},
-                      {"r": int(r), "plain": c.plain})
+    if c.plain:
+        return _run_stage("dp__sips_cumulative_next_plain", {"rows_rel": rows, "z_rel": state})
+    constants = _round_constants(c, r)
+    tilt = _run_stage("dp__sips_cumulative_tilt", {"z_rel": state}, constants)
+    return _run_stage("dp__sips_cumulative_next", {"rows_rel": rows, "z_rel": state, "dp__sips_cumulative_tilt": tilt},
+                      constants)
 
 
 # --------------------------------------------------------------------------
@@ -623,14 +591,14 @@ def _release_peeling_rounds(capped, rounds: Sequence[calibration.RoundCalibratio
 
 
 def _release_cumulative_rounds(capped, c: cumulative.CumulativeParameters, seed, method: str):
-    """``dp__body_set_union_sips_cumulative``: its rounds as translated stages, the noise drawn here.
+    """``dp__body_set_union_sips_cumulative``'s rounds (``dp__sips_cumulative_rounds``) as translated stages, the noise
+    drawn here.
 
     Round ``r``: the sums of the live rows (:func:`sips_cumulative_sums`), one Gaussian draw per item
     (``sigma[r]``), then the state (passed, dropped) and the next round's rows and tilts. The noisy
     sums are materialised once a round: the state, the release and every later round read them.
     """
-    rows = _run_stage("dp__body_set_union_sips_cumulative", {"dp__capped_user_items_window": capped},
-                      output="dp__sc_rows1")
+    rows = _run_stage("dp__sips_cumulative_rounds", {"dp__capped_user_items_window": capped}, output="dp__sc_rows1")
     state = rows.select("item").limit(0).selectExpr("item", "CAST(0.0 AS DOUBLE) AS z", "false AS passed",
                                                     "false AS dropped")
     released = []

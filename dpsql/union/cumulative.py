@@ -55,7 +55,7 @@ from typing import Optional, Sequence
 import duckdb
 from duckdb.sqltypes import DOUBLE, VARCHAR
 
-from dpsql.core import accounting, calibration
+from dpsql.core import accounting, calibration, release
 from dpsql.union.adaptive import check_split, multi_round_noise
 from dpsql.core.calibration import Accounting, RoundCalibration, SetUnionCalibration
 from dpsql.core.mechanism import AuditCase, Mechanism, Param, SparkForm, user_item_example, user_item_params
@@ -66,7 +66,7 @@ from dpsql.core.validation import DPParameterError, check_column_pair, check_del
 __all__ = ["MECHANISMS", "DEFAULT_SPLIT", "MAX_ROUNDS", "DEFAULT_DROP_MARGIN", "DEFAULT_MAX_BOOST", "DEFAULT_TILT",
            "NOVEL_SHARE", "LAST_NOVEL_SHARE", "CumulativeRound", "CumulativeParameters", "check_drop_margin",
            "check_max_boost", "check_tilt", "novelty_bound", "sips_cumulative_calibration", "sips_cumulative_parameters",
-           "sips_cumulative_accounting", "sips_cumulative_set_union_calibration", "udfs"]
+           "sips_cumulative_accounting", "sips_cumulative_set_union_calibration", "rounds_sql", "udfs"]
 
 # Seven rounds, each with 1.6 times the budget of the one before: the early rounds are cheap and release
 # the items far above any threshold or drop the hopeless ones, so the later ones spread the users'
@@ -233,13 +233,13 @@ def sips_cumulative_set_union_calibration(epsilon: float, delta: float, max_item
 
 @dataclass(frozen=True)
 class CumulativeParameters:
-    """What every round of a release reads: the row ``dp__sc_cal`` of the macro (:meth:`sql_row`), the
-    Spark form's calibration too. Per round (lists, round ``r`` at ``r - 1``): ``share``,
-    ``cumulative_share``, ``sigma``, ``mean_sigma``, ``rho`` (the running mean's threshold),
-    ``drop_below`` (-inf where nothing is dropped, so the SQL comparison needs no NULL case);
-    ``max_boost`` (None: no cap, as ``least()`` skips NULLs) and ``tilt`` (0 without dropping: the
-    tilt needs the cap's novelty bound, and without dropping every weight is 1/sqrt(d)); ``plain``:
-    no dropping (the macro's ``drop_margin IS NULL``: no cap, no tilt, every p stays 1)."""
+    """What every round of a release reads, written into the macro's rounds as literals (:func:`rounds_sql`;
+    :meth:`sql_row` is the calibration UDF's struct); the Spark form's calibration too. Per round (lists,
+    round ``r`` at ``r - 1``): ``share``, ``cumulative_share``, ``sigma``, ``mean_sigma``, ``rho`` (the
+    running mean's threshold), ``drop_below`` (-inf where nothing is dropped, so the SQL comparison needs
+    no NULL case); ``max_boost`` (None: no cap, as ``least()`` skips NULLs) and ``tilt`` (0 without
+    dropping: the tilt needs the cap's novelty bound, and without dropping every weight is 1/sqrt(d));
+    ``plain``: no dropping (``drop_margin`` NULL: no cap, no tilt, every p stays 1)."""
 
     share: tuple[float, ...]
     cumulative_share: tuple[float, ...]
@@ -289,8 +289,63 @@ def _parameters(key: tuple, tilt: Optional[float]) -> CumulativeParameters:
         accounting=a)
 
 
+def _double(value: Optional[float]) -> str:
+    """A DOUBLE as a SQL literal DuckDB reads back exactly and binds as a constant: the shortest repr with an
+    exponent (DuckDB types a number with an exponent DOUBLE, where ``0.5`` would be a DECIMAL, and a CAST
+    would be one more expression to bind at every use); NULL; an infinity as text cast to DOUBLE."""
+    if value is None:
+        return "NULL"
+    if math.isinf(value):
+        return "'-inf'::DOUBLE" if value < 0 else "'inf'::DOUBLE"
+    text = repr(float(value))
+    return text if "e" in text else text + "e0"
+
+
+def rounds_sql(tbl: str, epsilon: float, delta: float, max_items: int, split: Optional[Sequence[float]],
+               drop_margin: Optional[float], max_boost: Optional[float], tilt: Optional[float], user_col: str,
+               item_col: str) -> str:
+    """The SQL text of the body of ``dp_set_union_sips_cumulative``: its rounds (the macro
+    ``dp__sips_cumulative_rounds``, sql/30_union/30_cumulative.sql) on the release's capped rows, with every
+    round's calibration (:func:`sips_cumulative_parameters`) written in as literals, so each round reads
+    constants (no one-row relation to join, no list to subscript at each use); a table or column name is a
+    quoted literal (:func:`dpsql.core.release.sql_value`): data, never SQL text.
+
+    An invalid parameter is not raised here, while DuckDB binds (its error would then carry the statement's
+    text): the text returned calls the calibration UDF on the same values where it runs, before reading any
+    row, so the release is refused with the error it gave before (a releasing macro's check refuses first).
+    """
+    try:
+        check_column_pair(user_col, item_col)
+        c = sips_cumulative_parameters(epsilon, delta, max_items, split, drop_margin, max_boost, tilt)
+        return _rounds_call(release.sql_value("tbl", tbl, "VARCHAR"),
+                            release.sql_value("max_items", max_items, "DOUBLE"),
+                            release.sql_value("user_col", user_col, "VARCHAR"),
+                            release.sql_value("item_col", item_col, "VARCHAR"), c)
+    except DPParameterError:
+        pass
+    args = ", ".join(release.sql_value(name, value, sql_type) for name, value, sql_type in (
+        ("epsilon", epsilon, "DOUBLE"), ("delta", delta, "DOUBLE"), ("max_items", max_items, "DOUBLE"),
+        ("split", split, "DOUBLE[]"), ("drop_margin", drop_margin, "DOUBLE"), ("max_boost", max_boost, "DOUBLE"),
+        ("tilt", tilt, "DOUBLE"), ("user_col", user_col, "VARCHAR"), ("item_col", item_col, "VARCHAR")))
+    return f"SELECT item FROM (SELECT NULL AS item) WHERE dp__sips_cumulative_calibration({args}) IS NULL"
+
+
+_ROUND_FIELDS = ("share", "cumulative_share", "sigma", "mean_sigma", "rho", "drop_below")
+
+
+@lru_cache(maxsize=64)
+def _rounds_call(tbl: str, max_items: str, user_col: str, item_col: str, c: CumulativeParameters) -> str:
+    per_round = ", ".join(f"{name}{r} := {_double(v)}" for r in range(1, c.rounds + 1)
+                          for name, v in ((n, getattr(c, n)[r - 1]) for n in _ROUND_FIELDS))
+    return (f"SELECT item FROM dp__sips_cumulative_rounds({tbl}, max_items := {max_items}, user_col := {user_col}, "
+            f"item_col := {item_col}, rounds := {c.rounds}, plain := {'true' if c.plain else 'false'}, "
+            f"max_boost := {_double(c.max_boost)}, tilt := {_double(c.tilt)}, last_rho := {_double(c.rho[-1])}, "
+            f"{per_round})")
+
+
 def udfs(source) -> list[Udf]:
-    """The calibration UDF of ``dp_set_union_sips_cumulative`` (pure; rows cached per parameters)."""
+    """The calibration UDF of ``dp_set_union_sips_cumulative`` (pure; rows cached per parameters) and the
+    UDF that renders its body's rounds (:func:`rounds_sql`, pure: called while DuckDB binds)."""
 
     def cal(epsilon, delta, max_items, split, drop_margin, max_boost, tilt, user_col, item_col):
         check_column_pair(user_col, item_col)
@@ -302,7 +357,9 @@ def udfs(source) -> list[Udf]:
                                   "drop_below": dl, "max_boost": DOUBLE, "tilt": DOUBLE,
                                   "accountant": VARCHAR, "total_epsilon": DOUBLE, "total_delta": DOUBLE})
     return [Udf("dp__sips_cumulative_calibration", scalar(cal),
-                (DOUBLE, DOUBLE, DOUBLE, dl, DOUBLE, DOUBLE, DOUBLE, VARCHAR, VARCHAR), returns)]
+                (DOUBLE, DOUBLE, DOUBLE, dl, DOUBLE, DOUBLE, DOUBLE, VARCHAR, VARCHAR), returns),
+            Udf("dp__sips_cumulative_rounds_sql", scalar(rounds_sql),
+                (VARCHAR, DOUBLE, DOUBLE, DOUBLE, dl, DOUBLE, DOUBLE, DOUBLE, VARCHAR, VARCHAR), VARCHAR)]
 
 
 MECHANISMS: tuple[Mechanism, ...] = (

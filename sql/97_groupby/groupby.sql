@@ -276,11 +276,14 @@ WITH dp__rendered AS MATERIALIZED (
 -- The calibration (dpsql.groupby.calibration), its noise for L0 = min(max_groups, the groups released): no
 -- user holds more of them (post_threshold: L0 = max_groups, its count noise selects). The release's parameters
 -- were checked before anything was read (the wrapper).
+-- The struct is unnested from a subquery: unnest(<the UDF call>) would copy the call into each of its ~40
+-- fields, every copy bound and planned.
 dp__cal AS MATERIALIZED (
-    SELECT unnest(dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise,
-                                           max_groups, max_rows, selection, split, pre_threshold, confidence,
-                                           group_cols, items_tbl, user_col, item_col, k.n))
-    FROM (SELECT count(*) AS n FROM dp__rendered) AS k),
+    SELECT unnest(dp__c)
+    FROM (SELECT dp__group_by_calibration(epsilon, delta, max_items, aggregates, value_col, lower, upper, noise,
+                                          max_groups, max_rows, selection, split, pre_threshold, confidence,
+                                          group_cols, items_tbl, user_col, item_col, k.n) AS dp__c
+          FROM (SELECT count(*) AS n FROM dp__rendered) AS k)),
 dp__user_item_value_rows AS (FROM dp__group_by_value_rows(tbl, value_col, user_col, item_col, group_cols)),
 dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s),
 -- post_threshold (docs/proofs/post_threshold.md): each user keeps at most max_groups of ALL its groups (the
@@ -315,10 +318,11 @@ WITH dp__selected AS MATERIALIZED (
                          'group_cols': group_cols}::VARCHAR) IS NULL OR true
                     THEN dp__group_by_public_items_sql(tbl, items_tbl, item_col, group_cols) END)),
 dp__cal AS MATERIALIZED (
-    SELECT unnest(dp__group_by_public_calibration(epsilon, max_items, aggregates, value_col, lower, upper,
-                                                  max_groups, max_rows, confidence, group_cols, user_col,
-                                                  item_col, k.n))
-    FROM (SELECT count(*) AS n FROM dp__selected) AS k),
+    SELECT unnest(dp__c)
+    FROM (SELECT dp__group_by_public_calibration(epsilon, max_items, aggregates, value_col, lower, upper,
+                                                 max_groups, max_rows, confidence, group_cols, user_col,
+                                                 item_col, k.n) AS dp__c
+          FROM (SELECT count(*) AS n FROM dp__selected) AS k)),
 dp__user_item_value_rows AS (FROM dp__group_by_value_rows(tbl, value_col, user_col, item_col, group_cols)),
 dp__salt AS MATERIALIZED (SELECT hash(dp__secret_salt()) AS s)
 FROM dp__group_by_aggregates('dp__user_item_value_rows', 'dp__selected', 'dp__cal', 'dp__salt', items_tbl,

@@ -193,17 +193,51 @@ def test_translated_stages_are_the_macros_with_bindings():
 
 def test_list_subscripts_and_integer_parameters_keep_duckdbs_meaning():
     """DuckDB's x[i] counts from 1 and from the end when negative: Spark's element_at, not Spark's x[i]."""
-    tilt = stage_sql("dp__sips_cumulative_tilt", {"z_rel": "z", "params_rel": "par"}, {"r": 3})
-    # the INTEGER parameter r is bound as an integer index; rho[-1] is the last round's threshold
-    assert "ELEMENT_AT(cumulative_share, 3)" in tilt and "ELEMENT_AT(rho, -1)" in tilt, tilt
-    assert "[" not in tilt
     tree = sqlglot.parse_one("SELECT x[1], x[-1], x[r], x[-2], s['f'] FROM t", read="duckdb")
     got = portable._subscripts_as_element_at(sqlglot.exp, tree).sql(dialect="spark")
     assert got == "SELECT ELEMENT_AT(x, 1), ELEMENT_AT(x, -1), ELEMENT_AT(x, r), ELEMENT_AT(x, -2), s['f'] FROM t", got
-    # any other number is still a DOUBLE
-    sums = stage_sql("dp__sips_cumulative_round", {"rows_rel": "rows", "prev_rel": "prev", "params_rel": "par"},
-                     {"r": 2}, output="dp__scr_sums")
-    assert "ELEMENT_AT(share, 2)" in sums and "noise" not in sums.lower()
+    # a parameter declared INTEGER is bound as an integer (a list index), any other number as a DOUBLE
+    assert portable._literal(sqlglot.exp, 3, "INTEGER").sql(dialect="spark") == "3"
+    assert portable._literal(sqlglot.exp, 3, "DOUBLE").sql(dialect="spark") == "3.0e0"
+
+
+def test_constants_are_bound_as_the_doubles_they_are():
+    """A stage's DOUBLE constants (a round's calibration) are literals both engines read back exactly: the
+    shortest repr with an exponent (a plain decimal literal is a DECIMAL first, whose conversion can round
+    twice), an infinity as text, None as a typed NULL. Checked by running DuckDB's translation of a round's
+    state on its own noisy sums against the same arithmetic in Python."""
+    import math
+    import random
+
+    import duckdb
+
+    exp = sqlglot.exp
+    rnd = random.Random(3)
+    values = [rnd.uniform(-1e3, 1e3) * 10 ** rnd.randint(-12, 12) for _ in range(200)]
+    values += [0.1, 1 / 3, 2.5e-05, -21.340451374627897, 5e-324, 1.7976931348623157e308]
+    con = duckdb.connect()
+    texts = [portable._literal(exp, v, "DOUBLE").sql(dialect="duckdb") for v in values]
+    assert all("e" in t and "CAST" not in t for t in texts)
+    assert list(con.execute(f"SELECT [{', '.join(texts)}]").fetchone()[0]) == values
+    assert portable._literal(exp, -math.inf, "DOUBLE").sql(dialect="spark") == "CAST('-Infinity' AS DOUBLE)"
+    assert portable._literal(exp, None, "DOUBLE").sql(dialect="spark") == "CAST(NULL AS DOUBLE)"
+    for v in (-math.inf, math.inf, None):
+        assert con.execute(f"SELECT {portable._literal(exp, v, 'DOUBLE').sql(dialect='duckdb')}").fetchone()[0] == v
+    # a round's state with its calibration bound: z = share * noisy, passed z >= F rho, dropped z < F drop_below
+    share, big_f, rho = 0.03714660576604473, 0.060363234369822674, 95.07010371513447
+    for drop_below in (-21.340451374627897, -math.inf):
+        constants = {"share": share, "cumulative_share": big_f, "rho": rho, "drop_below": drop_below}
+        sql = stage_sql("dp__sips_cumulative_round", {"dp__scr_noisy": "noisy"}, constants, output="dp__scr_state",
+                        dialect="duckdb")
+        noisy = [rnd.uniform(-2000, 3000) for _ in range(300)]
+        con.execute("CREATE OR REPLACE TABLE noisy AS SELECT 'i' || i AS item, x AS noisy "
+                    "FROM (SELECT unnest(range(len($1))) AS i, unnest($1) AS x)", [noisy])
+        got = {item: (z, passed, dropped) for item, z, passed, dropped in con.execute(sql).fetchall()}
+        want = {}
+        for i, x in enumerate(noisy):
+            z = share * x
+            want[f"i{i}"] = (z, z >= big_f * rho, z < big_f * rho and z < big_f * drop_below)
+        assert got == want
 
 
 def test_a_keyed_scalar_lookup_is_a_left_join_outside_duckdb_with_the_same_rows():
@@ -213,8 +247,8 @@ def test_a_keyed_scalar_lookup_is_a_left_join_outside_duckdb_with_the_same_rows(
 
     import duckdb
 
-    sums = stage_sql("dp__sips_cumulative_round", {"rows_rel": "rows", "prev_rel": "prev", "params_rel": "par"},
-                     {"r": 2}, output="dp__scr_sums")
+    sums = stage_sql("dp__sips_cumulative_round", {"rows_rel": "rows", "prev_rel": "prev"},
+                     {"share": 0.5, "max_boost": 2.0}, output="dp__scr_sums")
     assert re.search(r"LEFT JOIN \(SELECT \*, TRUE AS dp__found FROM dp__scr_users\) AS dp__lookup0 "
                      r"ON dp__lookup0.user_id IS NOT DISTINCT FROM", sums), sums
     assert "WHERE dp__scr_users.user_id" not in sums  # no correlated subquery left
@@ -317,30 +351,3 @@ def test_spark_parameter_errors_are_dpsql_set_union_errors(method, kwargs):
         con.close()
     assert str(spark_err.value).startswith("dpsql: ")
     assert str(spark_err.value) in str(duck_err.value)
-
-
-def test_the_cumulative_parameter_row_is_built_once_per_session_and_parameters(monkeypatch):
-    """The rounds of a Spark release read one parameter row (dspark._cumulative_params): built once per (session,
-    calibration), again for another calibration or session, and each time for a session that cannot be weakly
-    referenced (no cache, no error)."""
-    from dpsql.union import cumulative
-
-    built: list[tuple[object, object]] = []
-    monkeypatch.setattr(dspark, "_cumulative_params_row", lambda s, c: built.append((s, c)) or object())
-
-    class Session:
-        pass
-
-    class Slotted:
-        __slots__ = ()
-
-    a, b = Session(), Session()
-    c1 = cumulative.sips_cumulative_parameters(1.0, 1e-5, 100)
-    c2 = cumulative.sips_cumulative_parameters(3.0, 1e-5, 100)
-    assert dspark._cumulative_params(a, c1) is dspark._cumulative_params(a, c1)
-    assert dspark._cumulative_params(a, c2) is not dspark._cumulative_params(a, c1)
-    assert dspark._cumulative_params(b, c1) is not dspark._cumulative_params(a, c1)
-    assert len(built) == 3
-    s = Slotted()
-    dspark._cumulative_params(s, c1), dspark._cumulative_params(s, c1)
-    assert len(built) == 5

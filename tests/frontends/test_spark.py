@@ -167,12 +167,6 @@ def _zero_gaussian_noise(con):
                         side_effects=True)
 
 
-def _sql_option(v) -> str:
-    if v is None:
-        return "NULL"
-    return f"[{', '.join(repr(float(x)) for x in v)}]::DOUBLE[]" if isinstance(v, (list, tuple)) else repr(float(v))
-
-
 # (epsilon, options): the default (dropping, cap, tilt); another split, margin and tilt without a cap; no
 # dropping (plain: no cap, no tilt). epsilon 3 puts the last threshold inside the data's weights, so items
 # pass in several rounds and, with dropping, some are dropped and some tilted.
@@ -200,31 +194,40 @@ def test_sips_cumulative_rounds_agree(spark, capped, epsilon, options):
     opts = {"split": cumulative.DEFAULT_SPLIT, "drop_margin": cumulative.DEFAULT_DROP_MARGIN,
             "max_boost": cumulative.DEFAULT_MAX_BOOST, "tilt": cumulative.DEFAULT_TILT, **options}
     c = cumulative.sips_cumulative_parameters(epsilon, DELTA, MAX_ITEMS, **opts)
-    args = ", ".join(_sql_option(opts[k]) for k in ("split", "drop_margin", "max_boost", "tilt"))
     _zero_gaussian_noise(con)
-    con.execute(f"CREATE OR REPLACE TABLE cal AS SELECT unnest(dp__sips_cumulative_calibration({epsilon}, {DELTA}, "
-                f"{MAX_ITEMS}, {args}, 'user_id', 'item'))")
-    assert con.execute("SELECT tilt, max_boost FROM cal").fetchone() == (c.tilt, c.max_boost)
+    # each round's calibration as DuckDB's body writes it into its rounds (dpsql.union.cumulative.rounds_sql)
+    lit = cumulative._double
+
+    def round_args(r):  # share, cumulative_share, sigma, rho, drop_below of round r, max_boost
+        return ", ".join(lit(v) for v in (c.share[r - 1], c.cumulative_share[r - 1], c.sigma[r - 1], c.rho[r - 1],
+                                          c.drop_below[r - 1], c.max_boost))
+
+    def tilt_args(r):  # cumulative_share, mean_sigma of round r, the last round's rho, the tilt
+        return ", ".join(lit(v) for v in (c.cumulative_share[r - 1], c.mean_sigma[r - 1], c.rho[-1], c.tilt))
+
     # DuckDB's chain, as its body runs it (round two's rows and later under 32-bit ids)
     con.execute("CREATE OR REPLACE TABLE k0 AS SELECT user_id, item, 1.0::FLOAT AS p FROM c")
     con.execute("CREATE OR REPLACE TABLE z0 AS SELECT item, 0.0::DOUBLE AS z, false AS passed, false AS dropped "
                 "FROM c LIMIT 0")
     con.execute("CREATE OR REPLACE TABLE z1 AS SELECT *, (row_number() OVER ())::UINTEGER AS id "
-                "FROM dp__sips_cumulative_round('k0', 'z0', 'cal', 1)")
+                f"FROM dp__sips_cumulative_round('k0', 'z0', {round_args(1)})")
     con.execute("CREATE OR REPLACE TABLE uid AS SELECT user_id, (row_number() OVER ())::UINTEGER AS uid "
                 "FROM (SELECT DISTINCT user_id FROM c)")
     names = dict(con.execute("SELECT id, item FROM z1").fetchall())
     users = dict(con.execute("SELECT uid, user_id FROM uid").fetchall())
     for r in range(1, c.rounds):
         if r == 1:
-            con.execute("CREATE OR REPLACE TABLE k1 AS FROM dp__sips_cumulative_next_first('c', 'uid', 'z1', 'cal')")
+            con.execute(f"CREATE OR REPLACE TABLE k1 AS FROM dp__sips_cumulative_next_first('c', 'uid', 'z1', "
+                        f"{tilt_args(1)})")
             con.execute("CREATE OR REPLACE TABLE zid1 AS SELECT id AS item, z, passed, dropped FROM z1")
+        elif c.plain:
+            con.execute(f"CREATE OR REPLACE TABLE k{r} AS FROM dp__sips_cumulative_next_plain('k{r - 1}', 'z{r}')")
         else:
-            con.execute(f"CREATE OR REPLACE TABLE k{r} AS FROM dp__sips_cumulative_next('k{r - 1}', 'z{r}', 'cal', "
-                        f"{r}, {opts['drop_margin'] is None})")
+            con.execute(f"CREATE OR REPLACE TABLE k{r} AS FROM dp__sips_cumulative_next('k{r - 1}', 'z{r}', "
+                        f"{tilt_args(r)})")
         prev = "zid1" if r == 1 else f"z{r}"
-        con.execute(f"CREATE OR REPLACE TABLE z{r + 1} AS FROM dp__sips_cumulative_round('k{r}', '{prev}', 'cal', "
-                    f"{r + 1})")
+        con.execute(f"CREATE OR REPLACE TABLE z{r + 1} AS FROM dp__sips_cumulative_round('k{r}', '{prev}', "
+                    f"{round_args(r + 1)})")
 
     def state(r):  # DuckDB's state of round r, by item name
         return {(names[i] if r > 1 else i): (z, passed, dropped)

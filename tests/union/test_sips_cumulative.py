@@ -157,6 +157,54 @@ def test_sql_calibration_row_is_the_python_calibration():
     assert off["rho"] == [r.threshold for r in plain]
 
 
+@pytest.mark.parametrize("options", [{}, {"drop_margin": None}, {"split": [1 / 8] * 8, "max_boost": None},
+                                     {"split": [1.0], "tilt": 0.0}, {"split": [0.2, 0.3, 0.5], "drop_margin": 1.5}])
+def test_the_body_writes_every_round_calibration_in_exactly(options):
+    """The body renders its rounds' call with the calibration as literals (cumulative.rounds_sql): read back
+    by DuckDB they are the Python calibration bit for bit (-inf where nothing drops, NULL without a cap), the
+    rounds after the last NULL; the table and column names are data (quoted)."""
+    import duckdb
+
+    opts = {"split": cumulative.DEFAULT_SPLIT, "drop_margin": cumulative.DEFAULT_DROP_MARGIN,
+            "max_boost": cumulative.DEFAULT_MAX_BOOST, "tilt": cumulative.DEFAULT_TILT, **options}
+    c = cumulative.sips_cumulative_parameters(1.0, 1e-5, 100, **opts)
+    rounds = sqltext.macro("dp__sips_cumulative_rounds")
+    fields = ("share", "cumulative_share", "sigma", "mean_sigma", "rho", "drop_below")
+    # the same parameters, returned as a row instead of running the rounds
+    per_round = ", ".join(f"[{', '.join(f'{f}{r}' for r in range(1, 9))}] AS {f}" for f in fields)
+    con = duckdb.connect()
+    con.execute(f"CREATE TEMP MACRO dp__sips_cumulative_rounds({rounds.signature}) AS TABLE SELECT tbl, max_items, "
+                f"user_col, item_col, rounds, plain, max_boost, tilt, last_rho, {per_round}")
+    text = cumulative.rounds_sql("it's", 1.0, 1e-5, 100.0, list(opts["split"]), opts["drop_margin"],
+                                 opts["max_boost"], opts["tilt"], "user_id", "it'em")
+    [row] = con.execute(text.replace("SELECT item FROM", "SELECT * FROM", 1)).fetchall()
+    tbl, max_items, user_col, item_col, n, plain, max_boost, tilt, last_rho, *lists = row
+    assert (tbl, max_items, user_col, item_col) == ("it's", 100.0, "user_id", "it'em")
+    assert (n, plain, max_boost, tilt, last_rho) == (c.rounds, c.plain, c.max_boost, c.tilt, c.rho[-1])
+    for name, got in zip(fields, lists):
+        assert got == list(getattr(c, name)) + [None] * (8 - c.rounds), name
+
+
+def test_an_invalid_parameter_is_the_calibration_error_where_the_body_runs():
+    """The body renders its rounds while DuckDB binds; an invalid parameter is not raised there (DuckDB would
+    add the statement's text to the error) but by the calibration UDF where the text runs, before any row is
+    read: the error the calibration gives, and nothing charged."""
+    text = cumulative.rounds_sql("t", 1.0, 1e-5, 100.0, [0.5, 0.6], 3.0, 2.0, 0.7, "user_id", "item")
+    assert "dp__sips_cumulative_calibration(" in text and "dp__sips_cumulative_rounds" not in text
+    con = dpsql.connect()
+    try:
+        load(con, [(u, f"i{u % 3}") for u in range(30)])
+        for bad, message in ((", split := [0.5, 0.6]", "the fractions of split must sum to 1"),
+                             (", drop_margin := -1", "drop_margin must be a number between 0 and 100"),
+                             (", item_col := 'user_id'", "user_col and item_col must name two different columns")):
+            with pytest.raises(Exception, match=message) as err:
+                con.execute(f"FROM dp__body_set_union_sips_cumulative('t', 1.0, 1e-5{bad})").fetchall()
+            assert "LINE 1" not in str(err.value)
+        assert con.execute("SELECT count(*) FROM dp_releases()").fetchall() == [(0,)]
+    finally:
+        con.close()
+
+
 def test_split_limits():
     assert len(cumulative.sips_cumulative_calibration(1.0, 1e-5, 10, [1 / 8] * 8)) == 8
     with pytest.raises(DPParameterError, match="between 1 and 8"):
@@ -190,8 +238,8 @@ def test_bad_parameters_are_refused_before_the_charge(sql, message):
 
 def test_a_table_too_large_for_the_32_bit_ids_is_refused_before_the_charge():
     """From round two on, users and items are 32-bit ids: 2^32 capped rows or more are refused before the
-    charge. Checked with the shipped macro's bound lowered to 40 rows (a 2^32-row table is out of reach)."""
-    body = sqltext.macro("dp__body_set_union_sips_cumulative")
+    charge. Checked with the shipped rounds' bound lowered to 40 rows (a 2^32-row table is out of reach)."""
+    body = sqltext.macro("dp__sips_cumulative_rounds")
     assert body.body.count("< 4294967296 THEN true") == 1
     con = dpsql.connect()
     try:
@@ -249,8 +297,8 @@ def test_every_join_on_the_user_builds_its_hash_table_on_the_users(tmp_path, n_r
 # The proof's property on random neighbours, with the engine's round macro
 # ---------------------------------------------------------------------------
 
-_NO_RELEASE = ("CREATE OR REPLACE TABLE p AS SELECT [{f}] AS share, [{F}] AS cumulative_share, [1e-12] AS sigma, "
-               "[1e300] AS rho, ['-inf'::DOUBLE] AS drop_below, {b}::DOUBLE AS max_boost")
+# the round's calibration (share, cumulative_share, sigma, rho, drop_below, max_boost): no release, no drop
+_NO_RELEASE = "{f}, {F}, 1e-12, 1e300, '-inf'::DOUBLE, {b}::DOUBLE"
 
 
 def _running_sums(con, rows: list, dropped: set, prev: dict, share: float, cumulative_share: float,
@@ -266,8 +314,9 @@ def _running_sums(con, rows: list, dropped: set, prev: dict, share: float, cumul
     staged = pa.table({"item": pa.array(list(prev), pa.string()),  # noqa: F841
                        "z": pa.array(list(prev.values()), pa.float64())})
     con.execute("CREATE OR REPLACE TABLE z AS SELECT item, z, false AS passed, false AS dropped FROM staged")
-    con.execute(_NO_RELEASE.format(f=share, F=cumulative_share, b="NULL" if max_boost is None else max_boost))
-    out = con.execute("SELECT item, z, passed, dropped FROM dp__sips_cumulative_round('k', 'z', 'p', 1)").fetchall()
+    cal = _NO_RELEASE.format(f=repr(float(share)), F=repr(float(cumulative_share)),
+                             b="NULL" if max_boost is None else repr(float(max_boost)))
+    out = con.execute(f"SELECT item, z, passed, dropped FROM dp__sips_cumulative_round('k', 'z', {cal})").fetchall()
     assert not any(r[2] or r[3] for r in out)
     return {r[0]: r[1] for r in out}
 
@@ -537,23 +586,23 @@ def test_tilted_weights_and_the_tilt_of_the_next_round():
         z = _running_sums(con, [(1, "a"), (1, "b"), (2, "b")], set(), {}, 1.0, 1.0, 2.0, {"a": 1.0, "b": 0.25})
         assert z["a"] == pytest.approx(1 / math.sqrt(1.0625), abs=1e-9)
         assert z["b"] == pytest.approx(0.25 / math.sqrt(1.0625) + 1.0, abs=1e-9)  # user 2: cap 1
-        con.execute("CREATE OR REPLACE TABLE p AS SELECT [0.5, 0.5] AS share, [0.5, 1.0] AS cumulative_share, "
-                    "[2.0, 1.0] AS mean_sigma, [50.0, 10.0] AS rho, 0.7 AS tilt")
+        tilt = "0.5, 2.0, 10.0, 0.7"  # round one's cumulative_share and mean_sigma, the last rho, the tilt
         con.execute("CREATE OR REPLACE TABLE zr AS SELECT * FROM (VALUES ('a', 4.0, false, false), "
                     "('b', 6.0, false, false), ('c', 9.0, false, false), ('d', 1.0, false, true), "
                     "('e', 30.0, true, false)) v(item, z, passed, dropped)")
         con.execute("CREATE OR REPLACE TABLE rr AS SELECT user_id, item, p::FLOAT AS p FROM (VALUES (1, 'a', 1.0), "
                     "(1, 'b', 0.5), (1, 'c', 1.0), (1, 'd', 1.0), (1, 'e', 1.0), (1, 'x', 0.0)) v(user_id, item, p)")
         got = dict(con.execute(
-            "SELECT item, p FROM dp__sips_cumulative_next('rr', 'zr', 'p', 1, false) ORDER BY item").fetchall())
+            f"SELECT item, p FROM dp__sips_cumulative_next('rr', 'zr', {tilt}) ORDER BY item").fetchall())
         # round one's form: the same rows, numbered by the users' and the items' ids
         con.execute("CREATE OR REPLACE TABLE r1 AS SELECT user_id, item FROM rr WHERE item <> 'x'")
         con.execute("CREATE OR REPLACE TABLE u1 AS SELECT 1 AS user_id, 7::UINTEGER AS uid")
         con.execute("CREATE OR REPLACE TABLE z1 AS SELECT *, (100 + row_number() OVER (ORDER BY item))::UINTEGER AS id "
                     "FROM zr")
-        first = con.execute("SELECT * FROM dp__sips_cumulative_next_first('r1', 'u1', 'z1', 'p') ORDER BY item").fetchall()
+        first = con.execute(f"SELECT * FROM dp__sips_cumulative_next_first('r1', 'u1', 'z1', {tilt}) "
+                            "ORDER BY item").fetchall()
         types = [t for _, t, *_ in con.execute(
-            "DESCRIBE SELECT * FROM dp__sips_cumulative_next_first('r1', 'u1', 'z1', 'p')").fetchall()]
+            f"DESCRIBE SELECT * FROM dp__sips_cumulative_next_first('r1', 'u1', 'z1', {tilt})").fetchall()]
     finally:
         con.close()
     # means 8, 12, 18 against rho_R = 10 with sd 2: scores clipped to 0, 1, 3; e released, d dropped, x kept
@@ -572,11 +621,10 @@ def test_the_largest_tilt_keeps_a_live_item_apart_from_a_dropped_one():
     assert cumulative.check_tilt(cumulative._MAX_TILT) == cumulative._MAX_TILT
     con = seeded(1)
     try:
-        con.execute("CREATE OR REPLACE TABLE p AS SELECT [1.0] AS cumulative_share, [1.0] AS mean_sigma, "
-                    f"[10.0] AS rho, {cumulative._MAX_TILT} AS tilt")
         con.execute("CREATE OR REPLACE TABLE zr AS SELECT * FROM (VALUES ('far', 1e6, false, false), "
                     "('gone', -1e6, false, true)) v(item, z, passed, dropped)")
-        got = dict(con.execute("SELECT item, p FROM dp__sips_cumulative_tilt('zr', 'p', 1)").fetchall())
+        got = dict(con.execute(f"SELECT item, p FROM dp__sips_cumulative_tilt('zr', 1.0, 1.0, 10.0, "
+                               f"{cumulative._MAX_TILT!r})").fetchall())
     finally:
         con.close()
     assert got["far"] == pytest.approx(math.exp(-3 * cumulative._MAX_TILT), rel=1e-6) and got["far"] > 0
@@ -585,15 +633,13 @@ def test_the_largest_tilt_keeps_a_live_item_apart_from_a_dropped_one():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_plain_next_round_is_the_tilted_one_without_dropping_or_tilt(seed):
-    """Without dropping every tilt is 1: the anti join on the released items (``plain``) keeps exactly
-    the rows, and the p, that the join on every other item's tilt keeps."""
+    """Without dropping every tilt is 1: the anti join on the released items (``dp__sips_cumulative_next_plain``)
+    keeps exactly the rows, and the p, that the join on every other item's tilt keeps."""
     rng = random.Random(seed)
     rows = sorted(set(zipf_rows(rng, n_users=40, n_items=60, max_deg=12)))
     items = sorted({i for _, i in rows})
     con = seeded(seed)
     try:
-        con.execute("CREATE OR REPLACE TABLE p AS SELECT [0.5, 0.5] AS share, [0.5, 1.0] AS cumulative_share, "
-                    "[2.0, 1.0] AS mean_sigma, [50.0, 10.0] AS rho, 0.0 AS tilt")
         staged = pa.table({"item": pa.array([str(i) for i in items]),  # noqa: F841
                            "z": pa.array([rng.uniform(-5, 40) for _ in items], pa.float64()),
                            "passed": pa.array([rng.random() < 0.3 for _ in items])})
@@ -601,8 +647,9 @@ def test_the_plain_next_round_is_the_tilted_one_without_dropping_or_tilt(seed):
         staged = pa.table({"user_id": pa.array([u for u, _ in rows], pa.int64()),  # noqa: F841
                            "item": pa.array([str(i) for _, i in rows])})
         con.execute("CREATE OR REPLACE TABLE rr AS SELECT user_id, item, 1.0::FLOAT AS p FROM staged")
-        plain, tilted = (con.execute(f"SELECT * FROM dp__sips_cumulative_next('rr', 'zr', 'p', 1, {flag}) "
-                                     "ORDER BY ALL").fetchall() for flag in ("true", "false"))
+        plain, tilted = (con.execute(f"SELECT * FROM {call} ORDER BY ALL").fetchall()
+                         for call in ("dp__sips_cumulative_next_plain('rr', 'zr')",
+                                      "dp__sips_cumulative_next('rr', 'zr', 0.5, 2.0, 10.0, 0.0)"))
         released = {r[0] for r in con.execute("SELECT item FROM zr WHERE passed").fetchall()}
     finally:
         con.close()

@@ -141,8 +141,8 @@ def test_salt_is_fresh_per_query(con):
 #   (no pairs, no degrees); DP-SIPS adds each round's released items; MAD2R adds round one's noisy
 #   weights and the candidates' biases (one row per item) and round two's rows;
 # - cumulative DP-SIPS stores each round's running sums (one row per item not yet released), the
-#   rows of the items no round has released yet (they shrink from round to round), its size check
-#   and its calibration (one row, which every round reads);
+#   rows of the items no round has released yet (they shrink from round to round) and its size check
+#   (its calibration is written into its rounds as literals);
 # - the multi-round methods (DP-SIPS, cumulative DP-SIPS, MAD2R) store their progress reports, one row
 #   per round (dpsql.core.progress).
 _WRAPPER = {"dp__bound", "dp__checked", "dp__released", "dp__paid"}
@@ -157,7 +157,7 @@ STORED = {
                         "dp__s_progress"},
     # the default seven rounds store the rows kept for rounds 2..7 (by the users' ids, dp__sc_uid); the
     # chain's eighth round reads nothing (its rows are pruned, its filter is false) and stores an empty table
-    "sips_cumulative": _WRAPPER | {"dp__salt", "dp__sc_cal", "dp__sc_rows", "dp__sc_uid", "dp__sc_size",
+    "sips_cumulative": _WRAPPER | {"dp__salt", "dp__sc_rows", "dp__sc_uid", "dp__sc_size",
                                   "dp__sc_progress"}
     | {f"dp__sc_z{r}" for r in range(1, 9)} | {f"dp__sc_k{r}" for r in range(1, 7)},
     "mad2r": _WRAPPER | {"dp__salt", "dp__m2_rows", "dp__m2_noisy1", "dp__m2_items2", "dp__m2_rows2",
