@@ -157,5 +157,9 @@ MECHANISMS: tuple[Mechanism, ...] = (
         proof="auto", calibrate=auto_calibration, rounds=2, sql="30_union/50_auto.sql",
         # No Spark form: the Spark backend has no greedy_update (a sequential policy).
         example=user_item_example(choice_share="0.05", degree_bound="3"),
-        audit=(AuditCase("order", note="row order, added row stored first"),)),
+        # The choice's case runs at choice_share 0.5 (eps0 = epsilon / 2), so that its noise moves the output
+        # measurably; at 0.02 the audited bound could not tell the choice's noise from none.
+        audit=(AuditCase("choice", options=(("choice_share", 0.5),),
+                         note="the choice: statistic 0 on D, -1 on D'; choice_share 0.5"),
+               AuditCase("order", note="row order, added row stored first"))),
 )
