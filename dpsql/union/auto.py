@@ -14,7 +14,8 @@ between them from the data's shape, privately, and runs the chosen one on the re
 2. **The choice.** ``greedy_update`` iff ``f + Z >= 0``, ``Z ~ DLap(1/eps0)`` (pmf proportional to
    ``exp(-eps0 |z|)`` on the integers), drawn once by dpsql's discrete Laplace sampler
    (``dp_granular_laplace_noise(1/eps0, 1)``): the geometric mechanism, ``eps0``-DP exactly; the choice is
-   a post-processing of ``f + Z``.
+   a post-processing of ``f + Z``. (Beyond the sampler's ``2^32`` steps, ``eps0 < 2^-32``, the pick is
+   ``sips_cumulative`` without reading the data: 0-DP.)
 3. **The release.** The chosen method runs at ``(epsilon - eps0, delta)`` with its own defaults and the
    same ``max_items`` (``greedy_update`` has no cap), ``user_col``, ``item_col``. Basic sequential
    composition, which allows the second mechanism to be chosen from the first one's output, makes the
@@ -32,7 +33,7 @@ from functools import lru_cache
 from typing import Optional
 
 import duckdb
-from duckdb.sqltypes import DOUBLE, VARCHAR
+from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql.core.calibration import SetUnionCalibration
 from dpsql.core.errors import ParameterError
@@ -85,7 +86,8 @@ class AutoCalibration(SetUnionCalibration):
     scale ``1/choice_epsilon`` on the statistic ``f``, ``greedy_update`` iff ``f + Z >= threshold = 0``.
     ``choice_epsilon`` is ``eps0``; ``rest_epsilon``, ``delta``: the budget of the chosen method;
     ``default`` and ``greedy``: the calibrations of ``sips_cumulative`` and ``greedy_update`` at
-    ``(rest_epsilon, delta)``.
+    ``(rest_epsilon, delta)``. ``choice_from_data`` False: ``1/choice_epsilon`` exceeds the sampler's 2^32
+    steps, and the pick is ``sips_cumulative`` whatever the data (0-DP).
     """
 
     choice_epsilon: float = 0.0
@@ -94,6 +96,7 @@ class AutoCalibration(SetUnionCalibration):
     delta: float = 0.0
     default: Optional[SetUnionCalibration] = None
     greedy: Optional[SetUnionCalibration] = None
+    choice_from_data: bool = True
 
 
 def auto_calibration(epsilon: float, delta: float, max_items: int, choice_share: float = DEFAULT_CHOICE_SHARE,
@@ -102,9 +105,10 @@ def auto_calibration(epsilon: float, delta: float, max_items: int, choice_share:
     both candidates at ``(epsilon - choice_share * epsilon, delta)``.
 
     Refuses ``degree_bound > max_items`` (the statistic reads the uncapped degree, equal to the capped one's
-    test only while ``degree_bound <= max_items``) and an ``eps0`` whose scale the sampler cannot take
-    (``1/eps0 > 2^32``). Example: ``auto_calibration(1.0, 1e-5, 100)``: ``eps0 = 0.02``, scale 50, the
-    candidates at ``epsilon = 0.98``.
+    test only while ``degree_bound <= max_items``). An ``eps0`` whose scale the sampler cannot take
+    (``1/eps0 > 2^32``) picks the default without reading the data (``choice_from_data`` False).
+    Example: ``auto_calibration(1.0, 1e-5, 100)``: ``eps0 = 0.02``, scale 50, the candidates at
+    ``epsilon = 0.98``.
     """
     return _calibration(check_epsilon(epsilon), check_delta(delta), check_max_items(max_items),
                         check_choice_share(choice_share), check_degree_bound(degree_bound))
@@ -117,16 +121,16 @@ def _calibration(epsilon: float, delta: float, max_items: int, choice_share: flo
         raise ParameterError(f"degree_bound must be <= max_items (got degree_bound {degree_bound}, max_items "
                              f"{max_items}); pass degree_bound := {max_items} or less, or a larger max_items")
     eps0 = choice_share * epsilon
-    if not 1.0 / eps0 <= MAX_SCALE_STEPS:
-        raise ParameterError(f"choice_share * epsilon is too small for the choice's discrete Laplace sampler (got "
-                             f"{eps0!r}, its scale 1/(choice_share * epsilon) must be <= 2^32); pass a larger "
-                             f"choice_share or epsilon")
+    scale = 1.0 / eps0 if eps0 > 0 else math.inf
     rest = epsilon - choice_share * epsilon  # the macro's expression (module docstring)
     with derived_budget():  # shares of the checked epsilon
         default = sips_cumulative_set_union_calibration(rest, delta, max_items)
         greedy = greedy_update_calibration(rest, delta)
-    return AutoCalibration("discrete_laplace", 1.0 / eps0, 0.0, choice_epsilon=eps0, degree_bound=degree_bound,
-                           rest_epsilon=rest, delta=delta, default=default, greedy=greedy)
+    # Beyond the sampler's 2^32 steps (eps0 < 2^-32, e.g. at the documented minimum epsilon 1e-200) the pick is
+    # the default without reading the data: 0-DP, within eps0.
+    return AutoCalibration("discrete_laplace", scale, 0.0, choice_epsilon=eps0, degree_bound=degree_bound,
+                           rest_epsilon=rest, delta=delta, default=default, greedy=greedy,
+                           choice_from_data=scale <= MAX_SCALE_STEPS)
 
 
 def udfs(source) -> list[Udf]:
@@ -135,11 +139,13 @@ def udfs(source) -> list[Udf]:
     def cal(epsilon, delta, max_items, choice_share, degree_bound, user_col, item_col):
         check_column_pair(user_col, item_col)
         c = auto_calibration(epsilon, delta, max_items, choice_share, degree_bound)
-        return {"choice_scale": c.scale, "degree_bound": float(c.degree_bound), "rest_epsilon": c.rest_epsilon}
+        return {"choice_scale": c.scale, "choice_from_data": c.choice_from_data,
+                "degree_bound": float(c.degree_bound), "rest_epsilon": c.rest_epsilon}
 
     d = DOUBLE
     return [Udf("dp__auto_calibration", scalar(cal), (d, d, d, d, d, VARCHAR, VARCHAR),
-                duckdb.struct_type({"choice_scale": DOUBLE, "degree_bound": DOUBLE, "rest_epsilon": DOUBLE}))]
+                duckdb.struct_type({"choice_scale": DOUBLE, "choice_from_data": BOOLEAN, "degree_bound": DOUBLE,
+                                    "rest_epsilon": DOUBLE}))]
 
 
 MECHANISMS: tuple[Mechanism, ...] = (

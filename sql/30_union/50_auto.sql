@@ -23,9 +23,13 @@ WITH dp__auc_cal AS MATERIALIZED (
     SELECT unnest(dp__auto_calibration(epsilon, delta, max_items, choice_share, degree_bound, user_col, item_col)))
 SELECT f + dp_granular_laplace_noise(choice_scale, 1.0) >= 0 AS greedy
 FROM dp__auto_statistic(tbl, degree_bound, user_col := user_col, item_col := item_col) CROSS JOIN dp__auc_cal
-WHERE CASE WHEN users < 2147483648 AND pairs < 4294967296 THEN true
-           ELSE error('dpsql: dp_set_union_auto takes fewer than 2^31 users and 2^32 distinct user-item pairs '
-                      || '(the limits of its candidates); use dp_set_union_mad2r') END;
+WHERE choice_from_data
+  AND CASE WHEN users < 2147483648 AND pairs < 4294967296 THEN true
+         ELSE error('dpsql: dp_set_union_auto takes fewer than 2^31 users and 2^32 distinct user-item pairs '
+                    || '(the limits of its candidates); use dp_set_union_mad2r') END
+-- eps0 below 2^-32 (beyond the sampler's 2^32 steps): the default, whatever the data (0-DP)
+UNION ALL
+SELECT false AS greedy FROM dp__auc_cal WHERE NOT choice_from_data;
 
 -- The chosen method's body reads the table through a CTE whose rows pass only if it is the chosen one:
 -- the other body is planned but reads no row (it draws no noise: both draw per item, and only for the

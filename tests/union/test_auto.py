@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import warnings
 
 import pytest
 
@@ -277,12 +276,19 @@ def test_bad_options_are_refused_before_anything_is_read_or_charged(option, valu
     con.close()
 
 
-def test_a_choice_budget_too_small_for_the_sampler_is_refused():
-    with pytest.raises(DpsqlError, match="choice_share \\* epsilon is too small"):
-        auto.auto_calibration(1e-9, 1e-5, 100, choice_share=0.1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert auto.auto_calibration(1e-8, 1e-5, 100, choice_share=0.5).scale <= 2.0 ** 32
+def test_a_choice_budget_beyond_the_sampler_picks_the_default_without_reading_the_data():
+    # 1/eps0 > 2^32 steps: the sampler cannot draw it, so the pick is sips_cumulative whatever the data (0-DP)
+    c = auto.auto_calibration(1e-9, 1e-5, 100, choice_share=0.1)
+    assert not c.choice_from_data and c.scale == 1 / (0.1 * 1e-9) > 2.0 ** 32
+    assert auto.auto_calibration(1e-8, 1e-5, 100, choice_share=0.5).choice_from_data  # 2e8 steps: drawn
+    assert not auto.auto_calibration(1e-200, 1e-15, 100).choice_from_data  # the documented minima
+    con = seeded(2)
+    load(con, _light_rows(10, 12))  # f = 120: P[greedy_update] ~ 1 if the choice read the data
+    src = source_of(con)
+    before = src.samples_drawn
+    assert con.execute("SELECT greedy FROM dp__auto_choice('t', 1e-9, 1e-5, 100, 0.1, 5)").fetchall() == [(False,)]
+    assert src.samples_drawn == before
+    con.close()
 
 
 def test_degree_bound_above_max_items_is_refused_naming_both():
