@@ -119,7 +119,9 @@ def _calibration(epsilon: float, delta: float, max_items: int, choice_share: flo
                  degree_bound: int) -> AutoCalibration:
     if degree_bound > max_items:
         raise ParameterError(f"degree_bound must be <= max_items (got degree_bound {degree_bound}, max_items "
-                             f"{max_items}); pass degree_bound := {max_items} or less, or a larger max_items")
+                             f"{max_items}); pass degree_bound := {max_items} or less to dp_set_union_auto, or a "
+                             f"larger max_items (dp_set_union, dp_top_k and dp_group_by run auto with degree_bound "
+                             f"{DEFAULT_DEGREE_BOUND}: max_items >= {DEFAULT_DEGREE_BOUND})")
     eps0 = choice_share * epsilon
     scale = 1.0 / eps0 if eps0 > 0 else math.inf
     rest = epsilon - choice_share * epsilon  # the macro's expression (module docstring)
