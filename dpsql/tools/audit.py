@@ -48,7 +48,9 @@ sequential policy with 2 threads, as in the attack), ``dp_top_k`` (rows in its D
 and the ``dp_set_union`` dispatcher; the spelling of a released item (``spelling_*``: values equal under
 a collation, the added user's spelling stored first); the number of rows (``rows_*``, a function of
 the released set, audited anyway); candidate sets of ``dp_max_coverage`` / ``dp_set_cover`` (an
-element that is a set's only element, removed).
+element that is a set's only element, removed); a private choice of method (``choice_*``: the choice's
+statistic 0 on D and -1 on D', where the two candidates release an item A with very different
+probabilities).
 :func:`check_refusal` checks that a non-constant epsilon is refused before the charge.
 
 Broken variants (kinds ``broken_sigma``: a Gaussian release with sigma/4, ``broken_mad_min``: MAD's
@@ -517,6 +519,30 @@ def _row_count_pairs(mech: DeclaredMechanism):
     return pairs
 
 
+def _choice_pairs(mech: DeclaredMechanism, choice_share: float, degree_bound: int):
+    """A private choice between candidates (its calibration's ``greedy`` candidate, ``choice_epsilon``):
+    w users hold only item A, w = ceil(rho + 2 b) of the greedy candidate (it releases A with probability
+    1 - e^-2/2 ~ 0.93, the default candidate's higher threshold rarely), and w users hold the
+    degree_bound + 3 items H0.. each: the statistic is 0 on D; D' adds (stored first) one more user of the H
+    items, -1. Which candidate runs, so whether A is released, moves with the choice's noise alone."""
+    def pairs(epsilon: float, delta: float) -> list[OutputPair]:
+        calibrate = mech.calibrate
+        assert calibrate is not None  # a mechanism with a choice declares its calibration
+        with derived_budget():
+            cal = calibrate(epsilon, delta, 100, choice_share=choice_share, degree_bound=degree_bound)
+        w = math.ceil(cal.greedy.threshold + 2.0 * cal.greedy.scale)
+        k = degree_bound + 3
+        light = pa.table({"user_id": np.arange(w, dtype=np.int64), "item": ["choice audit item A"] * w})
+        heavy = pa.table({"user_id": np.repeat(np.arange(w, 2 * w, dtype=np.int64), k),
+                          "item": [f"choice audit item H{j}" for j in range(k)] * w})
+        d0 = pa.concat_tables([light, heavy])
+        d1 = pa.concat_tables([pa.table({"user_id": np.full(k, -1, dtype=np.int64),
+                                         "item": [f"choice audit item H{j}" for j in range(k)]}), d0])
+        return [OutputPair(d0, d1, f"{w} users hold only A, {w} hold {k} items each (statistic 0); the added "
+                                   f"user holds the {k} items (statistic -1)")]
+    return pairs
+
+
 def _coverage_pairs(epsilon: float, delta: float) -> list[OutputPair]:
     """The record (element) 3 is the only element of set B: D holds it, D' does not."""
     d0 = pa.table({"set_id": ["A", "A", "B"], "element": np.array([1, 2, 3], dtype=np.int64)})
@@ -765,6 +791,15 @@ def _spelling_case(mech: DeclaredMechanism, name: str, note: str) -> OutputCase:
     return OutputCase(name or f"spelling_{mech.name}", _spelling_sql(mech.macro), _same, _spelling_pairs, note=note)
 
 
+def _choice_case(mech: DeclaredMechanism, name: str, note: str, choice_share: float,
+                 degree_bound: int = 5) -> OutputCase:
+    """Whole outputs of a release that privately chooses its method (:func:`_choice_pairs`)."""
+    return OutputCase(name or f"choice_{mech.name}",
+                      _set_union_sql(mech.macro, 100, f", choice_share := {choice_share!r}, "
+                                                      f"degree_bound := {degree_bound!r}"),
+                      _same, _choice_pairs(mech, choice_share, degree_bound), note=note)
+
+
 def _coverage_case(mech: DeclaredMechanism, name: str, note: str, k: Optional[int] = None) -> OutputCase:
     """Whole outputs of a record-level release over public candidate sets (``k`` sets, or a cover)."""
     return OutputCase(name or f"coverage_{mech.name}", _coverage_sql(mech.macro, k), _pure, _coverage_pairs,
@@ -778,7 +813,7 @@ CASE_KINDS: dict[str, Callable[..., Union[ReplicaCase, OutputCase]]] = {
     "group_by_median": _group_by_median_case, "group_by_selection": _group_by_selection_case,
     "element_sample": _element_sample_case, "element_histogram": _element_histogram_case,
     "order": _order_case, "order_ranked": _order_ranked_case, "rows": _rows_case, "spelling": _spelling_case,
-    "coverage": _coverage_case,
+    "coverage": _coverage_case, "choice": _choice_case,
     # the audit's own instruments (broken variants it must refute), declared beside the release they break
     "broken_sigma": _broken_sigma_case, "broken_mad_min": _broken_mad_min_case, "broken_order": _broken_order_case,
     "broken_coverage": _broken_coverage_case,
