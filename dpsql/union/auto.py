@@ -1,9 +1,11 @@
-"""A private choice between the default and GreedyUpdate: ``auto``.
+"""A private choice between the default and the few-items method: ``auto``.
 
-``sips_cumulative`` (the default) releases the most on most tables; ``greedy_update`` releases more
-where most users hold few items (benchmarks/README.md, "A private choice between the default and
-greedy_update"). ``auto`` spends a share ``eps0 = choice_share * epsilon`` of the budget choosing
-between them from the data's shape, privately, and runs the chosen one on the rest:
+The default set-union method (the most preferred declaration, ``Mechanism.preference``) releases the most
+on most tables; the method declaring the role ``few_items`` (GreedyUpdate today) releases more where
+most users hold few items (benchmarks/README.md, "Robustness grid": its private choice).
+``auto`` spends a share ``eps0 = choice_share * epsilon`` of the budget choosing
+between them from the data's shape, privately, and runs the chosen one on the rest. Both candidates are
+found by their declarations (:func:`candidates`), so this module names neither:
 
 1. **The statistic.** Each user ``u`` with ``d_u`` distinct items (``D`` = ``degree_bound``) adds
    ``s_u = 2 [d_u <= D] - 1``; ``f = sum_u s_u``, an integer, ``>= 0`` exactly when at least half of
@@ -11,19 +13,20 @@ between them from the data's shape, privately, and runs the chosen one on the re
    ``[min(d_u, max_items) <= D] = [d_u <= D]`` while ``D <= max_items`` (a larger ``D`` is refused), so
    the uncapped count is used: the statistic needs no sample. Adding or removing one user with all its
    rows adds or removes its own term only: sensitivity 1.
-2. **The choice.** ``greedy_update`` iff ``f + Z >= 0``, ``Z ~ DLap(1/eps0)`` (pmf proportional to
+2. **The choice.** The few-items method iff ``f + Z >= 0``, ``Z ~ DLap(1/eps0)`` (pmf proportional to
    ``exp(-eps0 |z|)`` on the integers), drawn once by dpsql's discrete Laplace sampler
    (``dp_granular_laplace_noise(1/eps0, 1)``): the geometric mechanism, ``eps0``-DP exactly; the choice is
    a post-processing of ``f + Z``. (Beyond the sampler's ``2^32`` steps, ``eps0 < 2^-32``, the pick is
-   ``sips_cumulative`` without reading the data: 0-DP.)
+   the default without reading the data: 0-DP.)
 3. **The release.** The chosen method runs at ``(epsilon - eps0, delta)`` with its own defaults and the
-   same ``max_items`` (``greedy_update`` has no cap), ``user_col``, ``item_col``. Basic sequential
-   composition, which allows the second mechanism to be chosen from the first one's output, makes the
-   pair ``(epsilon, delta)``-DP; the released items are the chosen method's.
+   same ``max_items`` (where it takes one), ``user_col``, ``item_col``, through the set-union step
+   ``dp__body_set_union``. Basic sequential composition, which allows the second mechanism to be chosen
+   from the first one's output, makes the pair ``(epsilon, delta)``-DP; the released items are the chosen
+   method's.
 
 ``epsilon - eps0`` is computed as ``epsilon - choice_share * epsilon`` here and in the macro (the same
 IEEE operations, so the candidates' calibrations are the ones :func:`auto_calibration` lists).
-Argument: docs/proofs/auto.md; the body: sql/30_union/50_auto.sql.
+Argument: docs/proofs/auto.md; the body: sql/30_union/95_auto.sql.
 """
 from __future__ import annotations
 
@@ -37,21 +40,22 @@ from duckdb.sqltypes import BOOLEAN, DOUBLE, VARCHAR
 
 from dpsql.core.calibration import SetUnionCalibration
 from dpsql.core.errors import ParameterError
-from dpsql.core.mechanism import AuditCase, Mechanism, Param, user_item_example, user_item_params
+from dpsql.core.mechanism import (AuditCase, Mechanism, Param, preferred, user_item_example, user_item_params,
+                                  with_role)
 from dpsql.core.noise import MAX_SCALE_STEPS
 from dpsql.core.udf import Udf, scalar
 from dpsql.core.validation import (DPParameterError, check_column_pair, check_delta, check_epsilon, check_max_items,
                                    derived_budget)
-from dpsql.union.cumulative import sips_cumulative_set_union_calibration
-from dpsql.union.policy import greedy_update_calibration
 
 __all__ = ["MECHANISMS", "DEFAULT_CHOICE_SHARE", "MAX_CHOICE_SHARE", "DEFAULT_DEGREE_BOUND", "AutoCalibration",
-           "check_choice_share", "check_degree_bound", "auto_calibration", "udfs"]
+           "FEW_ITEMS", "check_choice_share", "check_degree_bound", "candidates", "auto_calibration", "udfs"]
 
-# The variant the benchmark's declared rule chose, choice_D5_c0.5_e0.02 (benchmarks/README.md, "A private
-# choice between the default and greedy_update"): 2 % of epsilon, users with at most 5 items.
+# The variant the benchmark's declared rule chose, choice_D5_c0.5_e0.02 (benchmarks/README.md, "Robustness
+# grid": its private choice, and the study of its cut): 2 % of epsilon, users with at most 5 items.
 DEFAULT_CHOICE_SHARE = 0.02
 DEFAULT_DEGREE_BOUND = 5
+# The role (Mechanism.roles) of the set-union method the choice runs where most users hold few items.
+FEW_ITEMS = "few_items"
 # At most half of the budget on the choice: beyond, the candidates would run on less than the choice.
 MAX_CHOICE_SHARE = 0.5
 
@@ -78,16 +82,25 @@ def check_degree_bound(value: object) -> int:
     return int(float(value))
 
 
+def candidates() -> tuple[str, str]:
+    """(the default, the few-items method): the most preferred set-union method and the one declaring the role
+    :data:`FEW_ITEMS`, read from the declarations when called (this module is one of them)."""
+    from dpsql import union  # the family's registry; imported here, as it imports this module
+
+    methods = list(union.METHODS.values())
+    return preferred(methods), with_role(methods, FEW_ITEMS)
+
+
 @dataclass(frozen=True)
 class AutoCalibration(SetUnionCalibration):
     """The calibration of ``auto``: its choice and both candidates (the one that runs is chosen privately).
 
     The inherited ``noise``, ``scale`` and ``threshold`` describe the choice: ``"discrete_laplace"`` noise of
-    scale ``1/choice_epsilon`` on the statistic ``f``, ``greedy_update`` iff ``f + Z >= threshold = 0``.
+    scale ``1/choice_epsilon`` on the statistic ``f``, the few-items method iff ``f + Z >= threshold = 0``.
     ``choice_epsilon`` is ``eps0``; ``rest_epsilon``, ``delta``: the budget of the chosen method;
-    ``default`` and ``greedy``: the calibrations of ``sips_cumulative`` and ``greedy_update`` at
-    ``(rest_epsilon, delta)``. ``choice_from_data`` False: ``1/choice_epsilon`` exceeds the sampler's 2^32
-    steps, and the pick is ``sips_cumulative`` whatever the data (0-DP).
+    ``default`` and ``greedy``: the calibrations of the default and of the few-items method
+    (:func:`candidates`) at ``(rest_epsilon, delta)``. ``choice_from_data`` False: ``1/choice_epsilon``
+    exceeds the sampler's 2^32 steps, and the pick is the default whatever the data (0-DP).
     """
 
     choice_epsilon: float = 0.0
@@ -125,9 +138,12 @@ def _calibration(epsilon: float, delta: float, max_items: int, choice_share: flo
     eps0 = choice_share * epsilon
     scale = 1.0 / eps0 if eps0 > 0 else math.inf
     rest = epsilon - choice_share * epsilon  # the macro's expression (module docstring)
+    from dpsql import union  # as in candidates()
+
+    default_method, few_method = candidates()
     with derived_budget():  # shares of the checked epsilon
-        default = sips_cumulative_set_union_calibration(rest, delta, max_items)
-        greedy = greedy_update_calibration(rest, delta)
+        default = union.calibrate(default_method, rest, delta, max_items)
+        greedy = union.calibrate(few_method, rest, delta, max_items)
     # Beyond the sampler's 2^32 steps (eps0 < 2^-32, e.g. at the documented minimum epsilon 1e-200) the pick is
     # the default without reading the data: 0-DP, within eps0.
     return AutoCalibration("discrete_laplace", scale, 0.0, choice_epsilon=eps0, degree_bound=degree_bound,
@@ -136,7 +152,8 @@ def _calibration(epsilon: float, delta: float, max_items: int, choice_share: flo
 
 
 def udfs(source) -> list[Udf]:
-    """``dp__auto_calibration``: the choice's noise scale and the candidates' epsilon (pure; folded while planning)."""
+    """``dp__auto_calibration``: the choice's noise scale and the candidates' epsilon (pure; folded while planning);
+    ``dp__auto_candidate(few_items)``: the name of a candidate (:func:`candidates`)."""
 
     def cal(epsilon, delta, max_items, choice_share, degree_bound, user_col, item_col):
         check_column_pair(user_col, item_col)
@@ -144,10 +161,15 @@ def udfs(source) -> list[Udf]:
         return {"choice_scale": c.scale, "choice_from_data": c.choice_from_data,
                 "degree_bound": float(c.degree_bound), "rest_epsilon": c.rest_epsilon}
 
+    def candidate(few_items):
+        return candidates()[1 if few_items else 0]
+
     d = DOUBLE
     return [Udf("dp__auto_calibration", scalar(cal), (d, d, d, d, d, VARCHAR, VARCHAR),
                 duckdb.struct_type({"choice_scale": DOUBLE, "choice_from_data": BOOLEAN, "degree_bound": DOUBLE,
-                                    "rest_epsilon": DOUBLE}))]
+                                    "rest_epsilon": DOUBLE})),
+            # the candidate's method name, read while DuckDB binds the body's set-union steps (pure)
+            Udf("dp__auto_candidate", scalar(candidate), (BOOLEAN,), VARCHAR)]
 
 
 MECHANISMS: tuple[Mechanism, ...] = (
@@ -157,13 +179,13 @@ MECHANISMS: tuple[Mechanism, ...] = (
             Param("choice_share", "DOUBLE", DEFAULT_CHOICE_SHARE, check_choice_share,
                   f"share of epsilon spent choosing the method (0 < choice_share <= {MAX_CHOICE_SHARE})"),
             Param("degree_bound", "DOUBLE", DEFAULT_DEGREE_BOUND, check_degree_bound,
-                  "greedy_update when (noisily) at least half of the users hold at most this many distinct items "
-                  "(<= max_items)")),
-        description="a private choice (choice_share of epsilon, discrete Laplace) between sips_cumulative and "
-                    "greedy_update from the share of users holding at most degree_bound items; the chosen "
-                    "method runs on the rest of the budget",
-        proof="auto", calibrate=auto_calibration, rounds=2, sql="30_union/50_auto.sql",
-        # No Spark form: the Spark backend has no greedy_update (a sequential policy).
+                  "the few-items method when (noisily) at least half of the users hold at most this many "
+                  "distinct items (<= max_items)")),
+        description="a private choice (choice_share of epsilon, discrete Laplace) between the default method "
+                    "and the sequential greedy fill (the few_items role) from the share of users holding at "
+                    "most degree_bound items; the chosen method runs on the rest of the budget",
+        proof="auto", calibrate=auto_calibration, rounds=2, sql="30_union/95_auto.sql",  # after the set-union step it calls (90_dispatch.sql)
+        # No Spark form: the Spark backend has no sequential policy, so no few-items candidate.
         example=user_item_example(choice_share="0.05", degree_bound="3"),
         # The choice's case runs at choice_share 0.5 (eps0 = epsilon / 2), so that its noise moves the output
         # measurably; at 0.02 the audited bound could not tell the choice's noise from none.

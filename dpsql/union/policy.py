@@ -770,5 +770,8 @@ MECHANISMS: tuple[Mechanism, ...] = (
         proof="greedy_update", calibrate=greedy_update_calibration, rounds=1, sql="30_union/40_policy.sql",
         example=user_item_example(EXAMPLE_USER_ITEMS + "; " + EXAMPLE_PUBLIC_ORDER, max_items=None, alpha="3",
                                   order_tbl="'o'", order_col="'rank'"),
+        # where most users hold few items it releases the most of the set-union methods (benchmarks/README.md,
+        # "Robustness grid"): the method a choice between methods runs there
+        roles=("few_items",),
         audit=(AuditCase("greedy", options=(("alpha", 3.0),)), _ORDER_CASE)),
 )

@@ -173,7 +173,7 @@ def test_mechanisms_are_listed_in_the_order_of_their_sql_files():
         "mad", "mad2r", "sips",                                                      # 30_union/20_adaptive.sql
         "sips_cumulative",                                                           # 30_union/30_cumulative.sql
         "policy_laplace", "policy_gaussian", "greedy_update",                        # 30_union/40_policy.sql
-        "auto"]                                                                      # 30_union/50_auto.sql
+        "auto"]                                                                      # 30_union/95_auto.sql
     files = [m.sql for m in ALL.values()]
     assert files == sorted(files)
 

@@ -30,6 +30,22 @@ def _n_releases(con) -> int:
 
 # -- calibration -------------------------------------------------------------------------------------
 
+def test_the_candidates_are_found_by_their_declarations():
+    # the default (the most preferred set-union method) and the one method declaring the role few_items;
+    # the SQL body asks dp__auto_candidate for the same names while DuckDB binds
+    from dpsql import union
+
+    default, few = auto.candidates()
+    assert default == union.DEFAULT_METHOD
+    assert [m.name for m in union.METHODS.values() if auto.FEW_ITEMS in m.roles] == [few]
+    assert (default, few) == ("sips_cumulative", "greedy_update")
+    con = dpsql.connect()
+    try:
+        assert con.execute("SELECT dp__auto_candidate(false), dp__auto_candidate(true)").fetchall() == [(default, few)]
+    finally:
+        con.close()
+
+
 def test_calibration_numbers_at_the_defaults():
     c = auto.auto_calibration(1.0, 1e-5, 100)
     assert (c.choice_epsilon, c.scale, c.threshold, c.noise) == (0.02, 50.0, 0.0, "discrete_laplace")

@@ -1,5 +1,6 @@
--- auto: a private choice between sips_cumulative and greedy_update, then the chosen one on the rest of
--- the budget (dpsql/union/auto.py; docs/proofs/auto.md).
+-- auto: a private choice between the default set-union method and the few-items one (the method declaring
+-- the role few_items), then the chosen one on the rest of the budget (dpsql/union/auto.py;
+-- docs/proofs/auto.md).
 
 -- (f, users, pairs) of one table: f = sum over users of 2 [d <= degree_bound] - 1, d the user's number of
 -- distinct items (uncapped: [min(d, max_items) <= degree_bound] = [d <= degree_bound] while degree_bound
@@ -14,8 +15,8 @@ FROM (SELECT user_id, count(*) AS d
 
 -- The private choice, one row: greedy = f + Z >= 0, Z ~ DLap(1/eps0) in integer steps (the granular
 -- sampler at grid 1), eps0 = choice_share * epsilon; one draw (one row, a side-effect UDF). Before it, a
--- table either candidate would refuse for its size (greedy_update: 2^31 users or 2^32 items; sips_cumulative:
--- 2^32 capped pairs; both bounded here by the distinct pairs) is refused whatever the choice, so whether the
+-- table either candidate would refuse for its size (the sequential fill: 2^31 users or 2^32 items; the
+-- default: 2^32 capped pairs; both bounded here by the distinct pairs) is refused whatever the choice, so whether the
 -- release fails never depends on it. The body reads it once (MATERIALIZED); the tests call it directly.
 CREATE OR REPLACE TEMP MACRO dp__auto_choice(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, max_items DOUBLE,
         choice_share DOUBLE, degree_bound DOUBLE, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
@@ -34,17 +35,24 @@ SELECT false AS greedy FROM dp__auc_cal WHERE NOT choice_from_data;
 -- The chosen method's body reads the table through a CTE whose rows pass only if it is the chosen one:
 -- the other body is planned but reads no row (it draws no noise: both draw per item, and only for the
 -- rows they read; each still draws its own salts, which no data reaches). Both run at
--- epsilon - choice_share * epsilon (the calibration's expression) with their own defaults.
+-- epsilon - choice_share * epsilon (the calibration's expression) with their own defaults. Each is the body
+-- call the set-union step dp__body_set_union renders (dp__set_union_body_sql, while DuckDB binds), of the
+-- method dp__auto_candidate reads from the declarations; not that macro itself, which may be the one
+-- running this body (dp_set_union, dp_top_k, dp_group_by) and DuckDB refuses to expand a macro in itself.
+-- query() evaluates even a volatile argument, so the argument's getvariable() makes DuckDB's binder refuse
+-- any parameter that is not constant before the text is rendered (as in sql/30_union/90_dispatch.sql).
 -- dpsql:body dp__body_set_union_auto
 WITH dp__au_pick AS MATERIALIZED (
     FROM dp__auto_choice(tbl, epsilon, delta, max_items, choice_share, degree_bound, user_col := user_col,
                          item_col := item_col)),
-dp__au_greedy_rows AS (SELECT * FROM query_table(tbl) WHERE (SELECT greedy FROM dp__au_pick)),
+dp__au_few_rows AS (SELECT * FROM query_table(tbl) WHERE (SELECT greedy FROM dp__au_pick)),
 dp__au_default_rows AS (SELECT * FROM query_table(tbl) WHERE NOT (SELECT greedy FROM dp__au_pick))
-SELECT item
-FROM dp__body_set_union_greedy_update('dp__au_greedy_rows', epsilon - choice_share * epsilon, delta,
-                                      user_col := user_col, item_col := item_col)
+FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'epsilon': epsilon, 'delta': delta, 'max_items': max_items,
+                     'choice_share': choice_share, 'user_col': user_col, 'item_col': item_col}::VARCHAR) IS NULL OR true
+                THEN dp__set_union_body_sql(dp__auto_candidate(true), 'dp__au_few_rows',
+                                            epsilon - choice_share * epsilon, delta, max_items, user_col, item_col) END)
 UNION ALL
-SELECT item
-FROM dp__body_set_union_sips_cumulative('dp__au_default_rows', epsilon - choice_share * epsilon, delta,
-                                        max_items := max_items, user_col := user_col, item_col := item_col);
+FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'epsilon': epsilon, 'delta': delta, 'max_items': max_items,
+                     'choice_share': choice_share, 'user_col': user_col, 'item_col': item_col}::VARCHAR) IS NULL OR true
+                THEN dp__set_union_body_sql(dp__auto_candidate(false), 'dp__au_default_rows',
+                                            epsilon - choice_share * epsilon, delta, max_items, user_col, item_col) END);
