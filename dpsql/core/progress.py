@@ -13,9 +13,10 @@ progress, from inside their SQL, to whoever listens on the connection's noise so
   function of public parameters only. It says nothing about the data beyond the time a round
   takes, which the release's own duration shows as well;
 * a Python kernel reports how much of its work is done (the union family's policies, between
-  chunks of entries) through :func:`shares`, which passes on only whole twentieths: values from a
-  fixed public set (the exact share would be a ratio of counts of the data), reached at times
-  that show what the release's duration shows.
+  chunks of entries, and 1 when it ends) through :func:`shares`, which passes on every whole
+  twentieth once: the same twenty values from a fixed public set whatever the data (the exact share
+  would be a ratio of counts of the data; a kernel given no rows reports them too), reached at
+  times that show what the release's duration shows.
 
 A reported fraction reaches the callback as given; :func:`dpsql.core.runner.run` turns it into
 the one increasing percentage its callback sees.
@@ -79,7 +80,9 @@ def report(source: NoiseSource, fraction: float) -> None:
 
 def shares(source: NoiseSource) -> Optional[Fraction]:
     """A callback for work that knows the share of it done (0..1), reporting to the listener on ``source``
-    only the whole :data:`SHARE_STEPS`-ths reached, ``floor(20 share) / 20``, each once; None if
+    the whole :data:`SHARE_STEPS`-ths reached, ``floor(20 share) / 20``: every twentieth up to it, each
+    once and in order, so a kernel that reports 1 when it ends reports the same twenty values whatever
+    its work (a jump over several twentieths, or no work at all, reports each one skipped); None if
     nobody listens."""
     if listener(source) is None:
         return None
@@ -87,9 +90,9 @@ def shares(source: NoiseSource) -> Optional[Fraction]:
 
     def passed_on(share: float) -> None:
         step = int(min(max(float(share), 0.0), 1.0) * SHARE_STEPS)
-        if step > reached[0]:
-            reached[0] = step
-            report(source, step / SHARE_STEPS)
+        while reached[0] < step:
+            reached[0] += 1
+            report(source, reached[0] / SHARE_STEPS)
 
     return passed_on
 

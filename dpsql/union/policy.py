@@ -559,6 +559,8 @@ def run_policy(kind: int, indptr: np.ndarray, indices: np.ndarray, n_items: int,
                 fn(kind, indptr, indices, H, float(gamma), beta, start, stop)
             if progress is not None:
                 progress((p * int(indptr[-1]) + int(indptr[stop])) / total)
+    if progress is not None:  # done, whatever the work (no users: no chunk above reported)
+        progress(1.0)
     return H
 
 

@@ -107,17 +107,20 @@ dp__users AS (
           CROSS JOIN dp__order_salt)),
 dp__entries AS NOT MATERIALIZED (
     SELECT (ord << 32) | iid AS k, m FROM dp__pairs JOIN dp__users USING (user_id) JOIN dp__items USING (item)),
--- One row for the method's branch (HAVING: an aggregate over the pruned branch's empty input would
--- add a second row with an empty list). GreedyUpdate's entries arrive unordered: the kernel sorts
+-- One row for the method's branch, even without entries (HAVING: an aggregate over the pruned branch's
+-- empty input would add a second row with an empty list): the kernel then runs on no entries, releases
+-- nothing and reports its progress as with entries, so a caller listening to a release that holds an
+-- empty policy step (auto's unchosen candidate) hears what it would hear otherwise, but for the times.
+-- GreedyUpdate's entries arrive unordered: the kernel sorts
 -- them into the fill order (user, m descending, id; dpsql.union.policy.fill_order), at a fraction of the
 -- cost of an ordered list aggregate. Its pairs with m = 1 (most, in most tables) go as keys alone;
 -- the repeated ones as structs, so each key keeps its m.
 dp__lists AS (
     SELECT list(k) AS keys, NULL::STRUCT(k BIGINT, m BIGINT)[] AS entries
-    FROM dp__entries WHERE method <> 'greedy_update' HAVING count(*) > 0
+    FROM dp__entries WHERE method <> 'greedy_update' HAVING method <> 'greedy_update'
     UNION ALL
     SELECT list(k) FILTER (WHERE m = 1) AS keys, list({'k': k, 'm': m}) FILTER (WHERE m > 1) AS entries
-    FROM dp__entries WHERE method = 'greedy_update' HAVING count(*) > 0),
+    FROM dp__entries WHERE method = 'greedy_update' HAVING method = 'greedy_update'),
 dp__released AS (
     SELECT unnest(dp__policy_release(method, keys, entries, noise, scale, threshold, gamma, n_passes)) AS iid
     FROM dp__lists CROSS JOIN dp__cal)

@@ -227,6 +227,28 @@ def test_many_item_users_pick_sips_cumulative():
     assert released / light <= 0.15 < q - 4.5 * math.sqrt(q * (1 - q) / light)
 
 
+def test_progress_reports_the_same_values_whichever_candidate_runs():
+    # A caller listening to the release hears both candidates' steps in either case: the default's rounds
+    # (each reported once, whatever the rows) and the few-items kernel's twentieths (reported by a kernel
+    # given no rows too), so which values arrive does not show the pick; only their times can.
+    from dpsql.core import progress
+
+    heard = {}
+    for name, rows in (("few items", _light_rows(100, 12)),
+                       ("many items", _light_rows(100, 12) + [(10_000 + u, f"heavy{(u * 8 + j) % 400}")
+                                                              for u in range(2000) for j in range(8)])):
+        con = seeded(31)
+        load(con, rows)
+        seen: list[float] = []
+        with progress.reporting(source_of(con), seen.append):
+            con.execute("SELECT count(*) FROM dp_set_union_auto('t', 1.0, 1e-5)").fetchall()
+        con.close()
+        heard[name] = sorted(seen)
+    twentieths = [k / progress.SHARE_STEPS for k in range(1, progress.SHARE_STEPS + 1)]
+    assert all(x in heard["few items"] for x in twentieths)
+    assert heard["few items"] == heard["many items"]
+
+
 def test_the_unchosen_body_draws_no_noise():
     # One-item users (greedy_update is picked): auto draws the choice's one value, greedy_update's draws, and
     # the salts of the empty sips_cumulative body -- no noise of it (it would draw per item and round).

@@ -12,6 +12,7 @@ from fractions import Fraction
 
 import pytest
 
+import dpsql
 from dpsql.core import progress
 from dpsql.core.registration import source_of
 
@@ -118,7 +119,7 @@ def test_the_udf_reports_only_its_constant_arguments(con):
 
 def test_shares_pass_on_only_whole_twentieths(con):
     # The policy kernels know the share of their entries processed, a ratio of counts of the data: only
-    # the whole twentieths it reaches are passed on, each once.
+    # whole twentieths are passed on, every one up to the share reached, each once and in order.
     source = source_of(con)
     assert progress.shares(source) is None  # nobody listens: the kernel reports nothing
     seen: list[float] = []
@@ -127,5 +128,21 @@ def test_shares_pass_on_only_whole_twentieths(con):
         for value in (0.013, 0.06, 0.061, 0.0999, 0.5, 0.5, 0.97, 1.0):
             share(value)
         release = _reports(con, "dp_set_union_policy_laplace('t', 1.0, 1e-5)")
-    assert seen == [0.05, 0.5, 0.95, 1.0]
+    assert seen == [k / progress.SHARE_STEPS for k in range(1, progress.SHARE_STEPS + 1)]
     assert release and all(Fraction(v).limit_denominator(1000) * progress.SHARE_STEPS % 1 == 0 for v in release)
+
+
+@pytest.mark.parametrize("rows", ["SELECT 1 AS user_id, 'a' AS item WHERE false",
+                                  "SELECT u AS user_id, 'i' || (u % 7) AS item FROM range(3000) r(u)"])
+def test_a_policy_kernel_reports_the_same_twentieths_whatever_its_work(rows):
+    # The same twenty values, in order, from a kernel given no rows (auto's unchosen few-items body) and
+    # from one given thousands: which values arrive says nothing about the data.
+    c = dpsql.connect(seed=3)
+    try:
+        c.execute(f"CREATE TABLE t AS {rows}")
+        seen: list[float] = []
+        with progress.reporting(source_of(c), seen.append):
+            c.execute("SELECT count(*) FROM dp_set_union_greedy_update('t', 1.0, 1e-5)").fetchall()
+    finally:
+        c.close()
+    assert seen == [k / progress.SHARE_STEPS for k in range(1, progress.SHARE_STEPS + 1)]
