@@ -31,6 +31,7 @@ Argument: docs/proofs/auto.md; the body: sql/30_union/95_auto.sql.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
@@ -64,7 +65,7 @@ def check_choice_share(value: object) -> float:
     """choice_share: the share of epsilon the choice spends, a number with 0 < choice_share <= 0.5."""
     if value is None:
         raise DPParameterError(f"choice_share must not be NULL; pass e.g. choice_share := {DEFAULT_CHOICE_SHARE}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)) \
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)) \
             or not 0.0 < float(value) <= MAX_CHOICE_SHARE:
         raise DPParameterError(f"choice_share must be a number with 0 < choice_share <= {MAX_CHOICE_SHARE} "
                                f"(got {value!r}); pass e.g. choice_share := {DEFAULT_CHOICE_SHARE}")
@@ -75,7 +76,7 @@ def check_degree_bound(value: object) -> int:
     """degree_bound: a whole number >= 1 (a float with an integral value is accepted), the D of the statistic."""
     if value is None:
         raise DPParameterError(f"degree_bound must not be NULL; pass e.g. degree_bound := {DEFAULT_DEGREE_BOUND}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)) \
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)) \
             or float(value) != int(float(value)) or float(value) < 1:
         raise DPParameterError(f"degree_bound must be a whole number >= 1 (got {value!r}); pass e.g. "
                                f"degree_bound := {DEFAULT_DEGREE_BOUND}")

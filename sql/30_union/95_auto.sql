@@ -21,7 +21,8 @@ FROM (SELECT user_id, count(*) AS d
 CREATE OR REPLACE TEMP MACRO dp__auto_choice(tbl VARCHAR, epsilon DOUBLE, delta DOUBLE, max_items DOUBLE,
         choice_share DOUBLE, degree_bound DOUBLE, user_col VARCHAR := 'user_id', item_col VARCHAR := 'item') AS TABLE
 WITH dp__auc_cal AS MATERIALIZED (
-    SELECT unnest(dp__auto_calibration(epsilon, delta, max_items, choice_share, degree_bound, user_col, item_col)))
+    SELECT unnest(dp__c)
+    FROM (SELECT dp__auto_calibration(epsilon, delta, max_items, choice_share, degree_bound, user_col, item_col) AS dp__c))
 SELECT f + dp_granular_laplace_noise(choice_scale, 1.0) >= 0 AS greedy
 FROM dp__auto_statistic(tbl, degree_bound, user_col := user_col, item_col := item_col) CROSS JOIN dp__auc_cal
 WHERE choice_from_data
@@ -37,8 +38,9 @@ SELECT false AS greedy FROM dp__auc_cal WHERE NOT choice_from_data;
 -- rows they read; each still draws its own salts, which no data reaches). Both run at
 -- epsilon - choice_share * epsilon (the calibration's expression) with their own defaults. Each is the body
 -- call the set-union step dp__body_set_union renders (dp__set_union_body_sql, while DuckDB binds), of the
--- method dp__auto_candidate reads from the declarations; not that macro itself, which may be the one
--- running this body (dp_set_union, dp_top_k, dp_group_by) and DuckDB refuses to expand a macro in itself.
+-- method dp__auto_candidate reads from the declarations; one query() runs both calls' text. Not that macro
+-- itself, which may be the one running this body (dp_set_union, dp_top_k, dp_group_by): DuckDB refuses to
+-- expand a macro in itself.
 -- query() evaluates even a volatile argument, so the argument's getvariable() makes DuckDB's binder refuse
 -- any parameter that is not constant before the text is rendered (as in sql/30_union/90_dispatch.sql).
 -- dpsql:body dp__body_set_union_auto
@@ -50,9 +52,8 @@ dp__au_default_rows AS (SELECT * FROM query_table(tbl) WHERE NOT (SELECT greedy 
 FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'epsilon': epsilon, 'delta': delta, 'max_items': max_items,
                      'choice_share': choice_share, 'user_col': user_col, 'item_col': item_col}::VARCHAR) IS NULL OR true
                 THEN dp__set_union_body_sql(dp__auto_candidate(true), 'dp__au_few_rows',
-                                            epsilon - choice_share * epsilon, delta, max_items, user_col, item_col) END)
-UNION ALL
-FROM query(CASE WHEN getvariable('dp__bind:' || {'tbl': tbl, 'epsilon': epsilon, 'delta': delta, 'max_items': max_items,
-                     'choice_share': choice_share, 'user_col': user_col, 'item_col': item_col}::VARCHAR) IS NULL OR true
-                THEN dp__set_union_body_sql(dp__auto_candidate(false), 'dp__au_default_rows',
-                                            epsilon - choice_share * epsilon, delta, max_items, user_col, item_col) END);
+                                            epsilon - choice_share * epsilon, delta, max_items, user_col, item_col)
+                     || ' UNION ALL '
+                     || dp__set_union_body_sql(dp__auto_candidate(false), 'dp__au_default_rows',
+                                               epsilon - choice_share * epsilon, delta, max_items, user_col, item_col)
+                END);
