@@ -6,8 +6,8 @@ default ``sips_cumulative`` has four parameters a caller can pass (``dpsql.union
 ``split`` (rounds and their budget shares; default 7 rounds, each 1.6 times the one before),
 ``drop_margin`` (3), ``max_boost`` (the cap, 2) and ``tilt`` (0.7). Its delta split between the
 Gaussian rounds and the novel-item events (``NOVEL_SHARE`` = 0.4, ``LAST_NOVEL_SHARE`` = 0.9) and the
-margin's fall (0.6) are module constants, not parameters of the method, so they are not varied here
-(varying them would mean changing the package).
+margin's fall (0.6) are module constants, not parameters of the method; the variants below that set
+them do so in this process only (the package is unchanged).
 
 **Variants** (``VARIANTS``; every other parameter at its default): ``default``; ``margin_1.5``,
 ``margin_6``, ``margin_off`` (``drop_margin`` NULL: nothing dropped, and by the method's definition
@@ -16,6 +16,11 @@ no cap and no tilt either); ``boost_1`` (the smallest cap the method accepts), `
 (8 rounds, the macro's most, each 1.5x the one before), ``split_5x1.6``, ``split_7x1.3``,
 ``split_7x2.0`` (geometric shares, normalised). ``combined``: each parameter at its best one-at-a-time
 value, built by ``--combine`` from the tuning rows (declared in benchmarks/README.md).
+
+**Module constants** (``CONSTANT_VARIANTS``, benchmark code: set in this process for that variant's
+releases only, by ``module_constants``): the delta split (``novel_0.2``, ``novel_0.6``, ``novel_0.8``;
+``last_0.5``, ``last_0.99``) and the margin's fall (``fall_0.3``, ``fall_0.9``); declared in
+benchmarks/README.md, "The delta split and the margin's fall on the grid".
 
 **Reference.** The best sequential method's mean per (point, setting) is read from the results table
 of benchmarks/README.md, section "Robustness grid" (5 runs of ``greedy_update``, ``policy_laplace``,
@@ -49,6 +54,7 @@ seeded generator into ``--cache``. The shared datasets are found as by the other
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -88,6 +94,54 @@ VARIANTS: dict[str, dict] = {
 }
 # the parameter each one-at-a-time variant moves (for --combine)
 FAMILY = {"margin": "drop_margin", "boost": "max_boost", "tilt": "tilt", "split": "split"}
+
+# label -> module constants of dpsql.union.cumulative set for that variant's releases only (benchmark code:
+# the package's constants are unchanged). The delta split with dropping: NOVEL_SHARE of delta for the
+# novel-item events (the rest for the Gaussian rounds), LAST_NOVEL_SHARE of that in the last round; and the
+# margin's fall (_MARGIN_FALL: round k of n drops below the last threshold minus drop_margin * (1 - fall * k/n)
+# of its mean's standard deviations). Declared in benchmarks/README.md ("The delta split and the margin's
+# fall on the grid") before any run.
+CONSTANT_VARIANTS: dict[str, dict[str, float]] = {
+    "novel_0.2": {"NOVEL_SHARE": 0.2},
+    "novel_0.6": {"NOVEL_SHARE": 0.6},
+    "novel_0.8": {"NOVEL_SHARE": 0.8},
+    "last_0.5": {"LAST_NOVEL_SHARE": 0.5},
+    "last_0.99": {"LAST_NOVEL_SHARE": 0.99},
+    "fall_0.3": {"_MARGIN_FALL": 0.3},
+    "fall_0.9": {"_MARGIN_FALL": 0.9},
+}
+
+
+@contextlib.contextmanager
+def module_constants(values: dict[str, float]):
+    """``dpsql.union.cumulative``'s constants set to ``values`` inside the block, its caches cleared on entry
+    and exit (the calibration, the charge's accounting and the rendered rounds all read them through those
+    caches), then restored."""
+    from dpsql.union import cumulative
+
+    caches = [f for f in vars(cumulative).values() if hasattr(f, "cache_clear")]
+    saved = {k: getattr(cumulative, k) for k in values}
+    for k, v in values.items():
+        setattr(cumulative, k, v)
+    for f in caches:
+        f.cache_clear()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(cumulative, k, v)
+        for f in caches:
+            f.cache_clear()
+
+
+def _released_with_constants(released):
+    """``bench_grid.released`` with each CONSTANT_VARIANTS label run under its constants (default options)."""
+    def run(con, label, epsilon, delta, max_items):
+        if label not in CONSTANT_VARIANTS:
+            return released(con, label, epsilon, delta, max_items)
+        with module_constants(CONSTANT_VARIANTS[label]):
+            return released(con, label, epsilon, delta, max_items)
+    return run
 
 
 def readme_best_sequential(readme: Path = HERE / "README.md") -> dict[tuple[str, str], tuple[str, float]]:
@@ -181,7 +235,8 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", help="comma-separated numbers of users to keep (e.g. 10000)")
     ap.add_argument("--no-grid", action="store_true", help="no grid point (with --shared: the datasets only)")
     ap.add_argument("--shared", help="comma-separated shared datasets to add (report part), or 'all'")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"labels of VARIANTS and CONSTANT_VARIANTS ({','.join(CONSTANT_VARIANTS)})")
     ap.add_argument("--combined", help="JSON options of the 'combined' variant (from --combine)")
     ap.add_argument("--settings", default="a,b")
     ap.add_argument("--runs", type=int, default=3)
@@ -202,7 +257,8 @@ def main(argv=None) -> None:
         return
     if args.score or args.table:
         rows = load_rows(args.score or args.table)
-        present = [k for k in list(VARIANTS) + ["combined"] if any(k in r["counts"] for r in rows)]
+        present = [k for k in list(VARIANTS) + ["combined"] + list(CONSTANT_VARIANTS)
+                   if any(k in r["counts"] for r in rows)]
         parts = {"tuning": lambda r: r["part"] == "tuning",
                  "report (grid)": lambda r: r["part"] == "report" and r["users"] > 0,
                  "report (shared)": lambda r: r["users"] == 0}
@@ -216,7 +272,8 @@ def main(argv=None) -> None:
                       f">= best sequential on {wins}/{n}")
         return
     for label in labels:
-        grid.METHODS[label] = ("sips_cumulative", VARIANTS[label])
+        grid.METHODS[label] = ("sips_cumulative", {} if label in CONSTANT_VARIANTS else VARIANTS[label])
+    grid.released = _released_with_constants(grid.released)
     points = [] if args.no_grid else grid.grid_points()
     if args.part != "all":
         points = [p for p in points if p.part == args.part]
