@@ -91,6 +91,10 @@ VARIANTS: dict[str, dict] = {
     "split_5x1.6": {"split": geometric_split(5, 1.6)},
     "split_7x1.3": {"split": geometric_split(7, 1.3)},
     "split_7x2.0": {"split": geometric_split(7, 2.0)},
+    # fewer rounds, for the time budget (benchmarks/README.md, "Six rounds or seven: the time budget")
+    "split_6x1.6": {"split": geometric_split(6, 1.6)},
+    "split_6x1.3": {"split": geometric_split(6, 1.3)},
+    "split_6x2.0": {"split": geometric_split(6, 2.0)},
 }
 # the parameter each one-at-a-time variant moves (for --combine)
 FAMILY = {"margin": "drop_margin", "boost": "max_boost", "tilt": "tilt", "split": "split"}

@@ -1,0 +1,90 @@
+"""Benchmark: the default's time at 10M rows against Basic, with its own split and with splits of fewer rounds.
+
+Issue 33 point 4 holds the default to at most 3x Basic (``weighted_gaussian``) at 10M rows. The default's
+time is mostly its rounds' (benchmarks/README.md, "The default at 10M rows"), so this times the default
+(``dp_set_union_sips_cumulative``, its own split), each ``split_*`` variant of ``bench_grid_params.VARIANTS``
+named on the command line (the same release with that ``split``), and Basic, on the table of
+``bench_floor.py`` (``benchmarks/data/zipf.duckdb``, opened read-only), one connection, ``epsilon = 1``,
+``delta = 1e-5``, ``max_items = 100``.
+
+One unmeasured run of each query, then ``--reps`` rounds that run every query once in a rotating order.
+Reported per query: the median wall time and the median of the per-round ratios to Basic (the budget's
+measure, as ``bench_floor.py``), with the 1-minute load average and the share of the cores other
+processes kept busy.
+
+    python benchmarks/bench_rounds_time.py --variants split_6x1.6,split_5x1.6 --reps 7
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # run from a source checkout without installing
+sys.path.insert(0, str(HERE))
+
+import dpsql  # noqa: E402
+from bench_grid_params import VARIANTS  # noqa: E402
+from bench_set_union import _pct, ensure_table, machine_info, run_once  # noqa: E402
+
+
+def queries(table: str, variants: list[str]) -> dict[str, str]:
+    """Label -> SQL: Basic, the default, and the default with each variant's split."""
+    call = "SELECT count(*) FROM dp_set_union_{m}('{t}', epsilon := 1.0, delta := 1e-5, max_items := 100{o})"
+    out = {"basic": call.format(m="weighted_gaussian", t=table, o=""),
+           "default": call.format(m="sips_cumulative", t=table, o="")}
+    for label in variants:
+        split = VARIANTS[label].get("split")
+        if split is None or set(VARIANTS[label]) != {"split"}:
+            raise SystemExit(f"{label}: not a split variant of bench_grid_params.VARIANTS")
+        out[label] = call.format(m="sips_cumulative", t=table,
+                                 o=", split := [" + ", ".join(repr(float(x)) for x in split) + "]")
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", default="", help="comma-separated split_* labels of bench_grid_params.VARIANTS")
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--db", default=str(HERE / "data" / "zipf.duckdb"))
+    ap.add_argument("--json", help="also write the raw results to this JSON file")
+    args = ap.parse_args(argv)
+    info = machine_info()
+    print(json.dumps(info))
+    table = ensure_table(args.db, args.rows, "BIGINT")
+    sqls = queries(table, [v for v in args.variants.split(",") if v])
+    names = list(sqls)
+    con = dpsql.connect(args.db, read_only=True)
+    for n in names:
+        run_once(con, sqls[n])  # warm-up
+    times: dict[str, list[float]] = {n: [] for n in names}
+    ratios: dict[str, list[float]] = {n: [] for n in names}
+    loads, others = [], []
+    for r in range(args.reps):
+        loads.append(os.getloadavg()[0])
+        this = {}
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            this[n], _, busy = run_once(con, sqls[n])
+            times[n].append(this[n])
+            if busy is not None:
+                others.append(busy)
+        for n in names:
+            ratios[n].append(this[n] / this["basic"])
+    con.close()
+    print(f"{table}: load(1min) {min(loads):.2f}-{max(loads):.2f}, others' CPU {_pct(others)}")
+    print(f"  {'query':16s} {'median s':>9s} {'min s':>8s} {'x Basic':>8s}")
+    for n in names:
+        print(f"  {n:16s} {statistics.median(times[n]):9.2f} {min(times[n]):8.2f} {statistics.median(ratios[n]):8.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(machine=info, table=table, loads=loads, others=others, times=times, ratios=ratios), f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
