@@ -95,6 +95,9 @@ VARIANTS: dict[str, dict] = {
     "split_6x1.6": {"split": geometric_split(6, 1.6)},
     "split_6x1.3": {"split": geometric_split(6, 1.3)},
     "split_6x2.0": {"split": geometric_split(6, 2.0)},
+    # seven rounds, flatter (benchmarks/README.md, "Seven flatter rounds: the time budget without fewer rounds")
+    "split_7x1.15": {"split": geometric_split(7, 1.15)},
+    "split_7x1.0": {"split": geometric_split(7, 1.0)},
 }
 # the parameter each one-at-a-time variant moves (for --combine)
 FAMILY = {"margin": "drop_margin", "boost": "max_boost", "tilt": "tilt", "split": "split"}
