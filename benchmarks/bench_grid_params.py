@@ -17,6 +17,10 @@ no cap and no tilt either); ``boost_1`` (the smallest cap the method accepts), `
 ``split_7x2.0`` (geometric shares, normalised). ``combined``: each parameter at its best one-at-a-time
 value, built by ``--combine`` from the tuning rows (declared in benchmarks/README.md).
 
+**Time-budget splits** (declared in benchmarks/README.md, "Six rounds or seven: the time budget" and "Seven
+flatter rounds: the time budget without fewer rounds"; timed by ``bench_rounds_time.py``): ``split_6x1.6``,
+``split_6x1.3``, ``split_6x2.0``, ``split_7x1.15``, ``split_7x1.0``.
+
 **Module constants** (``CONSTANT_VARIANTS``, benchmark code: set in this process for that variant's
 releases only, by ``module_constants``): the delta split (``novel_0.2``, ``novel_0.6``, ``novel_0.8``;
 ``last_0.5``, ``last_0.99``) and the margin's fall (``fall_0.3``, ``fall_0.9``); declared in
