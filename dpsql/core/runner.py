@@ -227,7 +227,8 @@ def run(con: duckdb.DuckDBPyConnection, work: Callable[[], T], *, interrupts: Op
 
     ``interrupts``: the Ctrl-C scope (default: the one the main thread has open, else, in the main
     thread, one for this run whose late notice is a ``RuntimeWarning``). ``progress``: called with a
-    percentage every ``interval`` seconds while it rises, and with 100 at the end of a successful run.
+    percentage every ``interval`` seconds while it rises, and at the end of a successful run with the
+    last step reported (if not passed on yet), then 100.
     ``finer``: a finer progress source (see :data:`Finer`), entered around the work, besides the steps
     the connection's releases report (:mod:`dpsql.core.progress`), listened to whenever ``progress`` is given.
     """
@@ -278,5 +279,8 @@ def run(con: duckdb.DuckDBPyConnection, work: Callable[[], T], *, interrupts: Op
             raise Interrupted() from None
         raise result["error"]
     if reporter is not None:
+        # The waiting thread polls once a tick, so work that reports a step and ends within one tick would
+        # otherwise go from its last poll straight to 100: the last step reported is passed on first.
+        reporter.poll()
         reporter.done()
     return result["value"]

@@ -229,6 +229,32 @@ def test_a_finer_source_takes_over_from_the_engine(reference):
     con.close()
 
 
+def test_a_step_reported_just_before_the_end_is_passed_on_before_100():
+    # The waiting thread polls once a tick (0.1 s): work that reports its last step and ends within the
+    # tick used to go straight to 100 (MAD2R's first round on a small table, now and then). The last step
+    # reported is passed on at the end, so the callback sees it whatever the timing.
+    con = _connection()
+    report = {}
+
+    @contextlib.contextmanager
+    def finer(callback):
+        report["to"] = callback
+        try:
+            yield
+        finally:
+            report.pop("to")
+
+    def work():
+        report["to"](0.5)
+        return 7
+
+    for _ in range(20):
+        seen: list[float] = []
+        assert runner.run(con, work, progress=seen.append, finer=finer, interval=10.0) == 7
+        assert seen == [99.0 * 0.5, 100.0], seen
+    con.close()
+
+
 def test_a_failing_work_raises_its_error_without_reaching_100():
     con = _connection()
     seen: list[float] = []
