@@ -165,8 +165,8 @@ class Reporter:
     ``fraction(f)`` (0..1, from any thread) records the finer source's share of the work done;
     ``poll(engine)`` passes on, in the calling thread, that share mapped onto what remained below
     100 % when the finer source began, else ``engine()``'s percentage (DuckDB's ``query_progress``);
-    ``done()`` passes on 100. A value not above the last one passed on is dropped. A callback that
-    raises is reported once (a ``RuntimeWarning``) and no longer called. Also the Spark backend's
+    ``done()`` passes on the finer source's last share if no poll has yet, then 100. A value not above the
+    last one passed on is dropped. A callback that raises is reported once (a ``RuntimeWarning``) and no longer called. Also the Spark backend's
     (:mod:`dpsql.frontends.spark_progress`), so both report by the same convention.
     """
 
@@ -199,6 +199,9 @@ class Reporter:
         self._emit(min(pct, 100.0))
 
     def done(self) -> None:
+        # Polls come once a tick (or once an interval), so work that reports a step and ends before the
+        # next poll would otherwise go from its last poll straight to 100: that step is passed on first.
+        self.poll()
         self._emit(100.0)
 
     def _emit(self, pct: float) -> None:
@@ -279,8 +282,5 @@ def run(con: duckdb.DuckDBPyConnection, work: Callable[[], T], *, interrupts: Op
             raise Interrupted() from None
         raise result["error"]
     if reporter is not None:
-        # The waiting thread polls once a tick, so work that reports a step and ends within one tick would
-        # otherwise go from its last poll straight to 100: the last step reported is passed on first.
-        reporter.poll()
         reporter.done()
     return result["value"]
