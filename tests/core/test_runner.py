@@ -202,9 +202,9 @@ def test_progress_rises_and_ends_at_100(reference):
     con.close()
 
 
-def test_a_finer_source_takes_over_from_the_engine(reference):
-    con = _connection()
-    report = {}
+def _finer_source():
+    """A finer progress source for run(): (the dict whose "to" is its callback while entered, the source)."""
+    report: dict = {}
 
     @contextlib.contextmanager
     def finer(callback):
@@ -213,6 +213,13 @@ def test_a_finer_source_takes_over_from_the_engine(reference):
             yield
         finally:
             report.pop("to")
+
+    return report, finer
+
+
+def test_a_finer_source_takes_over_from_the_engine(reference):
+    con = _connection()
+    report, finer = _finer_source()
 
     def work():
         report["to"](0.25)
@@ -231,18 +238,10 @@ def test_a_finer_source_takes_over_from_the_engine(reference):
 
 def test_a_step_reported_just_before_the_end_is_passed_on_before_100():
     # The waiting thread polls once a tick (0.1 s): work that reports its last step and ends within the
-    # tick used to go straight to 100 (MAD2R's first round on a small table, now and then). The last step
-    # reported is passed on at the end, so the callback sees it whatever the timing.
+    # tick used to go straight to 100 (MAD2R's first round on a small table, now and then). Reporter.done()
+    # passes on the last step reported first, so the callback sees it whatever the timing.
     con = _connection()
-    report = {}
-
-    @contextlib.contextmanager
-    def finer(callback):
-        report["to"] = callback
-        try:
-            yield
-        finally:
-            report.pop("to")
+    report, finer = _finer_source()
 
     def work():
         report["to"](0.5)
