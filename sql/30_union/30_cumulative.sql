@@ -85,9 +85,7 @@ FROM (SELECT user_id, item FROM query_table(rows_rel) WHERE p > 0)
 -- dpsql:portable dp__sips_cumulative_next_plain
 CREATE OR REPLACE TEMP MACRO dp__sips_cumulative_next_plain(rows_rel VARCHAR, z_rel VARCHAR) AS TABLE
 SELECT user_id, item, p
-FROM query_table(rows_rel) ANTI JOIN (SELECT item FROM query_table(z_rel) WHERE passed) USING (item)
-UNION ALL
-SELECT user_id, item, p FROM query_table(rows_rel) WHERE false;
+FROM query_table(rows_rel) ANTI JOIN (SELECT item FROM query_table(z_rel) WHERE passed) USING (item);
 
 -- The rows of round 2: the capped rows (`rows_rel`) minus the items round 1 released, with the user
 -- and the item replaced by dense 32-bit ids (`uid_rel`; z_rel's id): later rounds store 12 bytes a row,
