@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a source checkout without installing
@@ -56,8 +57,10 @@ def query(name: str, table: str, max_items: int) -> str:
     return f"SELECT count(*) FROM dp_set_union_{name}('{table}', epsilon := 1.0, delta := 1e-5{cap})"
 
 
-def bench_time(con, table: str, names: list[str], reps: int, max_items: int, before=None) -> dict:
-    sqls = {n: (con, query(n, table, max_items)) for n in names}
+def bench_time(con, table: str, names: list[str], reps: int, max_items: int, before=None,
+               texts: Optional[dict[str, str]] = None) -> dict:
+    """``texts``: the SQL of each name, instead of :func:`query`'s (``bench_rounds_time.py``: split variants)."""
+    sqls = {n: (con, texts[n] if texts is not None else query(n, table, max_items)) for n in names}
     if before is not None:
         for n in names[1:]:
             sqls[n + "@before"] = (before, query(n, table, max_items))

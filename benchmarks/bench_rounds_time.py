@@ -7,10 +7,10 @@ named on the command line (the same release with that ``split``), and Basic, on 
 ``bench_floor.py`` (``benchmarks/data/zipf.duckdb``, opened read-only), one connection, ``epsilon = 1``,
 ``delta = 1e-5``, ``max_items = 100``.
 
-One unmeasured run of each query, then ``--reps`` rounds that run every query once in a rotating order.
-Reported per query: the median wall time and the median of the per-round ratios to Basic (the budget's
-measure, as ``bench_floor.py``), with the 1-minute load average and the share of the cores other
-processes kept busy.
+The timing is ``bench_floor.py``'s (``bench_time``): one unmeasured run of each query, then ``--reps``
+rounds that run every query once in a rotating order. Reported per query: the median wall time and the
+median of the per-round ratios to Basic (the budget's measure), with the 1-minute load average and the
+share of the cores other processes kept busy.
 
     python benchmarks/bench_rounds_time.py --variants split_6x1.6,split_5x1.6 --reps 7
 """
@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,14 +26,16 @@ sys.path.insert(0, str(HERE.parent))  # run from a source checkout without insta
 sys.path.insert(0, str(HERE))
 
 import dpsql  # noqa: E402
+from bench_floor import bench_time  # noqa: E402
 from bench_grid_params import VARIANTS  # noqa: E402
-from bench_set_union import _pct, ensure_table, machine_info, run_once  # noqa: E402
+from bench_set_union import _pct, ensure_table, machine_info  # noqa: E402
 
 
 def queries(table: str, variants: list[str]) -> dict[str, str]:
-    """Label -> SQL: Basic, the default, and the default with each variant's split."""
+    """Label -> SQL: Basic (``weighted_gaussian``, the ratios' reference), the default, and the default with
+    each variant's split."""
     call = "SELECT count(*) FROM dp_set_union_{m}('{t}', epsilon := 1.0, delta := 1e-5, max_items := 100{o})"
-    out = {"basic": call.format(m="weighted_gaussian", t=table, o=""),
+    out = {"weighted_gaussian": call.format(m="weighted_gaussian", t=table, o=""),
            "default": call.format(m="sips_cumulative", t=table, o="")}
     for label in variants:
         split = VARIANTS[label].get("split")
@@ -57,33 +57,17 @@ def main(argv=None) -> None:
     info = machine_info()
     print(json.dumps(info))
     table = ensure_table(args.db, args.rows, "BIGINT")
-    sqls = queries(table, [v for v in args.variants.split(",") if v])
-    names = list(sqls)
+    texts = queries(table, [v for v in args.variants.split(",") if v])
     con = dpsql.connect(args.db, read_only=True)
-    for n in names:
-        run_once(con, sqls[n])  # warm-up
-    times: dict[str, list[float]] = {n: [] for n in names}
-    ratios: dict[str, list[float]] = {n: [] for n in names}
-    loads, others = [], []
-    for r in range(args.reps):
-        loads.append(os.getloadavg()[0])
-        this = {}
-        for n in names[r % len(names):] + names[:r % len(names)]:
-            this[n], _, busy = run_once(con, sqls[n])
-            times[n].append(this[n])
-            if busy is not None:
-                others.append(busy)
-        for n in names:
-            ratios[n].append(this[n] / this["basic"])
+    r = bench_time(con, table, list(texts), args.reps, 100, texts=texts)  # bench_floor's rotating rounds
     con.close()
-    print(f"{table}: load(1min) {min(loads):.2f}-{max(loads):.2f}, others' CPU {_pct(others)}")
-    print(f"  {'query':16s} {'median s':>9s} {'min s':>8s} {'x Basic':>8s}")
-    for n in names:
-        print(f"  {n:16s} {statistics.median(times[n]):9.2f} {min(times[n]):8.2f} {statistics.median(ratios[n]):8.2f}")
+    print(f"{table}: load(1min) {min(r['loads']):.2f}-{max(r['loads']):.2f}, others' CPU {_pct(r['others_busy'])}")
+    print(f"  {'query':18s} {'median s':>9s} {'min s':>8s} {'x Basic':>8s}")
+    for n, m in r["methods"].items():
+        print(f"  {n:18s} {m['median']:9.2f} {m['min']:8.2f} {m['x_basic_rounds']:8.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(machine=info, table=table, loads=loads, others=others, times=times, ratios=ratios), f,
-                      indent=1)
+            json.dump(dict(machine=info, table=table, **r), f, indent=1)
 
 
 if __name__ == "__main__":
