@@ -10,7 +10,7 @@ both settings, for
 * ``truncated_geometric``: ``keep_probabilities(epsilon, delta)`` of ``dpsql.groupby.selection`` (the
   largest keep probabilities any ``(epsilon, delta)``-DP rule of one count may have, with ``L0 = 1``);
 * ``count_laplace`` with ``max_items := 1``: ``P[n + Lap(1/epsilon) >= T]``, ``T = 1 + ln(1/(2 delta))/epsilon``
-  (``dpsql.union.basic``'s calibration; the grid's ``one_item`` column measures it);
+  (``dpsql.union.basic.count_laplace_calibration``; the grid's ``one_item`` column measures it);
 
 and sets them beside ``greedy_update``'s measured mean (5 runs, the results table of benchmarks/README.md,
 "Robustness grid"; its windowed rule depends on the order the users fill items, so it is not computed).
@@ -23,7 +23,6 @@ The grid's Parquet files come from ``bench_grid.py``'s seeded generator (``--cac
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -36,6 +35,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_grid as grid  # noqa: E402
 from dpsql.groupby.selection import keep_probabilities  # noqa: E402
+from dpsql.union.basic import count_laplace_calibration  # noqa: E402
 
 
 def expected_truncated_geometric(counts: np.ndarray, epsilon: float, delta: float) -> float:
@@ -45,9 +45,10 @@ def expected_truncated_geometric(counts: np.ndarray, epsilon: float, delta: floa
 
 
 def expected_count_laplace(counts: np.ndarray, epsilon: float, delta: float) -> float:
-    """``sum_i P[n_i + Lap(1/epsilon) >= T]``, ``T = 1 + ln(1/(2 delta))/epsilon``."""
-    t = 1.0 + math.log(1.0 / (2.0 * delta)) / epsilon
-    gap = epsilon * (counts.astype(float) - t)
+    """``sum_i P[n_i + Lap(b) >= T]``, ``b`` and ``T`` of ``count_laplace_calibration(epsilon, delta, 1)``
+    (``b = 1/epsilon``, ``T = 1 + ln(1/(2 delta))/epsilon``)."""
+    c = count_laplace_calibration(epsilon, delta, 1)
+    gap = (counts.astype(float) - c.threshold) / c.scale
     tail = 0.5 * np.exp(-np.abs(gap))
     return float(np.where(gap >= 0, 1.0 - tail, tail).sum())
 
