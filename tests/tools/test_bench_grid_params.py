@@ -66,7 +66,7 @@ def test_the_margin_fall_moves_only_the_drop_bounds():
     assert all(s > d for s, d in zip(steep.drop_below[1:-1], c.drop_below[1:-1]))
 
 
-def test_a_more_generous_novel_share_lowers_the_last_threshold():
+def test_a_larger_novel_share_leaves_the_gaussian_rounds_less_delta_and_more_noise():
     c = cumulative.sips_cumulative_parameters(*A)
     with params.module_constants({"NOVEL_SHARE": 0.8}):
         more = cumulative.sips_cumulative_parameters(*A)
