@@ -300,9 +300,10 @@ def _cell(v: list[int], runs: int) -> str:
     return text if len(v) == runs else f"{text} ({len(v)} run{'s' if len(v) > 1 else ''}: slow)"
 
 
-def readme_sequential(readme: Path = HERE / "README.md") -> dict[tuple[str, str], dict[str, float]]:
-    """(point, setting) -> the sequential methods' means in the results table of this README's "Robustness
-    grid" section (the reference of the scripts that vary the default against it)."""
+def readme_sequential(readme: Path = HERE / "README.md",
+                      columns=SEQUENTIAL) -> dict[tuple[str, str], dict[str, float]]:
+    """(point, setting) -> the sequential methods' means (or ``columns``') in the results table of this
+    README's "Robustness grid" section (the reference of the scripts that vary the default against it)."""
     text = readme.read_text()
     lines = text[text.index("## Robustness grid"):].splitlines()
     start = next(k for k, line in enumerate(lines) if line.startswith("| point | part | set | median d |"))
@@ -316,7 +317,7 @@ def readme_sequential(readme: Path = HERE / "README.md") -> dict[tuple[str, str]
             continue
         row = dict(zip(head, cells))
         out[(row["point"], row["set"])] = {k: float(re.sub(r"[,\s]", "", row[k].split("±")[0]))
-                                           for k in SEQUENTIAL if row.get(k, "-") != "-"}
+                                           for k in columns if row.get(k, "-") != "-"}
     return out
 
 
