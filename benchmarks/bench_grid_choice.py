@@ -337,6 +337,7 @@ def overview(scores: dict[Choice, list[Scored]], order: list[Choice]) -> str:
 
 
 def main(argv=None) -> None:
+    global SHARES, DEGREE_BOUNDS, CUTS  # --shares, --degree-bounds, --cuts replace the family
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  epilog="Variants: choice_D<D>_c<c>_e<share>, D in %s, c in %s, share in %s. "
                                  "Each run releases the default and greedy_update at epsilon (1 - share) for "
@@ -359,7 +360,17 @@ def main(argv=None) -> None:
     ap.add_argument("--table", nargs="+", help="score the variants by the declared rule on the tuning rows of these "
                     "JSON files, print the summaries and the chosen variant's table, then stop")
     ap.add_argument("--variant", help="with --table: the variant whose table is printed (default: the rule's choice)")
+    ap.add_argument("--shares", help="comma-separated shares of epsilon in place of the family's (releases and "
+                    "variants), e.g. 0.01,0.02")
+    ap.add_argument("--degree-bounds", help="comma-separated degree bounds D in place of the family's")
+    ap.add_argument("--cuts", help="comma-separated cuts c in place of the family's")
     args = ap.parse_args(argv)
+    if args.shares:
+        SHARES = tuple(args.shares.split(","))
+    if args.degree_bounds:
+        DEGREE_BOUNDS = tuple(int(x) for x in args.degree_bounds.split(","))
+    if args.cuts:
+        CUTS = tuple(args.cuts.split(","))
     if args.table:
         rows = merge_runs([json.loads(line) for f in args.table for line in Path(f).read_text().splitlines()
                            if line.strip()])
