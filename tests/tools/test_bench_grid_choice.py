@@ -140,3 +140,28 @@ def test_rejects_a_cut_outside_zero_one_and_a_nonpositive_budget():
         choice.sensitivity(Fraction(1))
     with pytest.raises(ValueError):
         choice.noise_steps(Fraction(1, 2), 0.0)
+
+
+def test_shares_bounds_and_cuts_replace_the_family_in_the_releases_and_the_scores(tmp_path, monkeypatch, capsys):
+    # main() replaces the module's family; monkeypatch restores it for the other tests of the session
+    for name in ("SHARES", "DEGREE_BOUNDS", "CUTS"):
+        monkeypatch.setattr(choice, name, getattr(choice, name))
+    counts = {"sips_cumulative@0.01": [10, 12], "greedy_update@0.01": [20, 22],
+              "greedy_full": [21, 21], "sips_cumulative@0.5": [1, 1], "greedy_update@0.5": [1, 1]}
+    # a point the README's table does not have: the reference is the fresh greedy_update alone
+    row = {"point": "made-up-point", "shape": "few", "exponent": 1.0, "users": 10_000,
+           "part": "tuning", "setting": "a", "degrees": {"users": 10_000, "5": 9_000},
+           "counts": counts, "seconds": {k: [0.1, 0.1] for k in counts},
+           "picks": {"choice_D5_c0.5_e0.01": [True, True]}, "load": [0.0, 0.0], "runs": 2}
+    path = tmp_path / "rows.json"
+    path.write_text(__import__("json").dumps(row) + "\n")
+    choice.main(["--table", str(path), "--shares", "0.01", "--degree-bounds", "5", "--cuts", "0.5"])
+    out = capsys.readouterr().out
+    assert "chosen: choice_D5_c0.5_e0.01" in out
+    assert "e0.02" not in out and "choice_D3" not in out and "c0.7" not in out
+    assert [label for label, _, _ in choice.release_labels()] == [
+        "sips_cumulative@0.01", "greedy_update@0.01", "greedy_full"]
+    # 9,000 of 10,000 users with at most 5 items: f = 2 * 9,000 - 10,000 = 8,000, 80 noise scales above 0 at
+    # eps0 = 0.01, so greedy_update is picked (P = 1 to 3 decimals) and the ratio is its mean at 0.99 epsilon
+    # over the fresh greedy_update's at the full one
+    assert "| 0.900 | 11.0 | 21.0 | 21.0 (greedy_update) | 1.000 | 21.0 |" in out
