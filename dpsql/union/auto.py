@@ -51,9 +51,9 @@ from dpsql.core.validation import (DPParameterError, check_column_pair, check_de
 __all__ = ["MECHANISMS", "DEFAULT_CHOICE_SHARE", "MAX_CHOICE_SHARE", "DEFAULT_DEGREE_BOUND", "AutoCalibration",
            "FEW_ITEMS", "check_choice_share", "check_degree_bound", "candidates", "auto_calibration", "udfs"]
 
-# The variant the benchmark's declared rule chose, choice_D5_c0.5_e0.02 (benchmarks/README.md, "Robustness
-# grid": its private choice, and the study of its cut): 2 % of epsilon, users with at most 5 items.
-DEFAULT_CHOICE_SHARE = 0.02
+# The variant the benchmark's declared rules chose (benchmarks/README.md, "Robustness grid": its private
+# choice, the study of its cut, and the study of its share): 1 % of epsilon, users with at most 5 items.
+DEFAULT_CHOICE_SHARE = 0.01
 DEFAULT_DEGREE_BOUND = 5
 # The role (Mechanism.roles) of the set-union method the choice runs where most users hold few items.
 FEW_ITEMS = "few_items"
@@ -121,8 +121,8 @@ def auto_calibration(epsilon: float, delta: float, max_items: int, choice_share:
     Refuses ``degree_bound > max_items`` (the statistic reads the uncapped degree, equal to the capped one's
     test only while ``degree_bound <= max_items``). An ``eps0`` whose scale the sampler cannot take
     (``1/eps0 > 2^32``) picks the default without reading the data (``choice_from_data`` False).
-    Example: ``auto_calibration(1.0, 1e-5, 100)``: ``eps0 = 0.02``, scale 50, the candidates at
-    ``epsilon = 0.98``.
+    Example: ``auto_calibration(1.0, 1e-5, 100)``: ``eps0 = 0.01``, scale 100, the candidates at
+    ``epsilon = 0.99``.
     """
     return _calibration(check_epsilon(epsilon), check_delta(delta), check_max_items(max_items),
                         check_choice_share(choice_share), check_degree_bound(degree_bound))
@@ -189,7 +189,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
         # No Spark form: the Spark backend has no sequential policy, so no few-items candidate.
         example=user_item_example(choice_share="0.05", degree_bound="3"),
         # The choice's case runs at choice_share 0.5 (eps0 = epsilon / 2), so that its noise moves the output
-        # measurably; at 0.02 the audited bound could not tell the choice's noise from none.
+        # measurably; at the default share the audited bound could not tell the choice's noise from none.
         audit=(AuditCase("choice", options=(("choice_share", 0.5),),
                          note="the choice: statistic 0 on D, -1 on D'; choice_share 0.5"),
                AuditCase("order", note="row order, added row stored first"))),

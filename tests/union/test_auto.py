@@ -48,16 +48,16 @@ def test_the_candidates_are_found_by_their_declarations():
 
 def test_calibration_numbers_at_the_defaults():
     c = auto.auto_calibration(1.0, 1e-5, 100)
-    assert (c.choice_epsilon, c.scale, c.threshold, c.noise) == (0.02, 50.0, 0.0, "discrete_laplace")
-    assert (c.rest_epsilon, c.delta, c.degree_bound) == (0.98, 1e-5, 5)
-    assert c.default == sips_cumulative_set_union_calibration(0.98, 1e-5, 100)
-    assert c.greedy == greedy_update_calibration(0.98, 1e-5)
+    assert (c.choice_epsilon, c.scale, c.threshold, c.noise) == (0.01, 100.0, 0.0, "discrete_laplace")
+    assert (c.rest_epsilon, c.delta, c.degree_bound) == (0.99, 1e-5, 5)
+    assert c.default == sips_cumulative_set_union_calibration(0.99, 1e-5, 100)
+    assert c.greedy == greedy_update_calibration(0.99, 1e-5)
     # greedy_update's threshold from its formula, rho = max(1, ln((e^eps - 1) / (2 delta)) / eps)
     assert c.greedy is not None and c.default is not None
-    assert c.greedy.threshold == pytest.approx(math.log(math.expm1(0.98) / 2e-5) / 0.98, rel=1e-12)
-    assert c.greedy.threshold == pytest.approx(11.5605, abs=1e-4)
-    assert c.greedy.scale == pytest.approx(1 / 0.98, rel=1e-15)
-    assert c.default.accounting is not None and c.default.accounting.epsilon <= 0.98
+    assert c.greedy.threshold == pytest.approx(math.log(math.expm1(0.99) / 2e-5) / 0.99, rel=1e-12)
+    assert c.greedy.threshold == pytest.approx(11.4598, abs=1e-4)
+    assert c.greedy.scale == pytest.approx(1 / 0.99, rel=1e-15)
+    assert c.default.accounting is not None and c.default.accounting.epsilon <= 0.99
     assert c.accounting is None  # not one Gaussian mechanism: dp_group_by / dp_top_k compose it by basic composition
 
 
@@ -85,10 +85,10 @@ def test_dpsql_calibrate_and_the_ledger_record_the_choice_and_both_candidates():
         "SELECT mechanism, epsilon, delta, parameters, calibration FROM dp_releases()").fetchall()
     assert (mech, eps, delta) == ("dp_set_union_auto", 1.0, 1e-5)  # one charge of the whole budget
     cal = json.loads(cal)
-    assert (cal["choice_epsilon"], cal["scale"], cal["rest_epsilon"], cal["degree_bound"]) == (0.02, 50.0, 0.98, 3)
-    assert cal["greedy"]["threshold"] == greedy_update_calibration(0.98, 1e-5).threshold
-    assert cal["default"]["threshold"] == sips_cumulative_set_union_calibration(0.98, 1e-5, 100).threshold
-    assert json.loads(params)["choice_share"] == 0.02
+    assert (cal["choice_epsilon"], cal["scale"], cal["rest_epsilon"], cal["degree_bound"]) == (0.01, 100.0, 0.99, 3)
+    assert cal["greedy"]["threshold"] == greedy_update_calibration(0.99, 1e-5).threshold
+    assert cal["default"]["threshold"] == sips_cumulative_set_union_calibration(0.99, 1e-5, 100).threshold
+    assert json.loads(params)["choice_share"] == 0.01
     con.close()
 
 
@@ -191,12 +191,12 @@ def _greedy_light_probability(epsilon: float, delta: float, weight: float) -> fl
 
 
 def test_one_item_users_pick_greedy_update_and_release_as_it_does():
-    # 100 items held by 12 one-item users each: f = 1200, P[sips_cumulative] = a^1201/(1+a) < 1e-10 at eps0 = 0.02.
-    # Each user fills its one item by 1 (12 < Gamma), so every weight is 12 and greedy_update at 0.98 releases
-    # each item independently with probability q = P[rho - 12 < L <= rho] (~0.67); sips_cumulative at 0.98
+    # 100 items held by 12 one-item users each: f = 1200, P[sips_cumulative] = a^1201/(1+a) < 4e-6 at eps0 = 0.01.
+    # Each user fills its one item by 1 (12 < Gamma), so every weight is 12 and greedy_update at 0.99 releases
+    # each item independently with probability q = P[rho - 12 < L <= rho] (~0.67); sips_cumulative at 0.99
     # would release almost none (its last running-mean threshold is 21.3, its noise 3.9).
-    assert policy_cutoff("greedy_update", 0.98, 1e-5, 1, 3.0) > 12
-    q = _greedy_light_probability(0.98, 1e-5, 12.0)
+    assert policy_cutoff("greedy_update", 0.99, 1e-5, 1, 3.0) > 12
+    q = _greedy_light_probability(0.99, 1e-5, 12.0)
     assert 0.5 < q < 0.8
     released = trials = 0
     for seed in (11, 12, 13):
@@ -210,10 +210,10 @@ def test_one_item_users_pick_greedy_update_and_release_as_it_does():
 
 
 def test_many_item_users_pick_sips_cumulative():
-    # The same light items plus 2000 users of 8 items each: f = 1200 - 2000 = -800, P[greedy_update] < 1e-7.
+    # The same light items plus 2000 users of 8 items each: f = 1200 - 2000 = -800, P[greedy_update] < 2e-4.
     # greedy_update would release each light item with probability q ~ 0.67 (the heavy users hold other items);
     # sips_cumulative gives a weight-12 item at most a few percent.
-    q = _greedy_light_probability(0.98, 1e-5, 12.0)
+    q = _greedy_light_probability(0.99, 1e-5, 12.0)
     light = released = 0
     for seed in (21, 22):
         con = seeded(seed)
@@ -268,8 +268,8 @@ def test_the_unchosen_body_draws_no_noise():
     def empty(con):
         load(con, [])
 
-    salts_of_empty_default = drawn("SELECT * FROM dp_set_union_sips_cumulative('t', 0.98, 1e-5)", empty)
-    greedy = drawn("SELECT * FROM dp_set_union_greedy_update('t', 0.98, 1e-5)", light)
+    salts_of_empty_default = drawn("SELECT * FROM dp_set_union_sips_cumulative('t', 0.99, 1e-5)", empty)
+    greedy = drawn("SELECT * FROM dp_set_union_greedy_update('t', 0.99, 1e-5)", light)
     assert greedy >= 100  # one Laplace draw per item of positive weight
     assert drawn("SELECT * FROM dp_set_union_auto('t', 1.0, 1e-5)", light) == 1 + greedy + salts_of_empty_default
 
