@@ -52,6 +52,9 @@ neither the items' popularity nor epsilon.
     python benchmarks/bench_grid_choice.py --part report --sizes 1000,10000,100000 --runs 5 --json choice_report.json
     python benchmarks/bench_grid_choice.py --shared-only --runs 5 --json choice_report.json
     python benchmarks/bench_grid_choice.py --table choice_tuning.json choice_report.json --variant choice_D3_c0.7_e0.02
+
+``--shares``, ``--degree-bounds`` and ``--cuts`` replace the family (the study of ``auto``'s share, 2026-11-29:
+``--shares 0.01,0.02 --degree-bounds 5 --cuts 0.5``, for the runs and for ``--table`` alike).
 """
 from __future__ import annotations
 
