@@ -48,10 +48,15 @@ CREATE OR REPLACE TEMP MACRO dp__canonical(x VARCHAR) AS x COLLATE c, (x) AS x;
 -- TRUE if every column of `cols` found in tbl has a key type dp__key_type_problem accepts, else an error
 -- naming the first refused one's parameter (from `params`, same order), its type, why, and the fix.
 -- Schema only (one DESCRIBE, no rows), so it fails before anything is read; a missing column is left to
--- dp__check_column_list.
+-- dp__check_column_list. The table is named unless it is one of dpsql's own relations (a CTE named dp__*
+-- that passes the user's rows on, e.g. auto's candidates' rows): its name would mislead, and the
+-- parameter and the column already say which input is refused. (A release whose own relation is checked
+-- too may raise either check's error first: both refuse the same column for the same reason.)
 CREATE OR REPLACE TEMP MACRO dp__check_key_columns(tbl, params, cols) AS (
     SELECT CASE WHEN bad IS NULL THEN true
-        ELSE error('dpsql: ' || bad.param || ' := ''' || bad.col || ''' of ''' || tbl || ''' has type ' || bad.type
+        ELSE error('dpsql: ' || bad.param || ' := ''' || bad.col || ''''
+                   || CASE WHEN starts_with(tbl, 'dp__') THEN '' ELSE ' of ''' || tbl || '''' END
+                   || ' has type ' || bad.type
                    || ', which cannot be a grouping key: the spelling released for a group (or the user a row '
                    || 'counts for) would be that of whichever private row came first: ' || bad.why) END
     FROM (SELECT min_by({'param': params[i], 'col': column_name, 'type': column_type, 'why': why}, i) AS bad

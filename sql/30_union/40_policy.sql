@@ -30,14 +30,18 @@ CREATE OR REPLACE TEMP MACRO dp__policy_check_order(method, order_tbl, order_col
 -- (item, listed, r) of a public order table: one row per item it lists, r = min(order_col) (NULL
 -- without order_col). Empty when order_tbl is NULL: the source is then bound to `tbl` (a table that
 -- exists and has item_col) under a constant false filter, so no row of it is read. dp__absent_* (as in
--- dp__eval_released_items) make a missing column dp__check_column's error.
+-- dp__eval_released_items) make a missing column dp__check_column's error. Its rows pass the type check
+-- of both item columns before any of them is read: the join with the private items would otherwise cast
+-- them to the private type as soon as they are read, and quote the first that does not convert in
+-- DuckDB's error instead of dpsql's (the check in dp__policy_run's calibration runs on its own).
 CREATE OR REPLACE TEMP MACRO dp__policy_public_order(order_tbl, order_col, item_col, tbl) AS TABLE
 SELECT item, 0 AS listed, min(r) AS r
 FROM (SELECT dp__canonical(coalesce(*COLUMNS(lambda c: lower(c) = lower(item_col) OR c = 'dp__absent_item'))) AS item,
              coalesce(*COLUMNS(lambda c: lower(c) = lower(coalesce(order_col, '')) OR c = 'dp__absent_rank')) AS r
       FROM (SELECT *, NULL AS dp__absent_item, NULL AS dp__absent_rank
             FROM query_table(coalesce(order_tbl, tbl))
-            WHERE order_tbl IS NOT NULL))
+            WHERE order_tbl IS NOT NULL
+              AND dp__check_same_type(coalesce(order_tbl, tbl), item_col, 'order_tbl', tbl, item_col, 'item_col')))
 WHERE item IS NOT NULL
 GROUP BY item;
 
