@@ -246,7 +246,10 @@ WITH dp__caps_in AS (
     SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(part_col) OR c = 'dp__absent')) AS part,
            coalesce(*COLUMNS(lambda c: lower(c) = lower(capacity_col) OR c = 'dp__absent')) AS capacity
     FROM (SELECT *, NULL AS dp__absent FROM query_table(capacities_tbl)
-          WHERE dp__check_column_list(capacities_tbl, ['part_col', 'capacity_col'], [part_col, capacity_col]))),
+          WHERE dp__check_column_list(capacities_tbl, ['part_col', 'capacity_col'], [part_col, capacity_col])
+            -- both tables' parts have one type before any is read: the join would cast one side and quote
+            -- the first value that does not convert in DuckDB's error (here and in dp__parts_in)
+            AND dp__check_same_type(capacities_tbl, part_col, 'capacities_tbl', parts_tbl, part_col, 'part_col'))),
 dp__caps AS MATERIALIZED (
     SELECT coalesce(part, error('dpsql: column ' || part_col || ' of ' || capacities_tbl || ' contains NULL')) AS part,
            CASE WHEN capacity IS NOT NULL AND capacity::DOUBLE >= 0 AND capacity::DOUBLE = floor(capacity::DOUBLE)
@@ -261,7 +264,8 @@ dp__parts_in AS (
     SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(set_col) OR c = 'dp__absent')) AS set_id,
            coalesce(*COLUMNS(lambda c: lower(c) = lower(part_col) OR c = 'dp__absent')) AS part
     FROM (SELECT *, NULL AS dp__absent FROM query_table(parts_tbl)
-          WHERE dp__check_column_list(parts_tbl, ['set_col', 'part_col'], [set_col, part_col]))),
+          WHERE dp__check_column_list(parts_tbl, ['set_col', 'part_col'], [set_col, part_col])
+            AND dp__check_same_type(capacities_tbl, part_col, 'capacities_tbl', parts_tbl, part_col, 'part_col'))),
 dp__sets AS MATERIALIZED (
     SELECT coalesce(p.set_id, error('dpsql: column ' || set_col || ' of ' || parts_tbl || ' contains NULL')) AS set_id,
            coalesce(c.pid, error('dpsql: part ' || coalesce(p.part::VARCHAR, 'NULL') || ' of set ' || p.set_id
@@ -303,6 +307,15 @@ dp__sel AS (
 dp__picked AS (SELECT unnest(ids) AS sid, unnest(range(1, len(ids) + 1)) AS rank FROM dp__sel)
 SELECT rank, set_id FROM dp__picked JOIN dp__sets USING (sid) ORDER BY rank;
 
+-- TRUE if distances_tbl's point and candidate columns have candidates_tbl's candidate type (schema only),
+-- else dp__check_same_type's error naming the parameter.
+CREATE OR REPLACE TEMP MACRO dp__k_median_metric_types(candidates_tbl, candidate_col, distances_tbl, distance_point_col,
+                                                       distance_candidate_col) AS
+    dp__check_same_type(candidates_tbl, candidate_col, 'candidates_tbl', distances_tbl, distance_point_col,
+                        'distance_point_col')
+    AND dp__check_same_type(candidates_tbl, candidate_col, 'candidates_tbl', distances_tbl, distance_candidate_col,
+                            'distance_candidate_col');
+
 -- k-median (q = 1) / k-means (q = 2), pure epsilon-DP (Thm 1.5, App. G): points Poisson-subsampled
 -- with p = 1 - e^-eps, then G.2 at ln 2 (bicriteria Repeated-EM at ln 2/2 with L = ceil(2 k ln n_bound)
 -- rounds, or every candidate when 2 k ln n_bound >= #candidates; per-centre counts + Exp(rate ln 2/2);
@@ -322,14 +335,20 @@ WITH dp__cands AS MATERIALIZED (
                                    error('dpsql: column ' || candidate_col || ' of ' || candidates_tbl
                                          || ' contains NULL')) AS candidate_id
           FROM (SELECT *, NULL AS dp__absent FROM query_table(candidates_tbl)
-                WHERE dp__check_column(candidates_tbl, 'candidate_col', candidate_col)))),
+                WHERE dp__check_column(candidates_tbl, 'candidate_col', candidate_col)
+                  -- the metric's ids have the candidates' type before any is read: the joins below would
+                  -- cast one side and quote the first id that does not convert in DuckDB's error
+                  AND dp__k_median_metric_types(candidates_tbl, candidate_col, distances_tbl, distance_point_col,
+                                                distance_candidate_col)))),
 dp__dist_in AS (
     SELECT coalesce(*COLUMNS(lambda c: lower(c) = lower(distance_point_col) OR c = 'dp__absent')) AS point,
            coalesce(*COLUMNS(lambda c: lower(c) = lower(distance_candidate_col) OR c = 'dp__absent')) AS candidate,
            coalesce(*COLUMNS(lambda c: lower(c) = lower(distance_col) OR c = 'dp__absent')) AS distance
     FROM (SELECT *, NULL AS dp__absent FROM query_table(distances_tbl)
           WHERE dp__check_column_list(distances_tbl, ['distance_point_col', 'distance_candidate_col', 'distance_col'],
-                                      [distance_point_col, distance_candidate_col, distance_col]))),
+                                      [distance_point_col, distance_candidate_col, distance_col])
+            AND dp__k_median_metric_types(candidates_tbl, candidate_col, distances_tbl, distance_point_col,
+                                          distance_candidate_col))),
 dp__dist AS (
     SELECT coalesce(c.cid, error('dpsql: candidate ' || coalesce(d.candidate::VARCHAR, 'NULL') || ' of '
                                  || distances_tbl || ' is not in ' || candidates_tbl)) AS row_id,

@@ -425,6 +425,34 @@ def test_public_candidate_errors_come_before_the_charge(query):
     assert _n_releases(con) == 0
 
 
+@pytest.mark.parametrize("replace, query, match", [
+    # candidate ids as text against the metric's integer ids (either table could be the one cast)
+    ("CREATE OR REPLACE TABLE kc AS SELECT 'c' || range AS candidate_id FROM range(5)",
+     "FROM dp_k_median('kp', 'kc', 'kd', 2, 1.0, 1000)",
+     r"dpsql: column candidate_id of candidates_tbl := 'kc' has type VARCHAR but distance_(point|candidate)_col"),
+    ("CREATE OR REPLACE TABLE kd AS SELECT 'c' || point AS point, candidate, distance FROM kd",
+     "FROM dp_k_median('kp', 'kc', 'kd', 2, 1.0, 1000)",
+     r"dpsql: column candidate_id of candidates_tbl := 'kc' has type BIGINT but distance_point_col := 'point' "
+     r"of 'kd' has type VARCHAR"),
+    # the capacities' parts as integers against the parts' text
+    ("CREATE OR REPLACE TABLE caps AS SELECT * FROM (VALUES (1, 1), (2, 2)) v(part, capacity)",
+     "FROM dp_matroid_coverage('sets', 'parts', 'caps', 1.0)",
+     r"dpsql: column part of capacities_tbl := 'caps' has type INTEGER but part_col := 'part' of 'parts' has "
+     r"type VARCHAR"),
+])
+def test_two_public_tables_of_different_key_types_are_refused_by_type(replace, query, match):
+    # Two public tables joined on ids of different types: DuckDB's join would cast one side and quote the
+    # first id that does not convert in its own error (before the charge, but not dpsql's, and no fix named).
+    con = seeded(52)
+    con.execute(SETS if "matroid" in query else METRIC)
+    con.execute(replace)
+    for _ in range(3):  # the join could run before a check that is not on its rows' path
+        with pytest.raises(duckdb.Error, match=match) as info:
+            con.execute(query).fetchall()
+        assert "Conversion Error" not in str(info.value) and "'c0'" not in str(info.value)
+    assert _n_releases(con) == 0
+
+
 @pytest.mark.slow
 def test_heavy_hitters_null_user_fails_before_the_charge():
     # The NULL user is the stream's last row of 2M; the charge waits for the stream (as in every releasing
