@@ -560,10 +560,14 @@ def test_every_releasing_macro_refuses_interval_items_naming_the_user_s_input(na
         _replace_tables(con, INTERVAL_ITEMS)
         if "order_tbl" in case.args:
             con.execute(PUBLIC_ORDER)
+        override = {}
+        if case.args.get("items_tbl", "NULL") != "NULL":  # a public table of its own (its rows may be read)
+            con.execute("CREATE TABLE pub_items AS SELECT 'i' || i AS item FROM range(3) r(i)")
+            override["items_tbl"] = "'pub_items'"
         before = _n_releases(con)  # the connection is shared with the other cases
         for _ in range(5):  # which check raises first may differ from run to run
             with pytest.raises(duckdb.Error) as info:
-                con.execute(_call(name, case, _macros(con)[name][0])).fetchall()
+                con.execute(_call(name, case, _macros(con)[name][0], override)).fetchall()
             msg = str(info.value)
             assert "dpsql: " in msg and "has type INTERVAL" in msg, (name, msg)
             assert "dp__" not in msg and "a row was read" not in msg, (name, msg)
