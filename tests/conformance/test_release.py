@@ -168,14 +168,17 @@ def _case_connection():
         con.close()
 
 
-def _replace_tables(con, setup: str) -> None:
-    """Drop every table and view a previous case created, then run ``setup``."""
+def _replace_tables(con, setup: str, case: Case | None = None) -> None:
+    """Drop every table and view a previous case created, then run ``setup`` (and, for a ``case`` that takes
+    greedy_update's ``order_tbl``, create that public table)."""
     for kind, name in con.execute(
             "SELECT 'TABLE', table_name FROM duckdb_tables() WHERE NOT temporary AND schema_name = 'main' "
             "UNION ALL SELECT 'VIEW', view_name FROM duckdb_views() WHERE NOT internal AND NOT temporary "
             "AND schema_name = 'main'").fetchall():
         con.execute(f'DROP {kind} "{name}"')
     con.execute(setup)
+    if case is not None and "order_tbl" in case.args:
+        con.execute(PUBLIC_ORDER)
 
 
 def test_every_releasing_macro_has_a_case(macro_con):
@@ -531,9 +534,7 @@ def test_item_spelling_of_every_releasing_macro(name):
     # never under the one added user's variant (a released value is a function of its group).
     with _case_connection() as con:
         case = CASES[name]
-        _replace_tables(con, SPELLING)
-        if "order_tbl" in case.args:
-            con.execute(PUBLIC_ORDER)
+        _replace_tables(con, SPELLING, case)
         column = "key" if "key_col" in case.args else "item"
         # (the policies cap an item's weight at Gamma = rho + alpha/epsilon, so the common item misses the
         # release with probability about e^-alpha / 2: a large alpha makes the premise "it is released" hold.
@@ -561,9 +562,7 @@ def test_every_releasing_macro_refuses_interval_items_naming_the_user_s_input(na
     # read the user's rows through CTEs named dp__*, whose own check may raise first); nothing is charged.
     with _case_connection() as con:
         case = CASES[name]
-        _replace_tables(con, INTERVAL_ITEMS)
-        if "order_tbl" in case.args:
-            con.execute(PUBLIC_ORDER)
+        _replace_tables(con, INTERVAL_ITEMS, case)
         override = {}
         if case.args.get("items_tbl", "NULL") != "NULL":  # a public table of its own (its rows may be read)
             con.execute("CREATE TABLE pub_items AS SELECT 'i' || i AS item FROM range(3) r(i)")
