@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.special import log_ndtr, ndtr
+from scipy.special import ndtr, ndtri
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a source checkout without installing
@@ -125,8 +125,7 @@ def gaussian_keep(weights, epsilon: float, delta: float, max_items: int = MAX_IT
 
 
 def gaussian_where(q: float, epsilon: float, delta: float, max_items: int = MAX_ITEMS) -> float:
-    from scipy.special import ndtri
-
+    """The weight at which Basic's keep probability is ``q``."""
     cal = weighted_gaussian_calibration(epsilon, delta, max_items)
     return float(cal.threshold + cal.scale * ndtri(q))
 
@@ -149,7 +148,8 @@ def weight_sums(path: Path, max_items: int = MAX_ITEMS) -> np.ndarray:
 
     rows = duckdb.sql(f"""
         WITH p AS (SELECT DISTINCT user_id, item FROM read_parquet('{path}')),
-             k AS (SELECT user_id, item, row_number() OVER (PARTITION BY user_id ORDER BY hash(user_id, item), item) AS n
+             k AS (SELECT user_id, item,
+                          row_number() OVER (PARTITION BY user_id ORDER BY hash(user_id, item), item) AS n
                    FROM p),
              c AS (SELECT user_id, item, count(*) OVER (PARTITION BY user_id) AS d FROM k WHERE n <= {int(max_items)})
         SELECT sum(1.0 / sqrt(d)) FROM c GROUP BY item""").fetchall()

@@ -165,8 +165,9 @@ class Reporter:
     ``fraction(f)`` (0..1, from any thread) records the finer source's share of the work done;
     ``poll(engine)`` passes on, in the calling thread, that share mapped onto what remained below
     100 % when the finer source began, else ``engine()``'s percentage (DuckDB's ``query_progress``);
-    ``done()`` passes on the finer source's last share if no poll has yet, then 100. A value not above the
-    last one passed on is dropped. A callback that raises is reported once (a ``RuntimeWarning``) and no longer called. Also the Spark backend's
+    ``done()`` polls once more (a step reported since the last poll is passed on), then passes on 100. A
+    value not above the last one passed on is dropped. A callback that raises is reported once (a
+    ``RuntimeWarning``) and no longer called. Also the Spark backend's
     (:mod:`dpsql.frontends.spark_progress`), so both report by the same convention.
     """
 
